@@ -1,0 +1,87 @@
+package store
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// DefaultListen is where an embedded server listens unless told otherwise.
+const DefaultListen = "127.0.0.1:4222"
+
+// EmbeddedConfig configures an in-process nats-server with JetStream.
+type EmbeddedConfig struct {
+	// DataDir holds the JetStream store under DataDir/jetstream.
+	DataDir string
+	// Listen is the client address, host:port; default DefaultListen. Port 0
+	// picks a free port (tests).
+	Listen string
+	// ServerName names the server in a cluster; default "edgeplane".
+	ServerName string
+	// Logs enables nats-server's own logging to stderr.
+	Logs bool
+	// Configure, if set, may adjust the options before the server starts
+	// (cluster routes, accounts).
+	Configure func(*server.Options) error
+}
+
+// StartEmbedded starts a nats-server with JetStream and waits until it
+// accepts connections.
+func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("starting embedded nats: a data dir is required")
+	}
+	listen := cfg.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	host, portStr, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("starting embedded nats: listen %q: %w", listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("starting embedded nats: listen port %q: %w", portStr, err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	name := cfg.ServerName
+	if name == "" {
+		name = "edgeplane"
+	}
+	opts := &server.Options{
+		ServerName: name,
+		Host:       host,
+		Port:       port,
+		JetStream:  true,
+		StoreDir:   filepath.Join(cfg.DataDir, "jetstream"),
+		NoSigs:     true,
+		NoLog:      !cfg.Logs,
+		// Routing projections and certificate records can exceed the 1 MiB
+		// default payload limit in large installations.
+		MaxPayload: 8 << 20,
+	}
+	if cfg.Configure != nil {
+		if err := cfg.Configure(opts); err != nil {
+			return nil, fmt.Errorf("starting embedded nats: %w", err)
+		}
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("starting embedded nats: %w", err)
+	}
+	if cfg.Logs {
+		ns.ConfigureLogger()
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("starting embedded nats on %s: not ready after 10s", listen)
+	}
+	return ns, nil
+}

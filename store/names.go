@@ -1,0 +1,185 @@
+package store
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Default scope of every name when the operator does not choose one.
+const (
+	DefaultInstallation = "local"
+	DefaultAuthority    = "default"
+)
+
+// Names derives every NATS name of one installation and authority. The zero
+// value is not valid; use NewNames.
+type Names struct {
+	Installation string
+	Authority    string
+}
+
+var tokenRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// NewNames validates inst and auth (empty means the default) as single subject
+// tokens and returns their Names.
+func NewNames(inst, auth string) (Names, error) {
+	if inst == "" {
+		inst = DefaultInstallation
+	}
+	if auth == "" {
+		auth = DefaultAuthority
+	}
+	if !tokenRe.MatchString(inst) {
+		return Names{}, fmt.Errorf("installation %q: must match %s", inst, tokenRe)
+	}
+	if !tokenRe.MatchString(auth) {
+		return Names{}, fmt.Errorf("authority %q: must match %s", auth, tokenRe)
+	}
+	return Names{Installation: inst, Authority: auth}, nil
+}
+
+// ValidToken reports whether s can stand as one NATS subject token in our
+// names (machine IDs, namespaces, services).
+func ValidToken(s string) bool { return tokenRe.MatchString(s) }
+
+// Streams.
+
+// DeployCommitsStream holds immutable deploy commits (durable intent).
+func (n Names) DeployCommitsStream() string { return "cp_deploy_commits_" + n.Authority }
+
+// RoutingEventsStream holds the ordered routing events the projections consume.
+func (n Names) RoutingEventsStream() string { return "routing_events_" + n.Authority }
+
+// CertRenewalsStream holds scheduled certificate renewal work items.
+func (n Names) CertRenewalsStream() string { return "cp_cert_renewals_" + n.Authority }
+
+// KV buckets.
+
+func (n Names) DeployStatusBucket() string   { return "cp_deploy_status_" + n.Authority }
+func (n Names) DeployPhasesBucket() string   { return "cp_deploy_phases_" + n.Authority }
+func (n Names) InstancesBucket() string      { return "cp_instances_" + n.Authority }
+func (n Names) MachinesBucket() string       { return "cp_machines_" + n.Authority }
+func (n Names) LocksBucket() string          { return "cp_locks_" + n.Authority }
+func (n Names) InvitesBucket() string        { return "cp_invites_" + n.Authority }
+func (n Names) CertsBucket() string          { return "cp_certs_" + n.Authority }
+func (n Names) CertStatusBucket() string     { return "cp_cert_status_" + n.Authority }
+func (n Names) AcmeBudgetBucket() string     { return "cp_acme_budget_" + n.Authority }
+func (n Names) MeshPeersBucket() string      { return "cp_mesh_peers_" + n.Authority }
+func (n Names) MeshHeartbeatsBucket() string { return "cp_mesh_heartbeats_" + n.Authority }
+func (n Names) MeshIPsBucket() string        { return "cp_mesh_ips_" + n.Authority }
+func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Authority }
+
+// GatewaysBucket holds each gateway's applied routing sequence: a live
+// observation with a short bucket TTL, never truth.
+func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
+
+// Subjects.
+
+func (n Names) subjectPrefix() string { return "cp." + n.Authority }
+
+// DeployCommitSubject is where commits of kind ("checkpoint" or "final") for
+// namespace ns are appended.
+func (n Names) DeployCommitSubject(ns string, kind CommitKind) string {
+	return n.subjectPrefix() + ".commits." + ns + "." + string(kind)
+}
+
+// DeployCommitsWildcard matches every commit subject.
+func (n Names) DeployCommitsWildcard() string { return n.subjectPrefix() + ".commits.>" }
+
+// RoutingServiceSubject is the subject of routing events for one service.
+func (n Names) RoutingServiceSubject(ns, service string) string {
+	return n.subjectPrefix() + ".routing.svc." + ns + "." + service
+}
+
+// RoutingMachineSubject is the subject of routing events for one machine.
+func (n Names) RoutingMachineSubject(machine string) string {
+	return n.subjectPrefix() + ".routing.machine." + machine
+}
+
+// RoutingWildcard matches every routing event subject.
+func (n Names) RoutingWildcard() string { return n.subjectPrefix() + ".routing.>" }
+
+// CertRenewalSubject is where renewal work for host is scheduled.
+func (n Names) CertRenewalSubject(host string) string {
+	return n.subjectPrefix() + ".certs.renew." + KeySafe(host)
+}
+
+// CertRenewalScheduleSubject holds the schedule definition for host; the
+// server places generated work on CertRenewalSubject.
+func (n Names) CertRenewalScheduleSubject(host string) string {
+	return n.subjectPrefix() + ".certs.schedule." + KeySafe(host)
+}
+
+// CertRenewalsWildcard matches both renewal subjects.
+func (n Names) CertRenewalsWildcard() string { return n.subjectPrefix() + ".certs.>" }
+
+// RPCSubject addresses command on machine.
+func (n Names) RPCSubject(machine, command string) string {
+	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.node." + machine + "." + command
+}
+
+// NodeListenSubject is the wildcard an agent for machine listens on: every
+// authority's commands for that machine.
+func (n Names) NodeListenSubject(machine string) string {
+	return "edgeplane.v1." + n.Installation + ".*.rpc.node." + machine + ".>"
+}
+
+// NodeQueueGroup is the queue group of machine's listeners, so a second agent
+// process for the same machine never runs a command twice.
+func (n Names) NodeQueueGroup(machine string) string { return "node." + machine }
+
+// RegistrarSubject is where meshd registers with the control plane.
+func (n Names) RegistrarSubject(command string) string {
+	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.registrar." + command
+}
+
+// Lock keys (in LocksBucket).
+
+func DeployLockKey(namespace string) string { return "cp.lock.deploy." + KeySafe(namespace) }
+func CertLockKey(hostname string) string    { return "cp.lock.cert." + KeySafe(hostname) }
+func AcmeAccountLockKey(issuerURL string) string {
+	return "cp.lock.acme_account." + KeySafe(issuerURL)
+}
+func SubnetLockKey(subnet string) string { return "cp.lock.subnet." + KeySafe(subnet) }
+
+// KeySafe encodes s reversibly into characters a KV key and a subject token
+// sequence accept. Letters, digits, '-' and '.' pass through (a '.' that would
+// leave an empty token is escaped); every other byte, including '_', becomes
+// "_xx" in lower-case hex. DecodeKeySafe reverses it.
+func KeySafe(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-':
+			b.WriteByte(c)
+		case c == '.' && i > 0 && i < len(s)-1 && s[i-1] != '.' && s[i+1] != '.':
+			b.WriteByte(c)
+		default:
+			fmt.Fprintf(&b, "_%02x", c)
+		}
+	}
+	return b.String()
+}
+
+// DecodeKeySafe reverses KeySafe.
+func DecodeKeySafe(s string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '_' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", fmt.Errorf("decoding key %q: truncated escape at %d", s, i)
+		}
+		var c byte
+		if _, err := fmt.Sscanf(s[i+1:i+3], "%02x", &c); err != nil {
+			return "", fmt.Errorf("decoding key %q: bad escape at %d", s, i)
+		}
+		b.WriteByte(c)
+		i += 2
+	}
+	return b.String(), nil
+}

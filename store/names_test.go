@@ -1,0 +1,99 @@
+package store_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+func TestKeySafeRoundTripsEveryByte(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	var all []byte
+	for c := 0; c < 256; c++ {
+		all = append(all, byte(c))
+	}
+	cases := []string{
+		string(all), "shop.example.com", "*.example.com", "Shop.Example.COM.",
+		"https://acme-v02.api.letsencrypt.org/directory", ".lead", "trail.", "a..b", "_x_", "10.100.0.0/16",
+	}
+	for _, in := range cases {
+		enc := store.KeySafe(in)
+		dec, err := store.DecodeKeySafe(enc)
+		if err != nil || dec != in {
+			t.Fatalf("round trip %q -> %q -> %q (%v)", in, enc, dec, err)
+		}
+		// The encoded form must be usable as a KV key as it is.
+		if _, err := srv.Store.Locks.Put(ctx, "cp.lock.test."+enc, []byte("x")); err != nil {
+			t.Fatalf("KV rejected encoded key %q of %q: %v", enc, in, err)
+		}
+	}
+	if got := store.KeySafe("shop.example.com"); got != "shop.example.com" {
+		t.Fatalf("plain hostnames should stay readable, got %q", got)
+	}
+	if _, err := store.DecodeKeySafe("bad_z"); err == nil {
+		t.Fatal("want an error for a truncated escape")
+	}
+}
+
+func TestNewNamesRejectsBadTokens(t *testing.T) {
+	for _, bad := range []string{"a.b", "a b", "a*", ">"} {
+		if _, err := store.NewNames(bad, ""); err == nil {
+			t.Errorf("installation %q accepted", bad)
+		}
+		if _, err := store.NewNames("", bad); err == nil {
+			t.Errorf("authority %q accepted", bad)
+		}
+	}
+	n, err := store.NewNames("", "")
+	if err != nil || n.Installation != "local" || n.Authority != "default" {
+		t.Fatalf("defaults: %+v %v", n, err)
+	}
+	if got := n.RPCSubject("m1", "deploy.start_candidate"); got != "edgeplane.v1.local.default.rpc.node.m1.deploy.start_candidate" {
+		t.Fatalf("rpc subject %q", got)
+	}
+	if got := n.NodeListenSubject("m1"); got != "edgeplane.v1.local.*.rpc.node.m1.>" {
+		t.Fatalf("listen subject %q", got)
+	}
+}
+
+func TestProvisionIsIdempotentAndCommitsImmutable(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	again := srv.Connect(t) // provisions a second time
+	c := &store.DeployCommit{ID: "d1", Namespace: "shop", Kind: store.CommitFinal, Revision: 1}
+	seq, err := again.AppendCommit(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Store.Commits.DeleteMsg(ctx, seq); err == nil {
+		t.Fatal("deleting a commit succeeded; the stream must deny deletes")
+	}
+	if err := srv.Store.Commits.Purge(ctx); err == nil {
+		t.Fatal("purging commits succeeded; the stream must deny purges")
+	}
+	live, err := srv.Store.LiveCommit(ctx, "shop")
+	if err != nil || live.ID != "d1" || live.Seq != seq {
+		t.Fatalf("live commit: %+v %v", live, err)
+	}
+	nss, err := srv.Store.CommittedNamespaces(ctx)
+	if err != nil || strings.Join(nss, ",") != "shop" {
+		t.Fatalf("namespaces %v %v", nss, err)
+	}
+	if _, err := srv.Store.LiveCommit(ctx, "nope"); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("missing namespace: %v", err)
+	}
+}
+
+func TestDecodeRejectsNewerSchema(t *testing.T) {
+	var r store.InstanceRecord
+	if err := store.Decode("instance", []byte(`{"version": 99}`), &r); err == nil || !strings.Contains(err.Error(), "newer") {
+		t.Fatalf("got %v", err)
+	}
+	if err := store.Decode("instance", []byte(`{not json`), &r); err == nil {
+		t.Fatal("want a decode error")
+	}
+}

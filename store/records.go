@@ -1,0 +1,377 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// RecordVersion is the schema version written into every record. A reader
+// refuses records from a newer schema instead of guessing at their meaning.
+const RecordVersion = 1
+
+// checkVersion rejects records written by a newer schema.
+func checkVersion(kind string, v int) error {
+	if v > RecordVersion {
+		return fmt.Errorf("%s record version %d is newer than this build understands (%d)", kind, v, RecordVersion)
+	}
+	return nil
+}
+
+// Decode unmarshals a JSON record and checks its schema version. kind names
+// the record in errors.
+func Decode(kind string, data []byte, v interface{ version() int }) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("decoding %s record: %w", kind, err)
+	}
+	return checkVersion(kind, v.version())
+}
+
+// Duration is a time.Duration written as a Go duration string ("5s") in JSON
+// and YAML.
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		var n int64
+		if err2 := json.Unmarshal(b, &n); err2 != nil {
+			return fmt.Errorf("duration must be a string like \"5s\"")
+		}
+		*d = Duration(n)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", n.Value, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Manifest is what an operator asks to run in a namespace. It is parsed and
+// validated by control/manifest and stored inside deploy commits.
+type Manifest struct {
+	Namespace string                 `json:"namespace" yaml:"namespace"`
+	Services  map[string]ServiceSpec `json:"services" yaml:"services"`
+}
+
+// ServiceSpec describes one service of a manifest.
+type ServiceSpec struct {
+	// Command is the program and its arguments. The instance gets HOST and
+	// PORT in its environment and must listen there.
+	Command []string          `json:"command" yaml:"command"`
+	Env     map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
+	// Replicas is the number of slots; nil means 1.
+	Replicas *int `json:"replicas,omitempty" yaml:"replicas,omitempty"`
+	// Port is a fixed port for every instance; 0 lets the agent pick a free one.
+	Port      int       `json:"port,omitempty" yaml:"port,omitempty"`
+	Readiness Readiness `json:"readiness,omitempty" yaml:"readiness,omitempty"`
+	Routes    []Route   `json:"routes,omitempty" yaml:"routes,omitempty"`
+	Placement Placement `json:"placement,omitempty" yaml:"placement,omitempty"`
+}
+
+// ReplicaCount is Replicas with its default applied.
+func (s ServiceSpec) ReplicaCount() int {
+	if s.Replicas == nil {
+		return 1
+	}
+	return *s.Replicas
+}
+
+// Readiness is how an agent decides that an instance is ready.
+type Readiness struct {
+	// Path is an HTTP path that must answer 2xx; empty means a TCP connect.
+	Path string `json:"path,omitempty" yaml:"path,omitempty"`
+	// Timeout bounds the whole wait; default 30s.
+	Timeout Duration `json:"timeout,omitempty" yaml:"timeout,omitempty"`
+}
+
+// Route sends requests for Hosts (exact or "*.suffix") whose path starts with
+// one of PathPrefixes (default "/") to the service.
+type Route struct {
+	Hosts        []string `json:"hosts" yaml:"hosts"`
+	PathPrefixes []string `json:"path_prefixes,omitempty" yaml:"path_prefixes,omitempty"`
+}
+
+// Placement restricts which machines may run a service.
+type Placement struct {
+	Regions []string          `json:"regions,omitempty" yaml:"regions,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
+}
+
+// CommitKind tells a checkpoint commit from the final one.
+type CommitKind string
+
+const (
+	CommitCheckpoint CommitKind = "checkpoint"
+	CommitFinal      CommitKind = "final"
+)
+
+// SlotAssignment binds one slot of a service to the instance that serves it.
+type SlotAssignment struct {
+	Service    string `json:"service"`
+	Slot       int    `json:"slot"`
+	InstanceID string `json:"instance_id"`
+	Machine    string `json:"machine"`
+	// Revision is the namespace revision that started the instance; an
+	// unchanged service keeps instances from older revisions.
+	Revision int64  `json:"revision"`
+	SpecHash string `json:"spec_hash"`
+}
+
+// DeployCommit is durable intent: an immutable fact appended to the commits
+// stream. The latest final commit of a namespace is what it serves.
+type DeployCommit struct {
+	Version      int              `json:"version"`
+	ID           string           `json:"id"`
+	Namespace    string           `json:"namespace"`
+	Kind         CommitKind       `json:"kind"`
+	Revision     int64            `json:"revision"`
+	Phase        string           `json:"phase,omitempty"`
+	Manifest     Manifest         `json:"manifest"`
+	ManifestHash string           `json:"manifest_hash"`
+	Slots        []SlotAssignment `json:"slots"`
+	// RollbackOf names the commit whose spec this deploy re-applied.
+	RollbackOf string    `json:"rollback_of,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	// Seq is the stream sequence, filled in when read; not stored.
+	Seq uint64 `json:"-"`
+}
+
+func (r *DeployCommit) version() int { return r.Version }
+
+// SlotsOf returns the commit's slots for service.
+func (r *DeployCommit) SlotsOf(service string) []SlotAssignment {
+	var out []SlotAssignment
+	for _, s := range r.Slots {
+		if s.Service == service {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Deploy states.
+const (
+	DeployApplying              = "applying"
+	DeployCommitted             = "committed"
+	DeployFailed                = "failed"
+	DeployFailedAfterCheckpoint = "FailedAfterCheckpoint"
+)
+
+// DeployStatus is durable status of one deploy attempt, changed only by the
+// operation that owns it (or the explicit completion of a committed deploy).
+type DeployStatus struct {
+	Version   int    `json:"version"`
+	Namespace string `json:"namespace"`
+	DeployID  string `json:"deploy_id"`
+	Revision  int64  `json:"revision"`
+	State     string `json:"state"`
+	// Phase is the last step the apply reached.
+	Phase      string `json:"phase"`
+	Error      *Error `json:"error,omitempty"`
+	RollbackOf string `json:"rollback_of,omitempty"`
+	// CommitSeq is the final commit's stream sequence once committed.
+	CommitSeq uint64 `json:"commit_seq,omitempty"`
+	// RoutingPublished is set once every routing event derived from the
+	// final commit is in the routing stream.
+	RoutingPublished bool `json:"routing_published"`
+	// RoutingSeq is the last routing event sequence of this deploy.
+	RoutingSeq uint64 `json:"routing_seq,omitempty"`
+	// Gateways summarises the bounded wait for gateways, e.g. "2/2".
+	Gateways string `json:"gateways,omitempty"`
+	// Cleanup lists recoverable failures while stopping old instances.
+	Cleanup   []CleanupFailure `json:"cleanup,omitempty"`
+	Warnings  []string         `json:"warnings,omitempty"`
+	StartedAt time.Time        `json:"started_at"`
+	UpdatedAt time.Time        `json:"updated_at"`
+	// Rev is the KV revision, filled in when read.
+	Rev uint64 `json:"-"`
+}
+
+func (r *DeployStatus) version() int { return r.Version }
+
+// CleanupFailure is an old instance the apply could not stop; recoverable.
+type CleanupFailure struct {
+	InstanceID string `json:"instance_id"`
+	Machine    string `json:"machine"`
+	Error      string `json:"error"`
+}
+
+// Phase states.
+const (
+	PhasePending = "pending"
+	PhaseRunning = "running"
+	PhaseDone    = "done"
+	PhaseFailed  = "failed"
+	PhaseSkipped = "skipped"
+)
+
+// PhaseRecord is the durable status of one apply step of one deploy.
+type PhaseRecord struct {
+	Version   int       `json:"version"`
+	Namespace string    `json:"namespace"`
+	DeployID  string    `json:"deploy_id"`
+	Index     int       `json:"index"`
+	Name      string    `json:"name"`
+	State     string    `json:"state"`
+	CommitSeq uint64    `json:"commit_seq,omitempty"`
+	Detail    string    `json:"detail,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+func (r *PhaseRecord) version() int { return r.Version }
+
+// Instance states.
+const (
+	InstanceStarting = "starting"
+	InstanceReady    = "ready"
+	InstanceDraining = "draining"
+	InstanceStopped  = "stopped"
+	InstanceFailed   = "failed"
+)
+
+// InstanceRecord is durable status of one running (or once running) instance.
+type InstanceRecord struct {
+	Version   int    `json:"version"`
+	ID        string `json:"id"`
+	Namespace string `json:"namespace"`
+	Service   string `json:"service"`
+	Slot      int    `json:"slot"`
+	Revision  int64  `json:"revision"`
+	DeployID  string `json:"deploy_id"`
+	SpecHash  string `json:"spec_hash"`
+	Machine   string `json:"machine"`
+	// Address is the instance's overlay IP; Port its listening port.
+	Address string `json:"address"`
+	Port    int    `json:"port"`
+	State   string `json:"state"`
+	// Error is an unrecovered error; a non-empty value makes it unroutable.
+	Error     string    `json:"error,omitempty"`
+	Driver    string    `json:"driver"`
+	PID       int       `json:"pid,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+func (r *InstanceRecord) version() int { return r.Version }
+
+// Key is the instance's key in the instances bucket.
+func (r *InstanceRecord) Key() string { return InstanceKey(r.Namespace, r.ID) }
+
+// InstanceKey is "<namespace>.<instance id>".
+func InstanceKey(namespace, id string) string { return namespace + "." + id }
+
+// Machine states.
+const (
+	MachineActive   = "active"
+	MachineDraining = "draining"
+	MachineDisabled = "disabled"
+)
+
+// MachineRecord is durable intent: a machine an operator admitted.
+type MachineRecord struct {
+	Version int               `json:"version"`
+	ID      string            `json:"id"`
+	Region  string            `json:"region,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	State   string            `json:"state"`
+	// Address is the machine's overlay (mesh) IP that instances are reached on.
+	Address   string    `json:"address"`
+	JoinedAt  time.Time `json:"joined_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+func (r *MachineRecord) version() int { return r.Version }
+
+// Invite is a single-use, expiring admission ticket, stored under the hash of
+// its token so reading the bucket does not reveal usable tokens.
+type Invite struct {
+	Version   int               `json:"version"`
+	Region    string            `json:"region,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+	ExpiresAt time.Time         `json:"expires_at"`
+}
+
+func (r *Invite) version() int { return r.Version }
+
+// Routing event kinds.
+const (
+	EventServiceUpsert = "service.upsert"
+	EventServiceRemove = "service.remove"
+	EventMachineUpsert = "machine.upsert"
+	EventMachineRemove = "machine.remove"
+)
+
+// Endpoint is one routable instance of a service.
+type Endpoint struct {
+	InstanceID string `json:"instance_id"`
+	Machine    string `json:"machine"`
+	Slot       int    `json:"slot"`
+	Revision   int64  `json:"revision"`
+	Address    string `json:"address"`
+	Port       int    `json:"port"`
+}
+
+// RoutingEvent is one ordered fact of the routing stream. A service upsert
+// carries the complete routable state of (Namespace, Service), its contract
+// identity, and replaces whatever a projection held for it; a removal drops
+// it. Machine events do the same for machines.
+type RoutingEvent struct {
+	Version   int            `json:"version"`
+	Kind      string         `json:"kind"`
+	Namespace string         `json:"namespace,omitempty"`
+	Service   string         `json:"service,omitempty"`
+	DeployID  string         `json:"deploy_id,omitempty"`
+	Revision  int64          `json:"revision,omitempty"`
+	Routes    []Route        `json:"routes,omitempty"`
+	Endpoints []Endpoint     `json:"endpoints,omitempty"`
+	Machine   *MachineRecord `json:"machine,omitempty"`
+	At        time.Time      `json:"at"`
+	// Seq is the stream sequence, filled in when read; not stored.
+	Seq uint64 `json:"-"`
+}
+
+func (r *RoutingEvent) version() int { return r.Version }
+
+// Identity is the contract identity an upsert replaces and a removal drops.
+func (r *RoutingEvent) Identity() string {
+	switch r.Kind {
+	case EventMachineUpsert, EventMachineRemove:
+		if r.Machine != nil {
+			return "machine/" + r.Machine.ID
+		}
+		return "machine/"
+	default:
+		return "service/" + r.Namespace + "/" + r.Service
+	}
+}
+
+// GatewayObservation is what one gateway reports of itself: the last routing
+// sequence it applied. An observation, never truth; it ages out of its bucket.
+type GatewayObservation struct {
+	Version    int       `json:"version"`
+	Gateway    string    `json:"gateway"`
+	AppliedSeq uint64    `json:"applied_seq"`
+	Stale      bool      `json:"stale"`
+	At         time.Time `json:"at"`
+}
+
+func (r *GatewayObservation) version() int { return r.Version }

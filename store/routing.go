@@ -1,0 +1,254 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LiveCommit returns the latest final commit of namespace: what it serves.
+func (s *Store) LiveCommit(ctx context.Context, namespace string) (*DeployCommit, error) {
+	msg, err := s.Commits.GetLastMsgForSubject(ctx, s.Names.DeployCommitSubject(namespace, CommitFinal))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("namespace %s has no committed deploy", namespace),
+				Detail: map[string]string{"namespace": namespace}}
+		}
+		return nil, classify(fmt.Errorf("reading live commit of %s: %w", namespace, err))
+	}
+	return decodeCommit(msg.Data, msg.Sequence)
+}
+
+// CommitAt reads the commit stored at stream sequence seq.
+func (s *Store) CommitAt(ctx context.Context, seq uint64) (*DeployCommit, error) {
+	msg, err := s.Commits.GetMsg(ctx, seq)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("no commit at sequence %d", seq)}
+		}
+		return nil, classify(fmt.Errorf("reading commit %d: %w", seq, err))
+	}
+	return decodeCommit(msg.Data, msg.Sequence)
+}
+
+func decodeCommit(data []byte, seq uint64) (*DeployCommit, error) {
+	var c DeployCommit
+	if err := Decode("deploy commit", data, &c); err != nil {
+		return nil, err
+	}
+	c.Seq = seq
+	return &c, nil
+}
+
+// AppendCommit appends c to the commits stream. The message id makes a retry
+// after an ambiguous failure idempotent within the dedupe window.
+func (s *Store) AppendCommit(ctx context.Context, c *DeployCommit) (uint64, error) {
+	c.Version = RecordVersion
+	data, err := json.Marshal(c)
+	if err != nil {
+		return 0, fmt.Errorf("encoding commit %s: %w", c.ID, err)
+	}
+	msgID := c.ID + "." + string(c.Kind) + "." + c.Phase
+	ack, err := s.JS.Publish(ctx, s.Names.DeployCommitSubject(c.Namespace, c.Kind), data, jetstream.WithMsgID(msgID))
+	if err != nil {
+		return 0, classify(fmt.Errorf("appending %s commit %s: %w", c.Kind, c.ID, err))
+	}
+	c.Seq = ack.Sequence
+	return ack.Sequence, nil
+}
+
+// CommittedNamespaces lists namespaces with at least one final commit.
+func (s *Store) CommittedNamespaces(ctx context.Context) ([]string, error) {
+	filter := s.Names.DeployCommitSubject("*", CommitFinal)
+	info, err := s.Commits.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, classify(fmt.Errorf("listing committed namespaces: %w", err))
+	}
+	prefix := strings.TrimSuffix(filter, "*."+string(CommitFinal))
+	var out []string
+	for subj := range info.State.Subjects {
+		ns := strings.TrimSuffix(strings.TrimPrefix(subj, prefix), "."+string(CommitFinal))
+		out = append(out, ns)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Routable reports whether inst may receive traffic under slot: ready, not
+// draining, no unrecovered error, an overlay address, and the very instance,
+// machine and revision the committed slot names. There is no grace period.
+func Routable(inst *InstanceRecord, slot SlotAssignment) bool {
+	return inst != nil &&
+		inst.State == InstanceReady &&
+		inst.Error == "" &&
+		inst.Address != "" && inst.Port > 0 &&
+		inst.ID == slot.InstanceID &&
+		inst.Machine == slot.Machine &&
+		inst.Revision == slot.Revision
+}
+
+// ServiceUpsert derives the routing upsert of service from the live commit
+// and the instance records (keyed by instance ID).
+func ServiceUpsert(c *DeployCommit, service string, instances map[string]*InstanceRecord) RoutingEvent {
+	ev := RoutingEvent{
+		Version: RecordVersion, Kind: EventServiceUpsert,
+		Namespace: c.Namespace, Service: service, DeployID: c.ID, Revision: c.Revision,
+		Routes: c.Manifest.Services[service].Routes, At: time.Now().UTC(),
+	}
+	for _, slot := range c.SlotsOf(service) {
+		inst := instances[slot.InstanceID]
+		if !Routable(inst, slot) {
+			continue
+		}
+		ev.Endpoints = append(ev.Endpoints, Endpoint{
+			InstanceID: inst.ID, Machine: inst.Machine, Slot: slot.Slot, Revision: inst.Revision,
+			Address: inst.Address, Port: inst.Port,
+		})
+	}
+	return ev
+}
+
+// CommitEvents derives every routing event of commit c: an upsert per
+// service, and a removal for each service of prev (the commit it replaced,
+// may be nil) that c no longer has. Events come in a stable order.
+func CommitEvents(c, prev *DeployCommit, instances map[string]*InstanceRecord) []RoutingEvent {
+	var names []string
+	for name := range c.Manifest.Services {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var out []RoutingEvent
+	for _, name := range names {
+		out = append(out, ServiceUpsert(c, name, instances))
+	}
+	if prev != nil {
+		var gone []string
+		for name := range prev.Manifest.Services {
+			if _, ok := c.Manifest.Services[name]; !ok {
+				gone = append(gone, name)
+			}
+		}
+		sort.Strings(gone)
+		for _, name := range gone {
+			out = append(out, RoutingEvent{Version: RecordVersion, Kind: EventServiceRemove,
+				Namespace: c.Namespace, Service: name, DeployID: c.ID, Revision: c.Revision, At: time.Now().UTC()})
+		}
+	}
+	return out
+}
+
+// NamespaceInstances reads every instance record of namespace, keyed by ID.
+func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[string]*InstanceRecord, error) {
+	out := make(map[string]*InstanceRecord)
+	err := ListJSON(ctx, s.Instances, namespace+".>", func(_ string, r *InstanceRecord) error {
+		out[r.ID] = r
+		return nil
+	})
+	return out, err
+}
+
+// PublishRouting appends events in order to the routing stream and returns
+// the sequence of the last one. msgID, when set, makes each publish
+// idempotent ("<msgID>.<index>") so a retried publish of a commit's events is
+// not applied twice; upserts are idempotent anyway.
+func (s *Store) PublishRouting(ctx context.Context, msgID string, events []RoutingEvent) (uint64, error) {
+	var last uint64
+	for i := range events {
+		ev := &events[i]
+		ev.Version = RecordVersion
+		var subj string
+		switch ev.Kind {
+		case EventServiceUpsert, EventServiceRemove:
+			subj = s.Names.RoutingServiceSubject(ev.Namespace, ev.Service)
+		case EventMachineUpsert, EventMachineRemove:
+			if ev.Machine == nil {
+				return last, fmt.Errorf("publishing %s: no machine", ev.Kind)
+			}
+			subj = s.Names.RoutingMachineSubject(ev.Machine.ID)
+		default:
+			return last, fmt.Errorf("publishing routing event: unknown kind %q", ev.Kind)
+		}
+		data, err := json.Marshal(ev)
+		if err != nil {
+			return last, fmt.Errorf("encoding routing event: %w", err)
+		}
+		var opts []jetstream.PublishOpt
+		if msgID != "" {
+			opts = append(opts, jetstream.WithMsgID(fmt.Sprintf("%s.%d", msgID, i)))
+		}
+		ack, err := s.JS.Publish(ctx, subj, data, opts...)
+		if err != nil {
+			return last, classify(fmt.Errorf("publishing routing event %s: %w", ev.Identity(), err))
+		}
+		ev.Seq = ack.Sequence
+		last = ack.Sequence
+	}
+	return last, nil
+}
+
+// RepublishService publishes a fresh upsert of one service derived from the
+// stored state. Agents use it after an explicit instance status change
+// (failure, drain) so the instance leaves the pool at once.
+func (s *Store) RepublishService(ctx context.Context, namespace, service string) (uint64, error) {
+	c, err := s.LiveCommit(ctx, namespace)
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := c.Manifest.Services[service]; !ok {
+		return 0, nil
+	}
+	insts, err := s.NamespaceInstances(ctx, namespace)
+	if err != nil {
+		return 0, err
+	}
+	return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(c, service, insts)})
+}
+
+// RoutingState is the routing projection as stored: what a projection loads
+// before it consumes events from Seq+1.
+type RoutingState struct {
+	// Seq is the routing stream's last sequence before the load read state.
+	Seq      uint64
+	Services []RoutingEvent
+	Machines []MachineRecord
+}
+
+// LoadRouting reads the routing state from stored intent and status. The
+// stream position is taken first, so replaying events after Seq can only
+// bring the state forward.
+func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
+	info, err := s.Routing.Info(ctx)
+	if err != nil {
+		return nil, classify(fmt.Errorf("loading routing state: %w", err))
+	}
+	st := &RoutingState{Seq: info.State.LastSeq}
+	nss, err := s.CommittedNamespaces(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, ns := range nss {
+		c, err := s.LiveCommit(ctx, ns)
+		if err != nil {
+			return nil, err
+		}
+		insts, err := s.NamespaceInstances(ctx, ns)
+		if err != nil {
+			return nil, err
+		}
+		st.Services = append(st.Services, CommitEvents(c, nil, insts)...)
+	}
+	err = ListJSON(ctx, s.Machines, ">", func(_ string, m *MachineRecord) error {
+		st.Machines = append(st.Machines, *m)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}

@@ -1,0 +1,138 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// DefaultRPCTimeout bounds a request to a machine when the caller's context
+// has no earlier deadline.
+const DefaultRPCTimeout = 5 * time.Second
+
+// rpcReply is the envelope of every RPC answer.
+type rpcReply struct {
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  *Error          `json:"error,omitempty"`
+}
+
+// Call sends req to command on machine and decodes the answer into resp (may
+// be nil). No responder, a timeout or a transport failure becomes an
+// *RPCFailure; an error the machine returned comes back as its *Error.
+func (s *Store) Call(ctx context.Context, machine, command string, req, resp any) error {
+	return Call(ctx, s.NC, s.Names.RPCSubject(machine, command), machine, command, req, resp)
+}
+
+// Call is Store.Call on an explicit connection and subject.
+func Call(ctx context.Context, nc *nats.Conn, subject, machine, command string, req, resp any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultRPCTimeout)
+		defer cancel()
+	}
+	data, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encoding %s request: %w", command, err)
+	}
+	msg, err := nc.RequestWithContext(ctx, subject, data)
+	if err != nil {
+		f := &RPCFailure{Machine: machine, Command: command, Cause: CauseTransport, Detail: err.Error()}
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			f.Cause, f.Detail = CauseNoResponders, "no agent is listening for this machine"
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+			f.Cause, f.Detail = CauseTimeout, "no answer before the deadline"
+		}
+		return f
+	}
+	var rep rpcReply
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return &RPCFailure{Machine: machine, Command: command, Cause: CauseRemote, Detail: "undecodable reply: " + err.Error()}
+	}
+	if rep.Error != nil {
+		return rep.Error
+	}
+	if resp != nil && len(rep.Result) > 0 {
+		if err := json.Unmarshal(rep.Result, resp); err != nil {
+			return &RPCFailure{Machine: machine, Command: command, Cause: CauseRemote, Detail: "undecodable result: " + err.Error()}
+		}
+	}
+	return nil
+}
+
+// Handler answers one RPC command. data is the raw request. Returning an
+// error sends it as a structured error.
+type Handler func(ctx context.Context, command string, data []byte) (any, error)
+
+// Serve subscribes handler to subject in queue group queue. The command passed
+// to handler is the subject's tail after prefix. Each request runs in its own
+// goroutine bounded by ctx; the subscription ends when ctx ends (the caller
+// owns ctx), and the returned func unsubscribes and waits for handlers.
+func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken string, handler Handler) (func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	sub, err := nc.QueueSubscribe(subject, queue, func(m *nats.Msg) {
+		command := commandOf(m.Subject, prefixToken)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			res, herr := safeHandle(ctx, handler, command, m.Data)
+			var rep rpcReply
+			if herr != nil {
+				rep.Error = AsError(herr)
+			} else if res != nil {
+				b, err := json.Marshal(res)
+				if err != nil {
+					rep.Error = Errorf(CodeInternal, "encoding %s result: %v", command, err)
+				} else {
+					rep.Result = b
+				}
+			}
+			out, _ := json.Marshal(rep)
+			_ = m.Respond(out)
+		}()
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("subscribing %s: %w", subject, err)
+	}
+	stop := func() {
+		_ = sub.Unsubscribe()
+		cancel()
+		wg.Wait()
+	}
+	go func() {
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
+	}()
+	return stop, nil
+}
+
+func safeHandle(ctx context.Context, h Handler, command string, data []byte) (res any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Errorf(CodeInternal, "%s panicked: %v", command, r)
+		}
+	}()
+	return h(ctx, command, data)
+}
+
+// commandOf returns the part of subject after the token marker, e.g. for
+// marker "node.m1" and subject "...rpc.node.m1.deploy.start" it returns
+// "deploy.start".
+func commandOf(subject, marker string) string {
+	i := strings.Index(subject, "."+marker+".")
+	if i < 0 {
+		return subject
+	}
+	return subject[i+len(marker)+2:]
+}

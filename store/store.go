@@ -1,0 +1,252 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultURL is the NATS URL clients use unless told otherwise.
+const DefaultURL = "nats://127.0.0.1:4222"
+
+// URLFromEnv returns $EDGEPLANE_NATS, else DefaultURL.
+func URLFromEnv() string {
+	if u := os.Getenv("EDGEPLANE_NATS"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// ConnectOptions says how to reach NATS.
+type ConnectOptions struct {
+	URL       string
+	CredsFile string
+	// Name identifies the connection in server monitoring.
+	Name string
+	// Timeout bounds the initial connect; default 5s.
+	Timeout time.Duration
+	// ReconnectForever keeps reconnecting after the server goes away
+	// (long-running processes); clients that run one command fail instead.
+	ReconnectForever bool
+	// Handlers observe connection state changes; any may be nil.
+	OnDisconnect func(error)
+	OnReconnect  func()
+}
+
+// Connect dials NATS.
+func Connect(o ConnectOptions) (*nats.Conn, error) {
+	url := o.URL
+	if url == "" {
+		url = DefaultURL
+	}
+	timeout := o.Timeout
+	if timeout == 0 {
+		timeout = 5 * time.Second
+	}
+	opts := []nats.Option{nats.Name(o.Name), nats.Timeout(timeout)}
+	if o.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(o.CredsFile))
+	}
+	if o.ReconnectForever {
+		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
+			nats.RetryOnFailedConnect(false))
+	}
+	if o.OnDisconnect != nil {
+		opts = append(opts, nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.OnDisconnect(err) }))
+	}
+	if o.OnReconnect != nil {
+		opts = append(opts, nats.ReconnectHandler(func(*nats.Conn) { o.OnReconnect() }))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("connecting to NATS at %s: %v", url, err),
+			Detail: map[string]string{"url": url, "hint": "is `control server` running? set --nats or $EDGEPLANE_NATS"}}
+	}
+	return nc, nil
+}
+
+// Layout tunes how streams and buckets are created.
+type Layout struct {
+	// Replicas for every stream and bucket; default 1. A cluster of three
+	// storage nodes uses 3.
+	Replicas int
+}
+
+// Store is an open connection to the control-plane store: every stream and
+// bucket of one authority.
+type Store struct {
+	NC    *nats.Conn
+	JS    jetstream.JetStream
+	Names Names
+
+	Commits    jetstream.Stream
+	Routing    jetstream.Stream
+	Renewals   jetstream.Stream
+	Status     jetstream.KeyValue
+	Phases     jetstream.KeyValue
+	Instances  jetstream.KeyValue
+	Machines   jetstream.KeyValue
+	Locks      jetstream.KeyValue
+	Invites    jetstream.KeyValue
+	Certs      jetstream.KeyValue
+	CertStatus jetstream.KeyValue
+	AcmeBudget jetstream.KeyValue
+	MeshPeers  jetstream.KeyValue
+	MeshBeats  jetstream.KeyValue
+	MeshIPs    jetstream.KeyValue
+	MeshDrift  jetstream.KeyValue
+	Gateways   jetstream.KeyValue
+}
+
+// GatewayObservationTTL is how long a gateway's report lives without refresh.
+const GatewayObservationTTL = 15 * time.Second
+
+// Provision creates (or updates to the current definition) every stream and
+// bucket, then opens them. It is idempotent and safe to run from every server
+// at start.
+func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (*Store, error) {
+	s, err := newStore(nc, names)
+	if err != nil {
+		return nil, err
+	}
+	r := layout.Replicas
+	if r == 0 {
+		r = 1
+	}
+	streams := []struct {
+		dst *jetstream.Stream
+		cfg jetstream.StreamConfig
+	}{
+		{&s.Commits, jetstream.StreamConfig{
+			Name: names.DeployCommitsStream(), Subjects: []string{names.DeployCommitsWildcard()},
+			Description: "immutable deploy commits (durable intent)",
+			DenyDelete:  true, DenyPurge: true, Replicas: r, Duplicates: 10 * time.Minute,
+		}},
+		{&s.Routing, jetstream.StreamConfig{
+			Name: names.RoutingEventsStream(), Subjects: []string{names.RoutingWildcard()},
+			Description: "ordered routing events the gateway and DNS projections consume",
+			MaxAge:      7 * 24 * time.Hour, Replicas: r, Duplicates: 10 * time.Minute,
+		}},
+		{&s.Renewals, jetstream.StreamConfig{
+			Name: names.CertRenewalsStream(), Subjects: []string{names.CertRenewalsWildcard()},
+			Description:       "scheduled certificate renewal work",
+			AllowMsgSchedules: true, AllowMsgTTL: true, Replicas: r,
+		}},
+	}
+	for _, st := range streams {
+		str, err := s.JS.CreateOrUpdateStream(ctx, st.cfg)
+		if err != nil {
+			return nil, classify(fmt.Errorf("provisioning stream %s: %w", st.cfg.Name, err))
+		}
+		*st.dst = str
+	}
+	buckets := []struct {
+		dst *jetstream.KeyValue
+		cfg jetstream.KeyValueConfig
+	}{
+		{&s.Status, jetstream.KeyValueConfig{Bucket: names.DeployStatusBucket(), History: 1}},
+		{&s.Phases, jetstream.KeyValueConfig{Bucket: names.DeployPhasesBucket(), History: 1}},
+		{&s.Instances, jetstream.KeyValueConfig{Bucket: names.InstancesBucket(), History: 1}},
+		{&s.Machines, jetstream.KeyValueConfig{Bucket: names.MachinesBucket(), History: 5}},
+		{&s.Locks, jetstream.KeyValueConfig{Bucket: names.LocksBucket(), History: 1, LimitMarkerTTL: time.Minute}},
+		{&s.Invites, jetstream.KeyValueConfig{Bucket: names.InvitesBucket(), History: 1, LimitMarkerTTL: time.Minute}},
+		{&s.Certs, jetstream.KeyValueConfig{Bucket: names.CertsBucket(), History: 1}},
+		{&s.CertStatus, jetstream.KeyValueConfig{Bucket: names.CertStatusBucket(), History: 1}},
+		{&s.AcmeBudget, jetstream.KeyValueConfig{Bucket: names.AcmeBudgetBucket(), History: 1, LimitMarkerTTL: time.Minute}},
+		{&s.MeshPeers, jetstream.KeyValueConfig{Bucket: names.MeshPeersBucket(), History: 5}},
+		{&s.MeshBeats, jetstream.KeyValueConfig{Bucket: names.MeshHeartbeatsBucket(), History: 1}},
+		{&s.MeshIPs, jetstream.KeyValueConfig{Bucket: names.MeshIPsBucket(), History: 1, LimitMarkerTTL: time.Minute}},
+		{&s.MeshDrift, jetstream.KeyValueConfig{Bucket: names.MeshDriftBucket(), History: 1}},
+		{&s.Gateways, jetstream.KeyValueConfig{Bucket: names.GatewaysBucket(), History: 1, TTL: GatewayObservationTTL}},
+	}
+	for _, b := range buckets {
+		b.cfg.Replicas = r
+		kv, err := s.JS.CreateOrUpdateKeyValue(ctx, b.cfg)
+		if err != nil {
+			return nil, classify(fmt.Errorf("provisioning bucket %s: %w", b.cfg.Bucket, err))
+		}
+		*b.dst = kv
+	}
+	return s, nil
+}
+
+// Open binds to streams and buckets that a server already provisioned. It
+// fails with a clear error if they are missing.
+func Open(ctx context.Context, nc *nats.Conn, names Names) (*Store, error) {
+	s, err := newStore(nc, names)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range []struct {
+		dst  *jetstream.Stream
+		name string
+	}{
+		{&s.Commits, names.DeployCommitsStream()},
+		{&s.Routing, names.RoutingEventsStream()},
+		{&s.Renewals, names.CertRenewalsStream()},
+	} {
+		str, err := s.JS.Stream(ctx, st.name)
+		if err != nil {
+			return nil, classify(fmt.Errorf("opening stream %s (has `control server` provisioned this authority?): %w", st.name, err))
+		}
+		*st.dst = str
+	}
+	for _, b := range []struct {
+		dst  *jetstream.KeyValue
+		name string
+	}{
+		{&s.Status, names.DeployStatusBucket()},
+		{&s.Phases, names.DeployPhasesBucket()},
+		{&s.Instances, names.InstancesBucket()},
+		{&s.Machines, names.MachinesBucket()},
+		{&s.Locks, names.LocksBucket()},
+		{&s.Invites, names.InvitesBucket()},
+		{&s.Certs, names.CertsBucket()},
+		{&s.CertStatus, names.CertStatusBucket()},
+		{&s.AcmeBudget, names.AcmeBudgetBucket()},
+		{&s.MeshPeers, names.MeshPeersBucket()},
+		{&s.MeshBeats, names.MeshHeartbeatsBucket()},
+		{&s.MeshIPs, names.MeshIPsBucket()},
+		{&s.MeshDrift, names.MeshDriftBucket()},
+		{&s.Gateways, names.GatewaysBucket()},
+	} {
+		kv, err := s.JS.KeyValue(ctx, b.name)
+		if err != nil {
+			return nil, classify(fmt.Errorf("opening bucket %s (has `control server` provisioned this authority?): %w", b.name, err))
+		}
+		*b.dst = kv
+	}
+	return s, nil
+}
+
+func newStore(nc *nats.Conn, names Names) (*Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("opening jetstream: %w", err)
+	}
+	return &Store{NC: nc, JS: js, Names: names}, nil
+}
+
+// classify turns transport-level JetStream failures into structured errors so
+// that a caller sees "unavailable" rather than a library message.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout),
+		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return &Error{Code: CodeUnavailable, Message: err.Error()}
+	}
+	return err
+}
+
+// Classify is classify for other packages: JetStream transport failures
+// become a structured "unavailable" error; anything else passes through.
+func Classify(err error) error { return classify(err) }

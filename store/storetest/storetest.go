@@ -1,0 +1,89 @@
+// Package storetest starts a real embedded nats-server with JetStream on
+// 127.0.0.1 for tests, with its store in the test's temp dir, and provisions
+// the edgeplane layout on it.
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Server is a running test server and a provisioned store on it.
+type Server struct {
+	NATS  *server.Server
+	URL   string
+	Dir   string
+	Store *store.Store
+}
+
+// Start starts a server on a random loopback port and provisions the default
+// names. Everything stops when the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartIn(t, t.TempDir(), "127.0.0.1:0")
+}
+
+// StartIn starts a server with its store in dir, listening on listen (use a
+// fixed port to restart a server at the same address).
+func StartIn(t testing.TB, dir, listen string) *Server {
+	t.Helper()
+	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: dir, Listen: listen})
+	if err != nil {
+		t.Fatalf("starting nats: %v", err)
+	}
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	s := &Server{NATS: ns, URL: ns.ClientURL(), Dir: dir}
+	s.Store = s.Connect(t)
+	return s
+}
+
+// Connect opens another connection and provisioned store on the server, as
+// another process would.
+func (s *Server) Connect(t testing.TB) *store.Store {
+	t.Helper()
+	nc, err := store.Connect(store.ConnectOptions{URL: s.URL, Name: t.Name()})
+	if err != nil {
+		t.Fatalf("connecting: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	names, _ := store.NewNames("", "")
+	st, err := store.Provision(ctx, nc, names, store.Layout{})
+	if err != nil {
+		t.Fatalf("provisioning: %v", err)
+	}
+	return st
+}
+
+// Conn opens a bare connection.
+func (s *Server) Conn(t testing.TB) *nats.Conn {
+	t.Helper()
+	nc, err := store.Connect(store.ConnectOptions{URL: s.URL, Name: t.Name()})
+	if err != nil {
+		t.Fatalf("connecting: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Eventually polls cond every 10ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
