@@ -308,6 +308,10 @@ type Invite struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
+	// UsedBy is the machine that redeemed the invite; only that machine's
+	// processes (its agent and its meshd) may redeem it again.
+	UsedBy string    `json:"used_by,omitempty"`
+	UsedAt time.Time `json:"used_at,omitempty"`
 }
 
 func (r *Invite) version() int { return r.Version }

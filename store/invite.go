@@ -1,0 +1,89 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// InviteTokenPrefix marks edgeplane invite tokens so a pasted token of the
+// wrong kind fails with a clear message.
+const InviteTokenPrefix = "epinv_"
+
+// DefaultInviteTTL is how long an invite stays redeemable.
+const DefaultInviteTTL = time.Hour
+
+func inviteKey(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return "invite." + hex.EncodeToString(sum[:])
+}
+
+// CreateInvite stores a single-use invite and returns its token. Only the
+// token's hash is stored.
+func (s *Store) CreateInvite(ctx context.Context, region string, labels map[string]string, ttl time.Duration) (string, *Invite, error) {
+	if ttl <= 0 {
+		ttl = DefaultInviteTTL
+	}
+	var raw [24]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", nil, fmt.Errorf("creating invite: %w", err)
+	}
+	token := InviteTokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	now := time.Now().UTC()
+	inv := &Invite{Version: RecordVersion, Region: region, Labels: labels, CreatedAt: now, ExpiresAt: now.Add(ttl)}
+	data, _ := json.Marshal(inv)
+	// The per-key TTL removes unused invites; a little slack past ExpiresAt
+	// keeps the record readable for a clear "expired" answer near the edge.
+	if _, err := s.Invites.Create(ctx, inviteKey(token), data, jetstream.KeyTTL(ttl+time.Minute)); err != nil {
+		return "", nil, classify(fmt.Errorf("storing invite: %w", err))
+	}
+	return token, inv, nil
+}
+
+// RedeemInvite spends token for machine. The first redemption binds the
+// invite to machine; later redemptions succeed only for the same machine (its
+// agent and its meshd share one invite) and fail for any other.
+func (s *Store) RedeemInvite(ctx context.Context, token, machine string) (*Invite, error) {
+	if !strings.HasPrefix(token, InviteTokenPrefix) {
+		return nil, &Error{Code: CodeInvalid, Message: "not an edgeplane invite token (want the output of `control machine invite`)"}
+	}
+	key := inviteKey(token)
+	var inv Invite
+	rev, err := GetJSON(ctx, s.Invites, key, &inv)
+	if err != nil {
+		if HasCode(err, CodeNotFound) {
+			return nil, &Error{Code: CodeNotFound, Message: "invite unknown or expired; create a new one with `control machine invite`"}
+		}
+		return nil, err
+	}
+	now := time.Now()
+	if now.After(inv.ExpiresAt) {
+		return nil, &Error{Code: CodeInvalid, Message: "invite expired at " + inv.ExpiresAt.Format(time.RFC3339),
+			Detail: map[string]string{"expired_at": inv.ExpiresAt.Format(time.RFC3339)}}
+	}
+	if inv.UsedBy != "" {
+		if inv.UsedBy == machine {
+			return &inv, nil
+		}
+		return nil, &Error{Code: CodeConflict, Message: "invite already used by machine " + inv.UsedBy,
+			Detail: map[string]string{"used_by": inv.UsedBy}}
+	}
+	inv.UsedBy, inv.UsedAt = machine, now.UTC()
+	data, _ := json.Marshal(inv)
+	if _, err := s.Invites.Update(ctx, key, data, rev); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, &Error{Code: CodeConflict, Message: "invite was redeemed concurrently by another machine"}
+		}
+		return nil, classify(fmt.Errorf("redeeming invite: %w", err))
+	}
+	return &inv, nil
+}

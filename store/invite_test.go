@@ -1,0 +1,80 @@
+package store_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+func TestInviteSingleUsePerMachine(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	tok, _, err := srv.Store.CreateInvite(ctx, "eu", map[string]string{"tier": "edge"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := srv.Store.RedeemInvite(ctx, tok, "m1")
+	if err != nil || inv.Region != "eu" || inv.Labels["tier"] != "edge" {
+		t.Fatalf("redeem: %+v %v", inv, err)
+	}
+	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1"); err != nil {
+		t.Fatalf("same machine again (agent then meshd): %v", err)
+	}
+	if _, err := srv.Store.RedeemInvite(ctx, tok, "m2"); !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("other machine: got %v, want conflict", err)
+	}
+	if _, err := srv.Store.RedeemInvite(ctx, "garbage", "m3"); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("garbage token: %v", err)
+	}
+	if _, err := srv.Store.RedeemInvite(ctx, store.InviteTokenPrefix+"unknown", "m3"); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("unknown token: %v", err)
+	}
+}
+
+func TestInviteRacingMachinesOneWins(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	tok, _, err := srv.Store.CreateInvite(ctx, "", nil, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	winners := 0
+	var wg sync.WaitGroup
+	for i := 0; i < 6; i++ {
+		st := srv.Connect(t)
+		wg.Add(1)
+		go func(id string) {
+			defer wg.Done()
+			if _, err := st.RedeemInvite(ctx, tok, id); err == nil {
+				mu.Lock()
+				winners++
+				mu.Unlock()
+			}
+		}(string(rune('a' + i)))
+	}
+	wg.Wait()
+	if winners != 1 {
+		t.Fatalf("%d machines redeemed one invite", winners)
+	}
+}
+
+func TestInviteExpired(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	tok, _, err := srv.Store.CreateInvite(ctx, "", nil, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.Eventually(t, 2*time.Second, "invite expiry", func() bool {
+		_, err = srv.Store.RedeemInvite(ctx, tok, "late")
+		return err != nil
+	})
+	if !store.HasCode(err, store.CodeInvalid) && !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("expired invite: %v", err)
+	}
+}
