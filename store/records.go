@@ -148,8 +148,12 @@ type DeployCommit struct {
 	ManifestHash string           `json:"manifest_hash"`
 	Slots        []SlotAssignment `json:"slots"`
 	// RollbackOf names the commit whose spec this deploy re-applied.
-	RollbackOf string    `json:"rollback_of,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
+	RollbackOf string `json:"rollback_of,omitempty"`
+	// Replaces is the final commit this one superseded (empty for the first
+	// deploy of a namespace): removals of services derive from it.
+	Replaces    string    `json:"replaces,omitempty"`
+	ReplacesSeq uint64    `json:"replaces_seq,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
 	// Seq is the stream sequence, filled in when read; not stored.
 	Seq uint64 `json:"-"`
 }

@@ -1,0 +1,531 @@
+// Package agent is the per-machine side of the control plane: it answers the
+// orchestrator's RPCs for one machine (capacity, start candidate, readiness,
+// drain, stop, and seed-002 leased commands) and runs instances through a
+// runtime driver. Instances outlive the agent: a restarted agent adopts what
+// still runs from the state it persisted, so the data plane keeps serving.
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/manifest"
+	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Config configures an agent.
+type Config struct {
+	Store   *store.Store
+	Machine store.MachineRecord
+	// DataDir holds instance state (instances/) and logs (logs/).
+	DataDir string
+	Driver  runtime.Driver
+	Logger  *slog.Logger
+	// MaxInstances bounds what the machine accepts; default 256.
+	MaxInstances int
+	// StopGrace is the default SIGTERM-to-SIGKILL grace; default 10s.
+	StopGrace time.Duration
+}
+
+// Agent serves one machine.
+type Agent struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex
+	instances map[string]*instance
+	// attempts holds the newest leased-command attempt seen per instance.
+	attempts map[string]int
+	wg       sync.WaitGroup
+}
+
+// instance is a running instance and what the agent persists about it.
+type instance struct {
+	Runtime  runtime.State        `json:"runtime"`
+	Record   store.InstanceRecord `json:"record"`
+	Spec     store.ServiceSpec    `json:"spec"`
+	handle   runtime.Handle
+	stopping bool
+}
+
+// New checks cfg and returns an agent; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Store == nil || cfg.Driver == nil || cfg.DataDir == "" || cfg.Machine.ID == "" {
+		return nil, errors.New("agent: store, driver, data dir and machine are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxInstances == 0 {
+		cfg.MaxInstances = 256
+	}
+	if cfg.StopGrace == 0 {
+		cfg.StopGrace = 10 * time.Second
+	}
+	for _, d := range []string{"instances", "logs"} {
+		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("agent data dir: %w", err)
+		}
+	}
+	return &Agent{
+		cfg: cfg, log: cfg.Logger.With("machine", cfg.Machine.ID),
+		instances: map[string]*instance{}, attempts: map[string]int{},
+	}, nil
+}
+
+// Run adopts persisted instances, then answers RPCs until ctx ends. Instances
+// keep running after Run returns.
+func (a *Agent) Run(ctx context.Context) error {
+	a.adopt(ctx)
+	names := a.cfg.Store.Names
+	stop, err := store.Serve(ctx, a.cfg.Store.NC, names.NodeListenSubject(a.cfg.Machine.ID),
+		names.NodeQueueGroup(a.cfg.Machine.ID), "node."+a.cfg.Machine.ID, a.handle)
+	if err != nil {
+		return fmt.Errorf("agent %s: %w", a.cfg.Machine.ID, err)
+	}
+	a.log.Info("agent serving", "subject", names.NodeListenSubject(a.cfg.Machine.ID), "instances", a.count())
+	<-ctx.Done()
+	stop()
+	a.wg.Wait()
+	return nil
+}
+
+func (a *Agent) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.instances)
+}
+
+func (a *Agent) statePath(id string) string {
+	return filepath.Join(a.cfg.DataDir, "instances", id+".json")
+}
+
+func (a *Agent) persist(inst *instance) error {
+	b, err := json.MarshalIndent(inst, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := a.statePath(inst.Record.ID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("persisting instance %s: %w", inst.Record.ID, err)
+	}
+	return os.Rename(tmp, a.statePath(inst.Record.ID))
+}
+
+// adopt re-attaches to instances a previous agent started. One that no
+// longer runs is recorded as failed, explicitly, and leaves the pool.
+func (a *Agent) adopt(ctx context.Context) {
+	files, _ := filepath.Glob(filepath.Join(a.cfg.DataDir, "instances", "*.json"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var inst instance
+		if err := json.Unmarshal(b, &inst); err != nil {
+			a.log.Warn("ignoring unreadable instance state", "file", f, "err", err)
+			continue
+		}
+		h, err := a.cfg.Driver.Adopt(ctx, inst.Runtime)
+		if err != nil {
+			a.log.Warn("instance did not survive the agent restart", "instance", inst.Record.ID, "err", err)
+			_ = os.Remove(f)
+			a.markFailed(ctx, &inst, "not running after agent restart")
+			continue
+		}
+		inst.handle = h
+		a.mu.Lock()
+		a.instances[inst.Record.ID] = &inst
+		a.mu.Unlock()
+		a.watch(&inst)
+		a.log.Info("adopted instance", "instance", inst.Record.ID, "pid", inst.Runtime.PID)
+	}
+}
+
+// watch records an unexpected exit as an unrecovered error and republishes
+// the service's routing so the instance leaves the pool at once.
+func (a *Agent) watch(inst *instance) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		<-inst.handle.Exited()
+		a.mu.Lock()
+		stopping := inst.stopping
+		if !stopping && a.instances[inst.Record.ID] == inst {
+			delete(a.instances, inst.Record.ID)
+		}
+		a.mu.Unlock()
+		if stopping {
+			return
+		}
+		_ = os.Remove(a.statePath(inst.Record.ID))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		a.markFailed(ctx, inst, inst.handle.ExitErr().Error())
+	}()
+}
+
+func (a *Agent) markFailed(ctx context.Context, inst *instance, reason string) {
+	rec := inst.Record
+	rec.State, rec.Error, rec.UpdatedAt = store.InstanceFailed, reason, time.Now().UTC()
+	a.log.Warn("instance failed", "instance", rec.ID, "reason", reason)
+	if err := a.writeRecord(ctx, &rec); err != nil {
+		a.log.Error("recording instance failure", "instance", rec.ID, "err", err)
+		return
+	}
+	if _, err := a.cfg.Store.RepublishService(ctx, rec.Namespace, rec.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+		a.log.Error("republishing routing after failure", "instance", rec.ID, "err", err)
+	}
+}
+
+func (a *Agent) writeRecord(ctx context.Context, rec *store.InstanceRecord) error {
+	rec.Version = store.RecordVersion
+	_, err := store.PutJSON(ctx, a.cfg.Store.Instances, rec.Key(), rec)
+	return err
+}
+
+func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, error) {
+	switch command {
+	case store.CmdCapacity:
+		return a.capacity(), nil
+	case store.CmdStartCandidate:
+		var req store.StartRequest
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return a.start(ctx, req)
+	case store.CmdReadiness:
+		var req store.ReadinessRequest
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return a.readiness(ctx, req)
+	case store.CmdDrainInstance:
+		var req store.InstanceRequest
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return nil, a.drain(ctx, req.Namespace, req.InstanceID)
+	case store.CmdStopInstance:
+		var req store.InstanceRequest
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return nil, a.stop(ctx, req)
+	case store.CmdRestart, store.CmdStop, store.CmdForceCleanup:
+		var req store.LeasedCommand
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return a.leased(ctx, command, req)
+	}
+	return nil, store.Errorf(store.CodeInvalid, "unknown command %q", command).With("command", command)
+}
+
+func decode(command string, data []byte, v any) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return store.Errorf(store.CodeInvalid, "decoding %s request: %v", command, err)
+	}
+	return nil
+}
+
+func (a *Agent) capacity() store.CapacityReply {
+	n := a.count()
+	m := a.cfg.Machine
+	return store.CapacityReply{
+		Machine: m.ID, Region: m.Region, Labels: m.Labels, Address: m.Address,
+		Driver: a.cfg.Driver.Name(), Instances: n, Free: max(0, a.cfg.MaxInstances-n),
+	}
+}
+
+func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.StartReply, error) {
+	rec := req.Instance
+	if rec.ID == "" || rec.Namespace == "" || rec.Service == "" {
+		return nil, store.Errorf(store.CodeInvalid, "start: instance id, namespace and service are required")
+	}
+	a.mu.Lock()
+	if inst, ok := a.instances[rec.ID]; ok {
+		// A retried start of the same candidate is answered, not repeated.
+		a.mu.Unlock()
+		return &store.StartReply{Instance: inst.Record}, nil
+	}
+	if len(a.instances) >= a.cfg.MaxInstances {
+		a.mu.Unlock()
+		return nil, store.Errorf(store.CodeUnavailable, "machine %s is full (%d instances)", a.cfg.Machine.ID, a.cfg.MaxInstances)
+	}
+	a.mu.Unlock()
+
+	port := req.Spec.Port
+	if port == 0 {
+		p, err := freePort(a.cfg.Machine.Address)
+		if err != nil {
+			return nil, store.Errorf(store.CodeUnavailable, "start %s: choosing a port: %v", rec.ID, err)
+		}
+		port = p
+	}
+	env := map[string]string{}
+	for k, v := range req.Spec.Env {
+		env[k] = v
+	}
+	env["EDGEPLANE_SERVICE"] = rec.Service
+	env["EDGEPLANE_NAMESPACE"] = rec.Namespace
+	env["EDGEPLANE_SLOT"] = strconv.Itoa(rec.Slot)
+	env["EDGEPLANE_REVISION"] = strconv.FormatInt(rec.Revision, 10)
+	env["EDGEPLANE_MACHINE"] = a.cfg.Machine.ID
+	h, err := a.cfg.Driver.Start(ctx, runtime.Spec{
+		ID: rec.ID, Command: req.Spec.Command, Env: env,
+		Host: a.cfg.Machine.Address, Port: port, LogDir: filepath.Join(a.cfg.DataDir, "logs"),
+	})
+	if err != nil {
+		return nil, store.Errorf(store.CodeInternal, "%v", err).With("instance", rec.ID)
+	}
+	now := time.Now().UTC()
+	rec.Machine, rec.Address, rec.Port = a.cfg.Machine.ID, a.cfg.Machine.Address, port
+	rec.State, rec.Error, rec.Driver, rec.PID = store.InstanceStarting, "", a.cfg.Driver.Name(), h.State().PID
+	rec.CreatedAt, rec.UpdatedAt = now, now
+	inst := &instance{Runtime: h.State(), Record: rec, Spec: req.Spec, handle: h}
+	if err := a.persist(inst); err != nil {
+		_ = a.cfg.Driver.Stop(ctx, h, time.Second)
+		return nil, err
+	}
+	a.mu.Lock()
+	a.instances[rec.ID] = inst
+	a.mu.Unlock()
+	a.watch(inst)
+	if err := a.writeRecord(ctx, &rec); err != nil {
+		return nil, err
+	}
+	a.setRecord(inst, rec)
+	a.log.Info("started instance", "instance", rec.ID, "pid", rec.PID, "port", port)
+	return &store.StartReply{Instance: rec}, nil
+}
+
+func (a *Agent) setRecord(inst *instance, rec store.InstanceRecord) {
+	a.mu.Lock()
+	inst.Record = rec
+	a.mu.Unlock()
+	_ = a.persist(inst)
+}
+
+func (a *Agent) lookup(id string) (*instance, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	inst, ok := a.instances[id]
+	return inst, ok
+}
+
+func (a *Agent) readiness(ctx context.Context, req store.ReadinessRequest) (*store.ReadinessReply, error) {
+	inst, ok := a.lookup(req.InstanceID)
+	if !ok {
+		return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, a.cfg.Machine.ID)
+	}
+	timeout := time.Duration(req.Timeout)
+	if timeout <= 0 {
+		timeout = manifest.ReadinessTimeout(inst.Spec)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	rec := inst.Record
+	probe := readinessProbe(rec.Address, rec.Port, inst.Spec.Readiness.Path)
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	var lastErr error
+	for {
+		if lastErr = probe(ctx); lastErr == nil {
+			break
+		}
+		select {
+		case <-inst.handle.Exited():
+			return &store.ReadinessReply{Ready: false, Error: "instance " + inst.handle.ExitErr().Error(), Instance: rec}, nil
+		case <-ctx.Done():
+			return &store.ReadinessReply{Ready: false, Error: fmt.Sprintf("not ready after %s: %v", timeout, lastErr), Instance: rec}, nil
+		case <-t.C:
+		}
+	}
+	rec.State, rec.UpdatedAt = store.InstanceReady, time.Now().UTC()
+	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer wcancel()
+	if err := a.writeRecord(wctx, &rec); err != nil {
+		return nil, err
+	}
+	a.setRecord(inst, rec)
+	return &store.ReadinessReply{Ready: true, Instance: rec}, nil
+}
+
+func readinessProbe(host string, port int, path string) func(context.Context) error {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	if path == "" {
+		return func(ctx context.Context) error {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return err
+			}
+			return c.Close()
+		}
+	}
+	client := &http.Client{Timeout: 2 * time.Second}
+	url := "http://" + addr + path
+	return func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode < 200 || resp.StatusCode > 299 {
+			return fmt.Errorf("GET %s: %s", path, resp.Status)
+		}
+		return nil
+	}
+}
+
+// drain marks the instance draining, which makes it unroutable, and
+// republishes its service so gateways drop it now.
+func (a *Agent) drain(ctx context.Context, ns, id string) error {
+	inst, ok := a.lookup(id)
+	if !ok {
+		return store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", id, a.cfg.Machine.ID)
+	}
+	rec := inst.Record
+	rec.State, rec.UpdatedAt = store.InstanceDraining, time.Now().UTC()
+	if err := a.writeRecord(ctx, &rec); err != nil {
+		return err
+	}
+	a.setRecord(inst, rec)
+	if _, err := a.cfg.Store.RepublishService(ctx, rec.Namespace, rec.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+		return err
+	}
+	return nil
+}
+
+func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
+	grace := time.Duration(req.Grace)
+	if grace <= 0 {
+		grace = a.cfg.StopGrace
+	}
+	inst, ok := a.lookup(req.InstanceID)
+	if ok {
+		a.mu.Lock()
+		inst.stopping = true
+		a.mu.Unlock()
+		if err := a.cfg.Driver.Stop(ctx, inst.handle, grace); err != nil {
+			a.mu.Lock()
+			inst.stopping = false
+			a.mu.Unlock()
+			return store.Errorf(store.CodeInternal, "%v", err).With("instance", req.InstanceID)
+		}
+		a.mu.Lock()
+		delete(a.instances, req.InstanceID)
+		a.mu.Unlock()
+		_ = os.Remove(a.statePath(req.InstanceID))
+		a.log.Info("stopped instance", "instance", req.InstanceID)
+	}
+	// Stopping what is already gone succeeds: the caller wants it not running.
+	key := store.InstanceKey(req.Namespace, req.InstanceID)
+	if req.Forget {
+		if err := a.cfg.Store.Instances.Delete(ctx, key); err != nil {
+			return store.Classify(fmt.Errorf("forgetting instance %s: %w", req.InstanceID, err))
+		}
+		return nil
+	}
+	var rec store.InstanceRecord
+	if _, err := store.GetJSON(ctx, a.cfg.Store.Instances, key, &rec); err == nil {
+		rec.State, rec.UpdatedAt = store.InstanceStopped, time.Now().UTC()
+		return a.writeRecord(ctx, &rec)
+	}
+	return nil
+}
+
+// leased runs a seed-002 leased command. The attempt number guards the
+// generation: an attempt older than the newest seen is refused as stale.
+func (a *Agent) leased(ctx context.Context, command string, req store.LeasedCommand) (*store.LeasedReply, error) {
+	guard := req.InstanceID
+	if command == store.CmdForceCleanup {
+		guard = "service:" + req.Namespace + "/" + req.Service
+	}
+	a.mu.Lock()
+	if last := a.attempts[guard]; req.Attempt < last {
+		a.mu.Unlock()
+		return nil, store.Errorf(store.CodeStale, "attempt %d of %s is older than attempt %d", req.Attempt, command, last).
+			With("attempt", strconv.Itoa(req.Attempt)).With("newest", strconv.Itoa(last))
+	}
+	a.attempts[guard] = req.Attempt
+	a.mu.Unlock()
+
+	reply := &store.LeasedReply{Attempt: req.Attempt}
+	switch command {
+	case store.CmdStop:
+		if err := a.stop(ctx, store.InstanceRequest{InstanceID: req.InstanceID, Namespace: req.Namespace, Grace: req.Grace}); err != nil {
+			return nil, err
+		}
+		if _, err := a.cfg.Store.RepublishService(ctx, req.Namespace, req.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+			return nil, err
+		}
+		reply.Detail = "stopped"
+	case store.CmdRestart:
+		inst, ok := a.lookup(req.InstanceID)
+		if !ok {
+			return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, a.cfg.Machine.ID)
+		}
+		rec, spec := inst.Record, inst.Spec
+		if err := a.drain(ctx, rec.Namespace, rec.ID); err != nil {
+			return nil, err
+		}
+		if err := a.stop(ctx, store.InstanceRequest{InstanceID: rec.ID, Namespace: rec.Namespace, Grace: req.Grace}); err != nil {
+			return nil, err
+		}
+		spec.Port = rec.Port // keep the address the commit routes to
+		if _, err := a.start(ctx, store.StartRequest{Instance: rec, Spec: spec}); err != nil {
+			return nil, err
+		}
+		rr, err := a.readiness(ctx, store.ReadinessRequest{InstanceID: rec.ID, Namespace: rec.Namespace})
+		if err != nil {
+			return nil, err
+		}
+		if !rr.Ready {
+			return nil, store.Errorf(store.CodeUnavailable, "restarted instance %s is not ready: %s", rec.ID, rr.Error)
+		}
+		if _, err := a.cfg.Store.RepublishService(ctx, rec.Namespace, rec.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+			return nil, err
+		}
+		reply.Detail = "restarted"
+	case store.CmdForceCleanup:
+		var ids []string
+		a.mu.Lock()
+		for id, inst := range a.instances {
+			if inst.Record.Namespace == req.Namespace && inst.Record.Service == req.Service {
+				ids = append(ids, id)
+			}
+		}
+		a.mu.Unlock()
+		for _, id := range ids {
+			if err := a.stop(ctx, store.InstanceRequest{InstanceID: id, Namespace: req.Namespace, Grace: req.Grace, Forget: true}); err != nil {
+				return nil, err
+			}
+		}
+		reply.Detail = fmt.Sprintf("removed %d instances", len(ids))
+	}
+	reply.Done, reply.Finished = true, time.Now().UTC()
+	return reply, nil
+}
+
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

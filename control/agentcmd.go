@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/agent"
+	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// agentIdentity is what `control agent --join` saves so that later starts
+// need only --data.
+type agentIdentity struct {
+	Machine  string    `json:"machine"`
+	Address  string    `json:"address"`
+	JoinedAt time.Time `json:"joined_at"`
+}
+
+func identityPath(dir string) string { return filepath.Join(dir, "agent.json") }
+
+func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("control agent", stderr)
+	c := addClientFlags(fs, false)
+	data := fs.String("data", "", "agent data dir: identity, instance state and logs (required)")
+	join := fs.String("join", "", "invite token from `control machine invite`; needed once")
+	machine := fs.String("machine", "", "machine ID (default: the hostname)")
+	advertise := fs.String("advertise", "", "IP instances listen on and are reached at (default: the saved one, else 127.0.0.1)")
+	maxInst := fs.Int("max-instances", 256, "instances this machine accepts")
+	grace := fs.Duration("stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace when stopping instances")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	if *data == "" {
+		return usagef("--data is required")
+	}
+	s, err := c.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer s.NC.Close()
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	rec, err := agentMachine(ctx, s, *data, *join, *machine, *advertise)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "agent for machine %s (%s) serving; instances survive this process\n", rec.ID, rec.Address)
+	return runAgent(ctx, s, rec, *data, *maxInst, *grace, logger)
+}
+
+// agentMachine resolves the machine this agent serves: joining with a token
+// once, then from the identity saved in the data dir.
+func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise string) (*store.MachineRecord, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("agent data dir: %w", err)
+	}
+	var ident agentIdentity
+	b, err := os.ReadFile(identityPath(dir))
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, &ident); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", identityPath(dir), err)
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("reading agent identity: %w", err)
+	}
+	if token == "" {
+		if ident.Machine == "" {
+			return nil, store.Errorf(store.CodeNotFound, "this data dir has no machine identity; join first with --join TOKEN (from `control machine invite`)").With("data", dir)
+		}
+		if id != "" && id != ident.Machine {
+			return nil, store.Errorf(store.CodeConflict, "data dir belongs to machine %s, not %s", ident.Machine, id)
+		}
+		rec, err := machines.Get(ctx, s, ident.Machine)
+		if err != nil {
+			return nil, err
+		}
+		if advertise != "" && advertise != rec.Address {
+			if rec, err = machines.Register(ctx, s, rec.ID, advertise); err != nil {
+				return nil, err
+			}
+		}
+		return rec, nil
+	}
+	if id == "" {
+		id = ident.Machine
+	}
+	if id == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("machine id: %w", err)
+		}
+		id = h
+	}
+	addr, err := advertiseAddr(advertise, ident.Address)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := machines.Admit(ctx, s, token, id, addr)
+	if err != nil {
+		return nil, err
+	}
+	ident = agentIdentity{Machine: rec.ID, Address: rec.Address, JoinedAt: rec.JoinedAt}
+	b, _ = json.MarshalIndent(ident, "", "  ")
+	if err := os.WriteFile(identityPath(dir), b, 0o600); err != nil {
+		return nil, fmt.Errorf("saving agent identity: %w", err)
+	}
+	return rec, nil
+}
+
+func advertiseAddr(flagVal, saved string) (string, error) {
+	v := flagVal
+	if v == "" {
+		v = saved
+	}
+	if v == "" {
+		v = "127.0.0.1"
+	}
+	if net.ParseIP(v) == nil {
+		return "", usagef("--advertise %q is not an IP address", v)
+	}
+	return v, nil
+}
+
+func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, dir string, maxInst int, grace time.Duration, logger *slog.Logger) error {
+	a, err := agent.New(agent.Config{
+		Store: s, Machine: *rec, DataDir: dir, Driver: &runtime.Process{},
+		Logger: logger, MaxInstances: maxInst, StopGrace: grace,
+	})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}

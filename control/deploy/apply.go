@@ -1,0 +1,478 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/failpoint"
+	"github.com/edgeplane/edgeplane/control/manifest"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// run is one apply in progress.
+type run struct {
+	d      *Deployer
+	m      *store.Manifest
+	ns     string
+	id     string
+	lease  *store.Lease
+	plan   *Plan
+	st     *state
+	status *store.DeployStatus
+	// started are candidates a machine accepted, to stop on abort.
+	started []SlotAction
+}
+
+func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf string) (*store.DeployStatus, error) {
+	if err := manifest.Validate(m); err != nil {
+		var me *manifest.Error
+		if errors.As(err, &me) {
+			return nil, me.Structured()
+		}
+		return nil, err
+	}
+	r := &run{d: d, m: m, ns: m.Namespace, id: newDeployID()}
+
+	// 1. Preview against stored intent.
+	st, err := d.load(ctx, r.ns)
+	if err != nil {
+		return nil, err
+	}
+	p := buildPlan(m, st.live, st.insts, st.machines)
+	start, keep, stop := p.Counts()
+	d.step(1, "deploy %s of %s, revision %d: %d to start, %d to keep, %d to stop", r.id, r.ns, p.Revision, start, keep, stop)
+
+	// 2. The namespace deploy lease; a second apply fails here at once.
+	lease, err := d.s.AcquireLease(ctx, store.DeployLockKey(r.ns), store.LeaseOptions{
+		TTL: d.opts.LeaseTTL, Holder: d.opts.Holder, Purpose: "deploy " + r.id, KeepAlive: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.lease = lease
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+	}()
+	d.step(2, "holding %s (token %d)", lease.Key(), lease.Token())
+	failpoint.Hit("after_lease")
+	// Finish what an interrupted operation on this namespace left, then plan
+	// again: the state may have moved between the preview and the lease.
+	if err := d.complete(ctx, r.ns, lease); err != nil {
+		return nil, err
+	}
+	if r.st, err = d.load(ctx, r.ns); err != nil {
+		return nil, err
+	}
+	r.plan = buildPlan(m, r.st.live, r.st.insts, r.st.machines)
+
+	// 3. Probe machines for live capacity; place new slots on those that
+	// answered. Nothing is written yet, so failing here changes nothing.
+	if err := r.probeAndPlace(ctx); err != nil {
+		return nil, err
+	}
+	failpoint.Hit("after_probe")
+
+	// 4. The first durable writes: applying status and pending phases.
+	if err := lease.Check(ctx); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	r.status = &store.DeployStatus{
+		Namespace: r.ns, DeployID: r.id, Revision: r.plan.Revision, State: store.DeployApplying,
+		Phase: Steps[3], RollbackOf: rollbackOf, StartedAt: now,
+	}
+	if err := d.putStatus(ctx, r.status); err != nil {
+		return nil, err
+	}
+	for i := range Steps {
+		state := store.PhasePending
+		if i < 4 {
+			state = store.PhaseDone
+		}
+		if err := d.putPhase(ctx, r.ns, r.id, i+1, state, "", 0); err != nil {
+			return nil, err
+		}
+	}
+	d.step(4, "status applying, %d phase records pending", len(Steps)-4)
+	failpoint.Hit("after_status")
+
+	// 5. Start candidates and wait for readiness. Any failure aborts.
+	if err := r.startCandidates(ctx); err != nil {
+		return r.abort(err)
+	}
+	failpoint.Hit("after_candidates")
+
+	// 6. Checkpoint commits belong to intermediate phases (volume moves);
+	// an apply without them has nothing to checkpoint.
+	r.phase(ctx, 6, store.PhaseSkipped, "no intermediate phases", 0)
+	d.step(6, "no intermediate phases; nothing to checkpoint")
+
+	// 7. The final commit: the point of no return.
+	r.status.Phase = Steps[6]
+	if err := lease.Check(ctx); err != nil {
+		return r.abort(err)
+	}
+	commit := r.finalCommit()
+	seq, err := d.s.AppendCommit(ctx, commit)
+	if err != nil {
+		return r.abort(err)
+	}
+	failpoint.Hit("after_final_commit")
+	r.status.State, r.status.CommitSeq, r.status.Phase = store.DeployCommitted, seq, Steps[6]
+	r.writeStatus(ctx)
+	r.phase(ctx, 7, store.PhaseDone, "commit "+commit.ID, seq)
+	d.step(7, "committed %s revision %d at sequence %d; this deploy is live", commit.ID, commit.Revision, seq)
+
+	// 8. Routing events derived from the commit.
+	if err := d.publish(ctx, r.status, commit); err != nil {
+		// The deploy is live; the next operation on the namespace finishes
+		// publishing. Say so rather than pretend it failed.
+		r.status.Warnings = append(r.status.Warnings, "routing events not yet published: "+err.Error())
+		r.writeStatus(ctx)
+		return r.status, store.Errorf(store.CodeUnavailable,
+			"deploy %s is committed but its routing events could not be published (%v); the next `control deploy` on %s or `control server` start publishes them",
+			r.id, err, r.ns).With("deploy", r.id)
+	}
+	failpoint.Hit("after_publish")
+	r.phase(ctx, 8, store.PhaseDone, fmt.Sprintf("routing sequence %d", r.status.RoutingSeq), 0)
+	d.step(8, "published routing events up to sequence %d", r.status.RoutingSeq)
+
+	// 9. Wait for gateways, let in-flight requests finish, stop the old.
+	r.drainOld(ctx)
+	r.status.Phase = Steps[8]
+	r.writeStatus(ctx)
+	return r.status, nil
+}
+
+// phase writes a phase record; after the final commit a failed status write
+// is reported but cannot undo the commit.
+func (r *run) phase(ctx context.Context, i int, state, detail string, seq uint64) {
+	if err := r.d.putPhase(ctx, r.ns, r.id, i, state, detail, seq); err != nil {
+		r.d.printf("warning: recording phase %s: %v", Steps[i-1], err)
+	}
+}
+
+func (r *run) writeStatus(ctx context.Context) {
+	if err := r.d.putStatus(ctx, r.status); err != nil {
+		r.d.printf("warning: recording deploy status: %v", err)
+	}
+}
+
+func (r *run) probeAndPlace(ctx context.Context) error {
+	d := r.d
+	need := map[string]bool{}
+	for id, m := range r.st.machines {
+		if m.State == store.MachineActive {
+			need[id] = true
+		}
+	}
+	for _, a := range r.plan.Actions {
+		if a.Action == ActionKeep {
+			need[a.Machine] = true
+		}
+	}
+	ids := make([]string, 0, len(need))
+	for id := range need {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	replies := make([]*store.CapacityReply, len(ids))
+	errs := make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, d.opts.ProbeTimeout)
+			defer cancel()
+			var rep store.CapacityReply
+			if errs[i] = d.s.Call(pctx, id, store.CmdCapacity, store.CapacityRequest{}, &rep); errs[i] == nil {
+				replies[i] = &rep
+			}
+		}()
+	}
+	wg.Wait()
+	alive := map[string]bool{}
+	var cands []*candidate
+	var down []string
+	for i, id := range ids {
+		if errs[i] != nil {
+			down = append(down, fmt.Sprintf("%s (%v)", id, errs[i]))
+			continue
+		}
+		alive[id] = true
+		cands = append(cands, &candidate{rec: r.st.machines[id], free: replies[i].Free, load: replies[i].Instances, perService: map[string]int{}})
+	}
+	// A machine that runs a kept instance is required: without it the new
+	// commit would route to a machine nobody can vouch for.
+	for _, a := range r.plan.Actions {
+		if a.Action == ActionKeep && !alive[a.Machine] {
+			for i, id := range ids {
+				if id == a.Machine {
+					return errs[i]
+				}
+			}
+		}
+	}
+	if err := place(r.plan, cands); err != nil {
+		if len(down) > 0 {
+			store.AsError(err).With("unavailable", strings.Join(down, "; "))
+		}
+		return err
+	}
+	msg := fmt.Sprintf("%d/%d machines answered", len(cands), len(ids))
+	if len(down) > 0 {
+		msg += "; not used: " + strings.Join(down, "; ")
+	}
+	d.step(3, "%s", msg)
+	return nil
+}
+
+type candResult struct {
+	a   SlotAction
+	err error
+}
+
+func (r *run) startCandidates(ctx context.Context) error {
+	d := r.d
+	r.status.Phase = Steps[4]
+	r.writeStatus(ctx)
+	r.phase(ctx, 5, store.PhaseRunning, "", 0)
+	var starts []SlotAction
+	for _, a := range r.plan.Actions {
+		if a.Action == ActionStart {
+			starts = append(starts, a)
+		}
+	}
+	if len(starts) == 0 {
+		r.phase(ctx, 5, store.PhaseDone, "no candidates", 0)
+		d.step(5, "no candidates to start")
+		return nil
+	}
+	results := make([]candResult, len(starts))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i, a := range starts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			accepted, err := r.startOne(ctx, a)
+			if accepted {
+				mu.Lock()
+				r.started = append(r.started, a)
+				mu.Unlock()
+			}
+			results[i] = candResult{a: a, err: err}
+		}()
+	}
+	wg.Wait()
+	var failed []string
+	var first error
+	for _, res := range results {
+		if res.err != nil {
+			failed = append(failed, fmt.Sprintf("%s on %s: %v", res.a.InstanceID, res.a.Machine, res.err))
+			if first == nil {
+				first = res.err
+			}
+		}
+	}
+	if first != nil {
+		e := store.AsError(first)
+		out := &store.Error{Code: e.Code, Message: fmt.Sprintf("%d of %d candidates failed: %s", len(failed), len(starts), strings.Join(failed, "; ")),
+			Detail: map[string]string{"phase": Steps[4]}}
+		for k, v := range e.Detail {
+			out.Detail[k] = v
+		}
+		return out
+	}
+	r.phase(ctx, 5, store.PhaseDone, fmt.Sprintf("%d candidates ready", len(starts)), 0)
+	d.step(5, "%d candidates started and ready", len(starts))
+	return nil
+}
+
+// startOne starts one candidate and waits for readiness. accepted reports
+// whether the machine may be running it (so abort must stop it).
+func (r *run) startOne(ctx context.Context, a SlotAction) (accepted bool, err error) {
+	d := r.d
+	spec := r.m.Services[a.Service]
+	req := store.StartRequest{
+		Instance: store.InstanceRecord{
+			Version: store.RecordVersion, ID: a.InstanceID, Namespace: r.ns, Service: a.Service, Slot: a.Slot,
+			Revision: a.Revision, DeployID: r.id, SpecHash: a.SpecHash, Machine: a.Machine,
+		},
+		Spec: spec,
+	}
+	sctx, cancel := context.WithTimeout(ctx, d.opts.RPCTimeout)
+	var rep store.StartReply
+	err = d.s.Call(sctx, a.Machine, store.CmdStartCandidate, req, &rep)
+	cancel()
+	if err != nil {
+		// A timeout leaves it unknown whether the machine started it.
+		return store.HasCode(err, store.CodeRPCFailure), err
+	}
+	timeout := manifest.ReadinessTimeout(spec)
+	rctx, cancel := context.WithTimeout(ctx, timeout+d.opts.RPCTimeout)
+	defer cancel()
+	var ready store.ReadinessReply
+	if err := d.s.Call(rctx, a.Machine, store.CmdReadiness,
+		store.ReadinessRequest{InstanceID: a.InstanceID, Namespace: r.ns, Timeout: store.Duration(timeout)}, &ready); err != nil {
+		return true, err
+	}
+	if !ready.Ready {
+		return true, store.Errorf(store.CodeUnavailable, "instance %s never became ready: %s", a.InstanceID, ready.Error).
+			With("instance", a.InstanceID).With("machine", a.Machine)
+	}
+	d.printf("       %s.%s slot %d: %s ready on %s (%s:%d)", r.ns, a.Service, a.Slot, a.InstanceID, a.Machine, ready.Instance.Address, ready.Instance.Port)
+	return true, nil
+}
+
+// abort undoes an apply that failed before its final commit: candidates are
+// stopped and forgotten, the status says failed and why. The live revision
+// never stopped serving.
+func (r *run) abort(cause error) (*store.DeployStatus, error) {
+	d := r.d
+	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout)
+	defer cancel()
+	for _, a := range r.started {
+		err := d.s.Call(ctx, a.Machine, store.CmdStopInstance, store.InstanceRequest{
+			InstanceID: a.InstanceID, Namespace: r.ns, Grace: store.Duration(d.opts.StopGrace), Forget: true,
+		}, nil)
+		if err != nil {
+			d.printf("warning: stopping candidate %s on %s: %v", a.InstanceID, a.Machine, err)
+			r.status.Cleanup = append(r.status.Cleanup, store.CleanupFailure{InstanceID: a.InstanceID, Machine: a.Machine, Error: err.Error()})
+		}
+	}
+	se := store.AsError(cause)
+	r.status.State, r.status.Error = store.DeployFailed, se
+	r.writeStatus(ctx)
+	for i := 5; i <= len(Steps); i++ {
+		state := store.PhaseSkipped
+		if Steps[i-1] == r.status.Phase {
+			state = store.PhaseFailed
+		}
+		r.phase(ctx, i, state, "", 0)
+	}
+	d.printf("deploy %s failed before the final commit (%s); %d candidates stopped; nothing was routed, the previous revision keeps serving",
+		r.id, errAborted, len(r.started))
+	return r.status, se
+}
+
+func (r *run) finalCommit() *store.DeployCommit {
+	c := &store.DeployCommit{
+		ID: r.id, Namespace: r.ns, Kind: store.CommitFinal, Revision: r.plan.Revision,
+		Manifest: *r.m, ManifestHash: manifest.Hash(r.m), RollbackOf: r.status.RollbackOf,
+		CreatedAt: time.Now().UTC(),
+	}
+	if live := r.st.live; live != nil {
+		c.Replaces, c.ReplacesSeq = live.ID, live.Seq
+	}
+	for _, a := range r.plan.Actions {
+		if a.Action == ActionStart || a.Action == ActionKeep {
+			c.Slots = append(c.Slots, store.SlotAssignment{
+				Service: a.Service, Slot: a.Slot, InstanceID: a.InstanceID, Machine: a.Machine,
+				Revision: a.Revision, SpecHash: a.SpecHash,
+			})
+		}
+	}
+	return c
+}
+
+// drainOld waits (bounded) for live gateways to apply the new routing, then
+// a drain grace, then stops what the commit no longer routes to. Failures
+// are recoverable status, never a revert.
+func (r *run) drainOld(ctx context.Context) {
+	d := r.d
+	r.phase(ctx, 9, store.PhaseRunning, "", 0)
+	serving, total, laggards := d.waitGateways(ctx, r.status.RoutingSeq)
+	r.status.Gateways = fmt.Sprintf("%d/%d", serving, total)
+	d.printf("       %d/%d gateways serving revision %d", serving, total, r.status.Revision)
+	for _, g := range laggards {
+		w := fmt.Sprintf("gateway %s has not applied routing sequence %d after %s", g, r.status.RoutingSeq, d.opts.GatewayWait)
+		r.status.Warnings = append(r.status.Warnings, w)
+		d.printf("warning: %s", w)
+	}
+	var stops []SlotAction
+	for _, a := range r.plan.Actions {
+		if a.Action == ActionStop {
+			stops = append(stops, a)
+		}
+	}
+	if len(stops) > 0 {
+		select {
+		case <-time.After(d.opts.DrainGrace):
+		case <-ctx.Done():
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, a := range stops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := d.s.Call(sctx, a.Machine, store.CmdStopInstance, store.InstanceRequest{
+				InstanceID: a.InstanceID, Namespace: r.ns, Grace: store.Duration(d.opts.StopGrace), Forget: true,
+			}, nil)
+			if err != nil {
+				mu.Lock()
+				r.status.Cleanup = append(r.status.Cleanup, store.CleanupFailure{InstanceID: a.InstanceID, Machine: a.Machine, Error: err.Error()})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	detail := fmt.Sprintf("%d stopped", len(stops)-len(r.status.Cleanup))
+	if n := len(r.status.Cleanup); n > 0 {
+		detail += fmt.Sprintf(", %d cleanup failures (recoverable; retried by the next apply)", n)
+		for _, c := range r.status.Cleanup {
+			d.printf("warning: could not stop old instance %s on %s: %s", c.InstanceID, c.Machine, c.Error)
+		}
+	}
+	r.phase(ctx, 9, store.PhaseDone, detail, 0)
+	d.step(9, "%d gateways of %d serving revision %d; old instances: %s", serving, total, r.status.Revision, detail)
+}
+
+// waitGateways polls the gateways' observations until every live gateway
+// has applied seq or GatewayWait passes. It returns who is serving, how many
+// gateways report at all, and the names of those that lag.
+func (d *Deployer) waitGateways(ctx context.Context, seq uint64) (serving, total int, laggards []string) {
+	deadline := time.Now().Add(d.opts.GatewayWait)
+	for {
+		obs := map[string]uint64{}
+		_ = store.ListJSON(ctx, d.s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
+			// A gateway whose report aged out is not live; the bucket TTL
+			// removes it, this check covers the time until then.
+			if time.Since(g.At) < store.GatewayObservationTTL {
+				obs[g.Gateway] = g.AppliedSeq
+			}
+			return nil
+		})
+		serving, total, laggards = 0, len(obs), nil
+		for name, applied := range obs {
+			if applied >= seq {
+				serving++
+			} else {
+				laggards = append(laggards, name)
+			}
+		}
+		sort.Strings(laggards)
+		if len(laggards) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+}

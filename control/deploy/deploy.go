@@ -1,0 +1,273 @@
+// Package deploy is the orchestrator's apply flow: the nine explicit steps of
+// a deploy (preview, lease, probe, status, candidates, checkpoint, final
+// commit, routing events, drain), each with its durable phase record, plus
+// the reads around it (status, history) and rollback.
+//
+// Before the final commit a failure leaves no lasting change but the failed
+// status that explains it. After it the deploy is live; anything that
+// interrupts the rest (a crash before the routing events went out) is
+// finished explicitly by the next operation on the namespace or by `control
+// server` at start, never by a background reconciler.
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Steps of the apply flow, in order; phase records carry these names.
+var Steps = []string{
+	"preview", "lease", "probe", "status", "start_candidates",
+	"checkpoint", "final_commit", "publish_routing", "drain_old",
+}
+
+// Options tune a Deployer. Zero values take the defaults given.
+type Options struct {
+	// Holder names this orchestrator in leases; default host:pid.
+	Holder string
+	// Out receives one progress line per step; default io.Discard.
+	Out io.Writer
+	// LeaseTTL of the namespace deploy lease, renewed while held; default 10s.
+	LeaseTTL time.Duration
+	// ProbeTimeout bounds each machine's capacity probe; default 2s.
+	ProbeTimeout time.Duration
+	// RPCTimeout bounds other machine RPCs beyond their own waits; default 10s.
+	RPCTimeout time.Duration
+	// GatewayWait bounds the wait for gateways to apply the new routing
+	// events before old instances are drained; default 10s.
+	GatewayWait time.Duration
+	// DrainGrace is the pause after the gateway wait, so requests already
+	// in flight to old instances finish; default 2s.
+	DrainGrace time.Duration
+	// StopGrace is SIGTERM-to-SIGKILL for old instances; default 10s.
+	StopGrace time.Duration
+}
+
+// Deployer runs deploys against one store.
+type Deployer struct {
+	s    *store.Store
+	opts Options
+}
+
+// New returns a Deployer with opts' defaults filled in.
+func New(s *store.Store, opts Options) *Deployer {
+	if opts.Holder == "" {
+		h, _ := os.Hostname()
+		opts.Holder = fmt.Sprintf("%s:%d", h, os.Getpid())
+	}
+	if opts.Out == nil {
+		opts.Out = io.Discard
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&opts.LeaseTTL, 10*time.Second)
+	def(&opts.ProbeTimeout, 2*time.Second)
+	def(&opts.RPCTimeout, 10*time.Second)
+	def(&opts.GatewayWait, 10*time.Second)
+	def(&opts.DrainGrace, 2*time.Second)
+	def(&opts.StopGrace, 10*time.Second)
+	return &Deployer{s: s, opts: opts}
+}
+
+func (d *Deployer) printf(format string, args ...any) {
+	fmt.Fprintf(d.opts.Out, format+"\n", args...)
+}
+
+func (d *Deployer) step(i int, format string, args ...any) {
+	d.printf("[%d/%d] %s: %s", i, len(Steps), Steps[i-1], fmt.Sprintf(format, args...))
+}
+
+// state is what a plan is computed from.
+type state struct {
+	live     *store.DeployCommit
+	insts    map[string]*store.InstanceRecord
+	machines map[string]store.MachineRecord
+}
+
+func (d *Deployer) load(ctx context.Context, ns string) (*state, error) {
+	st := &state{machines: map[string]store.MachineRecord{}}
+	live, err := d.s.LiveCommit(ctx, ns)
+	switch {
+	case err == nil:
+		st.live = live
+	case !store.HasCode(err, store.CodeNotFound):
+		return nil, err
+	}
+	if st.insts, err = d.s.NamespaceInstances(ctx, ns); err != nil {
+		return nil, err
+	}
+	err = store.ListJSON(ctx, d.s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+		st.machines[m.ID] = *m
+		return nil
+	})
+	return st, err
+}
+
+// Preview plans m against stored intent and status, writing nothing.
+// Machines for new slots are chosen among active stored machines; apply
+// chooses again among those that answer its live probe.
+func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error) {
+	st, err := d.load(ctx, m.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	p := buildPlan(m, st.live, st.insts, st.machines)
+	var cands []*candidate
+	for _, rec := range st.machines {
+		cands = append(cands, &candidate{rec: rec, free: 1 << 30, perService: map[string]int{}})
+	}
+	if err := place(p, cands); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// Statuses returns every deploy status of ns, oldest first.
+func (d *Deployer) Statuses(ctx context.Context, ns string) ([]store.DeployStatus, error) {
+	var out []store.DeployStatus
+	err := store.ListJSON(ctx, d.s.Status, ns+".*", func(_ string, st *store.DeployStatus) error {
+		out = append(out, *st)
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].DeployID < out[j].DeployID })
+	return out, err
+}
+
+// Namespaces lists namespaces with any deploy status.
+func (d *Deployer) Namespaces(ctx context.Context) ([]string, error) {
+	keys, err := d.s.Status.ListKeys(ctx)
+	if err != nil {
+		return nil, store.Classify(fmt.Errorf("listing deploy status: %w", err))
+	}
+	seen := map[string]bool{}
+	var out []string
+	for k := range keys.Keys() {
+		ns, _, _ := strings.Cut(k, ".")
+		if !seen[ns] {
+			seen[ns] = true
+			out = append(out, ns)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// History returns the final commits of ns, oldest first.
+func (d *Deployer) History(ctx context.Context, ns string) ([]store.DeployCommit, error) {
+	subj := d.s.Names.DeployCommitSubject(ns, store.CommitFinal)
+	info, err := d.s.Commits.Info(ctx, jetstream.WithSubjectFilter(subj))
+	if err != nil {
+		return nil, store.Classify(fmt.Errorf("reading history of %s: %w", ns, err))
+	}
+	total := info.State.Subjects[subj]
+	if total == 0 {
+		return nil, nil
+	}
+	cons, err := d.s.Commits.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return nil, store.Classify(fmt.Errorf("reading history of %s: %w", ns, err))
+	}
+	var out []store.DeployCommit
+	for uint64(len(out)) < total {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return nil, store.Classify(fmt.Errorf("reading history of %s: %w", ns, err))
+		}
+		var c store.DeployCommit
+		if err := store.Decode("deploy commit", msg.Data(), &c); err != nil {
+			return nil, err
+		}
+		if md, err := msg.Metadata(); err == nil {
+			c.Seq = md.Sequence.Stream
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// Rollback deploys again the spec of an earlier final commit of ns: the one
+// named by to (a deploy ID), or the one before the live commit.
+func (d *Deployer) Rollback(ctx context.Context, ns, to string) (*store.DeployStatus, error) {
+	hist, err := d.History(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	if len(hist) == 0 {
+		return nil, store.Errorf(store.CodeNotFound, "namespace %s has no committed deploy", ns).With("namespace", ns)
+	}
+	var target *store.DeployCommit
+	if to == "" {
+		if len(hist) < 2 {
+			return nil, store.Errorf(store.CodeNotFound, "namespace %s has no earlier commit to roll back to", ns).With("namespace", ns)
+		}
+		target = &hist[len(hist)-2]
+	} else {
+		for i := range hist {
+			if hist[i].ID == to {
+				target = &hist[i]
+			}
+		}
+		if target == nil {
+			return nil, store.Errorf(store.CodeNotFound, "no final commit %s in namespace %s", to, ns).
+				With("namespace", ns).With("commit", to)
+		}
+	}
+	d.printf("rolling back %s to commit %s (revision %d)", ns, target.ID, target.Revision)
+	m := target.Manifest
+	return d.apply(ctx, &m, target.ID)
+}
+
+// Apply runs the nine steps for m.
+func (d *Deployer) Apply(ctx context.Context, m *store.Manifest) (*store.DeployStatus, error) {
+	return d.apply(ctx, m, "")
+}
+
+func (d *Deployer) statusKey(ns, id string) string { return ns + "." + id }
+
+func (d *Deployer) phaseKey(ns, id string, i int) string { return fmt.Sprintf("%s.%s.%d", ns, id, i) }
+
+func (d *Deployer) putStatus(ctx context.Context, st *store.DeployStatus) error {
+	st.Version, st.UpdatedAt = store.RecordVersion, time.Now().UTC()
+	_, err := store.PutJSON(ctx, d.s.Status, d.statusKey(st.Namespace, st.DeployID), st)
+	return err
+}
+
+func (d *Deployer) putPhase(ctx context.Context, ns, id string, i int, state, detail string, commitSeq uint64) error {
+	_, err := store.PutJSON(ctx, d.s.Phases, d.phaseKey(ns, id, i), &store.PhaseRecord{
+		Version: store.RecordVersion, Namespace: ns, DeployID: id, Index: i, Name: Steps[i-1],
+		State: state, Detail: detail, CommitSeq: commitSeq, UpdatedAt: time.Now().UTC(),
+	})
+	return err
+}
+
+// Phases returns the phase records of one deploy in step order.
+func (d *Deployer) Phases(ctx context.Context, ns, id string) ([]store.PhaseRecord, error) {
+	var out []store.PhaseRecord
+	err := store.ListJSON(ctx, d.s.Phases, ns+"."+id+".*", func(_ string, p *store.PhaseRecord) error {
+		out = append(out, *p)
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
+	return out, err
+}
+
+// errAborted marks an apply that failed before its final commit.
+var errAborted = errors.New("aborted before the final commit")
+
+// Live returns the live (latest final) commit of ns.
+func (d *Deployer) Live(ctx context.Context, ns string) (*store.DeployCommit, error) {
+	return d.s.LiveCommit(ctx, ns)
+}

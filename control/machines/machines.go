@@ -1,0 +1,176 @@
+// Package machines is machine membership: explicit admission with
+// single-use invites, the machine records (durable intent), state changes an
+// operator asks for, and live reachability read at the moment it is shown,
+// never stored.
+package machines
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Admit records machine id from a redeemed invite. Re-admitting the same
+// machine with the same invite is idempotent (an agent restarted with
+// --join); a different machine already using the ID is a conflict.
+func Admit(ctx context.Context, s *store.Store, token, id, address string) (*store.MachineRecord, error) {
+	if !store.ValidToken(id) {
+		return nil, store.Errorf(store.CodeInvalid, "machine id %q: letters, digits, '-' and '_' only", id).With("machine", id)
+	}
+	inv, err := s.RedeemInvite(ctx, token, id)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	rec := &store.MachineRecord{
+		Version: store.RecordVersion, ID: id, Region: inv.Region, Labels: inv.Labels,
+		State: store.MachineActive, Address: address, JoinedAt: now, UpdatedAt: now,
+	}
+	if err := create(ctx, s, rec); err != nil {
+		if store.HasCode(err, store.CodeConflict) {
+			var cur store.MachineRecord
+			// Recorded after this invite's first use: a retry of the same
+			// admission. Otherwise the ID belongs to another admission.
+			if _, gerr := store.GetJSON(ctx, s.Machines, id, &cur); gerr == nil && !cur.JoinedAt.Before(inv.UsedAt) {
+				return &cur, nil
+			}
+			return nil, store.Errorf(store.CodeConflict, "machine %s is already a member; restart its agent without --join, or choose another --machine", id).With("machine", id)
+		}
+		return nil, err
+	}
+	return rec, nil
+}
+
+// Register records the local machine of a single-box `control server
+// --agent`, which the operator asked for explicitly by that flag. An
+// existing record is kept (its state may have been changed since), only its
+// address follows the flag.
+func Register(ctx context.Context, s *store.Store, id, address string) (*store.MachineRecord, error) {
+	var cur store.MachineRecord
+	rev, err := store.GetJSON(ctx, s.Machines, id, &cur)
+	if err == nil {
+		if cur.Address == address {
+			return &cur, nil
+		}
+		cur.Address, cur.UpdatedAt = address, time.Now().UTC()
+		return &cur, update(ctx, s, &cur, rev)
+	}
+	if !store.HasCode(err, store.CodeNotFound) {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	rec := &store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: address, JoinedAt: now, UpdatedAt: now}
+	return rec, create(ctx, s, rec)
+}
+
+func create(ctx context.Context, s *store.Store, rec *store.MachineRecord) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Machines.Create(ctx, rec.ID, data); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return store.Errorf(store.CodeConflict, "machine %s is already a member", rec.ID).With("machine", rec.ID)
+		}
+		return store.Classify(fmt.Errorf("recording machine %s: %w", rec.ID, err))
+	}
+	return publishMachine(ctx, s, rec)
+}
+
+func update(ctx context.Context, s *store.Store, rec *store.MachineRecord, rev uint64) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Machines.Update(ctx, rec.ID, data, rev); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return store.Errorf(store.CodeConflict, "machine %s changed concurrently; try again", rec.ID).With("machine", rec.ID)
+		}
+		return store.Classify(fmt.Errorf("updating machine %s: %w", rec.ID, err))
+	}
+	return publishMachine(ctx, s, rec)
+}
+
+func publishMachine(ctx context.Context, s *store.Store, rec *store.MachineRecord) error {
+	_, err := s.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineUpsert, Machine: rec, At: time.Now().UTC()}})
+	return err
+}
+
+// Get reads one machine record.
+func Get(ctx context.Context, s *store.Store, id string) (*store.MachineRecord, error) {
+	var rec store.MachineRecord
+	if _, err := store.GetJSON(ctx, s.Machines, id, &rec); err != nil {
+		if store.HasCode(err, store.CodeNotFound) {
+			return nil, store.Errorf(store.CodeNotFound, "unknown machine %s", id).With("machine", id)
+		}
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// SetState moves machine id to state (active, draining or disabled).
+func SetState(ctx context.Context, s *store.Store, id, state string) (*store.MachineRecord, error) {
+	switch state {
+	case store.MachineActive, store.MachineDraining, store.MachineDisabled:
+	default:
+		return nil, store.Errorf(store.CodeInvalid, "unknown machine state %q", state)
+	}
+	var rec store.MachineRecord
+	rev, err := store.GetJSON(ctx, s.Machines, id, &rec)
+	if err != nil {
+		if store.HasCode(err, store.CodeNotFound) {
+			return nil, store.Errorf(store.CodeNotFound, "unknown machine %s", id).With("machine", id)
+		}
+		return nil, err
+	}
+	rec.State, rec.UpdatedAt = state, time.Now().UTC()
+	return &rec, update(ctx, s, &rec, rev)
+}
+
+// Listed is a machine with its reachability as observed right now.
+type Listed struct {
+	store.MachineRecord
+	Reachable bool   `json:"reachable"`
+	RTT       string `json:"rtt,omitempty"`
+	Instances int    `json:"instances"`
+	Problem   string `json:"problem,omitempty"`
+}
+
+// List returns every machine, probing each for reachability now.
+func List(ctx context.Context, s *store.Store, timeout time.Duration) ([]Listed, error) {
+	var out []Listed
+	err := store.ListJSON(ctx, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+		out = append(out, Listed{MachineRecord: *m})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			start := time.Now()
+			var rep store.CapacityReply
+			if err := s.Call(pctx, out[i].ID, store.CmdCapacity, store.CapacityRequest{}, &rep); err != nil {
+				out[i].Problem = err.Error()
+				return
+			}
+			out[i].Reachable, out[i].RTT, out[i].Instances = true, time.Since(start).Round(10*time.Microsecond).String(), rep.Instances
+		}()
+	}
+	wg.Wait()
+	return out, nil
+}

@@ -1,0 +1,280 @@
+// Package manifest reads and validates deploy manifests (YAML or JSON). A
+// manifest that fails validation reports every problem with its field path
+// and is never applied.
+package manifest
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/net/idna"
+	"gopkg.in/yaml.v3"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// MaxSize bounds a manifest file; anything larger is refused unread.
+const MaxSize = 1 << 20
+
+// Limits on what one manifest may ask for.
+const (
+	MaxReplicas         = 1000
+	MaxReadinessTimeout = 10 * time.Minute
+	DefaultReadiness    = 30 * time.Second
+)
+
+// Problem is one validation failure at a field path.
+type Problem struct {
+	Path    string `json:"path"`
+	Message string `json:"message"`
+}
+
+func (p Problem) String() string { return p.Path + ": " + p.Message }
+
+// Error lists every problem found in a manifest.
+type Error struct {
+	Problems []Problem
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "invalid manifest (%d problem", len(e.Problems))
+	if len(e.Problems) != 1 {
+		b.WriteString("s")
+	}
+	b.WriteString("):")
+	for _, p := range e.Problems {
+		b.WriteString("\n  ")
+		b.WriteString(p.String())
+	}
+	return b.String()
+}
+
+// Structured returns the problems as a structured error for other processes.
+func (e *Error) Structured() *store.Error {
+	se := &store.Error{Code: store.CodeInvalid, Message: e.Error(), Detail: map[string]string{}}
+	for _, p := range e.Problems {
+		se.Detail[p.Path] = p.Message
+	}
+	return se
+}
+
+// ReadFile reads and validates the manifest at path.
+func ReadFile(path string) (*store.Manifest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading manifest: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading manifest %s: %w", path, err)
+	}
+	return Parse(data)
+}
+
+// Parse decodes a YAML or JSON manifest (JSON is YAML), rejecting unknown
+// fields, and validates it.
+func Parse(data []byte) (*store.Manifest, error) {
+	if len(data) > MaxSize {
+		return nil, &Error{Problems: []Problem{{Path: "(file)", Message: fmt.Sprintf("larger than %d bytes", MaxSize)}}}
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, &Error{Problems: []Problem{{Path: "(file)", Message: "empty manifest"}}}
+	}
+	var m store.Manifest
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&m); err != nil {
+		return nil, &Error{Problems: []Problem{{Path: "(syntax)", Message: strings.TrimPrefix(err.Error(), "yaml: ")}}}
+	}
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, &Error{Problems: []Problem{{Path: "(file)", Message: "more than one document; put one manifest per file"}}}
+	}
+	if err := Validate(&m); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+var (
+	labelRe  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	envKeyRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	lblKeyRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+)
+
+// reservedEnv are set by the agent for every instance.
+var reservedEnv = map[string]bool{"HOST": true, "PORT": true}
+
+// Validate checks m, normalising hostnames in place (lower case, no trailing
+// dot, IDNA to ASCII), and returns every problem at once.
+func Validate(m *store.Manifest) error {
+	var ps []Problem
+	add := func(path, format string, args ...any) {
+		ps = append(ps, Problem{Path: path, Message: fmt.Sprintf(format, args...)})
+	}
+	switch {
+	case m.Namespace == "":
+		add("namespace", "required")
+	case !labelRe.MatchString(m.Namespace):
+		add("namespace", "must be a DNS label: lower-case letters, digits and '-', at most 63 characters")
+	}
+	if m.Services == nil {
+		add("services", "required (an empty map removes every service)")
+	}
+	// owner maps host+prefix to the service that routes it, to catch two
+	// services claiming the same traffic.
+	owner := map[string]string{}
+	for _, name := range sortedKeys(m.Services) {
+		s := m.Services[name]
+		p := "services." + name
+		if !labelRe.MatchString(name) {
+			add(p, "service name must be a DNS label: lower-case letters, digits and '-', at most 63 characters")
+		}
+		if len(s.Command) == 0 || strings.TrimSpace(s.Command[0]) == "" {
+			add(p+".command", "required: the program and its arguments")
+		}
+		if s.Replicas != nil {
+			switch r := *s.Replicas; {
+			case r < 0:
+				add(p+".replicas", "must be >= 0")
+			case r > MaxReplicas:
+				add(p+".replicas", "must be <= %d", MaxReplicas)
+			}
+		}
+		if s.Port < 0 || s.Port > 65535 {
+			add(p+".port", "must be between 1 and 65535, or 0 to let the agent choose")
+		}
+		for _, k := range sortedKeys(s.Env) {
+			switch {
+			case !envKeyRe.MatchString(k):
+				add(p+".env."+k, "not a valid environment variable name")
+			case reservedEnv[k]:
+				add(p+".env."+k, "reserved: the agent sets HOST and PORT")
+			}
+		}
+		if rp := s.Readiness.Path; rp != "" && !strings.HasPrefix(rp, "/") {
+			add(p+".readiness.path", "must start with '/'")
+		}
+		if t := time.Duration(s.Readiness.Timeout); t < 0 || t > MaxReadinessTimeout {
+			add(p+".readiness.timeout", "must be between 0 and %s", MaxReadinessTimeout)
+		}
+		for i := range s.Routes {
+			rp := fmt.Sprintf("%s.routes[%d]", p, i)
+			r := &s.Routes[i]
+			if len(r.Hosts) == 0 {
+				add(rp+".hosts", "at least one host is required")
+			}
+			for j, h := range r.Hosts {
+				norm, err := NormalizeHost(h)
+				if err != nil {
+					add(fmt.Sprintf("%s.hosts[%d]", rp, j), "%v", err)
+					continue
+				}
+				r.Hosts[j] = norm
+			}
+			for j, pre := range r.PathPrefixes {
+				if !strings.HasPrefix(pre, "/") {
+					add(fmt.Sprintf("%s.path_prefixes[%d]", rp, j), "must start with '/'")
+				}
+			}
+			prefixes := r.PathPrefixes
+			if len(prefixes) == 0 {
+				prefixes = []string{"/"}
+			}
+			for _, h := range r.Hosts {
+				for _, pre := range prefixes {
+					k := h + pre
+					if other, ok := owner[k]; ok && other != name {
+						add(rp, "host %s path %s is already routed to service %s", h, pre, other)
+					}
+					owner[k] = name
+				}
+			}
+		}
+		for _, reg := range s.Placement.Regions {
+			if !labelRe.MatchString(reg) {
+				add(p+".placement.regions", "region %q is not a DNS label", reg)
+			}
+		}
+		for _, k := range sortedKeys(s.Placement.Labels) {
+			if !lblKeyRe.MatchString(k) {
+				add(p+".placement.labels."+k, "not a valid label key")
+			}
+		}
+		m.Services[name] = s
+	}
+	if len(ps) > 0 {
+		return &Error{Problems: ps}
+	}
+	return nil
+}
+
+// NormalizeHost returns the canonical spelling of a route host: IDNA to
+// ASCII, lower case, no trailing dot. A leading "*." wildcard is kept.
+func NormalizeHost(h string) (string, error) {
+	h = strings.TrimSuffix(strings.TrimSpace(h), ".")
+	if h == "" {
+		return "", errors.New("empty host")
+	}
+	wild := strings.HasPrefix(h, "*.")
+	rest := strings.TrimPrefix(h, "*.")
+	if strings.Contains(rest, "*") {
+		return "", fmt.Errorf("host %q: only a leading \"*.\" wildcard is allowed", h)
+	}
+	if strings.ContainsAny(rest, ":/ ") {
+		return "", fmt.Errorf("host %q: a host name only, without port, scheme or path", h)
+	}
+	ascii, err := idna.Lookup.ToASCII(rest)
+	if err != nil {
+		return "", fmt.Errorf("host %q: %v", h, err)
+	}
+	ascii = strings.ToLower(ascii)
+	if wild {
+		ascii = "*." + ascii
+	}
+	return ascii, nil
+}
+
+// SpecHash is a stable hash of a service spec: unchanged services keep their
+// instances across deploys.
+func SpecHash(s store.ServiceSpec) string {
+	b, _ := json.Marshal(s) // maps marshal with sorted keys
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// Hash is a stable hash of a whole manifest.
+func Hash(m *store.Manifest) string {
+	b, _ := json.Marshal(m)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// ReadinessTimeout is the spec's readiness timeout with its default.
+func ReadinessTimeout(s store.ServiceSpec) time.Duration {
+	if t := time.Duration(s.Readiness.Timeout); t > 0 {
+		return t
+	}
+	return DefaultReadiness
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

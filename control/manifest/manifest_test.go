@@ -1,0 +1,134 @@
+package manifest
+
+import (
+	"strings"
+	"testing"
+)
+
+const good = `
+namespace: shop
+services:
+  web:
+    command: ["hello", "--name", "web"]
+    replicas: 2
+    env: {GREETING: hi}
+    readiness: {path: /healthz, timeout: 5s}
+    routes:
+      - hosts: ["Shop.Example.com.", "*.shop.example.com", "bücher.example"]
+        path_prefixes: ["/"]
+    placement: {regions: [eu], labels: {tier: edge}}
+  api:
+    command: ["hello"]
+`
+
+func TestParseGood(t *testing.T) {
+	m, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := m.Services["web"]
+	if web.ReplicaCount() != 2 || m.Services["api"].ReplicaCount() != 1 {
+		t.Fatalf("replicas: %d %d", web.ReplicaCount(), m.Services["api"].ReplicaCount())
+	}
+	hosts := strings.Join(web.Routes[0].Hosts, ",")
+	if hosts != "shop.example.com,*.shop.example.com,xn--bcher-kva.example" {
+		t.Fatalf("hosts not normalised: %s", hosts)
+	}
+	if ReadinessTimeout(web).String() != "5s" || ReadinessTimeout(m.Services["api"]) != DefaultReadiness {
+		t.Fatal("readiness timeout defaults")
+	}
+	// JSON is accepted too.
+	if _, err := Parse([]byte(`{"namespace":"x","services":{"a":{"command":["a"]}}}`)); err != nil {
+		t.Fatalf("json manifest: %v", err)
+	}
+}
+
+func TestSpecHashStable(t *testing.T) {
+	a, _ := Parse([]byte(good))
+	b, _ := Parse([]byte(good))
+	if SpecHash(a.Services["web"]) != SpecHash(b.Services["web"]) || Hash(a) != Hash(b) {
+		t.Fatal("hash differs for the same manifest")
+	}
+	if SpecHash(a.Services["web"]) == SpecHash(a.Services["api"]) {
+		t.Fatal("different specs share a hash")
+	}
+}
+
+// Every validation rule, each with the field path it must report.
+func TestValidationErrors(t *testing.T) {
+	cases := []struct {
+		name, doc string
+		want      []string
+	}{
+		{"empty", ``, []string{"(file): empty manifest"}},
+		{"syntax", "namespace: [", []string{"(syntax):"}},
+		{"unknown field", "namespace: a\nservices: {}\nbogus: 1", []string{"(syntax):", "bogus"}},
+		{"two documents", "namespace: a\nservices: {}\n---\nnamespace: b\nservices: {}", []string{"(file): more than one document"}},
+		{"missing namespace", "services: {}", []string{"namespace: required"}},
+		{"bad namespace", "namespace: Shop_1\nservices: {}", []string{"namespace: must be a DNS label"}},
+		{"missing services", "namespace: a", []string{"services: required"}},
+		{"bad service name", "namespace: a\nservices: {Web: {command: [x]}}", []string{"services.Web: service name must be a DNS label"}},
+		{"no command", "namespace: a\nservices: {web: {}}", []string{"services.web.command: required"}},
+		{"blank command", "namespace: a\nservices: {web: {command: [' ']}}", []string{"services.web.command: required"}},
+		{"negative replicas", "namespace: a\nservices: {web: {command: [x], replicas: -1}}", []string{"services.web.replicas: must be >= 0"}},
+		{"too many replicas", "namespace: a\nservices: {web: {command: [x], replicas: 5000}}", []string{"services.web.replicas: must be <= 1000"}},
+		{"bad port", "namespace: a\nservices: {web: {command: [x], port: 70000}}", []string{"services.web.port: must be between"}},
+		{"bad env", "namespace: a\nservices: {web: {command: [x], env: {1X: y}}}", []string{"services.web.env.1X: not a valid"}},
+		{"reserved env", "namespace: a\nservices: {web: {command: [x], env: {PORT: '1'}}}", []string{"services.web.env.PORT: reserved"}},
+		{"readiness path", "namespace: a\nservices: {web: {command: [x], readiness: {path: healthz}}}", []string{"services.web.readiness.path: must start with '/'"}},
+		{"readiness timeout", "namespace: a\nservices: {web: {command: [x], readiness: {timeout: 1h}}}", []string{"services.web.readiness.timeout: must be between"}},
+		{"bad duration", "namespace: a\nservices: {web: {command: [x], readiness: {timeout: soon}}}", []string{"(syntax):", "soon"}},
+		{"route without hosts", "namespace: a\nservices: {web: {command: [x], routes: [{path_prefixes: [/]}]}}", []string{"services.web.routes[0].hosts: at least one"}},
+		{"host with port", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: ['a.com:80']}]}}", []string{"services.web.routes[0].hosts[0]: host \"a.com:80\""}},
+		{"inner wildcard", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: ['a.*.com']}]}}", []string{"services.web.routes[0].hosts[0]: host \"a.*.com\": only a leading"}},
+		{"empty host", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: ['']}]}}", []string{"services.web.routes[0].hosts[0]: empty host"}},
+		{"bad prefix", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], path_prefixes: [api]}]}}", []string{"services.web.routes[0].path_prefixes[0]: must start with '/'"}},
+		{"duplicate route", "namespace: a\nservices: {api: {command: [x], routes: [{hosts: [a.com]}]}, web: {command: [x], routes: [{hosts: [A.com.]}]}}", []string{"services.web.routes[0]: host a.com path / is already routed to service api"}},
+		{"bad region", "namespace: a\nservices: {web: {command: [x], placement: {regions: [EU_1]}}}", []string{"services.web.placement.regions: region \"EU_1\""}},
+		{"bad label key", "namespace: a\nservices: {web: {command: [x], placement: {labels: {'-x': y}}}}", []string{"services.web.placement.labels.-x: not a valid label key"}},
+		{"many at once", "namespace: A\nservices: {web: {replicas: -2}}", []string{"namespace: must be", "services.web.command: required", "services.web.replicas: must be >= 0"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc))
+			if err == nil {
+				t.Fatal("accepted an invalid manifest")
+			}
+			me, ok := err.(*Error)
+			if !ok {
+				t.Fatalf("error type %T: %v", err, err)
+			}
+			msg := err.Error()
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q lacks %q", msg, w)
+				}
+			}
+			if se := me.Structured(); se.Code != "invalid" || len(se.Detail) == 0 {
+				t.Errorf("structured form: %+v", se)
+			}
+		})
+	}
+}
+
+func TestTooLarge(t *testing.T) {
+	big := make([]byte, MaxSize+1)
+	if _, err := Parse(big); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(good))
+	f.Add([]byte(`{"namespace":"x","services":{"a":{"command":["a"],"routes":[{"hosts":["*.a"]}]}}}`))
+	f.Add([]byte("namespace: a\nservices: {web: {replicas: -2}}"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Parse(data)
+		if err == nil && m == nil {
+			t.Fatal("nil manifest without an error")
+		}
+		if err != nil && err.Error() == "" {
+			t.Fatal("empty error text")
+		}
+	})
+}

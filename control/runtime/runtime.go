@@ -1,0 +1,59 @@
+// Package runtime starts and stops instances on one machine. A Driver hides
+// how an instance runs (a local process today, a container later) behind a
+// small contract that survives the agent restarting: what Start returned can
+// be recovered with Adopt from the State the agent persisted.
+package runtime
+
+import (
+	"context"
+	"time"
+)
+
+// Spec is everything a driver needs to start one instance.
+type Spec struct {
+	ID      string
+	Command []string
+	// Env is the service's environment; the driver adds HOST and PORT.
+	Env  map[string]string
+	Host string
+	Port int
+	// LogDir receives the instance's output.
+	LogDir string
+}
+
+// State is what the agent persists about a running instance so that a
+// restarted agent can adopt it. Drivers fill in their own fields.
+type State struct {
+	ID     string `json:"id"`
+	Driver string `json:"driver"`
+	PID    int    `json:"pid,omitempty"`
+	// StartTicks identifies the process incarnation (start time in clock
+	// ticks since boot) so a reused PID is never mistaken for ours.
+	StartTicks uint64 `json:"start_ticks,omitempty"`
+	// Container is for container drivers.
+	Container string `json:"container,omitempty"`
+	LogPath   string `json:"log_path,omitempty"`
+}
+
+// Handle is a started or adopted instance.
+type Handle interface {
+	State() State
+	// Exited is closed when the instance stops running, for any reason.
+	Exited() <-chan struct{}
+	// ExitErr describes how it ended; valid after Exited is closed.
+	ExitErr() error
+}
+
+// Driver runs instances.
+//
+// Start launches the instance detached from the agent: stopping or crashing
+// the agent must not stop it. Adopt re-attaches to an instance described by
+// a persisted State and fails with ErrGone if it no longer runs. Stop asks the
+// instance to end (SIGTERM or equivalent), forces it after grace, and returns
+// once it has ended; stopping an ended instance is not an error.
+type Driver interface {
+	Name() string
+	Start(ctx context.Context, spec Spec) (Handle, error)
+	Adopt(ctx context.Context, st State) (Handle, error)
+	Stop(ctx context.Context, h Handle, grace time.Duration) error
+}

@@ -1,0 +1,76 @@
+// Command hello is the example app of edgeplane's README and tests: a tiny
+// HTTP server that says which instance answered. It listens on $HOST:$PORT
+// as every instance must. / answers with its service, slot, revision and
+// machine; /healthz is its readiness check.
+//
+// For tests, HELLO_READY=fail makes /healthz answer 503 forever, and
+// HELLO_READY_DELAY=2s delays readiness after start.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+)
+
+func main() {
+	addr := net.JoinHostPort(envOr("HOST", "127.0.0.1"), envOr("PORT", "8000"))
+	info := map[string]string{
+		"service":   os.Getenv("EDGEPLANE_SERVICE"),
+		"namespace": os.Getenv("EDGEPLANE_NAMESPACE"),
+		"slot":      os.Getenv("EDGEPLANE_SLOT"),
+		"revision":  os.Getenv("EDGEPLANE_REVISION"),
+		"machine":   os.Getenv("EDGEPLANE_MACHINE"),
+		"instance":  os.Getenv("EDGEPLANE_INSTANCE"),
+	}
+	readyAt := time.Now()
+	if d, err := time.ParseDuration(os.Getenv("HELLO_READY_DELAY")); err == nil {
+		readyAt = readyAt.Add(d)
+	}
+	failReady := os.Getenv("HELLO_READY") == "fail"
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if failReady || time.Now().Before(readyAt) {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("format") == "json" || r.Header.Get("Accept") == "application/json" {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(info)
+			return
+		}
+		fmt.Fprintf(w, "hello from %s.%s slot %s revision %s on %s (%s)\n",
+			info["service"], info["namespace"], info["slot"], info["revision"], info["machine"], info["instance"])
+	})
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Printf("hello listening on %s", addr)
+	if err := srv.ListenAndServe(); err != nil && err != http.ErrServerClosed {
+		log.Fatal(err)
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

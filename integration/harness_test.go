@@ -1,0 +1,307 @@
+// Package integration runs edgeplane's real binaries together: the control
+// server on its embedded NATS, agents as separate processes, the example
+// app as their instances, and (in the gateway tests) the custom Caddy.
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// bins holds the binaries TestMain builds once.
+var bins struct {
+	dir     string
+	control string // built with -tags failpoints so crash tests can use it
+	hello   string
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "edgeplane-integration-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bins.dir = dir
+	bins.control = filepath.Join(dir, "control")
+	bins.hello = filepath.Join(dir, "hello")
+	for _, b := range []struct{ out, pkg, tags string }{
+		{bins.control, "../control", "failpoints"},
+		{bins.hello, "../examples/hello", ""},
+	} {
+		args := []string{"build", "-o", b.out}
+		if b.tags != "" {
+			args = append(args, "-tags", b.tags)
+		}
+		cmd := exec.Command("go", append(args, b.pkg)...)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n", b.pkg, err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running binary whose output is kept for assertions and for the
+// failure report.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+func (p *proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Write(b)
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// waitOutput waits until the process printed something matching re.
+func (p *proc) waitOutput(t *testing.T, re string, timeout time.Duration) []string {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(timeout)
+	for {
+		if m := rx.FindStringSubmatch(p.output()); m != nil {
+			return m
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited (%v) before printing %q:\n%s", p.name, p.err, re, p.output())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not print %q within %s:\n%s", p.name, re, timeout, p.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// stop ends the process and waits for it.
+func (p *proc) stop(sig syscall.Signal) {
+	p.signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		p.signal(syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+func start(t *testing.T, name string, env []string, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p, p
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.stop(syscall.SIGTERM)
+		if t.Failed() {
+			t.Logf("--- %s output ---\n%s", name, p.output())
+		}
+	})
+	return p
+}
+
+// cluster is one control server and its agents.
+type cluster struct {
+	t      *testing.T
+	dir    string
+	url    string
+	server *proc
+	agents map[string]*proc
+	store  *store.Store
+}
+
+// newCluster starts `control server` (no local agent) on a free loopback
+// port and connects a store client to it.
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}}
+	c.startServer("127.0.0.1:0")
+	t.Cleanup(c.killInstances)
+	return c
+}
+
+func (c *cluster) startServer(listen string, extraEnv ...string) {
+	t := c.t
+	c.server = start(t, "control server", extraEnv, bins.control, "server", "--data", filepath.Join(c.dir, "server"), "--listen", listen)
+	m := c.server.waitOutput(t, `embedded NATS with JetStream on (nats://\S+)`, 15*time.Second)
+	c.server.waitOutput(t, `control server ready`, 15*time.Second)
+	c.url = m[1]
+	nc, err := store.Connect(store.ConnectOptions{URL: c.url, Name: t.Name(), ReconnectForever: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	names, _ := store.NewNames("", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if c.store, err = store.Open(ctx, nc, names); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// control runs one client command and returns stdout, stderr and the exit
+// status.
+func (c *cluster) control(args ...string) (string, string, int) {
+	c.t.Helper()
+	return c.controlEnv(nil, args...)
+}
+
+// controlEnv is control with extra environment (failpoints).
+func (c *cluster) controlEnv(env []string, args ...string) (string, string, int) {
+	c.t.Helper()
+	cmd := exec.Command(bins.control, args...)
+	cmd.Env = append(append(os.Environ(), "EDGEPLANE_NATS="+c.url), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		c.t.Fatalf("running control %v: %v", args, err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// mustControl runs a command that must succeed.
+func (c *cluster) mustControl(args ...string) string {
+	c.t.Helper()
+	out, errOut, code := c.control(args...)
+	if code != 0 {
+		c.t.Fatalf("control %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+// join invites and starts an agent for machine id.
+func (c *cluster) join(id string, inviteArgs ...string) *proc {
+	c.t.Helper()
+	token := strings.TrimSpace(c.mustControl(append([]string{"machine", "invite"}, inviteArgs...)...))
+	p := start(c.t, "agent "+id, []string{"EDGEPLANE_NATS=" + c.url}, bins.control,
+		"agent", "--data", c.agentDir(id), "--join", token, "--machine", id, "--stop-grace", "2s")
+	p.waitOutput(c.t, `agent serving`, 15*time.Second)
+	c.agents[id] = p
+	return p
+}
+
+// restartAgent starts machine id's agent again from its data dir alone.
+func (c *cluster) restartAgent(id string) *proc {
+	c.t.Helper()
+	p := start(c.t, "agent "+id+" (restarted)", []string{"EDGEPLANE_NATS=" + c.url}, bins.control,
+		"agent", "--data", c.agentDir(id), "--stop-grace", "2s")
+	p.waitOutput(c.t, `agent serving`, 15*time.Second)
+	c.agents[id] = p
+	return p
+}
+
+func (c *cluster) agentDir(id string) string { return filepath.Join(c.dir, "agents", id) }
+
+// killInstances stops every instance any agent of the test started: they
+// outlive agents by design, so the test must end them itself.
+func (c *cluster) killInstances() {
+	files, _ := filepath.Glob(filepath.Join(c.dir, "*", "*", "instances", "*.json"))
+	more, _ := filepath.Glob(filepath.Join(c.dir, "server", "agent", "instances", "*.json"))
+	for _, f := range append(files, more...) {
+		var st struct {
+			Runtime struct{ PID int } `json:"runtime"`
+		}
+		b, _ := os.ReadFile(f)
+		if json.Unmarshal(b, &st) == nil && st.Runtime.PID > 0 {
+			_ = syscall.Kill(-st.Runtime.PID, syscall.SIGKILL)
+		}
+	}
+}
+
+// manifest writes a manifest for the hello app and returns its path.
+func (c *cluster) manifest(name, body string) string {
+	c.t.Helper()
+	body = strings.ReplaceAll(body, "@HELLO@", bins.hello)
+	p := filepath.Join(c.dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	return p
+}
+
+func (c *cluster) instances(ns string) []store.InstanceRecord {
+	c.t.Helper()
+	var list []store.InstanceRecord
+	out := c.mustControl("instances", "--namespace", ns, "-o", "json")
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		c.t.Fatalf("instances json: %v\n%s", err, out)
+	}
+	return list
+}
+
+// get fetches an instance's / and returns the body.
+func get(t *testing.T, addr string) (string, error) {
+	t.Helper()
+	client := &http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get("http://" + addr + "/?format=json")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return string(b), fmt.Errorf("status %s", resp.Status)
+	}
+	return string(b), err
+}
+
+func addrOf(r store.InstanceRecord) string { return fmt.Sprintf("%s:%d", r.Address, r.Port) }
+
+// lines scans s for lines containing sub.
+func lines(s, sub string) []string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), sub) {
+			out = append(out, sc.Text())
+		}
+	}
+	return out
+}

@@ -1,0 +1,87 @@
+package store
+
+import "time"
+
+// Agent RPC commands, the <command> tail of Names.RPCSubject.
+const (
+	CmdCapacity       = "capacity"
+	CmdStartCandidate = "deploy.start_candidate"
+	CmdReadiness      = "deploy.readiness"
+	CmdDrainInstance  = "instance.drain"
+	CmdStopInstance   = "instance.stop"
+	// Leased commands (seed 002): each carries an attempt number that acts as
+	// a generation guard.
+	CmdRestart      = "command.restart"
+	CmdStop         = "command.stop"
+	CmdForceCleanup = "command.force_cleanup"
+)
+
+// CapacityRequest asks a machine for its live capacity.
+type CapacityRequest struct{}
+
+// CapacityReply is a live observation: used for one decision, never stored.
+type CapacityReply struct {
+	Machine   string            `json:"machine"`
+	Region    string            `json:"region,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Address   string            `json:"address"`
+	Driver    string            `json:"driver"`
+	Instances int               `json:"instances"`
+	// Free is how many more instances the machine accepts now.
+	Free int `json:"free"`
+}
+
+// StartRequest asks a machine to start a candidate instance.
+type StartRequest struct {
+	Instance InstanceRecord `json:"instance"`
+	Spec     ServiceSpec    `json:"spec"`
+}
+
+// StartReply reports the started instance as the agent recorded it.
+type StartReply struct {
+	Instance InstanceRecord `json:"instance"`
+}
+
+// ReadinessRequest waits until an instance is ready or Timeout passes.
+type ReadinessRequest struct {
+	InstanceID string   `json:"instance_id"`
+	Namespace  string   `json:"namespace"`
+	Timeout    Duration `json:"timeout"`
+}
+
+// ReadinessReply tells whether the instance became ready.
+type ReadinessReply struct {
+	Ready    bool           `json:"ready"`
+	Error    string         `json:"error,omitempty"`
+	Instance InstanceRecord `json:"instance"`
+}
+
+// InstanceRequest names one instance for drain and stop.
+type InstanceRequest struct {
+	InstanceID string `json:"instance_id"`
+	Namespace  string `json:"namespace"`
+	// Grace is how long SIGTERM may take before SIGKILL; 0 means the agent
+	// default.
+	Grace Duration `json:"grace,omitempty"`
+	// Forget removes the instance record after the stop.
+	Forget bool `json:"forget,omitempty"`
+}
+
+// LeasedCommand is a seed-002 leased command: the agent refuses an attempt
+// older than the newest it has seen for the same instance, so a stale
+// completion can never overwrite a newer one.
+type LeasedCommand struct {
+	InstanceID string   `json:"instance_id"`
+	Namespace  string   `json:"namespace"`
+	Service    string   `json:"service,omitempty"`
+	Attempt    int      `json:"attempt"`
+	Grace      Duration `json:"grace,omitempty"`
+}
+
+// LeasedReply reports a leased command's outcome with its attempt.
+type LeasedReply struct {
+	Attempt  int       `json:"attempt"`
+	Done     bool      `json:"done"`
+	Detail   string    `json:"detail,omitempty"`
+	Finished time.Time `json:"finished"`
+}
