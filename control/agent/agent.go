@@ -47,7 +47,10 @@ type Agent struct {
 	instances map[string]*instance
 	// attempts holds the newest leased-command attempt seen per instance.
 	attempts map[string]int
-	wg       sync.WaitGroup
+	// quit ends the watchers when Run returns: instances outlive the
+	// agent, so their exits are not waited for.
+	quit chan struct{}
+	wg   sync.WaitGroup
 }
 
 // instance is a running instance and what the agent persists about it.
@@ -80,7 +83,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	return &Agent{
 		cfg: cfg, log: cfg.Logger.With("machine", cfg.Machine.ID),
-		instances: map[string]*instance{}, attempts: map[string]int{},
+		instances: map[string]*instance{}, attempts: map[string]int{}, quit: make(chan struct{}),
 	}, nil
 }
 
@@ -97,6 +100,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("agent serving", "subject", names.NodeListenSubject(a.cfg.Machine.ID), "instances", a.count())
 	<-ctx.Done()
 	stop()
+	close(a.quit)
 	a.wg.Wait()
 	return nil
 }
@@ -159,7 +163,11 @@ func (a *Agent) watch(inst *instance) {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		<-inst.handle.Exited()
+		select {
+		case <-inst.handle.Exited():
+		case <-a.quit:
+			return
+		}
 		a.mu.Lock()
 		stopping := inst.stopping
 		if !stopping && a.instances[inst.Record.ID] == inst {

@@ -113,7 +113,7 @@ func describeExit(err error) error {
 }
 
 // Adopt re-attaches to a process a previous agent started. The process is
-// not our child, so its exit is noticed by polling.
+// not our child, so its exit is noticed by polling, for as long as ctx lives.
 func (p *Process) Adopt(ctx context.Context, st State) (Handle, error) {
 	if st.PID <= 0 {
 		return nil, fmt.Errorf("adopting %s: no pid: %w", st.ID, ErrGone)
@@ -129,7 +129,12 @@ func (p *Process) Adopt(ctx context.Context, st State) (Handle, error) {
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
-		for range t.C {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 			if !sameProcess(st.PID, st.StartTicks) {
 				h.finish(errors.New("exited (adopted process; status unknown)"))
 				return

@@ -1,0 +1,249 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+var helloBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "agent-test-")
+	if err != nil {
+		panic(err)
+	}
+	helloBin = filepath.Join(dir, "hello")
+	if out, err := exec.Command("go", "build", "-o", helloBin, "../../examples/hello").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building hello: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type fixture struct {
+	srv   *storetest.Server
+	agent *Agent
+	stop  context.CancelFunc
+	done  chan struct{}
+	dir   string
+}
+
+func startAgent(t *testing.T, srv *storetest.Server, dir string) *fixture {
+	t.Helper()
+	a, err := New(Config{
+		Store: srv.Connect(t), Machine: store.MachineRecord{ID: "m1", Address: "127.0.0.1", State: store.MachineActive},
+		DataDir: dir, Driver: &runtime.Process{PollInterval: 20 * time.Millisecond}, StopGrace: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &fixture{srv: srv, agent: a, stop: cancel, done: make(chan struct{}), dir: dir}
+	go func() {
+		defer close(f.done)
+		_ = a.Run(ctx)
+	}()
+	storetest.Eventually(t, 5*time.Second, "agent to answer", func() bool {
+		return srv.Store.Call(context.Background(), "m1", store.CmdCapacity, nil, nil) == nil
+	})
+	t.Cleanup(func() {
+		cancel()
+		<-f.done
+		for _, inst := range a.instances {
+			_ = a.cfg.Driver.Stop(context.Background(), inst.handle, time.Second)
+		}
+	})
+	return f
+}
+
+// commitOne records a live commit with one slot for instance id of web, the
+// way the orchestrator would, so routing can be derived.
+func commitOne(t *testing.T, s *store.Store, id string) {
+	t.Helper()
+	c := &store.DeployCommit{ID: "d1", Namespace: "shop", Kind: store.CommitFinal, Revision: 1,
+		Manifest: store.Manifest{Namespace: "shop", Services: map[string]store.ServiceSpec{"web": {Command: []string{helloBin}}}},
+		Slots:    []store.SlotAssignment{{Service: "web", Slot: 0, InstanceID: id, Machine: "m1", Revision: 1}}}
+	if _, err := s.AppendCommit(context.Background(), c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func startReady(t *testing.T, s *store.Store, id string, env map[string]string) store.InstanceRecord {
+	t.Helper()
+	ctx := context.Background()
+	req := store.StartRequest{
+		Instance: store.InstanceRecord{ID: id, Namespace: "shop", Service: "web", Slot: 0, Revision: 1, DeployID: "d1"},
+		Spec:     store.ServiceSpec{Command: []string{helloBin}, Env: env, Readiness: store.Readiness{Path: "/healthz"}},
+	}
+	var rep store.StartReply
+	if err := s.Call(ctx, "m1", store.CmdStartCandidate, req, &rep); err != nil {
+		t.Fatal(err)
+	}
+	var ready store.ReadinessReply
+	if err := s.Call(ctx, "m1", store.CmdReadiness, store.ReadinessRequest{InstanceID: id, Namespace: "shop", Timeout: store.Duration(5 * time.Second)}, &ready); err != nil {
+		t.Fatal(err)
+	}
+	if !ready.Ready {
+		t.Fatalf("not ready: %s", ready.Error)
+	}
+	return ready.Instance
+}
+
+func answers(rec store.InstanceRecord) bool {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://%s:%d/", rec.Address, rec.Port))
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == 200
+}
+
+func TestCrashedInstanceLeavesThePool(t *testing.T) {
+	srv := storetest.Start(t)
+	startAgent(t, srv, t.TempDir())
+	ctx := context.Background()
+	commitOne(t, srv.Store, "web-0-a")
+	rec := startReady(t, srv.Store, "web-0-a", nil)
+	head := func() uint64 {
+		info, _ := srv.Store.Routing.Info(ctx)
+		return info.State.LastSeq
+	}
+	before := head()
+	if err := killPID(rec.PID); err != nil {
+		t.Fatal(err)
+	}
+	var got store.InstanceRecord
+	storetest.Eventually(t, 5*time.Second, "the crash to be recorded", func() bool {
+		_, err := store.GetJSON(ctx, srv.Store.Instances, rec.Key(), &got)
+		return err == nil && got.State == store.InstanceFailed
+	})
+	if got.Error == "" {
+		t.Fatal("failed instance without its error")
+	}
+	storetest.Eventually(t, 5*time.Second, "a routing upsert without the instance", func() bool { return head() > before })
+	msg, err := srv.Store.Routing.GetLastMsgForSubject(ctx, srv.Store.Names.RoutingServiceSubject("shop", "web"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev store.RoutingEvent
+	if err := store.Decode("event", msg.Data, &ev); err != nil || len(ev.Endpoints) != 0 {
+		t.Fatalf("routing after the crash: %+v %v", ev, err)
+	}
+}
+
+func TestLeasedCommandsGuardGenerations(t *testing.T) {
+	srv := storetest.Start(t)
+	startAgent(t, srv, t.TempDir())
+	ctx := context.Background()
+	commitOne(t, srv.Store, "web-0-a")
+	rec := startReady(t, srv.Store, "web-0-a", nil)
+
+	var rep store.LeasedReply
+	if err := srv.Store.Call(ctx, "m1", store.CmdRestart, store.LeasedCommand{InstanceID: rec.ID, Namespace: "shop", Service: "web", Attempt: 5}, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Done || rep.Attempt != 5 {
+		t.Fatalf("restart reply %+v", rep)
+	}
+	var after store.InstanceRecord
+	if _, err := store.GetJSON(ctx, srv.Store.Instances, rec.Key(), &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.PID == rec.PID || after.Port != rec.Port || after.State != store.InstanceReady || !answers(after) {
+		t.Fatalf("restart: before %+v after %+v", rec, after)
+	}
+	// An older attempt is a stale completion: refused, nothing done.
+	err := srv.Store.Call(ctx, "m1", store.CmdStop, store.LeasedCommand{InstanceID: rec.ID, Namespace: "shop", Service: "web", Attempt: 4}, nil)
+	if !store.HasCode(err, store.CodeStale) {
+		t.Fatalf("stale attempt: %v", err)
+	}
+	if !answers(after) {
+		t.Fatal("a stale stop stopped the instance")
+	}
+	if err := srv.Store.Call(ctx, "m1", store.CmdStop, store.LeasedCommand{InstanceID: rec.ID, Namespace: "shop", Service: "web", Attempt: 6}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if answers(after) {
+		t.Fatal("stop did not stop the instance")
+	}
+	// force_cleanup removes a service's instances and their records.
+	startReady(t, srv.Store, "web-0-b", nil)
+	if err := srv.Store.Call(ctx, "m1", store.CmdForceCleanup, store.LeasedCommand{Namespace: "shop", Service: "web", Attempt: 1}, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "web-0-b"), &after); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("force_cleanup left the record: %v", err)
+	}
+}
+
+func TestBadRequestsAreStructured(t *testing.T) {
+	srv := storetest.Start(t)
+	startAgent(t, srv, t.TempDir())
+	ctx := context.Background()
+	for _, tc := range []struct {
+		cmd  string
+		req  any
+		code string
+	}{
+		{"no.such.command", nil, store.CodeInvalid},
+		{store.CmdStartCandidate, map[string]any{"instance": "not an object"}, store.CodeInvalid},
+		{store.CmdStartCandidate, store.StartRequest{}, store.CodeInvalid},
+		{store.CmdReadiness, store.ReadinessRequest{InstanceID: "ghost", Namespace: "shop"}, store.CodeNotFound},
+		{store.CmdDrainInstance, store.InstanceRequest{InstanceID: "ghost", Namespace: "shop"}, store.CodeNotFound},
+		{store.CmdRestart, store.LeasedCommand{InstanceID: "ghost", Namespace: "shop", Attempt: 1}, store.CodeNotFound},
+	} {
+		if err := srv.Store.Call(ctx, "m1", tc.cmd, tc.req, nil); !store.HasCode(err, tc.code) {
+			t.Errorf("%s: got %v, want %s", tc.cmd, err, tc.code)
+		}
+	}
+	// A start whose command cannot run fails clearly and leaves nothing.
+	err := srv.Store.Call(ctx, "m1", store.CmdStartCandidate, store.StartRequest{
+		Instance: store.InstanceRecord{ID: "bad-0", Namespace: "shop", Service: "web"},
+		Spec:     store.ServiceSpec{Command: []string{"/nonexistent/binary"}},
+	}, nil)
+	if err == nil {
+		t.Fatal("start of a missing binary succeeded")
+	}
+	var rec store.InstanceRecord
+	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "bad-0"), &rec); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("failed start left a record: %v", err)
+	}
+}
+
+func TestAdoptAfterRestartAndGoneInstance(t *testing.T) {
+	srv := storetest.Start(t)
+	dir := t.TempDir()
+	f := startAgent(t, srv, dir)
+	ctx := context.Background()
+	commitOne(t, srv.Store, "web-0-a")
+	rec := startReady(t, srv.Store, "web-0-a", nil)
+	f.stop()
+	<-f.done
+	if !answers(rec) {
+		t.Fatal("instance died with its agent")
+	}
+	g := startAgent(t, srv, dir)
+	if g.agent.count() != 1 {
+		t.Fatalf("adopted %d instances", g.agent.count())
+	}
+	// Stopping the adopted instance works through the new agent.
+	if err := srv.Store.Call(ctx, "m1", store.CmdStopInstance, store.InstanceRequest{InstanceID: rec.ID, Namespace: "shop", Forget: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if answers(rec) {
+		t.Fatal("adopted instance still answers after stop")
+	}
+}
