@@ -1,0 +1,68 @@
+package caddystorage
+
+import (
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// UnmarshalCaddyfile sets up the storage from Caddyfile tokens:
+//
+//	storage edgeplane {
+//		nats         <url>
+//		creds        <file>
+//		installation <name>
+//		authority    <name>
+//		lock_ttl     <duration>
+//	}
+func (s *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if opt == "lock_ttl" {
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(d.Val())
+			if err != nil {
+				return d.Errf("parsing lock_ttl: %v", err)
+			}
+			s.LockTTL = caddy.Duration(dur)
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			continue
+		}
+		var dst *string
+		switch opt {
+		case "nats":
+			dst = &s.NATS
+		case "creds":
+			dst = &s.Creds
+		case "installation":
+			dst = &s.Installation
+		case "authority":
+			dst = &s.Authority
+		default:
+			return d.Errf("unrecognized edgeplane storage option %q", opt)
+		}
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		*dst = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	if s.LockTTL != 0 && time.Duration(s.LockTTL) < time.Second {
+		return d.Errf("lock_ttl %s below the minimum 1s", time.Duration(s.LockTTL))
+	}
+	return nil
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Storage)(nil)

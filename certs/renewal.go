@@ -1,0 +1,386 @@
+package certs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/certmagic"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// RenewalItem is one unit of renewal work: a scheduled message in the
+// renewals stream that one gateway takes, works under the host's lock and
+// acknowledges.
+type RenewalItem struct {
+	Version int    `json:"version"`
+	Host    string `json:"host"`
+	// Force renews even if certmagic thinks the certificate is fresh
+	// (operator request, tests).
+	Force bool `json:"force,omitempty"`
+	// Attempt counts the failed attempts before this one.
+	Attempt int `json:"attempt,omitempty"`
+	// Reason says why the item exists: "scheduled", "retry" or "manual".
+	Reason string `json:"reason,omitempty"`
+}
+
+// Status is the durable record of a certificate's last renewal outcome, one
+// per host in the certificate status bucket. It is written only by the
+// gateway that attempted the work.
+type Status struct {
+	Version       int       `json:"version"`
+	Host          string    `json:"host"`
+	Issuer        string    `json:"issuer,omitempty"`
+	Expiry        time.Time `json:"expiry,omitzero"`
+	LastAttempt   time.Time `json:"last_attempt,omitzero"`
+	LastSuccess   time.Time `json:"last_success,omitzero"`
+	LastError     string    `json:"last_error,omitempty"`
+	LastErrorCode string    `json:"last_error_code,omitempty"`
+	NextAttempt   time.Time `json:"next_attempt,omitzero"`
+	// Failures counts consecutive failed attempts; 0 after a success.
+	Failures int    `json:"failures,omitempty"`
+	Gateway  string `json:"gateway,omitempty"`
+}
+
+// ScheduleRenewal places item in the renewals stream to be worked at at. A
+// host has one pending schedule: a new one replaces the previous.
+func ScheduleRenewal(ctx context.Context, s *store.Store, item RenewalItem, at time.Time) error {
+	h, err := NormalizeHost(item.Host)
+	if err != nil {
+		return &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("scheduling renewal: %v", err), Detail: map[string]string{"host": item.Host}}
+	}
+	item.Host = h
+	item.Version = store.RecordVersion
+	if item.Reason == "" {
+		item.Reason = "scheduled"
+	}
+	data, _ := json.Marshal(item)
+	_, err = s.JS.Publish(ctx, s.Names.CertRenewalScheduleSubject(h), data,
+		jetstream.WithScheduleAt(at),
+		jetstream.WithScheduleTarget(s.Names.CertRenewalSubject(h)),
+		// Generated work items expire eventually; a month outlives any
+		// outage in which no gateway could take them.
+		jetstream.WithScheduleTTL(30*24*time.Hour))
+	if err != nil {
+		return store.Classify(fmt.Errorf("scheduling renewal of %s at %s: %w", h, at.UTC().Format(time.RFC3339), err))
+	}
+	return nil
+}
+
+// RenewResult describes the certificate a successful renewal left in
+// storage.
+type RenewResult struct {
+	Issuer    string
+	NotBefore time.Time
+	Expiry    time.Time
+}
+
+// RenewFunc renews item.Host under its lock and reports the result.
+type RenewFunc func(ctx context.Context, item RenewalItem) (RenewResult, error)
+
+// CertmagicRenew renews through cfg (which takes the host's issue lock in
+// its Storage, our Storage) and reads back the certificate now in storage.
+// The renewed certificate also replaces the one in cfg's cache.
+func CertmagicRenew(cfg *certmagic.Config) RenewFunc {
+	return func(ctx context.Context, item RenewalItem) (RenewResult, error) {
+		if err := cfg.RenewCertSync(ctx, item.Host, item.Force); err != nil {
+			return RenewResult{}, err
+		}
+		cert, err := cfg.CacheManagedCertificate(ctx, item.Host)
+		if err != nil {
+			return RenewResult{}, fmt.Errorf("loading renewed certificate for %s: %w", item.Host, err)
+		}
+		res := RenewResult{NotBefore: cert.Leaf.NotBefore, Expiry: cert.Leaf.NotAfter}
+		for _, iss := range cfg.Issuers {
+			if cfg.Storage.Exists(ctx, certmagic.StorageKeys.SiteCert(iss.IssuerKey(), item.Host)) {
+				res.Issuer = iss.IssuerKey()
+				break
+			}
+		}
+		return res, nil
+	}
+}
+
+// RenewerConfig configures a Renewer.
+type RenewerConfig struct {
+	Store *store.Store
+	Renew RenewFunc
+	// Name is this gateway, recorded in status records.
+	Name   string
+	Logger *zap.Logger
+	// Backoff is the wait before retry number attempt (1-based); default
+	// 1m doubling up to 6h.
+	Backoff func(attempt int) time.Duration
+	// NextRenewal is when a fresh certificate is due again; default when a
+	// third of its lifetime remains (certmagic's default window).
+	NextRenewal func(RenewResult) time.Time
+	// AckWait bounds one renewal attempt without progress; the worker
+	// signals progress every AckWait/3 while it runs. Default 2m.
+	AckWait time.Duration
+	// Durable names the consumer all gateways share; default "cert_renewals".
+	Durable string
+}
+
+// Renewer works renewal items: whichever gateway's Renewer takes an item
+// renews it and records the outcome.
+type Renewer struct {
+	cfg RenewerConfig
+	log *zap.Logger
+}
+
+// NewRenewer validates cfg and fills defaults.
+func NewRenewer(cfg RenewerConfig) (*Renewer, error) {
+	if cfg.Store == nil || cfg.Store.Renewals == nil || cfg.Store.CertStatus == nil {
+		return nil, fmt.Errorf("creating renewer: the store has no renewals stream or status bucket (not provisioned?)")
+	}
+	if cfg.Renew == nil {
+		return nil, fmt.Errorf("creating renewer: no renew function")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.Backoff == nil {
+		cfg.Backoff = func(attempt int) time.Duration {
+			d := time.Minute << min(max(attempt-1, 0), 9)
+			return min(d, 6*time.Hour)
+		}
+	}
+	if cfg.NextRenewal == nil {
+		cfg.NextRenewal = func(r RenewResult) time.Time {
+			return r.Expiry.Add(-r.Expiry.Sub(r.NotBefore) / 3)
+		}
+	}
+	if cfg.AckWait == 0 {
+		cfg.AckWait = 2 * time.Minute
+	}
+	if cfg.Durable == "" {
+		cfg.Durable = "cert_renewals"
+	}
+	return &Renewer{cfg: cfg, log: cfg.Logger}, nil
+}
+
+// Run takes renewal items until ctx ends. Each item is worked by exactly one
+// Renewer in the fleet (one shared durable consumer); an item whose worker
+// dies is redelivered after AckWait.
+func (r *Renewer) Run(ctx context.Context) error {
+	st := r.cfg.Store
+	cons, err := st.Renewals.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       r.cfg.Durable,
+		Description:   "gateways taking certificate renewal work",
+		FilterSubject: renewalWorkFilter(st.Names),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       r.cfg.AckWait,
+		MaxAckPending: 64,
+	})
+	if err != nil {
+		return store.Classify(fmt.Errorf("creating renewal consumer: %w", err))
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		wg.Add(1)
+		defer wg.Done()
+		r.work(ctx, m)
+	}, jetstream.PullMaxMessages(4))
+	if err != nil {
+		return store.Classify(fmt.Errorf("consuming renewals: %w", err))
+	}
+	<-ctx.Done()
+	cc.Stop()
+	<-cc.Closed()
+	return nil
+}
+
+func (r *Renewer) work(ctx context.Context, m jetstream.Msg) {
+	var item RenewalItem
+	if err := json.Unmarshal(m.Data(), &item); err != nil || item.Host == "" || item.Version > store.RecordVersion {
+		r.log.Error("dropping malformed renewal item", zap.String("subject", m.Subject()), zap.ByteString("data", m.Data()), zap.Error(err))
+		_ = m.TermWithReason("malformed renewal item")
+		return
+	}
+	// Tell the server we are alive while the renewal runs.
+	done := make(chan struct{})
+	var hb sync.WaitGroup
+	hb.Add(1)
+	go func() {
+		defer hb.Done()
+		t := time.NewTicker(r.cfg.AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	}()
+	res, err := r.cfg.Renew(ctx, item)
+	close(done)
+	hb.Wait()
+	if ctx.Err() != nil {
+		// Shutting down mid-renewal: let another gateway take it now.
+		_ = m.Nak()
+		return
+	}
+	if rerr := r.Record(ctx, item, res, err); rerr != nil {
+		r.log.Error("recording renewal outcome", zap.String("host", item.Host), zap.Error(rerr))
+		_ = m.Nak()
+		return
+	}
+	_ = m.Ack()
+}
+
+// Record writes the outcome of an attempt on item as host's status and
+// schedules the next item: the next renewal after a success, a retry with
+// backoff after a failure. Callers outside Run (an obtain hook) use it too.
+func (r *Renewer) Record(ctx context.Context, item RenewalItem, res RenewResult, renewErr error) error {
+	st := r.cfg.Store
+	host, err := NormalizeHost(item.Host)
+	if err != nil {
+		return err
+	}
+	prev, _, err := getStatus(ctx, st, host)
+	if err != nil && !store.HasCode(err, store.CodeNotFound) {
+		return err
+	}
+	now := time.Now()
+	s := prev
+	s.Version, s.Host, s.Gateway, s.LastAttempt = store.RecordVersion, host, r.cfg.Name, now
+	next := RenewalItem{Host: host, Force: item.Force}
+	if renewErr == nil {
+		s.Issuer, s.Expiry, s.LastSuccess = res.Issuer, res.Expiry, now
+		s.LastError, s.LastErrorCode, s.Failures = "", "", 0
+		s.NextAttempt = r.cfg.NextRenewal(res)
+		next.Force, next.Reason = false, "scheduled"
+	} else {
+		s.LastError = renewErr.Error()
+		s.LastErrorCode = ""
+		var se *store.Error
+		if errors.As(renewErr, &se) {
+			s.LastErrorCode = se.Code
+		}
+		s.Failures = item.Attempt + 1
+		s.NextAttempt = now.Add(r.cfg.Backoff(s.Failures))
+		next.Attempt, next.Reason = s.Failures, "retry"
+	}
+	if err := putStatus(ctx, st, s); err != nil {
+		return err
+	}
+	if err := ScheduleRenewal(ctx, st, next, s.NextAttempt); err != nil {
+		return err
+	}
+	if renewErr != nil {
+		r.log.Warn("certificate renewal failed", zap.String("host", host), zap.Int("failures", s.Failures),
+			zap.Time("next_attempt", s.NextAttempt), zap.Error(renewErr))
+	} else {
+		r.log.Info("certificate renewed", zap.String("host", host), zap.Time("expiry", s.Expiry), zap.Time("next_renewal", s.NextAttempt))
+	}
+	return nil
+}
+
+// HandleEvent is a certmagic OnEvent hook that records certificates this
+// gateway obtained outside the renewal work (first issuance, certmagic's
+// own maintenance) and schedules their renewal. storage reads the
+// certificate back to learn its lifetime.
+func (r *Renewer) HandleEvent(ctx context.Context, storage certmagic.Storage, event string, data map[string]any) error {
+	if event != "cert_obtained" {
+		return nil
+	}
+	host, _ := data["identifier"].(string)
+	issuer, _ := data["issuer"].(string)
+	path, _ := data["certificate_path"].(string)
+	if host == "" || path == "" {
+		return nil
+	}
+	pemBytes, err := storage.Load(ctx, path)
+	if err != nil {
+		return fmt.Errorf("recording obtained certificate for %s: %w", host, err)
+	}
+	leaf, err := parseLeaf(pemBytes)
+	if err != nil {
+		return fmt.Errorf("recording obtained certificate for %s: %w", host, err)
+	}
+	return r.Record(ctx, RenewalItem{Host: host}, RenewResult{Issuer: issuer, NotBefore: leaf.NotBefore, Expiry: leaf.NotAfter}, nil)
+}
+
+// renewalWorkFilter matches the generated work items
+// (cp.<auth>.certs.renew.<host...>, a host spans several tokens) but not the
+// schedule definitions beside them.
+func renewalWorkFilter(n store.Names) string {
+	const probe = "x"
+	return strings.TrimSuffix(n.CertRenewalSubject(probe), probe) + ">"
+}
+
+func statusKey(host string) string { return store.KeySafe(host) }
+
+func getStatus(ctx context.Context, st *store.Store, host string) (Status, uint64, error) {
+	var s Status
+	ent, err := st.CertStatus.Get(ctx, statusKey(host))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return s, 0, &store.Error{Code: store.CodeNotFound, Message: fmt.Sprintf("no certificate status for %s", host), Detail: map[string]string{"host": host}}
+	}
+	if err != nil {
+		return s, 0, store.Classify(fmt.Errorf("reading certificate status of %s: %w", host, err))
+	}
+	if err := decodeStatus(ent.Value(), &s); err != nil {
+		return s, 0, err
+	}
+	return s, ent.Revision(), nil
+}
+
+func decodeStatus(data []byte, s *Status) error {
+	if err := json.Unmarshal(data, s); err != nil {
+		return fmt.Errorf("decoding certificate status: %w", err)
+	}
+	if s.Version > store.RecordVersion {
+		return fmt.Errorf("certificate status of %s: record version %d is newer than this build understands (%d)", s.Host, s.Version, store.RecordVersion)
+	}
+	return nil
+}
+
+func putStatus(ctx context.Context, st *store.Store, s Status) error {
+	data, _ := json.Marshal(s)
+	if _, err := st.CertStatus.Put(ctx, statusKey(s.Host), data); err != nil {
+		return store.Classify(fmt.Errorf("writing certificate status of %s: %w", s.Host, err))
+	}
+	return nil
+}
+
+// ListStatus returns every certificate's status record, sorted by host, for
+// `control certs`.
+func ListStatus(ctx context.Context, st *store.Store) ([]Status, error) {
+	w, err := st.CertStatus.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, store.Classify(fmt.Errorf("listing certificate status: %w", err))
+	}
+	defer w.Stop()
+	var out []Status
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, store.Classify(fmt.Errorf("listing certificate status: %w", ctx.Err()))
+		case ent, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("listing certificate status: watcher closed")
+			}
+			if ent == nil {
+				sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+				return out, nil
+			}
+			var s Status
+			if err := decodeStatus(ent.Value(), &s); err != nil {
+				return nil, fmt.Errorf("listing certificate status (key %s): %w", ent.Key(), err)
+			}
+			out = append(out, s)
+		}
+	}
+}

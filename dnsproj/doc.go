@@ -1,0 +1,10 @@
+// Package dnsproj is edgeplane's DNS server. It answers the cluster zone
+// (default "edgeplane.internal.") from the routing projection, the same
+// in-memory view of committed, routable facts the gateway routes by, and
+// hands every other name down a CoreDNS-style chain: a cache, then a
+// health-checked forwarder to upstream resolvers (or REFUSED without one).
+//
+// The package is Caddy-free: caddydns adapts it to a Caddy app that shares
+// the gateway's projection in-process, and cmd/edgeplane-dns runs it alone
+// on boxes without the gateway.
+package dnsproj

@@ -1,0 +1,38 @@
+package dnsproj
+
+import (
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// View is what the zone is built from: one immutable routing snapshot.
+// *projection.View satisfies it. Implementations must be pointers (the zone
+// compares views by identity to know when to rebuild) and must not change
+// after they are handed out.
+type View interface {
+	// Services returns every service with its routable endpoints only.
+	Services() []*projection.Service
+	// Machines returns every admitted machine.
+	Machines() []store.MachineRecord
+}
+
+// Source hands out the view to answer from now.
+type Source interface {
+	// Current returns the current view, the routing stream sequence it
+	// reflects and whether it is stale (loaded from a local snapshot and
+	// not yet confirmed by the store). It returns the same view until the
+	// projection changes. The zone calls it on every query, so it must be
+	// cheap (an atomic load).
+	Current() (v View, seq uint64, stale bool)
+}
+
+// ProjectionSource serves the views of a running projection: the gateway's
+// in a Caddy process, or one built by the standalone binary.
+func ProjectionSource(p *projection.Projection) Source { return projSource{p} }
+
+type projSource struct{ p *projection.Projection }
+
+func (s projSource) Current() (View, uint64, bool) {
+	v := s.p.View()
+	return v, v.Seq, v.Stale
+}

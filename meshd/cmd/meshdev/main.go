@@ -1,0 +1,135 @@
+// Command meshdev is a minimal control plane for meshd's namespace tests and
+// benchmark: an embedded NATS server with JetStream, the provisioned store,
+// the mesh registrar and two STUN listeners, in one process. Production runs
+// the same registrar and STUN server inside `control server`.
+//
+// It prints "READY <json>" when serving, then answers one command per stdin
+// line: "invite" -> "INVITE <token>", "static <machine> <pubkey> <endpoint>"
+// -> "STATIC <mesh ip>", "peers" -> "PEERS <json>". It exits on stdin EOF or
+// SIGTERM. Errors are printed as "ERR <message>".
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgeplane/edgeplane/meshd/registrar"
+	"github.com/edgeplane/edgeplane/meshd/stunserver"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "meshdev:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	data := flag.String("data", "", "data dir for JetStream (required)")
+	host := flag.String("host", "127.0.0.1", "address to listen on (NATS and STUN)")
+	natsPort := flag.Int("nats-port", 4222, "NATS port")
+	stunPort := flag.Int("stun-port", 3478, "first STUN port; the second is one above")
+	cooldown := flag.Duration("cooldown", registrar.DefaultCooldown, "mesh IP cooldown after leave")
+	flag.Parse()
+	if *data == "" {
+		return fmt.Errorf("--data is required")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: *data, Listen: net.JoinHostPort(*host, strconv.Itoa(*natsPort))})
+	if err != nil {
+		return err
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL(), Name: "meshdev"})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	names, _ := store.NewNames("", "")
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	st, err := store.Provision(pctx, nc, names, store.Layout{})
+	cancel()
+	if err != nil {
+		return err
+	}
+	var stuns []string
+	for i := 0; i < 2; i++ {
+		s, err := stunserver.Listen(ctx, net.JoinHostPort(*host, strconv.Itoa(*stunPort+i)))
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		stuns = append(stuns, s.Addr().String())
+	}
+	reg, err := registrar.New(st, registrar.Config{STUN: stuns, Cooldown: *cooldown})
+	if err != nil {
+		return err
+	}
+	stopReg, err := reg.Serve(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopReg()
+	ready, _ := json.Marshal(map[string]any{"nats": ns.ClientURL(), "stun": stuns})
+	fmt.Printf("READY %s\n", ready)
+
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case line, ok := <-lines:
+			if !ok {
+				return nil
+			}
+			fmt.Println(answer(ctx, st, reg, strings.Fields(line)))
+		}
+	}
+}
+
+func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, f []string) string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	switch {
+	case len(f) == 1 && f[0] == "invite":
+		tok, _, err := st.CreateInvite(ctx, "dev", nil, time.Hour)
+		if err != nil {
+			return "ERR " + err.Error()
+		}
+		return "INVITE " + tok
+	case len(f) == 4 && f[0] == "static":
+		ip, err := reg.AddStatic(ctx, f[1], f[2], []string{f[3]})
+		if err != nil {
+			return "ERR " + err.Error()
+		}
+		return "STATIC " + ip.String()
+	case len(f) == 1 && f[0] == "peers":
+		list, err := st.MeshPeerList(ctx)
+		if err != nil {
+			return "ERR " + err.Error()
+		}
+		b, _ := json.Marshal(list)
+		return "PEERS " + string(b)
+	}
+	return fmt.Sprintf("ERR unknown command %q", strings.Join(f, " "))
+}

@@ -1,0 +1,210 @@
+// Command meshd joins a box to edgeplane's WireGuard mesh and keeps its
+// tunnels up: `meshd join` registers with the control plane's registrar,
+// `meshd run` runs the device, `meshd status` shows it, `meshd leave` takes
+// the box out.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/meshd/node"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+const usage = `usage: meshd <command> [flags]
+
+commands:
+  join    --token TOKEN --data DIR [--nats URL] [--machine ID] [--listen-port N] [--bind IP] [--mode tun|netstack]
+  run     --data DIR [--nats URL] [--metrics ADDR] [--stun HOST:PORT,...] [intervals]
+  status  --data DIR [-o json]
+  leave   --data DIR [--purge] [--nats URL]
+`
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "meshd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	switch args[0] {
+	case "join":
+		return cmdJoin(ctx, args[1:], stdout)
+	case "run":
+		return cmdRun(ctx, args[1:])
+	case "status":
+		return cmdStatus(ctx, args[1:], stdout)
+	case "leave":
+		return cmdLeave(ctx, args[1:], stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("meshd "+name, flag.ContinueOnError)
+	return fs
+}
+
+func cmdJoin(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("join")
+	var o node.JoinOptions
+	fs.StringVar(&o.Token, "token", "", "invite token from `control machine invite` (required)")
+	fs.StringVar(&o.DataDir, "data", "", "data dir for keys and state (required)")
+	fs.StringVar(&o.NATSURL, "nats", store.URLFromEnv(), "control plane NATS URL")
+	fs.StringVar(&o.Machine, "machine", node.DefaultMachine(), "machine ID")
+	fs.IntVar(&o.ListenPort, "listen-port", node.DefaultListenPort, "WireGuard UDP port (0 picks a free one and keeps it)")
+	fs.StringVar(&o.Bind, "bind", "", "local IP to listen on (default: all addresses)")
+	fs.StringVar(&o.Mode, "mode", node.ModeTUN, "tun (kernel TUN interface) or netstack (userspace)")
+	fs.StringVar(&o.Interface, "interface", "mesh0", "TUN interface name")
+	fs.StringVar(&o.Installation, "installation", "", "installation (default local)")
+	fs.StringVar(&o.Authority, "authority", "", "authority (default default)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("join: unexpected arguments %q", fs.Args())
+	}
+	st, err := node.Join(ctx, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "joined as %s with mesh IP %s (port %d, mode %s); start it with: meshd run --data %s\n",
+		st.Machine, st.MeshIP, st.ListenPort, st.Mode, o.DataDir)
+	return nil
+}
+
+func cmdRun(ctx context.Context, args []string) error {
+	fs := newFlags("run")
+	var c node.Config
+	var stun, logLevel string
+	fs.StringVar(&c.DataDir, "data", "", "data dir written by `meshd join` (required)")
+	fs.StringVar(&c.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")
+	fs.StringVar(&stun, "stun", "", "comma-separated STUN servers (default: those the registrar announced)")
+	fs.StringVar(&c.MetricsAddr, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9586)")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", node.DefaultHeartbeatInterval, "heartbeat interval")
+	fs.DurationVar(&c.ReconcileInterval, "reconcile-interval", node.DefaultReconcileInterval, "full reconcile interval")
+	fs.DurationVar(&c.STUNInterval, "stun-interval", node.DefaultSTUNInterval, "NAT discovery refresh interval")
+	fs.DurationVar(&c.WatchFallback, "watch-fallback", node.DefaultWatchFallback, "poll full state after the watch is down this long")
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if c.DataDir == "" {
+		return errors.New("run: --data is required")
+	}
+	for _, d := range []time.Duration{c.HeartbeatInterval, c.ReconcileInterval, c.STUNInterval, c.WatchFallback} {
+		if d < 100*time.Millisecond {
+			return fmt.Errorf("run: interval %s too short (minimum 100ms)", d)
+		}
+	}
+	if stun != "" {
+		c.STUN = strings.Split(stun, ",")
+	}
+	zc := zap.NewProductionConfig()
+	if err := zc.Level.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("run: --log-level: %w", err)
+	}
+	zc.Sampling = nil
+	log, err := zc.Build()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	c.Logger = log
+	n, err := node.New(c)
+	if err != nil {
+		return err
+	}
+	return n.Run(ctx)
+}
+
+func cmdStatus(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("status")
+	var dir, out string
+	fs.StringVar(&dir, "data", "", "data dir (required)")
+	fs.StringVar(&out, "o", "table", "output: table or json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if dir == "" {
+		return errors.New("status: --data is required")
+	}
+	if out != "table" && out != "json" {
+		return fmt.Errorf("status: -o %q: want table or json", out)
+	}
+	s, err := node.QueryStatus(ctx, dir)
+	if err != nil {
+		return err
+	}
+	if out == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	fmt.Fprintf(stdout, "machine %s  mesh %s  %s/%s  port %d  key %s\n", s.Machine, s.MeshIP, s.Mode, s.Interface, s.ListenPort, s.PublicKey)
+	fmt.Fprintf(stdout, "control %s connected=%v watch=%s source=%s\n", s.Control.URL, s.Control.Connected, s.Control.Watch, s.Control.Source)
+	fmt.Fprintf(stdout, "nat %s endpoint=%s\n", s.NAT.Type, s.NAT.Endpoint)
+	if s.Drift != nil {
+		fmt.Fprintf(stdout, "drift in_sync=%v desired=%s actual=%s at %s added=%v removed=%v dropped=%v\n",
+			s.Drift.InSync, s.Drift.DesiredHash, s.Drift.ActualHash, s.Drift.At.Format(time.RFC3339), s.Drift.Added, s.Drift.Removed, s.Drift.Dropped)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PEER\tMESH IP\tENDPOINT\tACTIVE\tLIVENESS\tHANDSHAKE\tRX\tTX")
+	for _, p := range s.Peers {
+		hs := "never"
+		if !p.LastHandshake.IsZero() {
+			hs = (time.Duration(p.HandshakeAgeSec) * time.Second).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%d\t%d\n", p.Machine, p.MeshIP, p.Endpoint, p.Active, p.Liveness, hs, p.RxBytes, p.TxBytes)
+	}
+	return tw.Flush()
+}
+
+func cmdLeave(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("leave")
+	var o node.LeaveOptions
+	fs.StringVar(&o.DataDir, "data", "", "data dir (required)")
+	fs.StringVar(&o.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")
+	fs.BoolVar(&o.Purge, "purge", false, "also delete the private key and all cached state")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rep, err := node.Leave(ctx, o)
+	if err != nil {
+		return err
+	}
+	if rep == nil {
+		fmt.Fprintln(stdout, "not a mesh member; purged local state")
+		return nil
+	}
+	fmt.Fprintf(stdout, "left the mesh: %s released %s (cooldown until %s)", rep.Machine, rep.ReleasedIP, rep.CooldownUntil.Format(time.RFC3339))
+	if o.Purge {
+		fmt.Fprint(stdout, "; keys and state purged")
+	}
+	fmt.Fprintln(stdout)
+	return nil
+}

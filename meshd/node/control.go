@@ -1,0 +1,303 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Backoff bounds for reconnecting to the control plane.
+const (
+	backoffMin = time.Second
+	backoffMax = 60 * time.Second
+)
+
+// Backoff is the wait before reconnect attempt n (1-based): 1s doubling to
+// 60s, with ±25% jitter so a fleet does not reconnect in lockstep after a
+// control-plane restart.
+func Backoff(attempt int) time.Duration {
+	d := backoffMin
+	for i := 1; i < attempt && d < backoffMax; i++ {
+		d *= 2
+	}
+	if d > backoffMax {
+		d = backoffMax
+	}
+	jitter := 0.75 + 0.5*rand.Float64()
+	return time.Duration(float64(d) * jitter)
+}
+
+var errDisconnected = errors.New("control plane connection lost")
+
+// controlLoop owns the NATS connection: it connects (retrying forever with
+// backoff), opens the store, runs the peer watch, and restarts the watch
+// with backoff whenever it breaks.
+func (n *Node) controlLoop(ctx context.Context) {
+	disc := make(chan struct{}, 1)
+	up := make(chan struct{}, 1)
+	signal := func(c chan struct{}) {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+	setConn := func(v bool) {
+		n.mu.Lock()
+		n.connected = v
+		n.mu.Unlock()
+	}
+	nc, err := nats.Connect(n.st.NATSURL,
+		nats.Name("meshd "+n.st.Machine),
+		nats.Timeout(5*time.Second),
+		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true),
+		nats.CustomReconnectDelay(func(attempts int) time.Duration { return Backoff(attempts) }),
+		nats.ConnectHandler(func(*nats.Conn) { setConn(true); signal(up) }),
+		nats.ReconnectHandler(func(*nats.Conn) { setConn(true); signal(up) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { setConn(false); signal(disc) }),
+	)
+	if err != nil {
+		// Only a malformed URL fails here; RetryOnFailedConnect covers a
+		// server that is down.
+		n.log.Error("control plane connection", zap.Error(err))
+		return
+	}
+	defer nc.Close()
+	if nc.IsConnected() {
+		setConn(true)
+	}
+	go n.heartbeatLoop(ctx)
+
+	names, err := store.NewNames(n.st.Installation, n.st.Authority)
+	if err != nil {
+		n.log.Error("store names", zap.Error(err))
+		return
+	}
+	attempt := 0
+	for ctx.Err() == nil {
+		if !nc.IsConnected() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-up:
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		s := n.storeP.Load()
+		if s == nil {
+			octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			s, err = store.Open(octx, nc, names)
+			cancel()
+			if err != nil {
+				attempt++
+				n.log.Warn("opening store", zap.Error(err), zap.Int("attempt", attempt))
+				if !sleepCtx(ctx, Backoff(attempt)) {
+					return
+				}
+				continue
+			}
+			n.storeP.Store(s)
+			n.heartbeat(ctx)
+		}
+		select { // a stale disconnect signal from before this attempt
+		case <-disc:
+		default:
+		}
+		wasLive, err := n.watch(ctx, s, disc)
+		n.mu.Lock()
+		if n.watchUp {
+			n.watchUp = false
+			n.watchLostAt = time.Now()
+		} else if n.watchLostAt.IsZero() {
+			n.watchLostAt = time.Now()
+		}
+		n.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		n.met.watchRestarts.Inc()
+		if wasLive {
+			attempt = 0
+		}
+		attempt++
+		n.log.Warn("peer watch ended; reconnecting", zap.Error(err), zap.Int("attempt", attempt))
+		if !sleepCtx(ctx, Backoff(attempt)) {
+			return
+		}
+	}
+}
+
+// watch replays the mesh-peers history into a fresh peer map (so removals
+// made while disconnected are seen), swaps it in, reconciles at once, then
+// applies live changes. It returns when the watch or the connection breaks.
+func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) (bool, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.MeshPeers.Watch(wctx, "peer.>", jetstream.IncludeHistory())
+	if err != nil {
+		return false, store.Classify(err)
+	}
+	defer w.Stop()
+	replay := make(map[string]store.MeshPeerRecord)
+	live := false
+	for {
+		select {
+		case <-ctx.Done():
+			return live, ctx.Err()
+		case <-disc:
+			return live, errDisconnected
+		case ent, ok := <-w.Updates():
+			if !ok {
+				return live, errors.New("peer watch closed")
+			}
+			if ent == nil {
+				n.mu.Lock()
+				n.peers, n.source, n.watchUp, n.lastSync = replay, "watch", true, time.Now()
+				n.watchLostAt = time.Time{}
+				_, n.member = replay[n.st.Machine]
+				n.mu.Unlock()
+				live = true
+				if !n.isMember() {
+					n.log.Warn("this node has no peer record: it left or was removed from the mesh")
+				}
+				n.refreshBeats(ctx)
+				n.reconcile(ctx, true)
+				continue
+			}
+			machine := strings.TrimPrefix(ent.Key(), "peer.")
+			target := replay
+			if live {
+				n.mu.Lock()
+				target = n.peers
+			}
+			if ent.Operation() == jetstream.KeyValuePut {
+				var rec store.MeshPeerRecord
+				if err := store.Decode("mesh peer "+machine, ent.Value(), &rec); err != nil {
+					n.log.Warn("ignoring peer record", zap.String("key", ent.Key()), zap.Error(err))
+				} else {
+					target[machine] = rec
+				}
+			} else {
+				delete(target, machine)
+			}
+			if live {
+				n.lastSync = time.Now()
+				if machine == n.st.Machine {
+					_, n.member = target[machine]
+				}
+				n.mu.Unlock()
+				n.requestApply()
+			}
+		}
+	}
+}
+
+func (n *Node) isMember() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.member
+}
+
+// pollIfWatchLost reads the full peer state when the watch has been down
+// longer than the fallback, once per reconcile interval, until it recovers.
+func (n *Node) pollIfWatchLost(ctx context.Context) {
+	n.mu.Lock()
+	lost := !n.watchUp && !n.watchLostAt.IsZero() && time.Since(n.watchLostAt) > n.cfg.WatchFallback
+	n.mu.Unlock()
+	s := n.storeP.Load()
+	if !lost || s == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	list, err := s.MeshPeerList(pctx)
+	if err != nil {
+		n.log.Debug("polling peers", zap.Error(err))
+		return
+	}
+	m := make(map[string]store.MeshPeerRecord, len(list))
+	for _, r := range list {
+		m[r.Machine] = r
+	}
+	n.mu.Lock()
+	n.peers, n.source, n.lastSync = m, "poll", time.Now()
+	_, n.member = m[n.st.Machine]
+	n.mu.Unlock()
+	n.met.polls.Inc()
+}
+
+// refreshBeats re-reads every heartbeat; on failure the old snapshot stays.
+func (n *Node) refreshBeats(ctx context.Context) {
+	s := n.storeP.Load()
+	if s == nil || !s.NC.IsConnected() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	at := time.Now()
+	beats, err := s.MeshHeartbeats(rctx)
+	if err != nil {
+		n.log.Debug("reading heartbeats", zap.Error(err), zap.Duration("took", time.Since(at)))
+		return
+	}
+	n.log.Debug("heartbeats read", zap.Int("n", len(beats)), zap.Duration("took", time.Since(at)))
+	n.mu.Lock()
+	n.beats, n.beatsAt = beats, at
+	n.mu.Unlock()
+}
+
+func (n *Node) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(n.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n.heartbeat(ctx)
+		}
+	}
+}
+
+// heartbeat writes this node's liveness observation.
+func (n *Node) heartbeat(ctx context.Context) {
+	s := n.storeP.Load()
+	if s == nil || !s.NC.IsConnected() || !n.isMember() {
+		return
+	}
+	n.mu.Lock()
+	hb := store.MeshHeartbeat{
+		Version: store.RecordVersion, Machine: n.st.Machine, At: time.Now().UTC(),
+		Interval: store.Duration(n.cfg.HeartbeatInterval), Endpoint: n.nat.Endpoint, NATType: n.nat.Type,
+		ListenPort: n.st.ListenPort, Mode: n.st.Mode, PeersActive: len(n.applied),
+	}
+	n.mu.Unlock()
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := store.PutJSON(hctx, s.MeshBeats, store.MeshBeatKey(n.st.Machine), hb); err != nil {
+		n.met.heartbeats.WithLabelValues("error").Inc()
+		n.log.Debug("heartbeat", zap.Error(err))
+		return
+	}
+	n.met.heartbeats.WithLabelValues("ok").Inc()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

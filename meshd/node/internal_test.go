@@ -1,0 +1,136 @@
+package node
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+func TestBackoffBounds(t *testing.T) {
+	for attempt, base := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 4: 8 * time.Second, 7: 60 * time.Second, 50: 60 * time.Second} {
+		for range 100 {
+			d := Backoff(attempt)
+			if d < base*3/4 || d > base*5/4 {
+				t.Fatalf("attempt %d: %s outside %s ±25%%", attempt, d, base)
+			}
+		}
+	}
+}
+
+func key(b byte) Key { var k Key; k[0] = b; return k }
+
+func TestDesiredDropsOfflineAndDiffs(t *testing.T) {
+	now := time.Now()
+	iv := store.Duration(time.Second)
+	peers := map[string]store.MeshPeerRecord{
+		"self":  {Machine: "self", PublicKey: key(1).String(), MeshIP: "10.100.0.1"},
+		"live":  {Machine: "live", PublicKey: key(2).String(), MeshIP: "10.100.0.2", Endpoints: []string{"192.0.2.2:51820"}},
+		"gone":  {Machine: "gone", PublicKey: key(3).String(), MeshIP: "10.100.0.3", Endpoints: []string{"192.0.2.3:51820"}},
+		"wg":    {Machine: "wg", PublicKey: key(4).String(), MeshIP: "10.100.0.4", Static: true, Endpoints: []string{"192.0.2.4:51820"}},
+		"fresh": {Machine: "fresh", PublicKey: key(5).String(), MeshIP: "10.100.0.5", Endpoints: []string{"192.0.2.5:51820"}},
+		"bad":   {Machine: "bad", PublicKey: "nope", MeshIP: "10.100.0.6"},
+	}
+	beats := map[string]store.MeshHeartbeat{
+		"live": {At: now, Interval: iv},
+		"gone": {At: now.Add(-11 * time.Second), Interval: iv},
+	}
+	ds := computeDesired("self", peers, beats, now, "")
+	if len(ds.Peers) != 3 || len(ds.Dropped) != 1 || ds.Dropped[0] != "gone" {
+		t.Fatalf("desired %v dropped %v", ds.Peers, ds.Dropped)
+	}
+	// The same stale snapshot read long ago judges as of its read time.
+	if ds2 := computeDesired("self", peers, beats, now.Add(-time.Hour), ""); len(ds2.Dropped) != 0 {
+		t.Fatalf("judged a stale snapshot against now: %v", ds2.Dropped)
+	}
+	// Device has "gone" (to remove) and "live" with a wrong allowed IP.
+	actual := map[Key]*devPeer{
+		key(3): {PublicKey: key(3), AllowedIPs: []string{"10.100.0.3/32"}, Keepalive: PersistentKeepalive},
+		key(2): {PublicKey: key(2), AllowedIPs: []string{"10.100.9.9/32"}, Keepalive: PersistentKeepalive},
+	}
+	if ds.hash() == actualHash(actual) {
+		t.Fatal("hashes equal despite drift")
+	}
+	names := func(k Key) string {
+		for m, p := range peers {
+			if p.PublicKey == k.String() {
+				return m
+			}
+		}
+		return "?"
+	}
+	p := diff(ds, actual, map[Key]string{key(2): "192.0.2.2:51820"}, names)
+	if len(p.added) != 2 || len(p.removed) != 1 || p.removed[0] != "gone" || len(p.updated) != 1 || p.updated[0] != "live" {
+		t.Fatalf("plan added=%v removed=%v updated=%v", p.added, p.removed, p.updated)
+	}
+	// In sync: equal hashes, empty plan.
+	synced := map[Key]*devPeer{}
+	applied := map[Key]string{}
+	for k, d := range ds.Peers {
+		synced[k] = &devPeer{PublicKey: k, AllowedIPs: d.AllowedIPs, Keepalive: PersistentKeepalive, Endpoint: "198.51.100.1:9"}
+		applied[k] = d.Endpoint
+	}
+	if ds.hash() != actualHash(synced) {
+		t.Fatal("hashes differ for an in-sync device (a roamed endpoint is not drift)")
+	}
+	if p := diff(ds, synced, applied, names); p.uapi.Len() != 0 {
+		t.Fatalf("in-sync plan not empty: %q", p.uapi.String())
+	}
+}
+
+func TestChooseEndpoint(t *testing.T) {
+	rec := store.MeshPeerRecord{Endpoints: []string{"192.168.1.5:51820"}}
+	natted := &store.MeshHeartbeat{Endpoint: "203.0.113.9:40000", NATType: NATEndpointIndependent}
+	if got := chooseEndpoint(rec, natted, "198.51.100.7:51820"); got != "203.0.113.9:40000" {
+		t.Fatalf("behind another NAT: %s", got)
+	}
+	if got := chooseEndpoint(rec, natted, "203.0.113.9:41000"); got != "192.168.1.5:51820" {
+		t.Fatalf("behind the same NAT: %s", got)
+	}
+	if got := chooseEndpoint(rec, nil, ""); got != "192.168.1.5:51820" {
+		t.Fatalf("no heartbeat: %s", got)
+	}
+	if got := chooseEndpoint(store.MeshPeerRecord{}, natted, ""); got != "203.0.113.9:40000" {
+		t.Fatalf("nothing advertised: %s", got)
+	}
+}
+
+func TestClassifyNAT(t *testing.T) {
+	local := map[netip.Addr]bool{netip.MustParseAddr("10.0.0.2"): true}
+	ap := netip.MustParseAddrPort
+	cases := []struct {
+		mapped []netip.AddrPort
+		want   string
+	}{
+		{[]netip.AddrPort{ap("10.0.0.2:51820")}, NATOpen},
+		{[]netip.AddrPort{ap("203.0.113.1:4000")}, NATUnclassified},
+		{[]netip.AddrPort{ap("203.0.113.1:4000"), ap("203.0.113.1:4000")}, NATEndpointIndependent},
+		{[]netip.AddrPort{ap("203.0.113.1:4000"), ap("203.0.113.1:4001")}, NATEndpointDependent},
+		{[]netip.AddrPort{ap("10.0.0.2:6000"), ap("10.0.0.2:6000")}, NATEndpointIndependent}, // port rewritten
+	}
+	for _, c := range cases {
+		if got := classify(c.mapped, local, 51820); got != c.want {
+			t.Errorf("%v: %s, want %s", c.mapped, got, c.want)
+		}
+	}
+}
+
+func TestParseUAPI(t *testing.T) {
+	k := key(7)
+	s := "private_key=00\nlisten_port=51820\npublic_key=" + k.Hex() + "\nendpoint=192.0.2.1:51820\n" +
+		"last_handshake_time_sec=1700000000\nlast_handshake_time_nsec=5\nrx_bytes=10\ntx_bytes=20\n" +
+		"persistent_keepalive_interval=25\nallowed_ip=10.100.0.9/32\nprotocol_version=1\n"
+	m, err := parseUAPI(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := m[k]
+	if p == nil || p.Endpoint != "192.0.2.1:51820" || p.RxBytes != 10 || p.TxBytes != 20 || p.Keepalive != 25 ||
+		len(p.AllowedIPs) != 1 || p.LastHandshake.Unix() != 1700000000 {
+		t.Fatalf("parsed %+v", p)
+	}
+	if _, err := parseUAPI("public_key=zz\n"); err == nil {
+		t.Fatal("bad key accepted")
+	}
+}

@@ -1,0 +1,473 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.zx2c4.com/wireguard/tun/netstack"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Defaults of the node's intervals.
+const (
+	DefaultHeartbeatInterval = 30 * time.Second
+	DefaultReconcileInterval = 60 * time.Second
+	DefaultSTUNInterval      = 60 * time.Second
+	DefaultWatchFallback     = 5 * time.Minute
+)
+
+// Config is `meshd run`'s input. Zero durations take the defaults.
+type Config struct {
+	DataDir string
+	// NATSURL overrides the URL saved at join.
+	NATSURL string
+	// STUN overrides the servers the registrar announced.
+	STUN              []string
+	HeartbeatInterval time.Duration
+	ReconcileInterval time.Duration
+	STUNInterval      time.Duration
+	// WatchFallback is how long the peer watch may be down before the node
+	// polls the full state every reconcile interval.
+	WatchFallback time.Duration
+	// MetricsAddr serves Prometheus metrics at /metrics when set.
+	MetricsAddr string
+	// NoSocket disables the status socket in the data dir.
+	NoSocket bool
+	Logger   *zap.Logger
+}
+
+// Node is a running mesh member.
+type Node struct {
+	cfg   Config
+	st    *State
+	key   Key
+	log   *zap.Logger
+	dev   *wg
+	stun  *stunClient
+	kick  chan struct{}
+	ready chan struct{}
+	met   *metrics
+	stop  context.CancelFunc
+
+	storeP atomic.Pointer[store.Store]
+
+	mu          sync.Mutex
+	peers       map[string]store.MeshPeerRecord
+	beats       map[string]store.MeshHeartbeat
+	beatsAt     time.Time
+	source      string // where peers came from: cache, watch or poll
+	watchUp     bool
+	watchLostAt time.Time
+	lastSync    time.Time
+	applied     map[Key]string
+	names       map[Key]string
+	dropped     []string
+	nat         natResult
+	lastDrift   *store.MeshDriftReport
+	connected   bool
+	member      bool
+}
+
+// New loads the data dir; Run starts everything.
+func New(cfg Config) (*Node, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("a data dir is required (--data)")
+	}
+	st, err := LoadState(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	key, err := LoadOrCreateKey(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.NATSURL != "" {
+		st.NATSURL = cfg.NATSURL
+	}
+	if len(cfg.STUN) > 0 {
+		st.STUN = cfg.STUN
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.HeartbeatInterval, DefaultHeartbeatInterval)
+	def(&cfg.ReconcileInterval, DefaultReconcileInterval)
+	def(&cfg.STUNInterval, DefaultSTUNInterval)
+	def(&cfg.WatchFallback, DefaultWatchFallback)
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	cache, err := loadPeerCache(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg: cfg, st: st, key: key, log: cfg.Logger.With(zap.String("machine", st.Machine)),
+		kick: make(chan struct{}, 1), ready: make(chan struct{}),
+		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
+		applied: make(map[Key]string), names: make(map[Key]string), member: true,
+	}
+	if n.beats == nil {
+		n.beats = map[string]store.MeshHeartbeat{}
+	}
+	n.met = newMetrics(n)
+	return n, nil
+}
+
+// State is the membership the node runs with.
+func (n *Node) State() State { return *n.st }
+
+// PublicKey is the node's WireGuard public key.
+func (n *Node) PublicKey() Key { return n.key.Public() }
+
+// Ready is closed once the device is up with the cached peers applied.
+func (n *Node) Ready() <-chan struct{} { return n.ready }
+
+// Net is the userspace network stack in netstack mode (nil in TUN mode):
+// dial and listen on the mesh through it.
+func (n *Node) Net() *netstack.Net {
+	if n.dev == nil {
+		return nil
+	}
+	return n.dev.net
+}
+
+// Interface is the TUN interface name ("netstack" in netstack mode).
+func (n *Node) Interface() string {
+	if n.dev == nil {
+		return ""
+	}
+	return n.dev.iface
+}
+
+// Run brings the device up from the cached state, then connects to the
+// control plane in the background; it returns when ctx ends (or Shutdown is
+// called), after tearing the device down.
+func (n *Node) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	n.mu.Lock()
+	n.stop = cancel
+	n.mu.Unlock()
+
+	dev, err := openDevice(n.st, n.key, func(f string, a ...any) { n.log.Sugar().Debugf("wireguard: "+f, a...) })
+	if err != nil {
+		return err
+	}
+	n.dev = dev
+	defer dev.close()
+	n.stun = newSTUNClient(dev.demux)
+	n.log.Info("mesh device up", zap.String("interface", dev.iface), zap.String("mesh_ip", n.st.MeshIP),
+		zap.Int("listen_port", n.st.ListenPort), zap.String("mode", n.st.Mode), zap.Int("cached_peers", len(n.peers)))
+
+	// Tunnels to known peers come back before (and without) the control plane.
+	n.reconcile(ctx, false)
+
+	var wg sync.WaitGroup
+	run := func(f func(context.Context)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(ctx) }()
+	}
+	if !n.cfg.NoSocket {
+		stopSock, err := n.serveSocket(ctx)
+		if err != nil {
+			return err
+		}
+		defer stopSock()
+	}
+	if n.cfg.MetricsAddr != "" {
+		stopMet, err := n.met.serve(n.cfg.MetricsAddr)
+		if err != nil {
+			return err
+		}
+		defer stopMet()
+	}
+	close(n.ready)
+	run(n.controlLoop)
+	run(n.reconcileLoop)
+	run(n.stunLoop)
+	<-ctx.Done()
+	wg.Wait()
+	n.log.Info("mesh device down", zap.String("interface", dev.iface))
+	return nil
+}
+
+// Shutdown stops Run.
+func (n *Node) Shutdown() {
+	n.mu.Lock()
+	stop := n.stop
+	n.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+func (n *Node) requestApply() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// reconcileLoop applies watch changes as they come and runs the full
+// reconcile (heartbeats re-read, drift report) every interval.
+func (n *Node) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(n.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.kick:
+			n.reconcile(ctx, false)
+		case <-t.C:
+			n.pollIfWatchLost(ctx)
+			n.refreshBeats(ctx)
+			n.reconcile(ctx, true)
+		}
+	}
+}
+
+// reconcile diffs the desired peers against the device by hash and corrects
+// drift. With report it publishes a drift report (an observation).
+func (n *Node) reconcile(ctx context.Context, report bool) {
+	n.mu.Lock()
+	ds := computeDesired(n.st.Machine, n.peers, n.beats, n.beatsAt, n.nat.Endpoint)
+	for k, p := range ds.Peers {
+		n.names[k] = p.Machine
+	}
+	applied := make(map[Key]string, len(n.applied))
+	for k, v := range n.applied {
+		applied[k] = v
+	}
+	source := n.source
+	n.mu.Unlock()
+
+	actual, err := n.dev.peers()
+	if err != nil {
+		n.log.Error("reading device peers", zap.Error(err))
+		return
+	}
+	want, have := ds.hash(), actualHash(actual)
+	p := diff(ds, actual, applied, n.nameOf)
+	if p.uapi.Len() > 0 {
+		if err := n.dev.dev.IpcSet(p.uapi.String()); err != nil {
+			n.log.Error("applying peer config", zap.Error(err))
+			n.met.reconcileErrors.Inc()
+			return
+		}
+	}
+	n.mu.Lock()
+	for k := range actual {
+		if _, ok := ds.Peers[k]; !ok {
+			delete(n.applied, k)
+		}
+	}
+	for k, d := range ds.Peers {
+		if d.Endpoint != "" {
+			n.applied[k] = d.Endpoint
+		}
+	}
+	n.dropped = ds.Dropped
+	n.mu.Unlock()
+	n.met.observeReconcile(p, len(ds.Peers), len(ds.Dropped))
+	changed := len(p.added)+len(p.removed)+len(p.updated)+p.endpointsChanged > 0
+	if changed && source != "cache" {
+		// The cache follows every change, so a restart without the
+		// control plane comes back with the latest peers.
+		n.saveCache()
+	}
+	if len(p.added)+len(p.removed)+len(p.updated) > 0 {
+		n.log.Info("mesh peers corrected", zap.String("source", source), zap.Strings("added", p.added),
+			zap.Strings("removed", p.removed), zap.Strings("updated", p.updated), zap.Strings("dropped_offline", ds.Dropped))
+	}
+	if !report {
+		return
+	}
+	rep := &store.MeshDriftReport{
+		Version: store.RecordVersion, Machine: n.st.Machine, At: time.Now().UTC(), Source: source,
+		DesiredHash: want, ActualHash: have, InSync: want == have,
+		Added: p.added, Removed: p.removed, Updated: p.updated, Dropped: ds.Dropped,
+	}
+	n.mu.Lock()
+	n.lastDrift = rep
+	n.mu.Unlock()
+	n.saveCache()
+	if s := n.storeP.Load(); s != nil && s.NC.IsConnected() {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := store.PutJSON(cctx, s.MeshDrift, store.MeshDriftKey(n.st.Machine), rep); err != nil {
+			n.log.Debug("publishing drift report", zap.Error(err))
+		}
+	}
+}
+
+func (n *Node) nameOf(k Key) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if m, ok := n.names[k]; ok {
+		return m
+	}
+	return k.String()
+}
+
+func (n *Node) saveCache() {
+	n.mu.Lock()
+	c := PeerCache{Version: store.RecordVersion, SavedAt: n.beatsAt, Peers: make(map[string]store.MeshPeerRecord, len(n.peers)),
+		Beats: make(map[string]store.MeshHeartbeat, len(n.beats))}
+	for k, v := range n.peers {
+		c.Peers[k] = v
+	}
+	for k, v := range n.beats {
+		c.Beats[k] = v
+	}
+	n.mu.Unlock()
+	if err := saveJSON(n.cfg.DataDir, peersFile, c); err != nil {
+		n.log.Warn("saving peer cache", zap.Error(err))
+	}
+}
+
+// stunLoop discovers the WireGuard socket's public mapping now and every
+// STUN interval; a change triggers a heartbeat so peers learn it.
+func (n *Node) stunLoop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.mu.Lock()
+		servers := append([]string(nil), n.st.STUN...)
+		n.mu.Unlock()
+		if len(servers) > 0 {
+			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			res := n.stun.discover(qctx, servers, n.dev.port)
+			cancel()
+			n.mu.Lock()
+			changed := res.Endpoint != n.nat.Endpoint || res.Type != n.nat.Type
+			n.nat = res
+			n.mu.Unlock()
+			if changed {
+				n.log.Info("nat discovery", zap.String("endpoint", res.Endpoint), zap.String("type", res.Type), zap.String("error", res.Error))
+				n.heartbeat(ctx)
+			}
+		}
+		t.Reset(n.cfg.STUNInterval)
+	}
+}
+
+// Status is what `meshd status` shows.
+type Status struct {
+	Machine    string                 `json:"machine"`
+	MeshIP     string                 `json:"mesh_ip"`
+	PublicKey  string                 `json:"public_key"`
+	Mode       string                 `json:"mode"`
+	Interface  string                 `json:"interface"`
+	ListenPort int                    `json:"listen_port"`
+	Member     bool                   `json:"member"`
+	Control    ControlInfo            `json:"control"`
+	NAT        natResult              `json:"nat"`
+	Drift      *store.MeshDriftReport `json:"drift,omitempty"`
+	Peers      []PeerStatus           `json:"peers"`
+}
+
+// ControlInfo describes the link to the control plane.
+type ControlInfo struct {
+	URL       string    `json:"url"`
+	Connected bool      `json:"connected"`
+	Watch     string    `json:"watch"` // live, down or polling
+	Source    string    `json:"source"`
+	LastSync  time.Time `json:"last_sync,omitempty"`
+}
+
+// PeerStatus is one peer as the node sees it.
+type PeerStatus struct {
+	Machine         string    `json:"machine"`
+	PublicKey       string    `json:"public_key"`
+	MeshIP          string    `json:"mesh_ip,omitempty"`
+	Endpoint        string    `json:"endpoint,omitempty"`
+	Active          bool      `json:"active"` // in the device config
+	Liveness        string    `json:"liveness"`
+	LastHandshake   time.Time `json:"last_handshake,omitempty"`
+	HandshakeAgeSec float64   `json:"handshake_age_seconds,omitempty"`
+	RxBytes         uint64    `json:"rx_bytes"`
+	TxBytes         uint64    `json:"tx_bytes"`
+}
+
+// Status snapshots the node.
+func (n *Node) Status() (*Status, error) {
+	if n.dev == nil {
+		return nil, errors.New("device not up")
+	}
+	actual, err := n.dev.peers()
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := &Status{
+		Machine: n.st.Machine, MeshIP: n.st.MeshIP, PublicKey: n.key.Public().String(), Mode: n.st.Mode,
+		Interface: n.dev.iface, ListenPort: n.dev.port, Member: n.member, NAT: n.nat, Drift: n.lastDrift,
+		Control: ControlInfo{URL: n.st.NATSURL, Connected: n.connected, Source: n.source, LastSync: n.lastSync, Watch: "down"},
+	}
+	if n.watchUp {
+		s.Control.Watch = "live"
+	} else if !n.watchLostAt.IsZero() && time.Since(n.watchLostAt) > n.cfg.WatchFallback {
+		s.Control.Watch = "polling"
+	}
+	now := time.Now()
+	seen := map[Key]bool{}
+	for machine, rec := range n.peers {
+		if machine == n.st.Machine {
+			continue
+		}
+		k, err := ParseKey(rec.PublicKey)
+		if err != nil {
+			continue
+		}
+		ps := PeerStatus{Machine: machine, PublicKey: rec.PublicKey, MeshIP: rec.MeshIP, Liveness: store.LivenessUnknown}
+		if rec.Static {
+			ps.Liveness = "static"
+		}
+		if hb, ok := n.beats[machine]; ok && !rec.Static {
+			ps.Liveness = hb.Liveness(n.beatsAt)
+		}
+		if a, ok := actual[k]; ok {
+			fillDev(&ps, a, now)
+		}
+		seen[k] = true
+		s.Peers = append(s.Peers, ps)
+	}
+	for k, a := range actual {
+		if !seen[k] {
+			ps := PeerStatus{Machine: "(unknown)", PublicKey: k.String(), Liveness: store.LivenessUnknown}
+			fillDev(&ps, a, now)
+			s.Peers = append(s.Peers, ps)
+		}
+	}
+	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Machine < s.Peers[j].Machine })
+	return s, nil
+}
+
+func fillDev(ps *PeerStatus, a *devPeer, now time.Time) {
+	ps.Active = true
+	ps.Endpoint = a.Endpoint
+	ps.RxBytes, ps.TxBytes = a.RxBytes, a.TxBytes
+	if !a.LastHandshake.IsZero() {
+		ps.LastHandshake = a.LastHandshake.UTC()
+		ps.HandshakeAgeSec = now.Sub(a.LastHandshake).Seconds()
+	}
+}
+
+func (n *Node) String() string { return fmt.Sprintf("meshd node %s (%s)", n.st.Machine, n.st.MeshIP) }

@@ -1,0 +1,266 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/meshd/node"
+	"github.com/edgeplane/edgeplane/meshd/registrar"
+	"github.com/edgeplane/edgeplane/meshd/stunserver"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+type cluster struct {
+	srv  *storetest.Server
+	stun []string
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	srv := storetest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var stuns []string
+	for i := 0; i < 2; i++ {
+		s, err := stunserver.Listen(ctx, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		stuns = append(stuns, s.Addr().String())
+	}
+	stop, err := registrar.Serve(ctx, srv.Store, registrar.Config{STUN: stuns, Cooldown: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return &cluster{srv: srv, stun: stuns}
+}
+
+type runningNode struct {
+	*node.Node
+	dir  string
+	done chan error
+}
+
+// join registers a netstack node bound to loopback and runs it.
+func (c *cluster) join(t *testing.T, machine string) *runningNode {
+	t.Helper()
+	ctx := context.Background()
+	tok, _, err := c.srv.Store.CreateInvite(ctx, "test", nil, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), machine)
+	st, err := node.Join(ctx, node.JoinOptions{Token: tok, DataDir: dir, NATSURL: c.srv.URL, Machine: machine,
+		ListenPort: 0, Bind: "127.0.0.1", Mode: node.ModeNetstack})
+	if err != nil {
+		t.Fatalf("join %s: %v", machine, err)
+	}
+	if !netip.MustParsePrefix(store.MeshSubnet).Contains(netip.MustParseAddr(st.MeshIP)) {
+		t.Fatalf("mesh ip %s outside %s", st.MeshIP, store.MeshSubnet)
+	}
+	return startNode(t, dir)
+}
+
+func startNode(t *testing.T, dir string) *runningNode {
+	t.Helper()
+	n, err := node.New(node.Config{DataDir: dir, HeartbeatInterval: 200 * time.Millisecond,
+		ReconcileInterval: 300 * time.Millisecond, STUNInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn := &runningNode{Node: n, dir: dir, done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { rn.done <- n.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-rn.done
+	})
+	select {
+	case <-n.Ready():
+	case err := <-rn.done:
+		t.Fatalf("node %s: %v", dir, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("node not ready")
+	}
+	return rn
+}
+
+func (r *runningNode) status(t *testing.T) *node.Status {
+	t.Helper()
+	s, err := node.QueryStatus(context.Background(), r.dir)
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	return s
+}
+
+func (r *runningNode) peer(t *testing.T, machine string) (node.PeerStatus, bool) {
+	for _, p := range r.status(t).Peers {
+		if p.Machine == machine {
+			return p, true
+		}
+	}
+	return node.PeerStatus{}, false
+}
+
+// TestNetstackMesh runs two meshd nodes in userspace (no root): they join,
+// discover their endpoint with STUN over the WireGuard socket, carry an HTTP
+// request over the mesh, report drift, and a leaving node disappears from
+// the other's config.
+func TestNetstackMesh(t *testing.T) {
+	c := startCluster(t)
+	a := c.join(t, "alpha")
+	b := c.join(t, "beta")
+	ipA := netip.MustParseAddr(a.State().MeshIP)
+	if a.State().MeshIP == b.State().MeshIP {
+		t.Fatalf("both nodes got %s", a.State().MeshIP)
+	}
+
+	ln, err := a.Net().ListenTCPAddrPort(netip.AddrPortFrom(ipA, 80))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from alpha to %s", r.RemoteAddr)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return b.Net().DialContextTCPAddrPort(ctx, netip.MustParseAddrPort(addr))
+		}}}
+	var body string
+	storetest.Eventually(t, 20*time.Second, "HTTP over the mesh from beta to alpha", func() bool {
+		resp, err := client.Get("http://" + netip.AddrPortFrom(ipA, 80).String() + "/")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		bb, _ := io.ReadAll(resp.Body)
+		body = string(bb)
+		return resp.StatusCode == 200
+	})
+	if want := "hello from alpha to " + b.State().MeshIP; len(body) < len(want) || body[:len(want)] != want {
+		t.Fatalf("body %q, want prefix %q", body, want)
+	}
+
+	storetest.Eventually(t, 10*time.Second, "STUN mapping of the WireGuard port", func() bool {
+		s := a.status(t)
+		return s.NAT.Type == node.NATOpen && s.NAT.Endpoint == fmt.Sprintf("127.0.0.1:%d", s.ListenPort)
+	})
+	storetest.Eventually(t, 10*time.Second, "drift report in sync", func() bool {
+		var rep store.MeshDriftReport
+		_, err := store.GetJSON(context.Background(), c.srv.Store.MeshDrift, store.MeshDriftKey("alpha"), &rep)
+		return err == nil && rep.InSync && rep.Source == "watch"
+	})
+	p, ok := b.peer(t, "alpha")
+	if !ok || !p.Active || p.Liveness != store.LivenessAlive || p.LastHandshake.IsZero() {
+		t.Fatalf("beta's view of alpha: %+v (found %v)", p, ok)
+	}
+
+	// Leave: alpha's record goes, beta drops it from its device.
+	rep, err := node.Leave(context.Background(), node.LeaveOptions{DataDir: a.dir})
+	if err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	if rep.ReleasedIP != ipA.String() {
+		t.Fatalf("released %s, want %s", rep.ReleasedIP, ipA)
+	}
+	storetest.Eventually(t, 10*time.Second, "alpha gone from beta's config", func() bool {
+		_, ok := b.peer(t, "alpha")
+		return !ok
+	})
+	if err := <-a.done; err != nil {
+		t.Fatalf("alpha run after leave: %v", err)
+	}
+	a.done <- nil // for the cleanup
+	if _, err := node.LoadState(a.dir); err != node.ErrNotJoined {
+		t.Fatalf("state after leave: %v", err)
+	}
+}
+
+// TestOfflineRestartFromCache restarts a node while NATS is down: it brings
+// its tunnel back from the cached peers.
+func TestOfflineRestartFromCache(t *testing.T) {
+	c := startCluster(t)
+	a := c.join(t, "alpha")
+	b := c.join(t, "beta")
+	// Both watches are live and both caches hold the other node.
+	for _, x := range []struct {
+		n     *runningNode
+		other string
+	}{{a, "beta"}, {b, "alpha"}} {
+		storetest.Eventually(t, 10*time.Second, x.other+" known from the watch", func() bool {
+			p, ok := x.n.peer(t, x.other)
+			return ok && p.Active && x.n.status(t).Control.Watch == "live"
+		})
+		storetest.Eventually(t, 10*time.Second, "peer cache holds "+x.other, func() bool {
+			b, err := os.ReadFile(filepath.Join(x.n.dir, "peers.json"))
+			return err == nil && strings.Contains(string(b), `"`+x.other+`"`)
+		})
+	}
+	// A full reconcile has saved the cache once beta is known.
+	c.srv.NATS.Shutdown()
+	c.srv.NATS.WaitForShutdown()
+
+	// Stop alpha and start it again with the control plane gone.
+	a.Shutdown()
+	if err := <-a.done; err != nil {
+		t.Fatal(err)
+	}
+	a.done <- nil
+	a2 := startNode(t, a.dir)
+	s := a2.status(t)
+	if s.Control.Source != "cache" || s.Control.Connected {
+		t.Fatalf("restarted node control view: %+v", s.Control)
+	}
+	ipB := netip.MustParseAddr(b.State().MeshIP)
+	ln, err := b.Net().ListenTCPAddrPort(netip.AddrPortFrom(ipB, 7000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.Write([]byte("pong"))
+			conn.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		if t.Failed() {
+			js, _ := json.Marshal(a2.status(t))
+			t.Logf("alpha2: %s", js)
+			js, _ = json.Marshal(b.status(t))
+			t.Logf("beta: %s", js)
+		}
+	})
+	storetest.Eventually(t, 20*time.Second, "TCP from restarted alpha to beta without NATS", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		conn, err := a2.Net().DialContextTCPAddrPort(ctx, netip.AddrPortFrom(ipB, 7000))
+		if err != nil {
+			return false
+		}
+		defer conn.Close()
+		buf, _ := io.ReadAll(conn)
+		return string(buf) == "pong"
+	})
+}

@@ -1,0 +1,201 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// serveSocket answers `meshd status` and `meshd leave` on a unix socket in
+// the data dir: GET /status, POST /shutdown.
+func (n *Node) serveSocket(ctx context.Context) (func(), error) {
+	path := filepath.Join(n.cfg.DataDir, SocketName)
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("another meshd is running on data dir %s (socket %s answers)", n.cfg.DataDir, path)
+	}
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("status socket: %w", err)
+	}
+	_ = os.Chmod(path, 0o600)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		s, err := n.Status()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s)
+	})
+	mux.HandleFunc("POST /shutdown", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusAccepted)
+		n.log.Info("shutdown requested over the status socket")
+		n.Shutdown()
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		_ = os.Remove(path)
+	}, nil
+}
+
+func socketClient(dataDir string) *http.Client {
+	path := filepath.Join(dataDir, SocketName)
+	return &http.Client{
+		Timeout: 5 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}},
+	}
+}
+
+// ErrNotRunning means no meshd answers on the data dir's socket.
+var ErrNotRunning = errors.New("meshd is not running on this data dir")
+
+// QueryStatus asks the meshd running on dataDir for its status.
+func QueryStatus(ctx context.Context, dataDir string) (*Status, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://meshd/status", nil)
+	resp, err := socketClient(dataDir).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%v)", ErrNotRunning, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status: %s", resp.Status)
+	}
+	var s Status
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		return nil, fmt.Errorf("decoding status: %w", err)
+	}
+	return &s, nil
+}
+
+// RequestShutdown asks the meshd running on dataDir to tear down and exit,
+// and waits until its socket is gone. It returns ErrNotRunning if none runs.
+func RequestShutdown(ctx context.Context, dataDir string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://meshd/shutdown", nil)
+	resp, err := socketClient(dataDir).Do(req)
+	if err != nil {
+		return ErrNotRunning
+	}
+	resp.Body.Close()
+	path := filepath.Join(dataDir, SocketName)
+	for {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for meshd to stop: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// metrics are the node's Prometheus metrics, on their own registry.
+type metrics struct {
+	reg             *prometheus.Registry
+	heartbeats      *prometheus.CounterVec
+	reconciles      prometheus.Counter
+	reconcileErrors prometheus.Counter
+	corrections     *prometheus.CounterVec
+	peers           *prometheus.GaugeVec
+	watchRestarts   prometheus.Counter
+	polls           prometheus.Counter
+}
+
+func newMetrics(n *Node) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshd_heartbeats_total",
+			Help: "Heartbeats written, by result."}, []string{"result"}),
+		reconciles: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_reconciles_total",
+			Help: "Peer reconciles run (watch-triggered and periodic)."}),
+		reconcileErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_reconcile_errors_total",
+			Help: "Reconciles that failed to apply."}),
+		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshd_peer_corrections_total",
+			Help: "Peer changes applied to the device, by kind."}, []string{"kind"}),
+		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "meshd_peers",
+			Help: "Peers by state: active (in the device) or dropped (offline)."}, []string{"state"}),
+		watchRestarts: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_watch_restarts_total",
+			Help: "Times the mesh-peers watch broke and was restarted."}),
+		polls: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_full_state_polls_total",
+			Help: "Full-state polls made while the watch was down past the fallback."}),
+	}
+	m.reg.MustRegister(m.heartbeats, m.reconciles, m.reconcileErrors, m.corrections, m.peers, m.watchRestarts, m.polls,
+		&peerCollector{n: n}, prometheus.NewGoCollector())
+	return m
+}
+
+func (m *metrics) observeReconcile(p *plan, active, dropped int) {
+	m.reconciles.Inc()
+	m.corrections.WithLabelValues("added").Add(float64(len(p.added)))
+	m.corrections.WithLabelValues("removed").Add(float64(len(p.removed)))
+	m.corrections.WithLabelValues("updated").Add(float64(len(p.updated)))
+	m.corrections.WithLabelValues("endpoint").Add(float64(p.endpointsChanged))
+	m.peers.WithLabelValues("active").Set(float64(active))
+	m.peers.WithLabelValues("dropped").Set(float64(dropped))
+}
+
+func (m *metrics) serve(addr string) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close() }, nil
+}
+
+// peerCollector reports per-peer handshake age and traffic at scrape time.
+type peerCollector struct{ n *Node }
+
+var (
+	descHandshake = prometheus.NewDesc("meshd_peer_handshake_age_seconds", "Seconds since the last handshake with a peer.", []string{"peer"}, nil)
+	descRx        = prometheus.NewDesc("meshd_peer_rx_bytes", "Bytes received from a peer.", []string{"peer"}, nil)
+	descTx        = prometheus.NewDesc("meshd_peer_tx_bytes", "Bytes sent to a peer.", []string{"peer"}, nil)
+	descSTUN      = prometheus.NewDesc("meshd_stun_packets_total", "STUN packets demultiplexed off the WireGuard socket.", nil, nil)
+)
+
+func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descHandshake
+	ch <- descRx
+	ch <- descTx
+	ch <- descSTUN
+}
+
+func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
+	s, err := c.n.Status()
+	if err != nil {
+		return
+	}
+	for _, p := range s.Peers {
+		if !p.Active {
+			continue
+		}
+		if !p.LastHandshake.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descHandshake, prometheus.GaugeValue, p.HandshakeAgeSec, p.Machine)
+		}
+		ch <- prometheus.MustNewConstMetric(descRx, prometheus.CounterValue, float64(p.RxBytes), p.Machine)
+		ch <- prometheus.MustNewConstMetric(descTx, prometheus.CounterValue, float64(p.TxBytes), p.Machine)
+	}
+	ch <- prometheus.MustNewConstMetric(descSTUN, prometheus.CounterValue, float64(c.n.dev.demux.STUNPackets.Load()))
+}

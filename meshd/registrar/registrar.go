@@ -1,0 +1,426 @@
+// Package registrar admits meshd nodes into the WireGuard mesh. It runs
+// inside `control server`: it answers register and leave requests on
+// store.Names.RegistrarSubject, redeems invites, and allocates each node a
+// stable /32 from the mesh subnet under the subnet lease. A released address
+// returns to the pool only after a cooldown, so a peer that still caches the
+// old owner's address never reaches a new owner.
+package registrar
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+	"golang.zx2c4.com/wireguard/device"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// DefaultCooldown is how long a released mesh IP stays out of the pool.
+const DefaultCooldown = 10 * time.Minute
+
+// Config tunes the registrar. The zero value is usable.
+type Config struct {
+	// Subnet is the mesh range; default store.MeshSubnet (10.100.0.0/16).
+	Subnet string
+	// Cooldown keeps a released IP out of the pool; default DefaultCooldown.
+	// The store expires cooldown markers with one-second granularity.
+	Cooldown time.Duration
+	// STUN lists host:port addresses of the STUN servers nodes should use;
+	// they learn them from the register reply.
+	STUN []string
+	// Holder names this registrar in the subnet lease; default hostname.
+	Holder string
+	// LeaseWait bounds how long a request waits for a subnet lease another
+	// registrar holds before failing with busy; default 5s.
+	LeaseWait time.Duration
+	Logger    *zap.Logger
+}
+
+// Registrar allocates mesh membership. Use Serve to answer requests, or call
+// its methods directly (tests, `control` subcommands).
+type Registrar struct {
+	st     *store.Store
+	cfg    Config
+	subnet netip.Prefix
+	log    *zap.Logger
+	mu     sync.Mutex // serialises this process's allocations
+}
+
+// New validates cfg and returns a Registrar over st.
+func New(st *store.Store, cfg Config) (*Registrar, error) {
+	if st == nil {
+		return nil, errors.New("registrar: a store is required")
+	}
+	if cfg.Subnet == "" {
+		cfg.Subnet = store.MeshSubnet
+	}
+	p, err := netip.ParsePrefix(cfg.Subnet)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 30 {
+		return nil, fmt.Errorf("registrar: subnet %q: want an IPv4 prefix of /30 or wider", cfg.Subnet)
+	}
+	if cfg.Cooldown == 0 {
+		cfg.Cooldown = DefaultCooldown
+	}
+	if cfg.Cooldown < time.Second {
+		return nil, fmt.Errorf("registrar: cooldown %s below the store's 1s TTL granularity", cfg.Cooldown)
+	}
+	if cfg.Holder == "" {
+		h, _ := os.Hostname()
+		cfg.Holder = "registrar@" + h
+	}
+	if cfg.LeaseWait == 0 {
+		cfg.LeaseWait = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	return &Registrar{st: st, cfg: cfg, subnet: p.Masked(), log: cfg.Logger}, nil
+}
+
+// Serve starts a registrar answering store.Names.RegistrarSubject("register")
+// and ("leave") until ctx ends or stop is called; stop waits for in-flight
+// requests.
+func Serve(ctx context.Context, st *store.Store, cfg Config) (stop func(), err error) {
+	r, err := New(st, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return r.Serve(ctx)
+}
+
+// Serve answers registrar requests; see the package-level Serve.
+func (r *Registrar) Serve(ctx context.Context) (func(), error) {
+	subj := r.st.Names.RegistrarSubject("*")
+	stop, err := store.Serve(ctx, r.st.NC, subj, "registrar", "registrar", r.handle)
+	if err != nil {
+		return nil, fmt.Errorf("starting registrar: %w", err)
+	}
+	r.log.Info("mesh registrar serving", zap.String("subject", subj), zap.String("subnet", r.subnet.String()))
+	return stop, nil
+}
+
+func (r *Registrar) handle(ctx context.Context, command string, data []byte) (any, error) {
+	switch command {
+	case "register":
+		var req store.MeshRegisterRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding register request: %v", err)
+		}
+		return r.Register(ctx, req)
+	case "leave":
+		var req store.MeshLeaveRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding leave request: %v", err)
+		}
+		return r.Leave(ctx, req)
+	}
+	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register or leave)", command)
+}
+
+// validate checks a register request before anything is touched.
+func validateRegister(req *store.MeshRegisterRequest) error {
+	if req.Version > store.RecordVersion {
+		return store.Errorf(store.CodeInvalid, "register request version %d is newer than this registrar (%d)", req.Version, store.RecordVersion)
+	}
+	if !store.ValidToken(req.Machine) {
+		return store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
+	}
+	if _, err := ParseKey(req.PublicKey); err != nil {
+		return store.Errorf(store.CodeInvalid, "public key: %v", err)
+	}
+	if len(req.Endpoints) > 16 {
+		return store.Errorf(store.CodeInvalid, "%d endpoints: at most 16", len(req.Endpoints))
+	}
+	for _, e := range req.Endpoints {
+		if _, err := netip.ParseAddrPort(e); err != nil {
+			return store.Errorf(store.CodeInvalid, "endpoint %q: want ip:port", e)
+		}
+	}
+	return nil
+}
+
+// ParseKey decodes a base64 WireGuard key.
+func ParseKey(s string) (device.NoisePublicKey, error) {
+	var k device.NoisePublicKey
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(b) != len(k) {
+		return k, fmt.Errorf("%q is not a base64 32-byte WireGuard key", s)
+	}
+	copy(k[:], b)
+	return k, nil
+}
+
+// Register redeems req.Token for req.Machine and admits the node: the same
+// machine registering again keeps its mesh IP (and gets a fresh secret); a
+// new machine gets the lowest address that is neither allocated nor cooling
+// down.
+func (r *Registrar) Register(ctx context.Context, req store.MeshRegisterRequest) (*store.MeshRegisterReply, error) {
+	if err := validateRegister(&req); err != nil {
+		return nil, err
+	}
+	inv, err := r.st.RedeemInvite(ctx, req.Token, req.Machine)
+	if err != nil {
+		return nil, err
+	}
+	secret, hash := newSecret()
+	peer := store.MeshPeerRecord{
+		Version: store.RecordVersion, Machine: req.Machine, PublicKey: req.PublicKey,
+		Endpoints: req.Endpoints, Capabilities: req.Capabilities,
+		Region: inv.Region, Labels: inv.Labels, RegisteredAt: time.Now().UTC(),
+	}
+	ip, err := r.admit(ctx, &peer, hash)
+	if err != nil {
+		return nil, err
+	}
+	r.log.Info("mesh node registered", zap.String("machine", req.Machine), zap.String("mesh_ip", ip.String()))
+	return &store.MeshRegisterReply{
+		Version: store.RecordVersion, Machine: req.Machine, MeshIP: ip.String(), Subnet: r.subnet.String(),
+		Secret: secret, STUN: r.cfg.STUN,
+		Installation: r.st.Names.Installation, Authority: r.st.Names.Authority,
+	}, nil
+}
+
+// AddStatic admits a WireGuard peer that is not a meshd node (no invite, no
+// heartbeats): an operator's way to bring a plain `wg` peer into the mesh.
+// It returns the peer's mesh IP.
+func (r *Registrar) AddStatic(ctx context.Context, machine, publicKey string, endpoints []string) (netip.Addr, error) {
+	req := store.MeshRegisterRequest{Machine: machine, PublicKey: publicKey, Endpoints: endpoints}
+	if err := validateRegister(&req); err != nil {
+		return netip.Addr{}, err
+	}
+	peer := store.MeshPeerRecord{
+		Version: store.RecordVersion, Machine: machine, PublicKey: publicKey, Endpoints: endpoints,
+		Static: true, RegisteredAt: time.Now().UTC(),
+	}
+	return r.admit(ctx, &peer, "")
+}
+
+// admit allocates (or finds) the machine's IP and writes the allocation and
+// the peer record, all under the subnet lease with a fencing check before
+// each write.
+func (r *Registrar) admit(ctx context.Context, peer *store.MeshPeerRecord, secretHash string) (netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lease, err := r.lease(ctx)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+	}()
+
+	used, owned, err := r.scan(ctx, peer.Machine)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	// A public key already used by another machine would make WireGuard
+	// route both machines' traffic to one peer: refuse it.
+	if other, err := r.keyOwner(ctx, peer.PublicKey); err != nil {
+		return netip.Addr{}, err
+	} else if other != "" && other != peer.Machine {
+		return netip.Addr{}, store.Errorf(store.CodeConflict, "public key already belongs to machine %s", other).
+			With("machine", other)
+	}
+	ip := owned
+	if !ip.IsValid() {
+		if ip, err = r.lowestFree(used); err != nil {
+			return netip.Addr{}, err
+		}
+	}
+	if err := lease.Check(ctx); err != nil {
+		return netip.Addr{}, err
+	}
+	alloc := store.MeshIPAllocation{Version: store.RecordVersion, IP: ip.String(), Machine: peer.Machine,
+		SecretHash: secretHash, AllocatedAt: time.Now().UTC()}
+	if _, err := store.PutJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), alloc); err != nil {
+		return netip.Addr{}, err
+	}
+	peer.MeshIP = ip.String()
+	if err := lease.Check(ctx); err != nil {
+		return netip.Addr{}, err
+	}
+	if _, err := store.PutJSON(ctx, r.st.MeshPeers, store.MeshPeerKey(peer.Machine), peer); err != nil {
+		return netip.Addr{}, err
+	}
+	return ip, nil
+}
+
+func (r *Registrar) lease(ctx context.Context) (*store.Lease, error) {
+	key := store.SubnetLockKey(r.subnet.String())
+	deadline := time.Now().Add(r.cfg.LeaseWait)
+	for {
+		l, err := r.st.AcquireLease(ctx, key, store.LeaseOptions{TTL: 15 * time.Second, Holder: r.cfg.Holder, Purpose: "mesh ip allocation"})
+		if err == nil {
+			return l, nil
+		}
+		// Another registrar is allocating: allocations take milliseconds,
+		// so wait a bounded time, then fail loudly with its busy error.
+		if !store.HasCode(err, store.CodeBusy) || time.Now().After(deadline) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, store.Classify(fmt.Errorf("waiting for %s: %w", key, ctx.Err()))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// scan returns every address that is allocated or cooling down, and the
+// address already allocated to machine, if any.
+func (r *Registrar) scan(ctx context.Context, machine string) (map[netip.Addr]bool, netip.Addr, error) {
+	used := make(map[netip.Addr]bool)
+	var owned netip.Addr
+	err := store.ListJSON(ctx, r.st.MeshIPs, "ip.>", func(_ string, a *store.MeshIPAllocation) error {
+		ip, err := netip.ParseAddr(a.IP)
+		if err != nil {
+			return fmt.Errorf("allocation record %q: %w", a.IP, err)
+		}
+		used[ip] = true
+		if a.Machine == machine {
+			owned = ip
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, netip.Addr{}, err
+	}
+	now := time.Now()
+	err = store.ListJSON(ctx, r.st.MeshIPs, "cooldown.>", func(_ string, c *store.MeshIPCooldown) error {
+		// The TTL marker removes the key; Until guards the gap before the
+		// server gets to it.
+		if ip, err := netip.ParseAddr(c.IP); err == nil && now.Before(c.Until.Add(time.Second)) {
+			used[ip] = true
+		}
+		return nil
+	})
+	return used, owned, err
+}
+
+func (r *Registrar) keyOwner(ctx context.Context, pub string) (string, error) {
+	owner := ""
+	err := store.ListJSON(ctx, r.st.MeshPeers, "peer.>", func(_ string, p *store.MeshPeerRecord) error {
+		if p.PublicKey == pub {
+			owner = p.Machine
+		}
+		return nil
+	})
+	return owner, err
+}
+
+func (r *Registrar) lowestFree(used map[netip.Addr]bool) (netip.Addr, error) {
+	first := r.subnet.Addr().Next() // skip the network address
+	for ip := first; r.subnet.Contains(ip); ip = ip.Next() {
+		if !r.subnet.Contains(ip.Next()) {
+			break // the broadcast address
+		}
+		if !used[ip] {
+			return ip, nil
+		}
+	}
+	return netip.Addr{}, store.Errorf(store.CodeUnavailable, "mesh subnet %s is exhausted (including addresses cooling down)", r.subnet).
+		With("subnet", r.subnet.String())
+}
+
+// Leave removes a node: its peer record, heartbeat and drift report go; its
+// address enters cooldown. The node's secret must match.
+func (r *Registrar) Leave(ctx context.Context, req store.MeshLeaveRequest) (*store.MeshLeaveReply, error) {
+	if !store.ValidToken(req.Machine) {
+		return nil, store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lease, err := r.lease(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+	}()
+	var alloc store.MeshIPAllocation
+	var ip netip.Addr
+	var rev uint64
+	err = store.ListJSON(ctx, r.st.MeshIPs, "ip.>", func(key string, a *store.MeshIPAllocation) error {
+		if a.Machine == req.Machine {
+			alloc = *a
+			ip, _ = netip.ParseAddr(a.IP)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !ip.IsValid() {
+		return nil, store.Errorf(store.CodeNotFound, "machine %s is not a mesh member", req.Machine).With("machine", req.Machine)
+	}
+	if alloc.SecretHash == "" || !secretMatches(req.Secret, alloc.SecretHash) {
+		return nil, store.Errorf(store.CodeInvalid, "node secret does not match machine %s's registration", req.Machine).
+			With("machine", req.Machine)
+	}
+	if ent, err := r.st.MeshIPs.Get(ctx, store.MeshIPKey(ip)); err == nil {
+		rev = ent.Revision()
+	}
+	now := time.Now().UTC()
+	cool := store.MeshIPCooldown{Version: store.RecordVersion, IP: ip.String(), Machine: req.Machine,
+		ReleasedAt: now, Until: now.Add(r.cfg.Cooldown)}
+	data, _ := json.Marshal(cool)
+	if err := lease.Check(ctx); err != nil {
+		return nil, err
+	}
+	// The cooldown marker goes in before the allocation goes away, so no
+	// moment exists where the address looks free.
+	ckey := store.MeshIPCooldownKey(ip)
+	if _, err := r.st.MeshIPs.Create(ctx, ckey, data, jetstream.KeyTTL(r.cfg.Cooldown)); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, store.Classify(fmt.Errorf("writing cooldown for %s: %w", ip, err))
+		}
+		if _, err := r.st.MeshIPs.Put(ctx, ckey, data); err != nil {
+			return nil, store.Classify(fmt.Errorf("writing cooldown for %s: %w", ip, err))
+		}
+	}
+	if err := r.st.MeshPeers.Delete(ctx, store.MeshPeerKey(req.Machine)); err != nil {
+		return nil, store.Classify(fmt.Errorf("removing peer record of %s: %w", req.Machine, err))
+	}
+	if err := r.st.MeshIPs.Delete(ctx, store.MeshIPKey(ip), jetstream.LastRevision(rev)); err != nil {
+		return nil, store.Classify(fmt.Errorf("releasing %s: %w", ip, err))
+	}
+	// Observations of a departed node are noise; failures here are harmless.
+	_ = r.st.MeshBeats.Delete(ctx, store.MeshBeatKey(req.Machine))
+	_ = r.st.MeshDrift.Delete(ctx, store.MeshDriftKey(req.Machine))
+	r.log.Info("mesh node left", zap.String("machine", req.Machine), zap.String("mesh_ip", ip.String()),
+		zap.Time("cooldown_until", cool.Until))
+	return &store.MeshLeaveReply{Version: store.RecordVersion, Machine: req.Machine, ReleasedIP: ip.String(), CooldownUntil: cool.Until}, nil
+}
+
+func newSecret() (secret, hash string) {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	secret = "epnode_" + base64.RawURLEncoding.EncodeToString(b[:])
+	sum := sha256.Sum256([]byte(secret))
+	return secret, hex.EncodeToString(sum[:])
+}
+
+func secretMatches(secret, hash string) bool {
+	if !strings.HasPrefix(secret, "epnode_") {
+		return false
+	}
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:]) == hash
+}

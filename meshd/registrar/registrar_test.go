@@ -1,0 +1,225 @@
+package registrar_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/meshd/registrar"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+func newKey(t *testing.T) string {
+	var b [32]byte
+	rand.Read(b[:])
+	return base64.StdEncoding.EncodeToString(b[:])
+}
+
+func invite(t *testing.T, st *store.Store) string {
+	tok, _, err := st.CreateInvite(context.Background(), "eu", map[string]string{"tier": "edge"}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func register(ctx context.Context, st *store.Store, req store.MeshRegisterRequest) (*store.MeshRegisterReply, error) {
+	var rep store.MeshRegisterReply
+	err := store.Call(ctx, st.NC, st.Names.RegistrarSubject("register"), "registrar", "register", req, &rep)
+	return &rep, err
+}
+
+// Concurrent joins over NATS get distinct addresses; the same machine
+// registering again keeps its address.
+func TestRegisterUniqueAndStable(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	stop, err := registrar.Serve(ctx, srv.Store, registrar.Config{STUN: []string{"127.0.0.1:3478"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	const n = 8
+	ips := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		tok := invite(t, srv.Store)
+		key := newKey(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rep, err := register(ctx, srv.Store, store.MeshRegisterRequest{Token: tok, Machine: fmt.Sprintf("m%d", i),
+				PublicKey: key, Endpoints: []string{"192.0.2.1:51820"}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			ips[i] = rep.MeshIP
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, ip := range ips {
+		if seen[ip] {
+			t.Fatalf("duplicate mesh ip %s in %v", ip, ips)
+		}
+		seen[ip] = true
+	}
+	rec, err := srv.Store.MeshPeer(ctx, "m3")
+	if err != nil || rec.MeshIP != ips[3] || rec.Region != "eu" || rec.Labels["tier"] != "edge" {
+		t.Fatalf("peer record %+v %v", rec, err)
+	}
+	// Re-register m3 (same invite, same machine): same address.
+	reg, _ := registrar.New(srv.Store, registrar.Config{})
+	tok := invite(t, srv.Store)
+	rep, err := reg.Register(ctx, store.MeshRegisterRequest{Token: tok, Machine: "m3", PublicKey: rec.PublicKey})
+	if err != nil || rep.MeshIP != ips[3] {
+		t.Fatalf("re-register: %+v %v (want %s)", rep, err, ips[3])
+	}
+}
+
+// Bad requests fail with a clear structured error and write nothing.
+func TestRegisterBadInput(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	reg, err := registrar.New(srv.Store, registrar.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := newKey(t)
+	tok := invite(t, srv.Store)
+	cases := []struct {
+		name string
+		req  store.MeshRegisterRequest
+		code string
+	}{
+		{"bad machine", store.MeshRegisterRequest{Token: tok, Machine: "a.b", PublicKey: good}, store.CodeInvalid},
+		{"bad key", store.MeshRegisterRequest{Token: tok, Machine: "m1", PublicKey: "nope"}, store.CodeInvalid},
+		{"bad endpoint", store.MeshRegisterRequest{Token: tok, Machine: "m1", PublicKey: good, Endpoints: []string{"host"}}, store.CodeInvalid},
+		{"garbage token", store.MeshRegisterRequest{Token: "xyz", Machine: "m1", PublicKey: good}, store.CodeInvalid},
+		{"unknown token", store.MeshRegisterRequest{Token: store.InviteTokenPrefix + "zzz", Machine: "m1", PublicKey: good}, store.CodeNotFound},
+		{"newer version", store.MeshRegisterRequest{Version: 99, Token: tok, Machine: "m1", PublicKey: good}, store.CodeInvalid},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := reg.Register(ctx, c.req)
+			if !store.HasCode(err, c.code) {
+				t.Fatalf("got %v, want code %s", err, c.code)
+			}
+		})
+	}
+	if list, err := srv.Store.MeshPeerList(ctx); err != nil || len(list) != 0 {
+		t.Fatalf("bad requests wrote peers: %v %v", list, err)
+	}
+	// The invite is still unspent: a good request succeeds.
+	if _, err := reg.Register(ctx, store.MeshRegisterRequest{Token: tok, Machine: "m1", PublicKey: good}); err != nil {
+		t.Fatal(err)
+	}
+	// Another machine with the same key is refused.
+	_, err = reg.Register(ctx, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: "m2", PublicKey: good})
+	if !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("duplicate key: %v", err)
+	}
+	// An invite used by m1 does not admit m3.
+	_, err = reg.Register(ctx, store.MeshRegisterRequest{Token: tok, Machine: "m3", PublicKey: newKey(t)})
+	if !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("reused invite: %v", err)
+	}
+	if _, err := registrar.New(srv.Store, registrar.Config{Subnet: "10.100.0.0/31"}); err == nil {
+		t.Fatal("a /31 subnet was accepted")
+	}
+	if _, err := registrar.New(srv.Store, registrar.Config{Cooldown: time.Millisecond}); err == nil {
+		t.Fatal("a sub-second cooldown was accepted")
+	}
+}
+
+// A released address stays out of the pool for the cooldown, then returns.
+func TestLeaveCooldown(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	reg, err := registrar.New(srv.Store, registrar.Config{Subnet: "10.100.0.0/30", Cooldown: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A /30 has two usable addresses.
+	rep1, err := reg.Register(ctx, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: "a", PublicKey: newKey(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Register(ctx, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: "b", PublicKey: newKey(t)}); err != nil {
+		t.Fatal(err)
+	}
+	// Wrong secret: refused, nothing released.
+	if _, err := reg.Leave(ctx, store.MeshLeaveRequest{Machine: "a", Secret: "epnode_wrong"}); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	if _, err := srv.Store.MeshPeer(ctx, "a"); err != nil {
+		t.Fatalf("peer a gone after a refused leave: %v", err)
+	}
+	if _, err := reg.Leave(ctx, store.MeshLeaveRequest{Machine: "nobody", Secret: "x"}); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("unknown machine: %v", err)
+	}
+	lv, err := reg.Leave(ctx, store.MeshLeaveRequest{Machine: "a", Secret: rep1.Secret})
+	if err != nil || lv.ReleasedIP != rep1.MeshIP {
+		t.Fatalf("leave: %+v %v", lv, err)
+	}
+	if _, err := srv.Store.MeshPeer(ctx, "a"); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("peer a still there: %v", err)
+	}
+	// During the cooldown the pool is exhausted.
+	_, err = reg.Register(ctx, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: "c", PublicKey: newKey(t)})
+	if !store.HasCode(err, store.CodeUnavailable) {
+		t.Fatalf("register during cooldown: %v, want unavailable", err)
+	}
+	// After it, c gets a's old address.
+	var got string
+	storetest.Eventually(t, 10*time.Second, "address back in the pool", func() bool {
+		rep, err := reg.Register(ctx, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: "c", PublicKey: newKey(t)})
+		if err != nil {
+			return false
+		}
+		got = rep.MeshIP
+		return true
+	})
+	if got != rep1.MeshIP {
+		t.Fatalf("c got %s, want the cooled-down %s", got, rep1.MeshIP)
+	}
+}
+
+// Unknown commands and undecodable requests over NATS are structured errors.
+func TestServeBadRequests(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	stop, err := registrar.Serve(ctx, srv.Store, registrar.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	err = store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject("explode"), "registrar", "explode", map[string]int{}, nil)
+	if !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("unknown command: %v", err)
+	}
+	msg, err := srv.Store.NC.Request(srv.Store.Names.RegistrarSubject("register"), []byte("{not json"), 5*time.Second)
+	if err != nil || !contains(string(msg.Data), "invalid") {
+		t.Fatalf("garbage request: %s %v", msg.Data, err)
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}

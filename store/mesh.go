@@ -1,0 +1,228 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+)
+
+// Mesh wire records. The registrar (in `control server`) writes peer records
+// and IP allocations; each meshd writes only its own heartbeat and drift
+// report, which are observations: readers compute liveness from them, nobody
+// stores a "node is offline" verdict.
+
+// MeshSubnet is the mesh address range every node gets its /32 from.
+const MeshSubnet = "10.100.0.0/16"
+
+// MeshPeerRecord is a node's membership in the mesh: its WireGuard public key,
+// mesh IP and advertised endpoints. Key: MeshPeerKey(machine).
+type MeshPeerRecord struct {
+	Version   int    `json:"version"`
+	Machine   string `json:"machine"`
+	PublicKey string `json:"public_key"` // base64, as `wg` prints it
+	MeshIP    string `json:"mesh_ip"`    // e.g. 10.100.0.7
+	// Endpoints are the ip:port addresses the node advertised when it
+	// registered (its bound or interface addresses and WireGuard port).
+	Endpoints []string `json:"endpoints,omitempty"`
+	// Capabilities describe the node (mode, version, features).
+	Capabilities map[string]string `json:"capabilities,omitempty"`
+	Region       string            `json:"region,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	// Static marks a peer that is not ours (a plain WireGuard peer an
+	// operator added); it sends no heartbeats, so liveness never drops it.
+	Static       bool      `json:"static,omitempty"`
+	RegisteredAt time.Time `json:"registered_at"`
+}
+
+func (r *MeshPeerRecord) version() int { return r.Version }
+
+// MeshHeartbeat is a node's periodic liveness observation. Key:
+// MeshBeatKey(machine).
+type MeshHeartbeat struct {
+	Version int       `json:"version"`
+	Machine string    `json:"machine"`
+	At      time.Time `json:"at"`
+	// Interval is the sender's heartbeat interval; readers count missed
+	// heartbeats against it.
+	Interval Duration `json:"interval"`
+	// Endpoint is the STUN-discovered (server-reflexive) address of the
+	// node's WireGuard socket, "" if unknown.
+	Endpoint    string `json:"endpoint,omitempty"`
+	NATType     string `json:"nat_type,omitempty"`
+	ListenPort  int    `json:"listen_port,omitempty"`
+	PeersActive int    `json:"peers_active"`
+	Mode        string `json:"mode,omitempty"`
+}
+
+func (r *MeshHeartbeat) version() int { return r.Version }
+
+// Liveness states, computed when read.
+const (
+	LivenessAlive       = "alive"
+	LivenessUnreachable = "unreachable" // 3 or more intervals missed
+	LivenessOffline     = "offline"     // 10 or more intervals missed
+	LivenessUnknown     = "unknown"     // no heartbeat seen
+)
+
+// Missed-heartbeat thresholds.
+const (
+	MeshUnreachableAfter = 3
+	MeshOfflineAfter     = 10
+)
+
+// Liveness classifies hb as of now. A nil heartbeat is unknown.
+func (hb *MeshHeartbeat) Liveness(now time.Time) string {
+	if hb == nil || hb.Interval <= 0 {
+		return LivenessUnknown
+	}
+	missed := now.Sub(hb.At) / time.Duration(hb.Interval)
+	switch {
+	case missed >= MeshOfflineAfter:
+		return LivenessOffline
+	case missed >= MeshUnreachableAfter:
+		return LivenessUnreachable
+	}
+	return LivenessAlive
+}
+
+// MeshDriftReport is what a node's last reconcile found and corrected: an
+// observation for operators, not truth. Key: MeshDriftKey(machine).
+type MeshDriftReport struct {
+	Version     int       `json:"version"`
+	Machine     string    `json:"machine"`
+	At          time.Time `json:"at"`
+	Source      string    `json:"source"` // watch, poll or cache
+	DesiredHash string    `json:"desired_hash"`
+	ActualHash  string    `json:"actual_hash"` // before correction
+	InSync      bool      `json:"in_sync"`
+	Added       []string  `json:"added,omitempty"`
+	Removed     []string  `json:"removed,omitempty"`
+	Updated     []string  `json:"updated,omitempty"`
+	// Dropped are peers left out of the active config because their
+	// heartbeats say they are offline.
+	Dropped []string `json:"dropped,omitempty"`
+}
+
+func (r *MeshDriftReport) version() int { return r.Version }
+
+// MeshIPAllocation binds a mesh IP to a machine. Key: MeshIPKey(ip). When the
+// machine leaves, the key is deleted and a cooldown marker
+// (MeshIPCooldownKey) with a per-key TTL keeps the address out of the pool.
+type MeshIPAllocation struct {
+	Version int    `json:"version"`
+	IP      string `json:"ip"`
+	Machine string `json:"machine"`
+	// SecretHash is the hex SHA-256 of the node secret the registrar handed
+	// out at registration; leave must present the secret.
+	SecretHash  string    `json:"secret_hash,omitempty"`
+	AllocatedAt time.Time `json:"allocated_at"`
+}
+
+func (r *MeshIPAllocation) version() int { return r.Version }
+
+// MeshIPCooldown marks a released address.
+type MeshIPCooldown struct {
+	Version    int       `json:"version"`
+	IP         string    `json:"ip"`
+	Machine    string    `json:"machine"` // the previous owner
+	ReleasedAt time.Time `json:"released_at"`
+	Until      time.Time `json:"until"`
+}
+
+func (r *MeshIPCooldown) version() int { return r.Version }
+
+// Mesh KV keys.
+func MeshPeerKey(machine string) string { return "peer." + machine }
+func MeshBeatKey(machine string) string { return "beat." + machine }
+func MeshDriftKey(machine string) string {
+	return "drift." + machine
+}
+func MeshIPKey(ip netip.Addr) string { return "ip." + strings.ReplaceAll(ip.String(), ".", "-") }
+func MeshIPCooldownKey(ip netip.Addr) string {
+	return "cooldown." + strings.ReplaceAll(ip.String(), ".", "-")
+}
+
+// MeshIPFromKey parses the address out of an "ip." or "cooldown." key.
+func MeshIPFromKey(key string) (netip.Addr, error) {
+	_, rest, ok := strings.Cut(key, ".")
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("mesh ip key %q: no prefix", key)
+	}
+	a, err := netip.ParseAddr(strings.ReplaceAll(rest, "-", "."))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("mesh ip key %q: %w", key, err)
+	}
+	return a, nil
+}
+
+// MeshRegisterRequest is what meshd sends to RegistrarSubject("register").
+type MeshRegisterRequest struct {
+	Version      int               `json:"version"`
+	Token        string            `json:"token"`
+	Machine      string            `json:"machine"`
+	PublicKey    string            `json:"public_key"`
+	Endpoints    []string          `json:"endpoints,omitempty"`
+	Capabilities map[string]string `json:"capabilities,omitempty"`
+}
+
+// MeshRegisterReply is the registrar's answer.
+type MeshRegisterReply struct {
+	Version int    `json:"version"`
+	Machine string `json:"machine"`
+	MeshIP  string `json:"mesh_ip"`
+	Subnet  string `json:"subnet"`
+	// Secret authenticates later requests of this node (leave); only its
+	// hash is stored.
+	Secret string `json:"secret"`
+	// STUN lists the STUN servers the control plane runs (host:port).
+	STUN         []string `json:"stun,omitempty"`
+	Installation string   `json:"installation"`
+	Authority    string   `json:"authority"`
+}
+
+// MeshLeaveRequest is what meshd sends to RegistrarSubject("leave").
+type MeshLeaveRequest struct {
+	Version int    `json:"version"`
+	Machine string `json:"machine"`
+	Secret  string `json:"secret"`
+}
+
+// MeshLeaveReply confirms a leave.
+type MeshLeaveReply struct {
+	Version       int       `json:"version"`
+	Machine       string    `json:"machine"`
+	ReleasedIP    string    `json:"released_ip"`
+	CooldownUntil time.Time `json:"cooldown_until"`
+}
+
+// MeshPeer reads machine's peer record (e.g. for the machine record's overlay
+// address). A missing record is not_found.
+func (s *Store) MeshPeer(ctx context.Context, machine string) (*MeshPeerRecord, error) {
+	var rec MeshPeerRecord
+	if _, err := GetJSON(ctx, s.MeshPeers, MeshPeerKey(machine), &rec); err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// MeshPeerList returns every peer record, sorted by key order of the bucket.
+func (s *Store) MeshPeerList(ctx context.Context) ([]MeshPeerRecord, error) {
+	var out []MeshPeerRecord
+	err := ListJSON(ctx, s.MeshPeers, "peer.>", func(_ string, r *MeshPeerRecord) error {
+		out = append(out, *r)
+		return nil
+	})
+	return out, err
+}
+
+// MeshHeartbeats returns every heartbeat by machine.
+func (s *Store) MeshHeartbeats(ctx context.Context) (map[string]MeshHeartbeat, error) {
+	out := make(map[string]MeshHeartbeat)
+	err := ListJSON(ctx, s.MeshBeats, "beat.>", func(_ string, r *MeshHeartbeat) error {
+		out[r.Machine] = *r
+		return nil
+	})
+	return out, err
+}
