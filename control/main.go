@@ -5,6 +5,7 @@
 //	control machine invite|ls|drain|disable|enable
 //	control deploy preview|apply|status|history|rollback
 //	control instances [--namespace NS]
+//	control certs
 //
 // Run `control help` or `control COMMAND -h` for the flags.
 package main
@@ -34,6 +35,7 @@ Usage:
   control machine  invite [--region R] [--label k=v]... | ls | drain ID | disable ID | enable ID
   control deploy   preview -f FILE | apply -f FILE | status [NS] | history NS | rollback NS [--to COMMIT]
   control instances [--namespace NS]
+  control certs    # certificates: issuer, expiry, last renewal attempt and error
 
 Client commands take --nats URL (default $EDGEPLANE_NATS or nats://127.0.0.1:4222),
 --creds FILE, --installation, --authority; read commands take -o json.
@@ -66,6 +68,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		out, err = cmdDeploy(ctx, rest, stdout)
 	case "instances":
 		out, err = cmdInstances(ctx, rest, stdout)
+	case "certs":
+		out, err = cmdCerts(ctx, rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

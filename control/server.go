@@ -7,11 +7,17 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"net"
+	"strings"
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/meshd/registrar"
+	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -27,6 +33,10 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	machine := fs.String("machine", "", "with --agent: machine ID (default: the hostname)")
 	advertise := fs.String("advertise", "127.0.0.1", "with --agent: IP instances listen on and are reached at")
 	natsLogs := fs.Bool("nats-logs", false, "print the embedded NATS server's logs")
+	stunListen := fs.String("stun-listen", "127.0.0.1:3478,127.0.0.1:3479", "STUN server addresses for meshd NAT discovery (two ports let nodes classify their NAT); empty disables")
+	stunAdvertise := fs.String("stun-advertise", "", "STUN addresses meshd nodes are told to use (default: --stun-listen; required when listening on 0.0.0.0)")
+	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
+	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -64,6 +74,18 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	fmt.Fprintf(stdout, "provisioned streams and buckets for installation %s, authority %s\n", names.Installation, names.Authority)
+
+	stunAddrs, err := startSTUN(ctx, *stunListen, *stunAdvertise)
+	if err != nil {
+		return err
+	}
+	zl, _ := zap.NewProduction()
+	stopReg, err := registrar.Serve(ctx, s, registrar.Config{STUN: stunAddrs, Cooldown: *meshCooldown, Subnet: *meshSubnet, Logger: zl})
+	if err != nil {
+		return err
+	}
+	defer stopReg()
+	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s)\n", names.RegistrarSubject(">"), strings.Join(stunAddrs, ","))
 
 	var wg sync.WaitGroup
 	// Explicit completion of deploys whose orchestrator stopped after the
@@ -108,4 +130,36 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	wg.Wait()
 	fmt.Fprintln(stdout, "control server stopping (instances keep running)")
 	return err
+}
+
+// startSTUN listens on each address of list (comma separated) for as long as
+// ctx lives and returns the addresses meshd nodes should be told.
+func startSTUN(ctx context.Context, list, advertise string) ([]string, error) {
+	var listen []string
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			listen = append(listen, a)
+		}
+	}
+	var adv []string
+	for _, a := range listen {
+		srv, err := stunserver.Listen(ctx, a)
+		if err != nil {
+			return nil, fmt.Errorf("starting STUN on %s: %w", a, err)
+		}
+		adv = append(adv, srv.Addr().String())
+		if ip := srv.Addr().IP; ip.IsUnspecified() && advertise == "" {
+			return nil, usagef("--stun-listen %s is a wildcard address: set --stun-advertise to addresses nodes can reach", a)
+		}
+	}
+	if advertise != "" {
+		adv = nil
+		for _, a := range strings.Split(advertise, ",") {
+			if _, _, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil {
+				return nil, usagef("--stun-advertise %q: %v", a, err)
+			}
+			adv = append(adv, strings.TrimSpace(a))
+		}
+	}
+	return adv, nil
 }

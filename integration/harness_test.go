@@ -165,7 +165,7 @@ func newCluster(t *testing.T) *cluster {
 
 func (c *cluster) startServer(listen string, extraEnv ...string) {
 	t := c.t
-	c.server = start(t, "control server", extraEnv, bins.control, "server", "--data", filepath.Join(c.dir, "server"), "--listen", listen)
+	c.server = start(t, "control server", extraEnv, bins.control, "server", "--data", filepath.Join(c.dir, "server"), "--listen", listen, "--stun-listen", "127.0.0.1:0,127.0.0.1:0")
 	m := c.server.waitOutput(t, `embedded NATS with JetStream on (nats://\S+)`, 15*time.Second)
 	c.server.waitOutput(t, `control server ready`, 15*time.Second)
 	c.url = m[1]
