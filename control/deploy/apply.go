@@ -37,6 +37,9 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 		return nil, err
 	}
 	r := &run{d: d, m: m, ns: m.Namespace, id: newDeployID()}
+	d.mu.Lock()
+	d.lastStep = time.Now()
+	d.mu.Unlock()
 
 	// 1. Preview against stored intent.
 	st, err := d.load(ctx, r.ns)

@@ -18,6 +18,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,12 +52,19 @@ type Options struct {
 	DrainGrace time.Duration
 	// StopGrace is SIGTERM-to-SIGKILL for old instances; default 10s.
 	StopGrace time.Duration
+	// OnStep, if set, is told each step as it completes with the time
+	// since the previous one (benchmarks split control-plane overhead from
+	// readiness waits with it). It assumes one apply at a time.
+	OnStep func(step int, name string, took time.Duration)
 }
 
 // Deployer runs deploys against one store.
 type Deployer struct {
 	s    *store.Store
 	opts Options
+
+	mu       sync.Mutex
+	lastStep time.Time
 }
 
 // New returns a Deployer with opts' defaults filled in.
@@ -87,6 +95,14 @@ func (d *Deployer) printf(format string, args ...any) {
 }
 
 func (d *Deployer) step(i int, format string, args ...any) {
+	if d.opts.OnStep != nil {
+		d.mu.Lock()
+		now := time.Now()
+		took := now.Sub(d.lastStep)
+		d.lastStep = now
+		d.mu.Unlock()
+		d.opts.OnStep(i, Steps[i-1], took)
+	}
 	d.printf("[%d/%d] %s: %s", i, len(Steps), Steps[i-1], fmt.Sprintf(format, args...))
 }
 

@@ -1,0 +1,111 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/agent"
+	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+// BenchmarkApply measures an apply that replaces one instance on each of N
+// machines (real agents in this process, real hello processes, real NATS).
+// overhead-ms is the control plane's own time: the whole apply minus the
+// candidates step (process start and readiness) and minus the drain step
+// (stopping old processes), which belong to the instances, not to us.
+func BenchmarkApply(b *testing.B) {
+	hello := buildHello(b)
+	for _, n := range []int{1, 5, 10} {
+		b.Run(fmt.Sprintf("machines=%d", n), func(b *testing.B) {
+			srv := storetest.Start(b)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan struct{}, n)
+			for i := 0; i < n; i++ {
+				id := fmt.Sprintf("m%02d", i)
+				rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: "127.0.0.1"}
+				if _, err := store.PutJSON(ctx, srv.Store.Machines, id, &rec); err != nil {
+					b.Fatal(err)
+				}
+				a, err := agent.New(agent.Config{Store: srv.Connect(b), Machine: rec, DataDir: b.TempDir(),
+					Driver: &runtime.Process{}, StopGrace: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+				if err != nil {
+					b.Fatal(err)
+				}
+				go func() { _ = a.Run(ctx); done <- struct{}{} }()
+			}
+			var candidates, drain time.Duration
+			d := New(srv.Store, Options{DrainGrace: time.Millisecond, GatewayWait: time.Millisecond, StopGrace: time.Second,
+				OnStep: func(_ int, name string, took time.Duration) {
+					switch name {
+					case "start_candidates":
+						candidates += took
+					case "drain_old":
+						drain += took
+					}
+				}})
+			// Wait until every agent answers.
+			storetest.Eventually(b, 10*time.Second, "agents", func() bool {
+				for i := 0; i < n; i++ {
+					if srv.Store.Call(ctx, fmt.Sprintf("m%02d", i), store.CmdCapacity, nil, nil) != nil {
+						return false
+					}
+				}
+				return true
+			})
+			replicas := n
+			manifest := func(v int) *store.Manifest {
+				return &store.Manifest{Namespace: "bench", Services: map[string]store.ServiceSpec{"web": {
+					Command: []string{hello}, Replicas: &replicas, Env: map[string]string{"V": fmt.Sprint(v)},
+					Readiness: store.Readiness{Path: "/healthz"},
+					Routes:    []store.Route{{Hosts: []string{"bench.example.com"}}},
+				}}}
+			}
+			if _, err := d.Apply(ctx, manifest(-1)); err != nil {
+				b.Fatal(err)
+			}
+			candidates, drain = 0, 0
+			b.ResetTimer()
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				if _, err := d.Apply(ctx, manifest(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			total := time.Since(start)
+			b.StopTimer()
+			per := func(x time.Duration) float64 { return float64(x.Microseconds()) / 1000 / float64(b.N) }
+			b.ReportMetric(per(total-candidates-drain), "overhead-ms/op")
+			b.ReportMetric(per(candidates), "candidates-ms/op")
+			b.ReportMetric(per(drain), "drain-ms/op")
+			// Stop the last instances.
+			insts, _ := srv.Store.NamespaceInstances(ctx, "bench")
+			for _, in := range insts {
+				_ = srv.Store.Call(ctx, in.Machine, store.CmdStopInstance, store.InstanceRequest{InstanceID: in.ID, Namespace: "bench", Forget: true}, nil)
+			}
+			cancel()
+			for i := 0; i < n; i++ {
+				<-done
+			}
+		})
+	}
+}
+
+func buildHello(b *testing.B) string {
+	b.Helper()
+	out := filepath.Join(b.TempDir(), "hello")
+	if msg, err := exec.Command("go", "build", "-o", out, "../../examples/hello").CombinedOutput(); err != nil {
+		b.Fatalf("building hello: %v\n%s", err, msg)
+	}
+	_ = os.Chmod(out, 0o755)
+	return out
+}
