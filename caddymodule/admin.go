@@ -1,0 +1,117 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+func init() {
+	caddy.RegisterModule(Admin{})
+}
+
+// Admin is `admin.api.edgeplane`: read-only endpoints on Caddy's admin API
+// showing the gateway's routing projection.
+//
+//	GET /edgeplane/projection   status: applied sequence, stream head, lag,
+//	                            last event age, rebuilds, connected or stale
+//	GET /edgeplane/routes       every service with its routes and endpoints
+//	GET /edgeplane/hosts/<host> the routes of one host ("*.suffix" for a
+//	                            wildcard) and what "/" resolves to
+type Admin struct{}
+
+// CaddyModule returns the Caddy module information.
+func (Admin) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.edgeplane",
+		New: func() caddy.Module { return new(Admin) },
+	}
+}
+
+// Routes returns the admin routes.
+func (Admin) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{Pattern: "/edgeplane/", Handler: caddy.AdminHandlerFunc(serveAdmin)}}
+}
+
+// RouteInfo is one service in /edgeplane/routes.
+type RouteInfo struct {
+	Namespace string           `json:"namespace"`
+	Service   string           `json:"service"`
+	DeployID  string           `json:"deploy_id"`
+	Revision  int64            `json:"revision"`
+	Routes    []store.Route    `json:"routes"`
+	Endpoints []store.Endpoint `json:"endpoints"`
+}
+
+// HostInfo is the answer of /edgeplane/hosts/<host>.
+type HostInfo struct {
+	Host   string                 `json:"host"`
+	Routes []projection.HostRoute `json:"routes"`
+	// Root is what a request for "/" on this host reaches, if anything.
+	Root *RouteInfo `json:"root,omitempty"`
+}
+
+func routeInfo(s *projection.Service) RouteInfo {
+	eps := s.Endpoints
+	if eps == nil {
+		eps = []store.Endpoint{}
+	}
+	return RouteInfo{Namespace: s.Namespace, Service: s.Name, DeployID: s.DeployID, Revision: s.Revision,
+		Routes: s.Routes, Endpoints: eps}
+}
+
+func serveAdmin(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method %s not allowed", r.Method)}
+	}
+	app := current.Load()
+	if app == nil {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: fmt.Errorf("the edgeplane app is not running")}
+	}
+	p := app.Projection()
+	path := strings.TrimPrefix(r.URL.Path, "/edgeplane/")
+	var body any
+	switch {
+	case path == "projection":
+		body = p.Status()
+	case path == "routes":
+		svcs := p.View().Services()
+		out := make([]RouteInfo, 0, len(svcs))
+		for _, s := range svcs {
+			out = append(out, routeInfo(s))
+		}
+		body = out
+	case strings.HasPrefix(path, "hosts/") && len(path) > len("hosts/"):
+		host := strings.TrimPrefix(path, "hosts/")
+		v := p.View()
+		info := HostInfo{Host: host, Routes: v.HostRoutes(host)}
+		if !strings.HasPrefix(host, "*.") {
+			if s, ok := v.Lookup(host, "/"); ok {
+				ri := routeInfo(s)
+				info.Root = &ri
+			}
+		}
+		if len(info.Routes) == 0 && info.Root == nil {
+			return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no route for host %q", host)}
+		}
+		body = info
+	default:
+		return caddy.APIError{HTTPStatus: http.StatusNotFound,
+			Err: fmt.Errorf("unknown edgeplane endpoint %q (try /edgeplane/projection, /edgeplane/routes, /edgeplane/hosts/<host>)", r.URL.Path)}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(body)
+}
+
+// Interface guards
+var (
+	_ caddy.AdminRouter = Admin{}
+)

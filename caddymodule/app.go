@@ -1,0 +1,236 @@
+// Package caddymodule holds edgeplane's Caddy modules: the `edgeplane` app
+// that keeps the routing projection, the `http.handlers.edgeplane` gateway
+// handler, the `http.reverse_proxy.upstreams.edgeplane` upstream source, the
+// `tls.permission.edgeplane` on-demand TLS permission and the
+// `admin.api.edgeplane` status endpoints. They are thin adapters over the
+// Caddy-free package projection.
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+func init() {
+	caddy.RegisterModule(App{})
+}
+
+// App is the `edgeplane` app: it owns the NATS connection and the routing
+// projection of this process. The projection outlives config reloads: apps
+// with the same connection settings share one projection through a usage
+// pool, so a reload neither reconnects nor rebuilds.
+type App struct {
+	// NATSURL is the NATS server of the control plane. Default:
+	// $EDGEPLANE_NATS, else nats://127.0.0.1:4222.
+	NATSURL string `json:"nats_url,omitempty"`
+	// CredsFile is a NATS credentials file; default none.
+	CredsFile string `json:"creds_file,omitempty"`
+	// Installation scopes NATS names; default "local".
+	Installation string `json:"installation,omitempty"`
+	// Authority scopes NATS names; default "default".
+	Authority string `json:"authority,omitempty"`
+	// SnapshotPath is where the last good routing view is persisted, to
+	// serve from when the gateway starts while NATS is unreachable.
+	// Default: <caddy data dir>/edgeplane/routing-<installation>-<authority>.json.
+	SnapshotPath string `json:"snapshot_path,omitempty"`
+	// GatewayName names this gateway in the observations `control deploy
+	// apply` waits for. Default: the host name.
+	GatewayName string `json:"gateway_name,omitempty"`
+
+	key    string
+	shared *sharedProjection
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "edgeplane",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// pool holds one projection per distinct connection config across reloads.
+var pool = caddy.NewUsagePool()
+
+// current is the running app, for the admin endpoints (which are not
+// provisioned with a way to reach apps at request time).
+var current atomic.Pointer[App]
+
+// Provision fills defaults and attaches to (or creates) the shared projection.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	if a.NATSURL == "" {
+		a.NATSURL = store.URLFromEnv()
+	}
+	names, err := store.NewNames(a.Installation, a.Authority)
+	if err != nil {
+		return fmt.Errorf("provisioning edgeplane app: %w", err)
+	}
+	a.Installation, a.Authority = names.Installation, names.Authority
+	if a.GatewayName == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "gateway"
+		}
+		a.GatewayName = host
+	}
+	if a.SnapshotPath == "" {
+		a.SnapshotPath = filepath.Join(caddy.AppDataDir(), "edgeplane",
+			fmt.Sprintf("routing-%s-%s.json", names.Installation, names.Authority))
+	}
+	key, err := json.Marshal([]string{a.NATSURL, a.CredsFile, names.Installation, names.Authority, a.SnapshotPath, a.GatewayName})
+	if err != nil {
+		return fmt.Errorf("provisioning edgeplane app: %w", err)
+	}
+	a.key = string(key)
+	val, _, err := pool.LoadOrNew(a.key, func() (caddy.Destructor, error) {
+		return newSharedProjection(a, names)
+	})
+	if err != nil {
+		return fmt.Errorf("provisioning edgeplane app: %w", err)
+	}
+	a.shared = val.(*sharedProjection)
+	if err := registerMetrics(ctx.GetMetricsRegistry(), a.shared.proj); err != nil {
+		return fmt.Errorf("provisioning edgeplane app: registering metrics: %w", err)
+	}
+	return nil
+}
+
+// Validate checks the config without I/O.
+func (a *App) Validate() error {
+	if a.shared == nil {
+		return fmt.Errorf("edgeplane app not provisioned")
+	}
+	return nil
+}
+
+// Start runs the projection (once per shared projection).
+func (a *App) Start() error {
+	a.shared.start()
+	current.Store(a)
+	a.logger.Info("edgeplane gateway projection running",
+		zap.String("nats", a.NATSURL), zap.String("gateway", a.GatewayName), zap.String("snapshot", a.SnapshotPath))
+	return nil
+}
+
+// Stop detaches the app; the projection keeps running for the next config
+// until the last app using it is cleaned up.
+func (a *App) Stop() error {
+	current.CompareAndSwap(a, nil)
+	return nil
+}
+
+// Cleanup releases this app's use of the shared projection.
+func (a *App) Cleanup() error {
+	if a.key == "" {
+		return nil
+	}
+	_, err := pool.Delete(a.key)
+	if err != nil {
+		return fmt.Errorf("releasing edgeplane projection: %w", err)
+	}
+	return nil
+}
+
+// Projection is this process's routing projection, for other apps (DNS)
+// that serve from the same view.
+func (a *App) Projection() *projection.Projection { return a.shared.proj }
+
+// sharedProjection is a projection and the NATS connections it opened,
+// shared by every app with the same settings.
+type sharedProjection struct {
+	proj   *projection.Projection
+	logger *zap.Logger
+
+	startOnce sync.Once
+	cancel    context.CancelFunc
+	done      chan struct{}
+
+	mu    sync.Mutex
+	conns []*store.Store
+}
+
+func newSharedProjection(a *App, names store.Names) (*sharedProjection, error) {
+	// The process-wide logger, not this config's: the projection outlives
+	// the config that created it.
+	logger := caddy.Log().Named("edgeplane.projection")
+	s := &sharedProjection{logger: logger, done: make(chan struct{})}
+	url, creds, name := a.NATSURL, a.CredsFile, a.GatewayName
+	connect := func(ctx context.Context) (*store.Store, error) {
+		nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: "edgeplane-gateway " + name,
+			Timeout: 2 * time.Second, ReconnectForever: true})
+		if err != nil {
+			return nil, err
+		}
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		st, err := store.Open(octx, nc, names)
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		s.mu.Lock()
+		s.conns = append(s.conns, st)
+		s.mu.Unlock()
+		return st, nil
+	}
+	p, err := projection.New(projection.Config{Connect: connect, SnapshotPath: a.SnapshotPath, Name: name, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	s.proj = p
+	return s, nil
+}
+
+func (s *sharedProjection) start() {
+	s.startOnce.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.cancel = cancel
+		go func() {
+			defer close(s.done)
+			_ = s.proj.Run(ctx)
+		}()
+	})
+}
+
+// Destruct stops the projection when the last app using it is gone.
+func (s *sharedProjection) Destruct() error {
+	started := false
+	s.startOnce.Do(func() {}) // a never-started projection has nothing to stop
+	if s.cancel != nil {
+		s.cancel()
+		started = true
+	}
+	if started {
+		<-s.done
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.conns {
+		st.NC.Close()
+	}
+	s.conns = nil
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+	_ caddy.Destructor   = (*sharedProjection)(nil)
+)

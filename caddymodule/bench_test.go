@@ -1,0 +1,181 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
+)
+
+// loadRun drives GETs at url with Host host from workers for d and returns
+// requests per second and latency percentiles. Any failure aborts.
+func loadRun(b *testing.B, client *http.Client, url, host string, workers int, d time.Duration) (rps float64, p50, p99 time.Duration) {
+	b.Helper()
+	var mu sync.Mutex
+	var lats []time.Duration
+	var failed error
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]time.Duration, 0, 4096)
+			for time.Now().Before(deadline) {
+				req, _ := http.NewRequest(http.MethodGet, url, nil)
+				req.Host = host
+				t0 := time.Now()
+				resp, err := client.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != 200 {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				if err != nil {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+					return
+				}
+				local = append(local, time.Since(t0))
+			}
+			mu.Lock()
+			lats = append(lats, local...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if failed != nil {
+		b.Fatalf("load against %s: %v", url, failed)
+	}
+	elapsed := time.Since(start)
+	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+	return float64(len(lats)) / elapsed.Seconds(), lats[len(lats)/2], lats[len(lats)*99/100]
+}
+
+// BenchmarkGatewayVsReverseProxy runs the edgeplane gateway and a stock
+// Caddy reverse_proxy with the same static upstreams side by side in one
+// Caddy, alternating rounds of identical load, and reports the gateway's
+// req/s and p99 as ratios to the stock proxy's. Run with -benchtime=1x.
+func BenchmarkGatewayVsReverseProxy(b *testing.B) {
+	f := newFixture(b)
+	b1, b2 := newBackend(b, "b1"), newBackend(b, "b2")
+	seq := f.deploy("bench", map[string]projectiontest.Service{"web": svc([]string{"bench.test"}, nil, b1, b2)})
+	stock := freeAddr(b)
+	cfg := map[string]any{
+		"admin":   map[string]any{"disabled": true},
+		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
+		"apps": map[string]any{
+			"edgeplane": map[string]any{"nats_url": f.natsURL, "snapshot_path": f.snap},
+			"http": map[string]any{"servers": map[string]any{
+				"gateway": map[string]any{"listen": []string{f.gateway}, "automatic_https": map[string]any{"disable": true},
+					"routes": []any{map[string]any{"handle": []any{map[string]any{"handler": "edgeplane"}}}}},
+				"stock": map[string]any{"listen": []string{stock}, "automatic_https": map[string]any{"disable": true},
+					"routes": []any{map[string]any{"handle": []any{map[string]any{"handler": "reverse_proxy",
+						"upstreams": []any{map[string]any{"dial": b1.srv.Listener.Addr().String()}, map[string]any{"dial": b2.srv.Listener.Addr().String()}}}}}}},
+			}},
+		},
+	}
+	raw, _ := json.Marshal(cfg)
+	loadCaddy(b, raw)
+	f.waitSeq(seq)
+
+	const workers, rounds = 16, 6
+	round := 2 * time.Second
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, MaxIdleConns: 4 * workers}}
+	defer client.CloseIdleConnections()
+	gwURL, stURL := "http://"+f.gateway+"/", "http://"+stock+"/"
+	loadRun(b, client, gwURL, "bench.test", workers, 300*time.Millisecond) // warm up both
+	loadRun(b, client, stURL, "bench.test", workers, 300*time.Millisecond)
+	b.ResetTimer()
+	// Rounds alternate which side goes first, so drift in the machine's
+	// load (other processes) falls on both alike; the figures are medians
+	// of per-round ratios.
+	var rpsRatios, p99Ratios []float64
+	var gwRPS, stRPS float64
+	var gwP99s, stP99s []float64
+	for i := 0; i < rounds; i++ {
+		var gr, sr float64
+		var gp, sp time.Duration
+		if i%2 == 0 {
+			sr, _, sp = loadRun(b, client, stURL, "bench.test", workers, round)
+			gr, _, gp = loadRun(b, client, gwURL, "bench.test", workers, round)
+		} else {
+			gr, _, gp = loadRun(b, client, gwURL, "bench.test", workers, round)
+			sr, _, sp = loadRun(b, client, stURL, "bench.test", workers, round)
+		}
+		gwRPS, stRPS = gwRPS+gr, stRPS+sr
+		rpsRatios = append(rpsRatios, gr/sr)
+		p99Ratios = append(p99Ratios, float64(sp)/float64(gp))
+		gwP99s = append(gwP99s, float64(gp.Microseconds())/1000)
+		stP99s = append(stP99s, float64(sp.Microseconds())/1000)
+	}
+	med := func(xs []float64) float64 {
+		sort.Float64s(xs)
+		return (xs[(len(xs)-1)/2] + xs[len(xs)/2]) / 2
+	}
+	b.ReportMetric(gwRPS/rounds, "gateway-req/s")
+	b.ReportMetric(stRPS/rounds, "stock-req/s")
+	b.ReportMetric(med(rpsRatios), "rps-ratio")
+	b.ReportMetric(med(gwP99s), "gateway-p99-ms")
+	b.ReportMetric(med(stP99s), "stock-p99-ms")
+	b.ReportMetric(med(p99Ratios), "p99-ratio(stock/gw)")
+}
+
+// BenchmarkCommitToServed measures the time from appending a deploy's final
+// commit (instances already ready, as after the phase work) to the first
+// request through the gateway that the new revision's instance answers.
+// Each iteration is one redeploy; p50/p99/max are over all iterations.
+func BenchmarkCommitToServed(b *testing.B) {
+	f := newFixture(b)
+	backends := []*backend{newBackend(b, "even"), newBackend(b, "odd")}
+	seq := f.deploy("bench", map[string]projectiontest.Service{"web": svc([]string{"bench.test"}, nil, backends[1])})
+	f.load()
+	f.waitSeq(seq)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var lats []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		want := backends[i%2]
+		inst := want.instance()
+		inst.ID = fmt.Sprintf("%s-%d", want.name, i)
+		p, err := projectiontest.Prepare(ctx, f.nats.Store, "bench", map[string]projectiontest.Service{
+			"web": {Routes: svc([]string{"bench.test"}, nil).Routes, Instances: []projectiontest.Instance{inst}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		if _, err := p.Commit(ctx); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			r, err := f.get("bench.test", "/")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if r.backend == want.name {
+				break
+			}
+		}
+		lats = append(lats, time.Since(t0))
+	}
+	b.StopTimer()
+	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(lats[len(lats)/2]), "p50-ms")
+	b.ReportMetric(ms(lats[(len(lats)*99)/100]), "p99-ms")
+	b.ReportMetric(ms(lats[len(lats)-1]), "max-ms")
+}

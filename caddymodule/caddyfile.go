@@ -1,0 +1,144 @@
+package caddymodule
+
+import (
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("edgeplane", parseGlobalOption)
+	httpcaddyfile.RegisterHandlerDirective("edgeplane", parseHandlerDirective)
+	// The gateway is a terminal handler like reverse_proxy.
+	httpcaddyfile.RegisterDirectiveOrder("edgeplane", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// parseGlobalOption sets up the edgeplane app:
+//
+//	{
+//		edgeplane {
+//			nats_url      <url>
+//			creds_file    <path>
+//			installation  <name>
+//			authority     <name>
+//			snapshot_path <path>
+//			gateway_name  <name>
+//		}
+//	}
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("edgeplane global option given more than once")
+	}
+	app := new(App)
+	if err := app.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "edgeplane", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+// UnmarshalCaddyfile reads the body of the `edgeplane` global option.
+func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the option name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		sub := d.Val()
+		var dst *string
+		switch sub {
+		case "nats_url":
+			dst = &a.NATSURL
+		case "creds_file":
+			dst = &a.CredsFile
+		case "installation":
+			dst = &a.Installation
+		case "authority":
+			dst = &a.Authority
+		case "snapshot_path":
+			dst = &a.SnapshotPath
+		case "gateway_name":
+			dst = &a.GatewayName
+		default:
+			return d.Errf("unrecognized edgeplane option %q", sub)
+		}
+		if *dst != "" {
+			return d.Errf("edgeplane option %q given more than once", sub)
+		}
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		*dst = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	return nil
+}
+
+// parseHandlerDirective sets up the gateway handler:
+//
+//	edgeplane {
+//		<any reverse_proxy subdirective except upstreams and dynamic>
+//	}
+func parseHandlerDirective(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	gw := new(Handler)
+	if err := gw.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	if err := gw.Handler.FinalizeUnmarshalCaddyfile(h); err != nil {
+		return nil, err
+	}
+	return gw, nil
+}
+
+// UnmarshalCaddyfile reads the `edgeplane` directive: reverse_proxy's
+// subdirectives, without upstreams of its own.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if err := h.Handler.UnmarshalCaddyfile(d); err != nil {
+		return err
+	}
+	if len(h.Upstreams) > 0 || h.DynamicUpstreamsRaw != nil {
+		return d.Err("edgeplane takes no upstreams ('to' or 'dynamic'): they come from the routing projection")
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile reads `dynamic edgeplane [<namespace> <service>]`.
+func (u *Upstreams) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the module name
+	args := d.RemainingArgs()
+	switch len(args) {
+	case 0:
+	case 2:
+		u.Namespace, u.Service = args[0], args[1]
+	default:
+		return d.Errf("dynamic edgeplane takes no arguments or <namespace> <service>, got %d", len(args))
+	}
+	if d.NextBlock(0) {
+		return d.Errf("dynamic edgeplane takes no block (found %q)", d.Val())
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile reads `permission edgeplane`.
+func (p *Permission) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the module name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.NextBlock(0) {
+		return d.Errf("permission edgeplane takes no block (found %q)", d.Val())
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddyfile.Unmarshaler = (*App)(nil)
+	_ caddyfile.Unmarshaler = (*Handler)(nil)
+	_ caddyfile.Unmarshaler = (*Upstreams)(nil)
+	_ caddyfile.Unmarshaler = (*Permission)(nil)
+	_ caddy.Module          = (*Handler)(nil)
+)

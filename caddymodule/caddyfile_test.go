@@ -1,0 +1,83 @@
+package caddymodule
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/encode/gzip"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+)
+
+// TestCaddyfileAdapt compares testdata/adapt/<name>.caddyfile adapted to
+// JSON with <name>.json. UPDATE_GOLDEN=1 rewrites the golden files.
+func TestCaddyfileAdapt(t *testing.T) {
+	files, err := filepath.Glob("testdata/adapt/*.caddyfile")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden inputs: %v", err)
+	}
+	for _, in := range files {
+		t.Run(filepath.Base(in), func(t *testing.T) {
+			src, err := os.ReadFile(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := adapt(t, in, src)
+			golden := strings.TrimSuffix(in, ".caddyfile") + ".json"
+			if os.Getenv("UPDATE_GOLDEN") != "" {
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("reading golden file (UPDATE_GOLDEN=1 writes it): %v", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s adapted to:\n%s\nwant:\n%s", in, got, want)
+			}
+		})
+	}
+}
+
+func adapt(t *testing.T, name string, src []byte) []byte {
+	t.Helper()
+	out, warns, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": name})
+	if err != nil {
+		t.Fatalf("adapting %s: %v", name, err)
+	}
+	for _, w := range warns {
+		t.Errorf("adapt warning: %s:%d: %s", w.File, w.Line, w.Message)
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, out, "", "\t"); err != nil {
+		t.Fatal(err)
+	}
+	buf.WriteByte('\n')
+	return buf.Bytes()
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	cases := map[string]struct{ src, want string }{
+		"unknown option": {"{\n\tedgeplane {\n\t\tnats nats://x\n\t}\n}\n:80\n", `unrecognized edgeplane option "nats", at Caddyfile:3`},
+		"missing value":  {"{\n\tedgeplane {\n\t\tnats_url\n\t}\n}\n:80\n", "Caddyfile:3"},
+		"extra value":    {"{\n\tedgeplane {\n\t\tgateway_name a b\n\t}\n}\n:80\n", "Caddyfile:3"},
+		"repeated":       {"{\n\tedgeplane {\n\t\tgateway_name a\n\t\tgateway_name b\n\t}\n}\n:80\n", `option "gateway_name" given more than once`},
+		"own upstream":   {":80 {\n\tedgeplane 127.0.0.1:9000\n}\n", "edgeplane takes no upstreams"},
+		"own to":         {":80 {\n\tedgeplane {\n\t\tto 127.0.0.1:9000\n\t}\n}\n", "edgeplane takes no upstreams"},
+		"dynamic args":   {":80 {\n\treverse_proxy {\n\t\tdynamic edgeplane onlyns\n\t}\n}\n", "dynamic edgeplane takes no arguments or <namespace> <service>, got 1"},
+		"permission arg": {"{\n\ton_demand_tls {\n\t\tpermission edgeplane extra\n\t}\n}\n:80\n", "Caddyfile:3"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(c.src), map[string]any{"filename": "Caddyfile"})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error = %v, want it to contain %q", err, c.want)
+			}
+		})
+	}
+}

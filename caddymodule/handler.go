@@ -1,0 +1,133 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// varService is the request variable under which the handler leaves the
+// routed *projection.Service for the upstream source.
+const varService = "edgeplane.service"
+
+// Handler is `http.handlers.edgeplane`: it routes a request by its host
+// (exact or "*.suffix") and path prefix to its service's routable instances
+// through Caddy's own reverse proxy. Every reverse_proxy option
+// (load_balancing, health_checks, transport, headers, flush_interval, ...)
+// is accepted inline and keeps its meaning; the upstreams always come from
+// the projection, so `upstreams` and `dynamic_upstreams` must be empty.
+//
+// An unknown host or path gets 404 "no route for this host"; a routed
+// service without routable instances gets 503. Neither names any internal
+// detail.
+type Handler struct {
+	reverseproxy.Handler
+
+	app    *App
+	logger *zap.Logger
+	// proxyReady is set once the embedded proxy is provisioned; Cleanup
+	// after a failed Provision must not touch it.
+	proxyReady bool
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.edgeplane",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets up the embedded reverse proxy with the projection as its
+// dynamic upstream source.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if len(h.Upstreams) > 0 || h.DynamicUpstreamsRaw != nil {
+		return fmt.Errorf("provisioning edgeplane handler: upstreams come from the routing projection; remove upstreams and dynamic_upstreams")
+	}
+	app, err := edgeplaneApp(ctx)
+	if err != nil {
+		return fmt.Errorf("provisioning edgeplane handler: %w", err)
+	}
+	h.app = app
+	raw, err := json.Marshal(map[string]string{"source": "edgeplane"})
+	if err != nil {
+		return err
+	}
+	h.DynamicUpstreamsRaw = raw
+	if err := h.Handler.Provision(ctx); err != nil {
+		return fmt.Errorf("provisioning edgeplane handler's reverse proxy: %w", err)
+	}
+	h.proxyReady = true
+	return nil
+}
+
+// Cleanup releases the reverse proxy's resources.
+func (h *Handler) Cleanup() error {
+	if !h.proxyReady {
+		return nil
+	}
+	return h.Handler.Cleanup()
+}
+
+// ServeHTTP routes the request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	svc, ok := h.app.Projection().View().Lookup(r.Host, r.URL.Path)
+	if !ok {
+		if c := h.logger.Check(zapcore.DebugLevel, "no route"); c != nil {
+			c.Write(zap.String("host", r.Host), zap.String("path", r.URL.Path))
+		}
+		return plainError(w, http.StatusNotFound, "no route for this host\n")
+	}
+	if len(svc.Endpoints) == 0 {
+		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
+	}
+	caddyhttp.SetVar(r.Context(), varService, svc)
+	return h.Handler.ServeHTTP(w, r, next)
+}
+
+func plainError(w http.ResponseWriter, code int, body string) error {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	_, err := w.Write([]byte(body))
+	return err
+}
+
+// edgeplaneApp returns the config's edgeplane app, loading it with its
+// defaults if the config does not name it.
+func edgeplaneApp(ctx caddy.Context) (*App, error) {
+	v, err := ctx.App("edgeplane")
+	if err != nil {
+		return nil, fmt.Errorf("getting the edgeplane app: %w", err)
+	}
+	return v.(*App), nil
+}
+
+// serviceFor is the service routed for r, as the handler decided it, or
+// looked up afresh when the upstream source is used on its own.
+func serviceFor(v *projection.View, r *http.Request) (*projection.Service, bool) {
+	if s, ok := caddyhttp.GetVar(r.Context(), varService).(*projection.Service); ok && s != nil {
+		return s, true
+	}
+	return v.Lookup(r.Host, r.URL.Path)
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,218 @@
+package projection_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+// populate writes nsCount namespaces of svcPerNS services with instPerSvc
+// ready instances each, as committed deploys, straight into the store
+// (instance records through async KV publishes, which is what makes 100k
+// records quick to write).
+func populate(b *testing.B, s *store.Store, nsCount, svcPerNS, instPerSvc int) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	now := time.Now().UTC()
+	for n := 0; n < nsCount; n++ {
+		ns := fmt.Sprintf("ns%04d", n)
+		c := &store.DeployCommit{ID: ns + "-r1", Namespace: ns, Kind: store.CommitFinal, Revision: 1, CreatedAt: now,
+			Manifest: store.Manifest{Namespace: ns, Services: map[string]store.ServiceSpec{}}}
+		for sv := 0; sv < svcPerNS; sv++ {
+			name := fmt.Sprintf("svc%02d", sv)
+			r := instPerSvc
+			c.Manifest.Services[name] = store.ServiceSpec{Command: []string{"app"}, Replicas: &r,
+				Routes: []store.Route{{Hosts: []string{fmt.Sprintf("%s.%s.example.com", name, ns), fmt.Sprintf("*.%s.%s.example.com", name, ns)}}}}
+			for i := 0; i < instPerSvc; i++ {
+				id := fmt.Sprintf("%s-%s-%d", ns, name, i)
+				m := fmt.Sprintf("m%03d", (n*svcPerNS+sv+i)%500)
+				c.Slots = append(c.Slots, store.SlotAssignment{Service: name, Slot: i, InstanceID: id, Machine: m, Revision: 1})
+				rec := store.InstanceRecord{Version: 1, ID: id, Namespace: ns, Service: name, Slot: i, Revision: 1,
+					DeployID: c.ID, Machine: m, Address: fmt.Sprintf("10.100.%d.%d", i, sv+1), Port: 8000 + i,
+					State: store.InstanceReady, Driver: "test", CreatedAt: now, UpdatedAt: now}
+				data, _ := json.Marshal(&rec)
+				if _, err := s.JS.PublishAsync("$KV."+s.Names.InstancesBucket()+"."+rec.Key(), data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		if _, err := s.AppendCommit(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-s.JS.PublishAsyncComplete():
+	case <-ctx.Done():
+		b.Fatal("async publishes did not complete")
+	}
+}
+
+func heapMB() (inuse, total float64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapAlloc) / (1 << 20), float64(ms.TotalAlloc) / (1 << 20)
+}
+
+// BenchmarkColdStart100k measures a gateway's first load from the store:
+// 100k routable instances in 10k services (1000 namespaces), from Run to
+// the first complete view, and the heap the view retains.
+func BenchmarkColdStart100k(b *testing.B) {
+	srv := storetest.Start(b)
+	populate(b, srv.Store, 1000, 10, 10)
+	st := srv.Connect(b)
+	b.ResetTimer()
+	var retained, allocated float64
+	for i := 0; i < b.N; i++ {
+		before, totalBefore := heapMB()
+		start := time.Now()
+		p := start1(b, projection.Config{Store: st})
+		for p.Status().Loads == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		took := time.Since(start)
+		after, totalAfter := heapMB()
+		if n := p.Status().Routable; n != 100_000 {
+			b.Fatalf("routable = %d, want 100000", n)
+		}
+		retained, allocated = after-before, totalAfter-totalBefore
+		b.ReportMetric(took.Seconds(), "s/load")
+		p.stop()
+	}
+	b.ReportMetric(retained, "MB-retained")
+	b.ReportMetric(allocated, "MB-allocated")
+}
+
+// BenchmarkColdStartSnapshot100k measures starting from the local snapshot
+// (NATS unreachable) with the same 100k instances.
+func BenchmarkColdStartSnapshot100k(b *testing.B) {
+	srv := storetest.Start(b)
+	populate(b, srv.Store, 1000, 10, 10)
+	snap := filepath.Join(b.TempDir(), "routing.json")
+	p := start1(b, projection.Config{Store: srv.Store, SnapshotPath: snap})
+	for p.Status().Loads == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	p.stop() // writes the final snapshot
+	b.ResetTimer()
+	var retained float64
+	for i := 0; i < b.N; i++ {
+		before, _ := heapMB()
+		start := time.Now()
+		q, err := projection.New(projection.Config{SnapshotPath: snap, Connect: func(context.Context) (*store.Store, error) {
+			return nil, fmt.Errorf("unreachable")
+		}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(time.Since(start).Seconds(), "s/load")
+		after, _ := heapMB()
+		if _, n, _ := q.View().Counts(); n != 100_000 {
+			b.Fatalf("routable = %d", n)
+		}
+		retained = after - before
+		runtime.KeepAlive(q)
+	}
+	b.ReportMetric(retained, "MB-retained")
+}
+
+func start1(b *testing.B, cfg projection.Config) *running {
+	b.Helper()
+	return start(b, cfg)
+}
+
+// BenchmarkEventApply measures routing events applied per second end to end:
+// published to the stream, consumed and swapped into the view, with 1000
+// services in the view.
+func BenchmarkEventApply(b *testing.B) {
+	srv := storetest.Start(b)
+	p := start(b, projection.Config{Store: srv.Connect(b)})
+	for p.Status().Loads == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	payloads := make([][]byte, 1000)
+	for i := range payloads {
+		ev := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: fmt.Sprintf("s%d", i),
+			Routes:    []store.Route{{Hosts: []string{fmt.Sprintf("s%d.bench.test", i)}}},
+			Endpoints: []store.Endpoint{{InstanceID: "i1", Address: "10.100.0.1", Port: 8000}, {InstanceID: "i2", Address: "10.100.0.2", Port: 8000}}}
+		payloads[i], _ = json.Marshal(&ev)
+	}
+	subj := srv.Store.Names.RoutingServiceSubject("bench", "s")
+	b.ResetTimer()
+	start := time.Now()
+	var last uint64
+	var acks []jetstream.PubAckFuture
+	for i := 0; i < b.N; i++ {
+		f, err := srv.Store.JS.PublishAsync(subj, payloads[i%len(payloads)])
+		if err != nil {
+			b.Fatal(err)
+		}
+		acks = append(acks, f)
+	}
+	<-srv.Store.JS.PublishAsyncComplete()
+	for _, f := range acks {
+		select {
+		case a := <-f.Ok():
+			last = max(last, a.Sequence)
+		case err := <-f.Err():
+			b.Fatal(err)
+		}
+	}
+	for p.View().Seq < last {
+		time.Sleep(100 * time.Microsecond)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+}
+
+// BenchmarkLookup measures View.Lookup in a view of 10k services, parallel,
+// half exact hosts and half wildcard hosts.
+func BenchmarkLookup(b *testing.B) {
+	v := benchView(b, 10_000)
+	hosts := make([]string, 1024)
+	for i := range hosts {
+		if i%2 == 0 {
+			hosts[i] = fmt.Sprintf("svc%d.example.com", (i*7919)%10_000)
+		} else {
+			hosts[i] = fmt.Sprintf("tenant-%d.svc%d.example.com", i, (i*7919)%10_000)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, ok := v.Lookup(hosts[i&1023], "/api/x"); !ok {
+				b.Fatal("miss")
+			}
+			i++
+		}
+	})
+}
+
+func benchView(b *testing.B, n int) *projection.View {
+	evs := make([]store.RoutingEvent, n)
+	for i := range evs {
+		evs[i] = store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: fmt.Sprintf("svc%d", i),
+			Routes: []store.Route{
+				{Hosts: []string{fmt.Sprintf("svc%d.example.com", i), fmt.Sprintf("*.svc%d.example.com", i)}},
+				{Hosts: []string{fmt.Sprintf("svc%d.example.com", i)}, PathPrefixes: []string{"/api", "/static"}},
+			},
+			Endpoints: []store.Endpoint{{InstanceID: "a", Address: "10.100.0.1", Port: 8000}}}
+	}
+	v, err := projection.BuildView(evs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return v
+}

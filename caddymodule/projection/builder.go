@@ -1,0 +1,226 @@
+package projection
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// builder derives a new View from a base View by applying events. Each
+// shard is copied before its first change in this builder, so the base stays
+// untouched and every shard not touched is shared.
+type builder struct {
+	v                                   View
+	ownSvc, ownExact, ownWild, ownMachs [nShards]bool
+	changed                             bool
+}
+
+func newBuilder(base *View) *builder {
+	b := &builder{v: *base}
+	b.v.lists = nil
+	return b
+}
+
+func cowShard[V any](s *shards[V], own *[nShards]bool, key string, sizeHint int) map[string]V {
+	i := shardOf(key)
+	if !own[i] {
+		m := make(map[string]V, max(len(s[i])+1, sizeHint))
+		for k, v := range s[i] {
+			m[k] = v
+		}
+		s[i] = m
+		own[i] = true
+	}
+	return s[i]
+}
+
+// apply applies one routing event. It fails only for an event it cannot
+// understand; the view is then unchanged for that event.
+func (b *builder) apply(ev *store.RoutingEvent) error {
+	switch ev.Kind {
+	case store.EventServiceUpsert:
+		if ev.Namespace == "" || ev.Service == "" {
+			return fmt.Errorf("service upsert without namespace or service")
+		}
+		b.upsertService(ev)
+	case store.EventServiceRemove:
+		if ev.Namespace == "" || ev.Service == "" {
+			return fmt.Errorf("service removal without namespace or service")
+		}
+		b.removeService(ev.Namespace + "/" + ev.Service)
+	case store.EventMachineUpsert:
+		if ev.Machine == nil || ev.Machine.ID == "" {
+			return fmt.Errorf("machine upsert without a machine")
+		}
+		b.upsertMachine(*ev.Machine)
+	case store.EventMachineRemove:
+		if ev.Machine == nil || ev.Machine.ID == "" {
+			return fmt.Errorf("machine removal without a machine")
+		}
+		b.removeMachine(ev.Machine.ID)
+	default:
+		return fmt.Errorf("unknown routing event kind %q", ev.Kind)
+	}
+	return nil
+}
+
+func (b *builder) upsertService(ev *store.RoutingEvent) {
+	s := &Service{
+		Namespace: ev.Namespace, Name: ev.Service, DeployID: ev.DeployID, Revision: ev.Revision,
+		Routes: ev.Routes, Endpoints: ev.Endpoints,
+	}
+	key := s.Key()
+	b.removeService(key)
+	cowShard(&b.v.services, &b.ownSvc, key, 0)[key] = s
+	b.v.numServices++
+	b.v.numEndpoints += len(s.Endpoints)
+	for _, hp := range routeEntries(s) {
+		if hp.wild {
+			b.addHost(&b.v.wild, &b.ownWild, hp.host, hostRoute{Prefix: hp.prefix, Service: s})
+		} else {
+			b.addHost(&b.v.exact, &b.ownExact, hp.host, hostRoute{Prefix: hp.prefix, Service: s})
+		}
+	}
+	b.changed = true
+}
+
+func (b *builder) removeService(key string) {
+	old, ok := b.v.services.get(key)
+	if !ok {
+		return
+	}
+	delete(cowShard(&b.v.services, &b.ownSvc, key, 0), key)
+	b.v.numServices--
+	b.v.numEndpoints -= len(old.Endpoints)
+	for _, hp := range routeEntries(old) {
+		if hp.wild {
+			b.dropHost(&b.v.wild, &b.ownWild, hp.host, key)
+		} else {
+			b.dropHost(&b.v.exact, &b.ownExact, hp.host, key)
+		}
+	}
+	b.changed = true
+}
+
+func (b *builder) addHost(idx *shards[[]hostRoute], own *[nShards]bool, host string, r hostRoute) {
+	m := cowShard(idx, own, host, 0)
+	old := m[host]
+	rs := make([]hostRoute, 0, len(old)+1)
+	for _, o := range old {
+		// One service names a (host, prefix) once; a repeat is a no-op.
+		if o.Service == r.Service && o.Prefix == r.Prefix {
+			return
+		}
+	}
+	rs = append(rs, old...)
+	rs = append(rs, r)
+	// Longest prefix first; between services claiming the same prefix the
+	// lowest namespace/name wins, so every gateway decides alike.
+	sort.SliceStable(rs, func(i, j int) bool {
+		if len(rs[i].Prefix) != len(rs[j].Prefix) {
+			return len(rs[i].Prefix) > len(rs[j].Prefix)
+		}
+		if rs[i].Prefix != rs[j].Prefix {
+			return rs[i].Prefix < rs[j].Prefix
+		}
+		return rs[i].Service.Key() < rs[j].Service.Key()
+	})
+	m[host] = rs
+}
+
+func (b *builder) dropHost(idx *shards[[]hostRoute], own *[nShards]bool, host, svcKey string) {
+	cur, ok := idx.get(host)
+	if !ok {
+		return
+	}
+	m := cowShard(idx, own, host, 0)
+	rs := make([]hostRoute, 0, len(cur))
+	for _, r := range cur {
+		if r.Service.Namespace+"/"+r.Service.Name != svcKey {
+			rs = append(rs, r)
+		}
+	}
+	if len(rs) == 0 {
+		delete(m, host)
+	} else {
+		m[host] = rs
+	}
+}
+
+func (b *builder) upsertMachine(m store.MachineRecord) {
+	if _, ok := b.v.machines.get(m.ID); !ok {
+		b.v.numMachines++
+	}
+	cowShard(&b.v.machines, &b.ownMachs, m.ID, 0)[m.ID] = m
+	b.changed = true
+}
+
+func (b *builder) removeMachine(id string) {
+	if _, ok := b.v.machines.get(id); !ok {
+		return
+	}
+	delete(cowShard(&b.v.machines, &b.ownMachs, id, 0), id)
+	b.v.numMachines--
+	b.changed = true
+}
+
+// finish returns the new immutable View at seq.
+func (b *builder) finish(seq uint64, stale bool) *View {
+	v := b.v
+	v.Seq = seq
+	v.Stale = stale
+	if b.changed {
+		v.BuiltAt = time.Now()
+	}
+	v.lists = new(lazyLists)
+	return &v
+}
+
+type hostPrefix struct {
+	host   string // normalised; for a wildcard, the suffix with its dot
+	wild   bool
+	prefix string
+}
+
+// routeEntries expands a service's routes into (host, prefix) pairs under
+// normalised names. Unusable hosts are skipped: a route cannot make the
+// gateway serve something nobody can ask for.
+func routeEntries(s *Service) []hostPrefix {
+	var out []hostPrefix
+	for _, r := range s.Routes {
+		prefixes := r.PathPrefixes
+		if len(prefixes) == 0 {
+			prefixes = []string{"/"}
+		}
+		for _, h := range r.Hosts {
+			var hp hostPrefix
+			if strings.HasPrefix(h, "*.") {
+				n, ok := normalizeHost(h[2:])
+				if !ok {
+					continue
+				}
+				hp = hostPrefix{host: "." + n, wild: true}
+			} else {
+				n, ok := normalizeRequestHost(h)
+				if !ok || strings.Contains(n, "*") {
+					continue
+				}
+				hp = hostPrefix{host: n}
+			}
+			for _, p := range prefixes {
+				if p == "" {
+					p = "/"
+				}
+				if p[0] != '/' {
+					p = "/" + p
+				}
+				hp.prefix = p
+				out = append(out, hp)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,17 @@
+package projection
+
+import "github.com/edgeplane/edgeplane/store"
+
+// BuildView builds a view from events, for tests outside the package.
+func BuildView(evs []store.RoutingEvent) (*View, error) {
+	b := newBuilder(emptyView(false))
+	for i := range evs {
+		if err := b.apply(&evs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return b.finish(uint64(len(evs)), false), nil
+}
+
+// LoadRoutingForTest exposes the fast loader.
+var LoadRoutingForTest = loadRouting

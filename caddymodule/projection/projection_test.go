@@ -1,0 +1,502 @@
+package projection_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+const wait = 10 * time.Second
+
+// connectTo returns a Connect function that dials url as a long-running
+// gateway does (reconnecting forever) and binds to the provisioned store.
+func connectTo(t testing.TB, url string) func(context.Context) (*store.Store, error) {
+	return func(ctx context.Context) (*store.Store, error) {
+		nc, err := store.Connect(store.ConnectOptions{URL: url, Name: "gateway-" + t.Name(), ReconnectForever: true, Timeout: time.Second})
+		if err != nil {
+			return nil, err
+		}
+		names, _ := store.NewNames("", "")
+		st, err := store.Open(ctx, nc, names)
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		t.Cleanup(nc.Close)
+		return st, nil
+	}
+}
+
+type running struct {
+	*projection.Projection
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// start runs a projection until the test ends (or stop is called).
+func start(t testing.TB, cfg projection.Config) *running {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+		if os.Getenv("PROJECTION_TEST_LOG") != "" {
+			cfg.Logger, _ = zap.NewDevelopment()
+		}
+	}
+	if cfg.ReportInterval == 0 {
+		cfg.ReportInterval = 100 * time.Millisecond
+	}
+	if cfg.SnapshotInterval == 0 {
+		cfg.SnapshotInterval = 10 * time.Millisecond
+	}
+	p, err := projection.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{Projection: p, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(r.done); _ = p.Run(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *running) stop() {
+	r.cancel()
+	<-r.done
+}
+
+func waitSeq(t testing.TB, p *projection.Projection, seq uint64) {
+	t.Helper()
+	storetest.Eventually(t, wait, "projection to apply the routing events", func() bool { return p.View().Seq >= seq })
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func web(addr string, port int, ids ...string) projectiontest.Service {
+	s := projectiontest.Service{Routes: []store.Route{{Hosts: []string{"shop.example.com", "*.shop.example.com"}}}}
+	for _, id := range ids {
+		s.Instances = append(s.Instances, projectiontest.Instance{ID: id, Machine: "m1", Address: addr, Port: port})
+	}
+	return s
+}
+
+func endpointIDs(s *projection.Service) string {
+	var ids []string
+	for _, e := range s.Endpoints {
+		ids = append(ids, e.InstanceID)
+	}
+	return strings.Join(ids, ",")
+}
+
+func TestLoadThenFollowEvents(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := ctxT(t)
+	// State committed before the gateway starts comes from the load.
+	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+		"web": web("127.0.0.1", 9001, "w1", "w2"),
+		"api": {Routes: []store.Route{{Hosts: []string{"shop.example.com"}, PathPrefixes: []string{"/api"}}},
+			Instances: []projectiontest.Instance{{ID: "a1", Machine: "m1", Address: "127.0.0.1", Port: 9002}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL), Name: "gw-1"})
+	storetest.Eventually(t, wait, "initial load", func() bool { return p.Status().Loads == 1 })
+	v := p.View()
+	if v.Stale {
+		t.Error("a view loaded from the store is marked stale")
+	}
+	if s, ok := v.Lookup("shop.example.com", "/api/x"); !ok || s.Name != "api" {
+		t.Fatalf("lookup /api/x = %v", s)
+	}
+	if s, ok := v.Lookup("eu.shop.example.com", "/"); !ok || endpointIDs(s) != "w1,w2" {
+		t.Fatalf("wildcard lookup = %v", s)
+	}
+
+	// A redeploy replaces endpoints and drops a service the manifest lost.
+	changed := p.Changed()
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+		"web": web("127.0.0.1", 9003, "w3"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeq(t, p.Projection, seq)
+	select {
+	case <-changed:
+	default:
+		t.Error("Changed() channel not closed after a new view")
+	}
+	v = p.View()
+	if s, ok := v.Lookup("shop.example.com", "/api/x"); !ok || s.Name != "web" || endpointIDs(s) != "w3" || s.Revision != 2 {
+		t.Fatalf("after redeploy /api/x = %+v; want web with w3 at revision 2", s)
+	}
+	if _, ok := v.Service("shop", "api"); ok {
+		t.Error("removed service still present")
+	}
+	st := p.Status()
+	if st.State != "serving" || !st.Connected || st.AppliedSeq != seq || st.LagSeqs != 0 || st.EventsApplied == 0 || st.Rebuilds != 0 {
+		t.Errorf("status = %+v", st)
+	}
+
+	// The gateway reports the sequence it applied, as an observation.
+	storetest.Eventually(t, wait, "gateway observation at the applied sequence", func() bool {
+		var obs store.GatewayObservation
+		_, err := store.GetJSON(ctx, srv.Store.Gateways, projection.GatewayKey("gw-1"), &obs)
+		return err == nil && obs.AppliedSeq == seq && obs.Gateway == "gw-1" && !obs.Stale
+	})
+}
+
+func TestDrainingAndErroredInstancesLeaveAtOnce(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := ctxT(t)
+	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+		"web": web("127.0.0.1", 9001, "w1", "w2", "w3"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	seq, err := projectiontest.SetInstance(ctx, srv.Store, "shop", "w2", store.InstanceDraining, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeq(t, p.Projection, seq)
+	if s, _ := p.View().Service("shop", "web"); endpointIDs(s) != "w1,w3" {
+		t.Fatalf("after draining w2: %s", endpointIDs(s))
+	}
+	seq, err = projectiontest.SetInstance(ctx, srv.Store, "shop", "w3", store.InstanceReady, "exit status 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeq(t, p.Projection, seq)
+	if s, _ := p.View().Service("shop", "web"); endpointIDs(s) != "w1" {
+		t.Fatalf("after w3 errored: %s", endpointIDs(s))
+	}
+}
+
+func TestBadEventIsSkippedAndReported(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := ctxT(t)
+	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+		"web": web("127.0.0.1", 9001, "w1"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	storetest.Eventually(t, wait, "initial load", func() bool { return p.Status().Loads == 1 })
+	subj := srv.Store.Names.RoutingServiceSubject("shop", "web")
+	for _, data := range []string{`{not json`, `{"version":99,"kind":"service.upsert","namespace":"shop","service":"web"}`,
+		`{"version":1,"kind":"service.explode","namespace":"shop","service":"web"}`} {
+		if _, err := srv.Store.JS.Publish(ctx, subj, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "other", map[string]projectiontest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"other.test"}}}, Instances: []projectiontest.Instance{{ID: "o1", Machine: "m1", Address: "127.0.0.1", Port: 9009}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeq(t, p.Projection, seq)
+	st := p.Status()
+	if st.BadEvents != 3 {
+		t.Errorf("bad events = %d, want 3", st.BadEvents)
+	}
+	if !strings.Contains(st.LastError, "skipping routing event") {
+		t.Errorf("last error = %q, want it to name the skipped event", st.LastError)
+	}
+	// Nothing lost: shop/web keeps its state, later events still apply.
+	if s, ok := p.View().Service("shop", "web"); !ok || endpointIDs(s) != "w1" {
+		t.Errorf("shop/web changed by bad events: %v", s)
+	}
+	if _, ok := p.View().Lookup("other.test", "/"); !ok {
+		t.Error("event after the bad ones not applied")
+	}
+	if st.Rebuilds != 0 {
+		t.Errorf("bad events caused %d rebuilds", st.Rebuilds)
+	}
+}
+
+// freePort reserves a loopback port for a server that must restart at the
+// same address.
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+func TestSnapshotServesStaleWhenNATSIsDown(t *testing.T) {
+	dir := t.TempDir()
+	snap := filepath.Join(dir, "gw", "routing.json")
+	srv := storetest.Start(t)
+	ctx := ctxT(t)
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL), SnapshotPath: snap})
+	waitSeq(t, p.Projection, seq)
+	storetest.Eventually(t, wait, "snapshot written", func() bool { _, err := os.Stat(snap); return err == nil })
+	p.stop()
+
+	// Restart while NATS is unreachable: the snapshot serves, marked stale,
+	// and the projection keeps retrying.
+	attempts := make(chan struct{}, 100)
+	p2 := start(t, projection.Config{SnapshotPath: snap, Connect: func(context.Context) (*store.Store, error) {
+		select {
+		case attempts <- struct{}{}:
+		default:
+		}
+		return nil, &store.Error{Code: store.CodeUnavailable, Message: "connecting to NATS: connection refused"}
+	}})
+	v := p2.View()
+	if !v.Stale || v.Seq != seq {
+		t.Fatalf("restarted view: stale=%v seq=%d, want stale at %d", v.Stale, v.Seq, seq)
+	}
+	if s, ok := v.Lookup("shop.example.com", "/"); !ok || endpointIDs(s) != "w1" {
+		t.Fatalf("snapshot lookup = %v", s)
+	}
+	<-attempts
+	<-attempts
+	st := p2.Status()
+	if st.State != "serving-stale" || st.Connected || !strings.Contains(st.LastError, "unavailable") {
+		t.Errorf("status = %+v", st)
+	}
+}
+
+func TestCorruptSnapshotIsSetAside(t *testing.T) {
+	snap := filepath.Join(t.TempDir(), "routing.json")
+	if err := os.WriteFile(snap, []byte(`{"format":1,"services":[{"kind":"nope"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := projection.New(projection.Config{SnapshotPath: snap, Connect: func(context.Context) (*store.Store, error) {
+		return nil, errors.New("unused")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := p.Status()
+	if !strings.Contains(st.LastError, "reading routing snapshot") || !strings.Contains(st.LastError, ".bad") {
+		t.Errorf("status error = %q", st.LastError)
+	}
+	if _, err := os.Stat(snap + ".bad"); err != nil {
+		t.Errorf("corrupt snapshot not kept aside: %v", err)
+	}
+	if st.State != "starting" || !p.View().Stale {
+		t.Errorf("status = %+v", st)
+	}
+	// A snapshot from a newer format is refused the same way.
+	if err := os.WriteFile(snap, []byte(`{"format":7}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, _ = projection.New(projection.Config{SnapshotPath: snap, Connect: func(context.Context) (*store.Store, error) { return nil, errors.New("unused") }})
+	if e := p.Status().LastError; !strings.Contains(e, "format 7") {
+		t.Errorf("newer format error = %q", e)
+	}
+	if _, err := projection.New(projection.Config{}); err == nil {
+		t.Error("New without a store or Connect succeeded")
+	}
+}
+
+func TestReconnectContinuousResumesWithoutRebuild(t *testing.T) {
+	dir, addr := t.TempDir(), freePort(t)
+	srv := storetest.StartIn(t, dir, addr)
+	ctx := ctxT(t)
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	waitSeq(t, p.Projection, seq)
+
+	srv.NATS.Shutdown()
+	srv.NATS.WaitForShutdown()
+	storetest.Eventually(t, wait, "projection to notice NATS is gone", func() bool { return !p.Status().Connected })
+	if st := p.Status(); st.State != "serving-stale" || !p.View().Stale {
+		t.Errorf("while NATS is down: %+v", st)
+	}
+	if s, ok := p.View().Lookup("shop.example.com", "/"); !ok || endpointIDs(s) != "w1" {
+		t.Fatal("stopped serving the last good view while NATS is down")
+	}
+
+	srv2 := storetest.StartIn(t, dir, addr)
+	storetest.Eventually(t, wait, "reconnect", func() bool { return p.Status().Connected && !p.View().Stale })
+	_, seq, err = projectiontest.Deploy(ctx, srv2.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9002, "w2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeq(t, p.Projection, seq)
+	if s, _ := p.View().Service("shop", "web"); endpointIDs(s) != "w2" {
+		t.Errorf("after reconnect: %s", endpointIDs(s))
+	}
+	if r := p.Status().Rebuilds; r != 0 {
+		t.Errorf("a continuous reconnect caused %d rebuilds", r)
+	}
+}
+
+func TestLostPositionRebuilds(t *testing.T) {
+	dir, addr := t.TempDir(), freePort(t)
+	srv := storetest.StartIn(t, dir, addr)
+	ctx := ctxT(t)
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	waitSeq(t, p.Projection, seq)
+	srv.NATS.Shutdown()
+	srv.NATS.WaitForShutdown()
+	storetest.Eventually(t, wait, "projection to notice NATS is gone", func() bool { return !p.Status().Connected })
+
+	// While the gateway is away, the same store (on another port) gets a
+	// redeploy whose events are then purged: the gateway's next event is gone.
+	side := storetest.StartIn(t, dir, freePort(t))
+	_, _, err = projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9002, "w2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := side.Store.Routing.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := side.Store.Routing.Purge(ctx, jetstream.WithPurgeSequence(info.State.LastSeq+1)); err != nil {
+		t.Fatal(err)
+	}
+	side.NATS.Shutdown()
+	side.NATS.WaitForShutdown()
+
+	// Serving never paused meanwhile.
+	if s, ok := p.View().Lookup("shop.example.com", "/"); !ok || endpointIDs(s) != "w1" {
+		t.Fatal("view lost while NATS was away")
+	}
+	storetest.StartIn(t, dir, addr)
+	storetest.Eventually(t, wait, "rebuild after the lost position", func() bool { return p.Status().Rebuilds == 1 })
+	if s, _ := p.View().Service("shop", "web"); endpointIDs(s) != "w2" {
+		t.Errorf("after rebuild: %s, want w2", endpointIDs(s))
+	}
+}
+
+func TestRecreatedStreamRebuilds(t *testing.T) {
+	addr := freePort(t)
+	srv := storetest.StartIn(t, t.TempDir(), addr)
+	ctx := ctxT(t)
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// More events, so the gateway's position is past what a fresh stream
+	// will hold.
+	for i := 0; i < 5; i++ {
+		if seq, err = projectiontest.SetInstance(ctx, srv.Store, "shop", "w1", store.InstanceReady, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	waitSeq(t, p.Projection, seq)
+	srv.NATS.Shutdown()
+	srv.NATS.WaitForShutdown()
+	storetest.Eventually(t, wait, "projection to notice NATS is gone", func() bool { return !p.Status().Connected })
+
+	// NATS comes back with an empty store (a new cluster, a lost disk): the
+	// stream restarts at sequence 1 and must not be taken for a continuation.
+	srv2 := storetest.StartIn(t, t.TempDir(), addr)
+	if _, _, err := projectiontest.Deploy(ctx, srv2.Store, "fresh", map[string]projectiontest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"fresh.test"}}}, Instances: []projectiontest.Instance{{ID: "f1", Machine: "m1", Address: "127.0.0.1", Port: 9100}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway may come back before or after the new deploy lands;
+	// either way it must end up with exactly the new store's state.
+	storetest.Eventually(t, wait, "rebuild from the new stream", func() bool {
+		_, ok := p.View().Lookup("fresh.test", "/")
+		return p.Status().Rebuilds >= 1 && ok
+	})
+	if _, ok := p.View().Lookup("shop.example.com", "/"); ok {
+		t.Error("shop.example.com still routed though the new store has no such deploy")
+	}
+}
+
+// TestLoaderMatchesStore holds the projection's fast loader to the
+// reference store.LoadRouting on the same data: live commits of several
+// namespaces (one redeployed, one with a removed service, one with
+// unroutable instances), checkpoint commits, and machines.
+func TestLoaderMatchesStore(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := ctxT(t)
+	s := srv.Store
+	empty, err := projection.LoadRoutingForTest(ctx, s)
+	if err != nil || len(empty.Services) != 0 {
+		t.Fatalf("empty store: %v %+v", err, empty)
+	}
+	for i := 0; i < 3; i++ {
+		if _, _, err := projectiontest.Deploy(ctx, s, "a", map[string]projectiontest.Service{
+			"web": web("127.0.0.1", 9000+i, "a-w"+strconv.Itoa(i)),
+			"api": web("127.0.0.1", 9100+i, "a-api"+strconv.Itoa(i), "a-api-x"+strconv.Itoa(i)),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := projectiontest.Deploy(ctx, s, "b", map[string]projectiontest.Service{
+		"web": {Routes: web("", 0).Routes, Instances: []projectiontest.Instance{
+			{ID: "b1", Machine: "m1", Address: "10.0.0.1", Port: 80},
+			{ID: "b2", Machine: "m1", Address: "10.0.0.2", Port: 80, State: store.InstanceDraining},
+			{ID: "b3", Machine: "m1", Address: "10.0.0.3", Port: 80, Error: "crashed"},
+			{ID: "b4", Machine: "m1", Address: "", Port: 80},
+		}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := projectiontest.Deploy(ctx, s, "b", map[string]projectiontest.Service{"other": web("10.0.0.9", 81, "b9")}); err != nil {
+		t.Fatal(err)
+	}
+	cp := &store.DeployCommit{ID: "c-cp", Namespace: "c", Kind: store.CommitCheckpoint, Phase: "p1", Revision: 1,
+		Manifest: store.Manifest{Namespace: "c"}}
+	if _, err := s.AppendCommit(ctx, cp); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"m2", "m1"} {
+		if _, err := store.PutJSON(ctx, s.Machines, id, &store.MachineRecord{Version: 1, ID: id, State: store.MachineActive, Address: "10.100.0.1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := s.LoadRouting(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := projection.LoadRoutingForTest(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	norm := func(rs *store.RoutingState) string {
+		for i := range rs.Services {
+			rs.Services[i].At = time.Time{}
+		}
+		b, _ := json.Marshal(rs)
+		return string(b)
+	}
+	if g, w := norm(got), norm(want); g != w {
+		t.Errorf("fast loader differs from store.LoadRouting:\n got %s\nwant %s", g, w)
+	}
+}

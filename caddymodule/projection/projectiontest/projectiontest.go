@@ -1,0 +1,132 @@
+// Package projectiontest writes deploys into a real store the way `control
+// deploy apply` does (a final commit, instance records, the derived routing
+// events), so tests of the projection, the gateway and DNS can drive them
+// without the control binary.
+package projectiontest
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Instance is one instance of a deployed service.
+type Instance struct {
+	ID      string
+	Machine string
+	Address string
+	Port    int
+	// State defaults to store.InstanceReady.
+	State string
+	Error string
+}
+
+// Service is one service of a deploy: its routes and instances.
+type Service struct {
+	Routes    []store.Route
+	Instances []Instance
+}
+
+// Deploy appends a final commit of namespace with services at the next
+// revision, writes every instance record, and publishes the routing events
+// derived from the commit (upserts, and removals of services the previous
+// commit had). It returns the commit and the last routing sequence.
+func Deploy(ctx context.Context, s *store.Store, namespace string, services map[string]Service) (*store.DeployCommit, uint64, error) {
+	p, err := Prepare(ctx, s, namespace, services)
+	if err != nil {
+		return nil, 0, err
+	}
+	seq, err := p.Commit(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	return p.Deploy, seq, nil
+}
+
+// Pending is a deploy whose instances are written and ready but whose
+// final commit is not appended yet: the state just before the point of no
+// return.
+type Pending struct {
+	s         *store.Store
+	prev      *store.DeployCommit
+	instances map[string]*store.InstanceRecord
+	// Deploy is the final commit Commit appends.
+	Deploy *store.DeployCommit
+}
+
+// Prepare writes the instance records of a deploy of services and builds
+// its final commit at the next revision, without appending it.
+func Prepare(ctx context.Context, s *store.Store, namespace string, services map[string]Service) (*Pending, error) {
+	var prev *store.DeployCommit
+	if c, err := s.LiveCommit(ctx, namespace); err == nil {
+		prev = c
+	} else if !store.HasCode(err, store.CodeNotFound) {
+		return nil, err
+	}
+	rev := int64(1)
+	if prev != nil {
+		rev = prev.Revision + 1
+	}
+	c := &store.DeployCommit{
+		ID: fmt.Sprintf("%s-r%d-%d", namespace, rev, time.Now().UnixNano()), Namespace: namespace,
+		Kind: store.CommitFinal, Revision: rev, CreatedAt: time.Now().UTC(),
+		Manifest: store.Manifest{Namespace: namespace, Services: map[string]store.ServiceSpec{}},
+	}
+	names := make([]string, 0, len(services))
+	for name := range services {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	insts := map[string]*store.InstanceRecord{}
+	for _, name := range names {
+		svc := services[name]
+		n := len(svc.Instances)
+		c.Manifest.Services[name] = store.ServiceSpec{Command: []string{"app"}, Replicas: &n, Routes: svc.Routes}
+		for i, in := range svc.Instances {
+			c.Slots = append(c.Slots, store.SlotAssignment{Service: name, Slot: i, InstanceID: in.ID,
+				Machine: in.Machine, Revision: rev})
+			state := in.State
+			if state == "" {
+				state = store.InstanceReady
+			}
+			rec := &store.InstanceRecord{Version: store.RecordVersion, ID: in.ID, Namespace: namespace,
+				Service: name, Slot: i, Revision: rev, DeployID: c.ID, Machine: in.Machine,
+				Address: in.Address, Port: in.Port, State: state, Error: in.Error, Driver: "test",
+				CreatedAt: time.Now().UTC(), UpdatedAt: time.Now().UTC()}
+			if _, err := store.PutJSON(ctx, s.Instances, rec.Key(), rec); err != nil {
+				return nil, err
+			}
+			insts[in.ID] = rec
+		}
+	}
+	return &Pending{s: s, prev: prev, instances: insts, Deploy: c}, nil
+}
+
+// Commit appends the final commit and publishes its routing events, as
+// `control deploy apply` does after the phase work. It returns the last
+// routing sequence.
+func (p *Pending) Commit(ctx context.Context) (uint64, error) {
+	if _, err := p.s.AppendCommit(ctx, p.Deploy); err != nil {
+		return 0, err
+	}
+	return p.s.PublishRouting(ctx, p.Deploy.ID, store.CommitEvents(p.Deploy, p.prev, p.instances))
+}
+
+// SetInstance changes one instance record's state and error and publishes
+// the fresh upsert of its service, as an agent does when an instance starts
+// draining or fails. It returns the routing sequence of the upsert.
+func SetInstance(ctx context.Context, s *store.Store, namespace, id, state, errText string) (uint64, error) {
+	var rec store.InstanceRecord
+	key := store.InstanceKey(namespace, id)
+	if _, err := store.GetJSON(ctx, s.Instances, key, &rec); err != nil {
+		return 0, err
+	}
+	rec.State, rec.Error, rec.UpdatedAt = state, errText, time.Now().UTC()
+	if _, err := store.PutJSON(ctx, s.Instances, key, &rec); err != nil {
+		return 0, err
+	}
+	return s.RepublishService(ctx, namespace, rec.Service)
+}

@@ -1,0 +1,337 @@
+package projection
+
+import (
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/net/idna"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// nShards splits every index of a View so that applying one event copies
+// only the shards it touches (about 1/nShards of the index) instead of the
+// whole map: views stay immutable and cheap to derive.
+const nShards = 128
+
+// shards is a copy-on-write sharded map. The array itself is copied by value
+// into each new View; a shard's map is copied before its first change.
+type shards[V any] [nShards]map[string]V
+
+func shardOf(key string) int {
+	// FNV-1a, inlined: no allocation on the lookup path.
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h & (nShards - 1))
+}
+
+func (s *shards[V]) get(key string) (V, bool) {
+	m := s[shardOf(key)]
+	v, ok := m[key]
+	return v, ok
+}
+
+// Service is the routable state of one (namespace, service): the contract
+// identity a routing upsert replaces. A Service is immutable once it is in a
+// View; share it freely.
+type Service struct {
+	Namespace, Name string
+	DeployID        string
+	Revision        int64
+	Routes          []store.Route
+	// Endpoints are routable instances only, in slot order.
+	Endpoints []store.Endpoint
+
+	memo sync.Map
+}
+
+// Key is "<namespace>/<name>".
+func (s *Service) Key() string { return s.Namespace + "/" + s.Name }
+
+// Memo returns the value fn derives from s, computing it once per key. An
+// adapter uses it to cache what it builds from an immutable Service (such as
+// dial addresses) for exactly as long as the Service is current.
+func (s *Service) Memo(key any, fn func(*Service) any) any {
+	if v, ok := s.memo.Load(key); ok {
+		return v
+	}
+	v, _ := s.memo.LoadOrStore(key, fn(s))
+	return v
+}
+
+// hostRoute is one path prefix of one host, pointing at its service.
+type hostRoute struct {
+	Prefix  string
+	Service *Service
+}
+
+// View is an immutable snapshot of the routing projection. Readers never
+// lock: a Projection swaps whole Views atomically.
+type View struct {
+	// Seq is the last routing stream sequence this view reflects.
+	Seq uint64
+	// Stale is set when the view may be behind the store: loaded from the
+	// local snapshot, or NATS is unreachable.
+	Stale bool
+	// BuiltAt is when this content was last changed.
+	BuiltAt time.Time
+	// StreamCreated identifies the routing stream Seq counts in; a stream
+	// recreated under the same name has a new creation time.
+	StreamCreated time.Time
+
+	services shards[*Service]
+	// exact maps a normalised host to its routes; wild maps the suffix of a
+	// "*.suffix" host, with its leading dot (".example.com"), to its routes.
+	// Routes are ordered longest prefix first.
+	exact, wild shards[[]hostRoute]
+	machines    shards[store.MachineRecord]
+
+	numServices, numEndpoints, numMachines int
+	lists                                  *lazyLists
+}
+
+// lazyLists holds sorted lists derived on first use; shared between a view
+// and its copies that differ only in Stale.
+type lazyLists struct {
+	once     sync.Once
+	services []*Service
+	machines []store.MachineRecord
+	hosts    []string
+}
+
+// emptyView is what a projection serves before anything is known.
+func emptyView(stale bool) *View {
+	return &View{Stale: stale, BuiltAt: time.Now(), lists: new(lazyLists)}
+}
+
+// Lookup finds the service for a request's host and path: the exact host
+// first, then "*.suffix" hosts from the most specific suffix; within a host,
+// the longest path prefix that matches on a segment boundary. host may carry
+// a port and any case or a trailing dot.
+func (v *View) Lookup(host, path string) (*Service, bool) {
+	h, ok := normalizeRequestHost(host)
+	if !ok {
+		return nil, false
+	}
+	if path == "" {
+		path = "/"
+	}
+	if rs, ok := v.exact.get(h); ok {
+		if s := matchPath(rs, path); s != nil {
+			return s, true
+		}
+	}
+	for i := 0; i < len(h); i++ {
+		if h[i] != '.' {
+			continue
+		}
+		if rs, ok := v.wild.get(h[i:]); ok {
+			if s := matchPath(rs, path); s != nil {
+				return s, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// Routes reports whether any route names host (exact, or through a wildcard),
+// whatever the path: the test for on-demand TLS.
+func (v *View) Routes(host string) bool {
+	h, ok := normalizeRequestHost(host)
+	if !ok {
+		return false
+	}
+	if _, ok := v.exact.get(h); ok {
+		return true
+	}
+	for i := 0; i < len(h); i++ {
+		if h[i] == '.' {
+			if _, ok := v.wild.get(h[i:]); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func matchPath(rs []hostRoute, path string) *Service {
+	for _, r := range rs {
+		if prefixMatches(r.Prefix, path) {
+			return r.Service
+		}
+	}
+	return nil
+}
+
+// prefixMatches matches on path segment boundaries: "/api" matches "/api"
+// and "/api/x" but not "/apix"; "/" matches everything.
+func prefixMatches(prefix, path string) bool {
+	if !strings.HasPrefix(path, prefix) {
+		return false
+	}
+	return len(path) == len(prefix) || prefix[len(prefix)-1] == '/' || path[len(prefix)] == '/'
+}
+
+// Service returns the service namespace/name.
+func (v *View) Service(namespace, name string) (*Service, bool) {
+	return v.services.get(namespace + "/" + name)
+}
+
+// Machine returns the machine record of id.
+func (v *View) Machine(id string) (store.MachineRecord, bool) { return v.machines.get(id) }
+
+// Services lists every service sorted by namespace, then name.
+func (v *View) Services() []*Service { v.fillLists(); return v.lists.services }
+
+// Machines lists every machine sorted by ID.
+func (v *View) Machines() []store.MachineRecord { v.fillLists(); return v.lists.machines }
+
+// Hosts lists every routed host as configured ("*.suffix" for wildcards),
+// normalised and sorted.
+func (v *View) Hosts() []string { v.fillLists(); return v.lists.hosts }
+
+// Counts returns the number of services, routable endpoints and machines.
+func (v *View) Counts() (services, endpoints, machines int) {
+	return v.numServices, v.numEndpoints, v.numMachines
+}
+
+// HostRoute is one (host, path prefix) -> service entry, for status pages.
+type HostRoute struct {
+	Host      string `json:"host"`
+	Prefix    string `json:"path_prefix"`
+	Namespace string `json:"namespace"`
+	Service   string `json:"service"`
+}
+
+// HostRoutes lists the routes of host exactly as configured (a wildcard host
+// is given as "*.suffix"), longest prefix first.
+func (v *View) HostRoutes(host string) []HostRoute {
+	var rs []hostRoute
+	if strings.HasPrefix(host, "*.") {
+		h, ok := normalizeHost(host[1:])
+		if !ok {
+			return nil
+		}
+		rs, _ = v.wild.get(h)
+	} else {
+		h, ok := normalizeRequestHost(host)
+		if !ok {
+			return nil
+		}
+		rs, _ = v.exact.get(h)
+	}
+	out := make([]HostRoute, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, HostRoute{Host: host, Prefix: r.Prefix, Namespace: r.Service.Namespace, Service: r.Service.Name})
+	}
+	return out
+}
+
+func (v *View) fillLists() {
+	v.lists.once.Do(func() {
+		svcs := make([]*Service, 0, v.numServices)
+		for _, m := range v.services {
+			for _, s := range m {
+				svcs = append(svcs, s)
+			}
+		}
+		sort.Slice(svcs, func(i, j int) bool {
+			if svcs[i].Namespace != svcs[j].Namespace {
+				return svcs[i].Namespace < svcs[j].Namespace
+			}
+			return svcs[i].Name < svcs[j].Name
+		})
+		ms := make([]store.MachineRecord, 0, v.numMachines)
+		for _, m := range v.machines {
+			for _, r := range m {
+				ms = append(ms, r)
+			}
+		}
+		sort.Slice(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
+		var hosts []string
+		for _, m := range v.exact {
+			for h := range m {
+				hosts = append(hosts, h)
+			}
+		}
+		for _, m := range v.wild {
+			for h := range m {
+				hosts = append(hosts, "*"+h)
+			}
+		}
+		sort.Strings(hosts)
+		v.lists.services, v.lists.machines, v.lists.hosts = svcs, ms, hosts
+	})
+}
+
+// withStale returns v itself if it already has the stale flag, else a copy
+// that differs only in it (sharing every index).
+func (v *View) withStale(stale bool) *View {
+	if v.Stale == stale {
+		return v
+	}
+	c := *v
+	c.Stale = stale
+	return &c
+}
+
+// normalizeRequestHost lower-cases host, drops a port and a trailing dot,
+// and converts an internationalised name to its ASCII form. The common case
+// (already lower-case ASCII, no port) does not allocate.
+func normalizeRequestHost(host string) (string, bool) {
+	if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		if strings.HasPrefix(host, "[") {
+			// IPv6 literal: "[::1]:8080" or "[::1]".
+			if j := strings.IndexByte(host, ']'); j > 0 {
+				host = host[1:j]
+			}
+		} else if strings.IndexByte(host, ':') == i {
+			host = host[:i]
+		}
+	}
+	return normalizeHost(host)
+}
+
+// normalizeHost canonicalises a host name: lower case, no trailing dot,
+// IDNA ASCII form. It reports false for an empty or invalid name.
+func normalizeHost(host string) (string, bool) {
+	host = strings.TrimSuffix(host, ".")
+	if host == "" {
+		return "", false
+	}
+	simple := true
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if c >= utf8.RuneSelf || (c >= 'A' && c <= 'Z') {
+			simple = false
+			break
+		}
+	}
+	if simple {
+		return host, true
+	}
+	a, err := idna.Lookup.ToASCII(host)
+	if err != nil {
+		// Not a valid IDNA name; fall back to plain lower-casing so a
+		// literal such as an IPv6 address still matches itself.
+		a = strings.ToLower(host)
+	}
+	return strings.ToLower(a), true
+}
+
+// NormalizeHost is the canonical form of a host under which the projection
+// indexes routes (lower case, no port or trailing dot, IDNA ASCII). A
+// "*.suffix" wildcard keeps its "*.".
+func NormalizeHost(host string) (string, bool) {
+	if strings.HasPrefix(host, "*.") {
+		h, ok := normalizeHost(host[2:])
+		return "*." + h, ok
+	}
+	return normalizeRequestHost(host)
+}

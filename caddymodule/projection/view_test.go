@@ -1,0 +1,175 @@
+package projection
+
+import (
+	"testing"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+func upsert(ns, name string, routes ...store.Route) *store.RoutingEvent {
+	return &store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: ns, Service: name,
+		Routes: routes, Endpoints: []store.Endpoint{{InstanceID: name + "-1", Address: "10.100.0.1", Port: 8000}}}
+}
+
+func route(hosts []string, prefixes ...string) store.Route {
+	return store.Route{Hosts: hosts, PathPrefixes: prefixes}
+}
+
+func buildView(t *testing.T, evs ...*store.RoutingEvent) *View {
+	t.Helper()
+	b := newBuilder(emptyView(false))
+	for i, ev := range evs {
+		if err := b.apply(ev); err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+	}
+	return b.finish(uint64(len(evs)), false)
+}
+
+func TestLookup(t *testing.T) {
+	v := buildView(t,
+		upsert("shop", "web", route([]string{"shop.example.com", "Bücher.example"})),
+		upsert("shop", "api", route([]string{"shop.example.com"}, "/api", "/v2/")),
+		upsert("shop", "tenants", route([]string{"*.tenants.example.com"})),
+		upsert("shop", "all", route([]string{"*.example.com"}, "/")),
+		upsert("shop", "only-x", route([]string{"x.example.com"}, "/x")),
+	)
+	cases := []struct {
+		host, path, want string
+	}{
+		{"shop.example.com", "/", "web"},
+		{"shop.example.com", "", "web"},
+		{"SHOP.Example.COM.", "/index.html", "web"},
+		{"shop.example.com:8080", "/", "web"},
+		{"shop.example.com", "/api", "api"},
+		{"shop.example.com", "/api/orders", "api"},
+		{"shop.example.com", "/apix", "web"}, // segment boundary
+		{"shop.example.com", "/v2/x", "api"},
+		{"shop.example.com", "/v2", "web"}, // "/v2/" needs the slash
+		{"a.tenants.example.com", "/", "tenants"},
+		{"b.a.tenants.example.com", "/", "tenants"},
+		{"tenants.example.com", "/", "all"},
+		{"other.example.com", "/", "all"},
+		{"x.example.com", "/x/1", "only-x"},
+		{"x.example.com", "/y", "all"}, // exact host without a matching prefix falls to the wildcard
+		{"xn--bcher-kva.example", "/", "web"},
+		{"bücher.example", "/", "web"},
+		{"example.com", "/", ""},
+		{"unknown.test", "/", ""},
+		{"", "/", ""},
+		{":8080", "/", ""},
+	}
+	for _, c := range cases {
+		s, ok := v.Lookup(c.host, c.path)
+		got := ""
+		if ok {
+			got = s.Name
+		}
+		if got != c.want {
+			t.Errorf("Lookup(%q, %q) = %q, want %q", c.host, c.path, got, c.want)
+		}
+	}
+	if !v.Routes("anything.example.com") || v.Routes("example.org") {
+		t.Errorf("Routes: wildcard host should be routed, unknown should not")
+	}
+	svcs, eps, _ := v.Counts()
+	if svcs != 5 || eps != 5 {
+		t.Errorf("counts = %d services %d endpoints, want 5 and 5", svcs, eps)
+	}
+	hosts := v.Hosts()
+	want := []string{"*.example.com", "*.tenants.example.com", "shop.example.com", "x.example.com", "xn--bcher-kva.example"}
+	if len(hosts) != len(want) {
+		t.Fatalf("Hosts() = %v, want %v", hosts, want)
+	}
+	for i := range want {
+		if hosts[i] != want[i] {
+			t.Fatalf("Hosts() = %v, want %v", hosts, want)
+		}
+	}
+}
+
+func TestUpsertReplacesAndRemoveDrops(t *testing.T) {
+	base := buildView(t,
+		upsert("a", "web", route([]string{"a.test"})),
+		upsert("b", "web", route([]string{"b.test"})),
+	)
+	b := newBuilder(base)
+	// web moves from a.test to c.test: a.test must stop routing.
+	if err := b.apply(upsert("a", "web", route([]string{"c.test"}))); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.apply(&store.RoutingEvent{Kind: store.EventServiceRemove, Namespace: "b", Service: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	next := b.finish(3, false)
+	if _, ok := next.Lookup("a.test", "/"); ok {
+		t.Error("a.test still routed after its service moved to c.test")
+	}
+	if s, ok := next.Lookup("c.test", "/"); !ok || s.Namespace != "a" {
+		t.Error("c.test not routed to a/web")
+	}
+	if _, ok := next.Lookup("b.test", "/"); ok {
+		t.Error("b.test still routed after removal")
+	}
+	if n, _, _ := next.Counts(); n != 1 {
+		t.Errorf("services = %d, want 1", n)
+	}
+	// The base view is immutable: it still answers as before.
+	if _, ok := base.Lookup("a.test", "/"); !ok {
+		t.Error("base view changed: a.test no longer routed")
+	}
+	if _, ok := base.Lookup("b.test", "/"); !ok {
+		t.Error("base view changed: b.test no longer routed")
+	}
+}
+
+func TestConflictingRoutesDecideAlike(t *testing.T) {
+	// Two services claim the same host and prefix: the lower key wins, in
+	// whichever order the events came.
+	e1 := upsert("ns", "b", route([]string{"same.test"}))
+	e2 := upsert("ns", "a", route([]string{"same.test"}))
+	for _, order := range [][]*store.RoutingEvent{{e1, e2}, {e2, e1}} {
+		v := buildView(t, order...)
+		if s, _ := v.Lookup("same.test", "/"); s == nil || s.Name != "a" {
+			t.Errorf("conflict resolved to %v, want ns/a", s)
+		}
+	}
+}
+
+func TestBadEventsAreRejected(t *testing.T) {
+	b := newBuilder(emptyView(false))
+	for _, ev := range []*store.RoutingEvent{
+		{Kind: "service.explode", Namespace: "a", Service: "b"},
+		{Kind: store.EventServiceUpsert, Namespace: "", Service: "b"},
+		{Kind: store.EventServiceRemove, Namespace: "a"},
+		{Kind: store.EventMachineUpsert},
+		{Kind: store.EventMachineRemove, Machine: &store.MachineRecord{}},
+	} {
+		if err := b.apply(ev); err == nil {
+			t.Errorf("event %+v accepted", ev)
+		}
+	}
+	if v := b.finish(1, false); v.numServices != 0 || v.numMachines != 0 {
+		t.Errorf("bad events changed the view")
+	}
+}
+
+func TestMachines(t *testing.T) {
+	b := newBuilder(emptyView(false))
+	for _, id := range []string{"m2", "m1", "m3"} {
+		if err := b.apply(&store.RoutingEvent{Kind: store.EventMachineUpsert, Machine: &store.MachineRecord{ID: id, Address: "10.100.0.9"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.apply(&store.RoutingEvent{Kind: store.EventMachineRemove, Machine: &store.MachineRecord{ID: "m3"}}); err != nil {
+		t.Fatal(err)
+	}
+	v := b.finish(4, false)
+	ms := v.Machines()
+	if len(ms) != 2 || ms[0].ID != "m1" || ms[1].ID != "m2" {
+		t.Fatalf("Machines() = %+v", ms)
+	}
+	if _, ok := v.Machine("m3"); ok {
+		t.Error("m3 still present after removal")
+	}
+}

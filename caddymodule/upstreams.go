@@ -1,0 +1,98 @@
+package caddymodule
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+)
+
+func init() {
+	caddy.RegisterModule(Upstreams{})
+}
+
+// Upstreams is `http.reverse_proxy.upstreams.edgeplane`: a dynamic upstream
+// source giving a service's routable instances, for users who write their
+// own routes around `reverse_proxy`. With Namespace and Service set it
+// always gives that service; otherwise the service routed for the request's
+// host and path.
+type Upstreams struct {
+	// Namespace of the service to proxy to; requires Service. Default: the
+	// service routed for the request.
+	Namespace string `json:"namespace,omitempty"`
+	// Service to proxy to; requires Namespace.
+	Service string `json:"service,omitempty"`
+
+	app *App
+}
+
+// CaddyModule returns the Caddy module information.
+func (Upstreams) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.reverse_proxy.upstreams.edgeplane",
+		New: func() caddy.Module { return new(Upstreams) },
+	}
+}
+
+// Provision attaches to the edgeplane app.
+func (u *Upstreams) Provision(ctx caddy.Context) error {
+	app, err := edgeplaneApp(ctx)
+	if err != nil {
+		return fmt.Errorf("provisioning edgeplane upstreams: %w", err)
+	}
+	u.app = app
+	return nil
+}
+
+// Validate checks that namespace and service come together.
+func (u *Upstreams) Validate() error {
+	if (u.Namespace == "") != (u.Service == "") {
+		return fmt.Errorf("edgeplane upstreams: namespace and service must be set together (got namespace %q, service %q)", u.Namespace, u.Service)
+	}
+	return nil
+}
+
+type dialsMemo struct{}
+
+// GetUpstreams returns fresh Upstream values for the service's routable
+// instances (the reverse proxy writes into them, so they are never shared
+// between requests). No service means no upstreams.
+func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, error) {
+	v := u.app.Projection().View()
+	var svc *projection.Service
+	var ok bool
+	if u.Service != "" {
+		svc, ok = v.Service(u.Namespace, u.Service)
+	} else {
+		svc, ok = serviceFor(v, r)
+	}
+	if !ok {
+		return nil, nil
+	}
+	dials := svc.Memo(dialsMemo{}, func(s *projection.Service) any {
+		out := make([]string, len(s.Endpoints))
+		for i, e := range s.Endpoints {
+			out[i] = net.JoinHostPort(e.Address, strconv.Itoa(e.Port))
+		}
+		return out
+	}).([]string)
+	vals := make([]reverseproxy.Upstream, len(dials))
+	ups := make([]*reverseproxy.Upstream, len(dials))
+	for i, d := range dials {
+		vals[i].Dial = d
+		ups[i] = &vals[i]
+	}
+	return ups, nil
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Upstreams)(nil)
+	_ caddy.Validator             = (*Upstreams)(nil)
+	_ reverseproxy.UpstreamSource = (*Upstreams)(nil)
+)
