@@ -27,6 +27,14 @@ type EmbeddedConfig struct {
 	// Configure, if set, may adjust the options before the server starts
 	// (cluster routes, accounts).
 	Configure func(*server.Options) error
+
+	// Cluster, if set, makes this server one storage node of a JetStream
+	// cluster (RAFT-replicated streams and KV).
+	Cluster *ClusterConfig
+	// Auth, if set, runs the server in operator mode: every client needs a
+	// credentials file issued by Auth (see auth.go). It is required when
+	// Listen is not a loopback address.
+	Auth *Auth
 }
 
 // StartEmbedded starts a nats-server with JetStream and waits until it
@@ -65,6 +73,19 @@ func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
 		// Routing projections and certificate records can exceed the 1 MiB
 		// default payload limit in large installations.
 		MaxPayload: 8 << 20,
+	}
+	if err := checkListeners(listen, cfg.Cluster, cfg.Auth); err != nil {
+		return nil, fmt.Errorf("starting embedded nats: %w", err)
+	}
+	if cfg.Cluster != nil {
+		if err := cfg.Cluster.configure(opts); err != nil {
+			return nil, fmt.Errorf("starting embedded nats: %w", err)
+		}
+	}
+	if cfg.Auth != nil {
+		if err := cfg.Auth.configure(opts); err != nil {
+			return nil, fmt.Errorf("starting embedded nats: %w", err)
+		}
 	}
 	if cfg.Configure != nil {
 		if err := cfg.Configure(opts); err != nil {

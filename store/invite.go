@@ -33,6 +33,9 @@ func (s *Store) CreateInvite(ctx context.Context, region string, labels map[stri
 	if ttl <= 0 {
 		ttl = DefaultInviteTTL
 	}
+	if err := s.RequireQuorum(ctx); err != nil {
+		return "", nil, err
+	}
 	var raw [24]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return "", nil, fmt.Errorf("creating invite: %w", err)

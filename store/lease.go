@@ -63,6 +63,11 @@ type LeaseOptions struct {
 // AcquireLease takes key in the store's locks bucket or fails at once with a
 // structured busy error naming the current holder.
 func (s *Store) AcquireLease(ctx context.Context, key string, o LeaseOptions) (*Lease, error) {
+	// A lease guards a mutation: without write quorum, refuse it here,
+	// before anything is written.
+	if err := s.RequireQuorum(ctx); err != nil {
+		return nil, err
+	}
 	return AcquireLease(ctx, s.JS, s.Locks, key, o)
 }
 

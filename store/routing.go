@@ -49,6 +49,9 @@ func decodeCommit(data []byte, seq uint64) (*DeployCommit, error) {
 // AppendCommit appends c to the commits stream. The message id makes a retry
 // after an ambiguous failure idempotent within the dedupe window.
 func (s *Store) AppendCommit(ctx context.Context, c *DeployCommit) (uint64, error) {
+	if err := s.RequireQuorum(ctx); err != nil {
+		return 0, err
+	}
 	c.Version = RecordVersion
 	data, err := json.Marshal(c)
 	if err != nil {
@@ -217,38 +220,4 @@ type RoutingState struct {
 	Seq      uint64
 	Services []RoutingEvent
 	Machines []MachineRecord
-}
-
-// LoadRouting reads the routing state from stored intent and status. The
-// stream position is taken first, so replaying events after Seq can only
-// bring the state forward.
-func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
-	info, err := s.Routing.Info(ctx)
-	if err != nil {
-		return nil, classify(fmt.Errorf("loading routing state: %w", err))
-	}
-	st := &RoutingState{Seq: info.State.LastSeq}
-	nss, err := s.CommittedNamespaces(ctx)
-	if err != nil {
-		return nil, err
-	}
-	for _, ns := range nss {
-		c, err := s.LiveCommit(ctx, ns)
-		if err != nil {
-			return nil, err
-		}
-		insts, err := s.NamespaceInstances(ctx, ns)
-		if err != nil {
-			return nil, err
-		}
-		st.Services = append(st.Services, CommitEvents(c, nil, insts)...)
-	}
-	err = ListJSON(ctx, s.Machines, ">", func(_ string, m *MachineRecord) error {
-		st.Machines = append(st.Machines, *m)
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return st, nil
 }

@@ -50,7 +50,11 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	}
 	opts := []nats.Option{nats.Name(o.Name), nats.Timeout(timeout)}
 	if o.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(o.CredsFile))
+		co, err := credsOptions(o.CredsFile)
+		if err != nil {
+			return nil, &Error{Code: CodeInvalid, Message: err.Error(), Detail: map[string]string{"creds": o.CredsFile}}
+		}
+		opts = append(opts, co...)
 	}
 	if o.ReconnectForever {
 		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
@@ -237,6 +241,12 @@ func newStore(nc *nats.Conn, names Names) (*Store, error) {
 func classify(err error) error {
 	if err == nil {
 		return nil
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == 10008 || apiErr.ErrorCode == 10118 || apiErr.Code == 503) {
+		// JetStream cluster not available / stream offline: no RAFT leader
+		// can be reached, so nothing can be committed.
+		return &Error{Code: CodeQuorumUnavailable, Message: err.Error() + "; storage nodes are missing (see `control storage ls`)"}
 	}
 	switch {
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders),

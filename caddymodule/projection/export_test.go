@@ -12,6 +12,3 @@ func BuildView(evs []store.RoutingEvent) (*View, error) {
 	}
 	return b.finish(uint64(len(evs)), false), nil
 }
-
-// LoadRoutingForTest exposes the fast loader.
-var LoadRoutingForTest = loadRouting

@@ -2,12 +2,10 @@ package projection_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -435,68 +433,5 @@ func TestRecreatedStreamRebuilds(t *testing.T) {
 	})
 	if _, ok := p.View().Lookup("shop.example.com", "/"); ok {
 		t.Error("shop.example.com still routed though the new store has no such deploy")
-	}
-}
-
-// TestLoaderMatchesStore holds the projection's fast loader to the
-// reference store.LoadRouting on the same data: live commits of several
-// namespaces (one redeployed, one with a removed service, one with
-// unroutable instances), checkpoint commits, and machines.
-func TestLoaderMatchesStore(t *testing.T) {
-	srv := storetest.Start(t)
-	ctx := ctxT(t)
-	s := srv.Store
-	empty, err := projection.LoadRoutingForTest(ctx, s)
-	if err != nil || len(empty.Services) != 0 {
-		t.Fatalf("empty store: %v %+v", err, empty)
-	}
-	for i := 0; i < 3; i++ {
-		if _, _, err := projectiontest.Deploy(ctx, s, "a", map[string]projectiontest.Service{
-			"web": web("127.0.0.1", 9000+i, "a-w"+strconv.Itoa(i)),
-			"api": web("127.0.0.1", 9100+i, "a-api"+strconv.Itoa(i), "a-api-x"+strconv.Itoa(i)),
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, _, err := projectiontest.Deploy(ctx, s, "b", map[string]projectiontest.Service{
-		"web": {Routes: web("", 0).Routes, Instances: []projectiontest.Instance{
-			{ID: "b1", Machine: "m1", Address: "10.0.0.1", Port: 80},
-			{ID: "b2", Machine: "m1", Address: "10.0.0.2", Port: 80, State: store.InstanceDraining},
-			{ID: "b3", Machine: "m1", Address: "10.0.0.3", Port: 80, Error: "crashed"},
-			{ID: "b4", Machine: "m1", Address: "", Port: 80},
-		}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := projectiontest.Deploy(ctx, s, "b", map[string]projectiontest.Service{"other": web("10.0.0.9", 81, "b9")}); err != nil {
-		t.Fatal(err)
-	}
-	cp := &store.DeployCommit{ID: "c-cp", Namespace: "c", Kind: store.CommitCheckpoint, Phase: "p1", Revision: 1,
-		Manifest: store.Manifest{Namespace: "c"}}
-	if _, err := s.AppendCommit(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"m2", "m1"} {
-		if _, err := store.PutJSON(ctx, s.Machines, id, &store.MachineRecord{Version: 1, ID: id, State: store.MachineActive, Address: "10.100.0.1"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := s.LoadRouting(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := projection.LoadRoutingForTest(ctx, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	norm := func(rs *store.RoutingState) string {
-		for i := range rs.Services {
-			rs.Services[i].At = time.Time{}
-		}
-		b, _ := json.Marshal(rs)
-		return string(b)
-	}
-	if g, w := norm(got), norm(want); g != w {
-		t.Errorf("fast loader differs from store.LoadRouting:\n got %s\nwant %s", g, w)
 	}
 }

@@ -213,7 +213,7 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	if err != nil {
 		return time.Time{}, store.Classify(fmt.Errorf("loading routing state: %w", err))
 	}
-	rs, err := loadRouting(lctx, st)
+	rs, err := st.LoadRouting(lctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("loading routing state: %w", err)
 	}

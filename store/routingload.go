@@ -1,4 +1,4 @@
-package projection
+package store
 
 import (
 	"context"
@@ -9,32 +9,31 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/edgeplane/edgeplane/store"
 )
 
-// loadRouting reads the same routing state as store.LoadRouting (the test
-// TestLoaderMatchesStore holds it to that) in three stream passes instead of
-// two requests and a filtered scan per namespace: the routing stream's last
-// sequence first, then every namespace's live final commit through one
-// last-per-subject consumer, then every instance record through one watch.
-// At 1000 namespaces that is what keeps a cold start near a second.
-func loadRouting(ctx context.Context, s *store.Store) (*store.RoutingState, error) {
+// LoadRouting reads the routing state from stored intent and status: what a
+// projection loads before it consumes events from Seq+1. The stream position
+// is taken first, so replaying events after Seq can only bring the state
+// forward. It reads in three passes rather than a few requests per namespace
+// (the routing stream's last sequence, every namespace's live final commit
+// through one last-per-subject consumer, every instance record through one
+// watch): at 1000 namespaces that keeps a gateway's cold start near a second.
+func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 	info, err := s.Routing.Info(ctx)
 	if err != nil {
-		return nil, store.Classify(fmt.Errorf("loading routing state: %w", err))
+		return nil, Classify(fmt.Errorf("loading routing state: %w", err))
 	}
-	st := &store.RoutingState{Seq: info.State.LastSeq}
+	st := &RoutingState{Seq: info.State.LastSeq}
 
 	commits, err := liveCommits(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	insts := make(map[string]map[string]*store.InstanceRecord, len(commits))
+	insts := make(map[string]map[string]*InstanceRecord, len(commits))
 	for ns := range commits {
-		insts[ns] = make(map[string]*store.InstanceRecord)
+		insts[ns] = make(map[string]*InstanceRecord)
 	}
-	if err := eachInstance(ctx, s, func(ns string, r *store.InstanceRecord) {
+	if err := eachInstance(ctx, s, func(ns string, r *InstanceRecord) {
 		if m, ok := insts[ns]; ok {
 			m[r.ID] = r
 		}
@@ -47,9 +46,9 @@ func loadRouting(ctx context.Context, s *store.Store) (*store.RoutingState, erro
 	}
 	sort.Strings(nss)
 	for _, ns := range nss {
-		st.Services = append(st.Services, store.CommitEvents(commits[ns], nil, insts[ns])...)
+		st.Services = append(st.Services, CommitEvents(commits[ns], nil, insts[ns])...)
 	}
-	err = store.ListJSON(ctx, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err = ListJSON(ctx, s.Machines, ">", func(_ string, m *MachineRecord) error {
 		st.Machines = append(st.Machines, *m)
 		return nil
 	})
@@ -60,12 +59,12 @@ func loadRouting(ctx context.Context, s *store.Store) (*store.RoutingState, erro
 }
 
 // liveCommits returns the latest final commit of every namespace.
-func liveCommits(ctx context.Context, s *store.Store) (map[string]*store.DeployCommit, error) {
-	filter := s.Names.DeployCommitSubject("*", store.CommitFinal)
-	out := make(map[string]*store.DeployCommit)
+func liveCommits(ctx context.Context, s *Store) (map[string]*DeployCommit, error) {
+	filter := s.Names.DeployCommitSubject("*", CommitFinal)
+	out := make(map[string]*DeployCommit)
 	info, err := s.Commits.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, store.Classify(fmt.Errorf("loading live commits: %w", err))
+		return nil, Classify(fmt.Errorf("loading live commits: %w", err))
 	}
 	want := len(info.State.Subjects)
 	if want == 0 {
@@ -75,21 +74,21 @@ func liveCommits(ctx context.Context, s *store.Store) (map[string]*store.DeployC
 		FilterSubjects: []string{filter}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
-		return nil, store.Classify(fmt.Errorf("loading live commits: %w", err))
+		return nil, Classify(fmt.Errorf("loading live commits: %w", err))
 	}
-	prefix, suffix := strings.TrimSuffix(filter, "*."+string(store.CommitFinal)), "."+string(store.CommitFinal)
+	prefix, suffix := strings.TrimSuffix(filter, "*."+string(CommitFinal)), "."+string(CommitFinal)
 	// Stop at the last message the consumer had pending when it started
 	// (NumPending 0): namespaces committed meanwhile come in with events.
 	for {
 		batch, err := cons.Fetch(max(want-len(out), 1), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			return nil, store.Classify(fmt.Errorf("loading live commits: %w", err))
+			return nil, Classify(fmt.Errorf("loading live commits: %w", err))
 		}
 		n := 0
 		for m := range batch.Messages() {
 			n++
-			var c store.DeployCommit
-			if err := store.Decode("deploy commit", m.Data(), &c); err != nil {
+			var c DeployCommit
+			if err := Decode("deploy commit", m.Data(), &c); err != nil {
 				return nil, fmt.Errorf("loading live commit on %s: %w", m.Subject(), err)
 			}
 			meta, err := m.Metadata()
@@ -103,10 +102,10 @@ func liveCommits(ctx context.Context, s *store.Store) (map[string]*store.DeployC
 			}
 		}
 		if err := batch.Error(); err != nil {
-			return nil, store.Classify(fmt.Errorf("loading live commits: %w", err))
+			return nil, Classify(fmt.Errorf("loading live commits: %w", err))
 		}
 		if n == 0 {
-			return nil, store.Errorf(store.CodeUnavailable, "loading live commits: no delivery after 5s (%d of %d namespaces read)", len(out), want)
+			return nil, Errorf(CodeUnavailable, "loading live commits: no delivery after 5s (%d of %d namespaces read)", len(out), want)
 		}
 	}
 }
@@ -129,16 +128,16 @@ type instanceFields struct {
 
 // eachInstance calls fn with every instance record and the namespace its
 // key is under.
-func eachInstance(ctx context.Context, s *store.Store, fn func(ns string, r *store.InstanceRecord)) error {
+func eachInstance(ctx context.Context, s *Store, fn func(ns string, r *InstanceRecord)) error {
 	w, err := s.Instances.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
-		return store.Classify(fmt.Errorf("loading instances: %w", err))
+		return Classify(fmt.Errorf("loading instances: %w", err))
 	}
 	defer w.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return store.Classify(fmt.Errorf("loading instances: %w", ctx.Err()))
+			return Classify(fmt.Errorf("loading instances: %w", ctx.Err()))
 		case ent, ok := <-w.Updates():
 			if !ok {
 				return fmt.Errorf("loading instances: watcher closed")
@@ -150,12 +149,12 @@ func eachInstance(ctx context.Context, s *store.Store, fn func(ns string, r *sto
 			if err := json.Unmarshal(ent.Value(), &f); err != nil {
 				return fmt.Errorf("loading instance %s: decoding: %w", ent.Key(), err)
 			}
-			if f.Version > store.RecordVersion {
+			if f.Version > RecordVersion {
 				return fmt.Errorf("loading instance %s: record version %d is newer than this build understands (%d)",
-					ent.Key(), f.Version, store.RecordVersion)
+					ent.Key(), f.Version, RecordVersion)
 			}
 			ns, _, _ := strings.Cut(ent.Key(), ".")
-			fn(ns, &store.InstanceRecord{Version: f.Version, ID: f.ID, Namespace: f.Namespace, Service: f.Service,
+			fn(ns, &InstanceRecord{Version: f.Version, ID: f.ID, Namespace: f.Namespace, Service: f.Service,
 				Slot: f.Slot, Revision: f.Revision, Machine: f.Machine, Address: f.Address, Port: f.Port,
 				State: f.State, Error: f.Error})
 		}

@@ -1,0 +1,352 @@
+package store
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+)
+
+// Role-scoped credentials. A storage node runs its embedded server in NATS
+// operator mode: one operator, an application account that holds every
+// stream and bucket, and a system account. A credentials file is a user JWT
+// signed by the application account plus the user's nkey seed; the JWT
+// carries the role's subject permissions, so any storage node accepts it
+// without a user list, and issuing one needs the account key that only
+// storage nodes hold (the auth dir, part of the store trust boundary).
+
+// Roles credentials are issued for.
+const (
+	// RoleControl is the storage nodes' control servers and operators' CLI:
+	// everything.
+	RoleControl = "control"
+	// RoleGateway is the custom Caddy (gateway, DNS, certificate storage):
+	// reads routing state, reads and writes certificates.
+	RoleGateway = "gateway"
+	// RoleAgent is one machine's `control agent`: answers only its own RPC
+	// subject, writes instance state, never sees certificates.
+	RoleAgent = "agent"
+	// RoleMesh is one machine's meshd: registers, reads mesh peers, writes
+	// only its own heartbeat and drift report.
+	RoleMesh = "mesh"
+)
+
+// Roles lists the roles IssueCreds accepts.
+var Roles = []string{RoleControl, RoleGateway, RoleAgent, RoleMesh}
+
+// Auth is the key material of an installation's NATS operator, loaded from
+// (or created in) an auth dir.
+type Auth struct {
+	Dir string
+
+	operatorKP  nkeys.KeyPair
+	operatorJWT string
+	accountKP   nkeys.KeyPair
+	accountPub  string
+	accountJWT  string
+	sysKP       nkeys.KeyPair
+	sysPub      string
+	sysJWT      string
+	// ClusterSecret authenticates routes between storage nodes.
+	ClusterSecret string
+}
+
+const (
+	authOperatorSeed = "operator.nk"
+	authAccountSeed  = "account.nk"
+	authSystemSeed   = "system.nk"
+	authClusterFile  = "cluster.secret"
+)
+
+// LoadAuth reads the auth dir; with create, a missing one is initialised
+// with fresh keys. Every storage node of a cluster must use a copy of the
+// same dir.
+func LoadAuth(dir string, create bool) (*Auth, error) {
+	if dir == "" {
+		return nil, errors.New("auth dir: a directory is required")
+	}
+	_, err := os.Stat(filepath.Join(dir, authAccountSeed))
+	switch {
+	case errors.Is(err, os.ErrNotExist) && create:
+		if err := initAuth(dir); err != nil {
+			return nil, err
+		}
+	case errors.Is(err, os.ErrNotExist):
+		return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("auth dir %s has no keys: run `control server --auth` once (it creates them) or copy the dir from a storage node", dir),
+			Detail: map[string]string{"dir": dir}}
+	case err != nil:
+		return nil, fmt.Errorf("auth dir: %w", err)
+	}
+	a := &Auth{Dir: dir}
+	read := func(name string) (nkeys.KeyPair, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, fmt.Errorf("auth dir: %w", err)
+		}
+		kp, err := nkeys.FromSeed([]byte(strings.TrimSpace(string(b))))
+		if err != nil {
+			return nil, fmt.Errorf("auth dir: %s: %w", name, err)
+		}
+		return kp, nil
+	}
+	if a.operatorKP, err = read(authOperatorSeed); err != nil {
+		return nil, err
+	}
+	if a.accountKP, err = read(authAccountSeed); err != nil {
+		return nil, err
+	}
+	if a.sysKP, err = read(authSystemSeed); err != nil {
+		return nil, err
+	}
+	sec, err := os.ReadFile(filepath.Join(dir, authClusterFile))
+	if err != nil {
+		return nil, fmt.Errorf("auth dir: %w", err)
+	}
+	a.ClusterSecret = strings.TrimSpace(string(sec))
+	if err := a.encodeClaims(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func initAuth(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("auth dir: %w", err)
+	}
+	for _, f := range []struct {
+		name string
+		mk   func() (nkeys.KeyPair, error)
+	}{{authOperatorSeed, nkeys.CreateOperator}, {authAccountSeed, nkeys.CreateAccount}, {authSystemSeed, nkeys.CreateAccount}} {
+		kp, err := f.mk()
+		if err != nil {
+			return fmt.Errorf("creating %s: %w", f.name, err)
+		}
+		seed, _ := kp.Seed()
+		if err := os.WriteFile(filepath.Join(dir, f.name), append(seed, '\n'), 0o600); err != nil {
+			return fmt.Errorf("auth dir: %w", err)
+		}
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, authClusterFile), []byte(base64.RawURLEncoding.EncodeToString(raw[:])+"\n"), 0o600)
+}
+
+// encodeClaims derives the operator and account JWTs from the keys. They
+// are deterministic in content, so every node holding the same keys trusts
+// the same accounts.
+func (a *Auth) encodeClaims() error {
+	opub, _ := a.operatorKP.PublicKey()
+	a.accountPub, _ = a.accountKP.PublicKey()
+	a.sysPub, _ = a.sysKP.PublicKey()
+	oc := jwt.NewOperatorClaims(opub)
+	oc.Name = "edgeplane"
+	oc.SystemAccount = a.sysPub
+	var err error
+	if a.operatorJWT, err = oc.Encode(a.operatorKP); err != nil {
+		return fmt.Errorf("encoding operator: %w", err)
+	}
+	ac := jwt.NewAccountClaims(a.accountPub)
+	ac.Name = "edgeplane"
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	if a.accountJWT, err = ac.Encode(a.operatorKP); err != nil {
+		return fmt.Errorf("encoding account: %w", err)
+	}
+	sc := jwt.NewAccountClaims(a.sysPub)
+	sc.Name = "SYS"
+	if a.sysJWT, err = sc.Encode(a.operatorKP); err != nil {
+		return fmt.Errorf("encoding system account: %w", err)
+	}
+	return nil
+}
+
+func (a *Auth) configure(opts *server.Options) error {
+	oc, err := jwt.DecodeOperatorClaims(a.operatorJWT)
+	if err != nil {
+		return fmt.Errorf("operator: %w", err)
+	}
+	res := &server.MemAccResolver{}
+	if err := res.Store(a.accountPub, a.accountJWT); err != nil {
+		return err
+	}
+	if err := res.Store(a.sysPub, a.sysJWT); err != nil {
+		return err
+	}
+	// A role's user JWT lists its permissions; the CONNECT line that carries
+	// it exceeds the default 4 KiB control line limit.
+	if opts.MaxControlLine < 64<<10 {
+		opts.MaxControlLine = 64 << 10
+	}
+	opts.TrustedOperators = []*jwt.OperatorClaims{oc}
+	opts.AccountResolver = res
+	opts.SystemAccount = a.sysPub
+	return nil
+}
+
+// CredsRequest says whom to issue credentials for.
+type CredsRequest struct {
+	Role string
+	// Machine is required for the agent and mesh roles: their permissions
+	// name it.
+	Machine string
+	// Name labels the user (default role[-machine]).
+	Name  string
+	Names Names
+	// TTL, if set, makes the credentials expire.
+	TTL time.Duration
+	// System issues a system-account user (storage operations that NATS
+	// reserves to it, e.g. removing a server from the meta group).
+	System bool
+}
+
+// IssueCreds returns a credentials file for r.
+func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
+	if r.Names.Authority == "" {
+		r.Names, _ = NewNames("", "")
+	}
+	perms, err := RolePermissions(r.Role, r.Machine, r.Names)
+	if err != nil {
+		return nil, err
+	}
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	upub, _ := ukp.PublicKey()
+	uc := jwt.NewUserClaims(upub)
+	uc.Name = r.Name
+	if uc.Name == "" {
+		uc.Name = r.Role
+		if r.Machine != "" {
+			uc.Name += "-" + r.Machine
+		}
+	}
+	uc.Tags.Add("role:" + r.Role)
+	if r.Machine != "" {
+		uc.Tags.Add("machine:" + r.Machine)
+	}
+	if r.TTL > 0 {
+		uc.Expires = time.Now().Add(r.TTL).Unix()
+	}
+	signer := a.accountKP
+	if r.System {
+		signer = a.sysKP
+		uc.Permissions = jwt.Permissions{}
+	} else {
+		uc.Permissions = perms
+		if r.Role != RoleControl {
+			uc.Permissions.Sub.Allow.Add(InboxPrefix(upub) + ".>")
+		}
+	}
+	ujwt, err := uc.Encode(signer)
+	if err != nil {
+		return nil, fmt.Errorf("signing credentials: %w", err)
+	}
+	seed, _ := ukp.Seed()
+	return jwt.FormatUserConfig(ujwt, seed)
+}
+
+// InboxPrefix is the reply-subject prefix a user may subscribe to: every
+// client connecting with credentials uses it, so one role cannot read the
+// replies (certificate values, say) meant for another.
+func InboxPrefix(userPub string) string { return "_INBOX." + userPub }
+
+// RolePermissions are the subject permissions of role.
+func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
+	var p jwt.Permissions
+	needMachine := role == RoleAgent || role == RoleMesh
+	if needMachine && !ValidToken(machine) {
+		return p, &Error{Code: CodeInvalid, Message: fmt.Sprintf("role %s needs --machine ID (letters, digits, '-', '_'), got %q", role, machine)}
+	}
+	if !needMachine && machine != "" && role != RoleGateway {
+		return p, &Error{Code: CodeInvalid, Message: fmt.Sprintf("role %s is not bound to a machine", role)}
+	}
+	// readStream lets a role read one stream (bucket streams are "KV_<bucket>").
+	readStream := func(stream string) {
+		p.Pub.Allow.Add(
+			"$JS.API.STREAM.MSG.GET."+stream, "$JS.API.DIRECT.GET."+stream, "$JS.API.DIRECT.GET."+stream+".>",
+			"$JS.API.CONSUMER.CREATE."+stream, "$JS.API.CONSUMER.CREATE."+stream+".>",
+			"$JS.API.CONSUMER.DURABLE.CREATE."+stream+".>",
+			"$JS.API.CONSUMER.DELETE."+stream+".*", "$JS.API.CONSUMER.INFO."+stream+".*",
+			"$JS.API.CONSUMER.MSG.NEXT."+stream+".*", "$JS.ACK."+stream+".>", "$JS.FC."+stream+".>")
+	}
+	readKV := func(bucket string) { readStream("KV_" + bucket) }
+	writeKV := func(bucket, key string) { p.Pub.Allow.Add("$KV." + bucket + "." + key) }
+	common := func() {
+		// Stream info is metadata (config and counts), which every
+		// client's store.Open needs to bind its handles.
+		p.Pub.Allow.Add("$JS.API.INFO", "$JS.API.STREAM.INFO.*")
+		p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	}
+	switch role {
+	case RoleControl:
+		p.Pub.Allow.Add(">")
+		p.Sub.Allow.Add(">")
+		return p, nil
+	case RoleGateway:
+		common()
+		readStream(n.RoutingEventsStream())
+		readStream(n.DeployCommitsStream())
+		readStream(n.CertRenewalsStream())
+		for _, b := range []string{n.InstancesBucket(), n.MachinesBucket(), n.DeployStatusBucket(), n.CertsBucket(),
+			n.CertStatusBucket(), n.LocksBucket(), n.AcmeBudgetBucket(), n.GatewaysBucket()} {
+			readKV(b)
+		}
+		for _, b := range []string{n.CertsBucket(), n.CertStatusBucket(), n.LocksBucket(), n.AcmeBudgetBucket(), n.GatewaysBucket()} {
+			writeKV(b, ">")
+		}
+		p.Pub.Allow.Add(n.CertRenewalsWildcard(), n.StorageStatusSubject())
+	case RoleAgent:
+		common()
+		readStream(n.DeployCommitsStream())
+		for _, b := range []string{n.InstancesBucket(), n.MachinesBucket(), n.InvitesBucket()} {
+			readKV(b)
+		}
+		writeKV(n.InstancesBucket(), ">")
+		writeKV(n.InvitesBucket(), "invite.*")
+		writeKV(n.MachinesBucket(), machine)
+		p.Pub.Allow.Add(n.RoutingServiceSubject("*", "*"), n.RoutingMachineSubject(machine), n.StorageStatusSubject())
+		p.Sub.Allow.Add(n.NodeListenSubject(machine))
+	case RoleMesh:
+		common()
+		for _, b := range []string{n.MeshPeersBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachinesBucket()} {
+			readKV(b)
+		}
+		writeKV(n.MeshHeartbeatsBucket(), MeshBeatKey(machine))
+		writeKV(n.MeshDriftBucket(), MeshDriftKey(machine))
+		p.Pub.Allow.Add(n.RegistrarSubject(">"))
+	default:
+		return p, &Error{Code: CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
+	}
+	// Replies to this user's own requests only (see InboxPrefix); the
+	// user's key is not known yet, so the prefix is added when signing.
+	return p, nil
+}
+
+// credsOptions are the connect options for a credentials file: the user
+// JWT and seed, and the user's own inbox prefix.
+func credsOptions(file string) ([]nats.Option, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading credentials %s: %w", file, err)
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return nil, fmt.Errorf("credentials %s: %w", file, err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return nil, fmt.Errorf("credentials %s: not a user JWT: %w", file, err)
+	}
+	return []nats.Option{nats.UserCredentials(file), nats.CustomInboxPrefix(InboxPrefix(uc.Subject))}, nil
+}

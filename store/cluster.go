@@ -1,0 +1,569 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Storage nodes are the `control server --storage` boxes: each runs an
+// embedded nats-server with JetStream, and together they form one JetStream
+// cluster whose streams and buckets are RAFT-replicated. Everything here is
+// NATS's own clustering; edgeplane adds only the checks that make a lost
+// quorum loud (RequireQuorum) and the explicit storage operations.
+
+// RouteUser is the user name storage nodes authenticate their cluster
+// routes with; the password is the cluster secret every node shares.
+const RouteUser = "edgeplane-route"
+
+// ClusterConfig makes an embedded server one node of a JetStream cluster.
+type ClusterConfig struct {
+	// Name of the cluster; every storage node uses the same one.
+	Name string
+	// Listen is the cluster (route) address, host:port.
+	Listen string
+	// Routes are seed peers' cluster addresses, host:port. A node learns the
+	// rest of the cluster from them.
+	Routes []string
+	// Secret authenticates routes. Required when Listen is not loopback.
+	Secret string
+}
+
+func (c *ClusterConfig) configure(opts *server.Options) error {
+	if c.Name == "" || !ValidToken(c.Name) {
+		return fmt.Errorf("cluster name %q: letters, digits, '-' and '_' only", c.Name)
+	}
+	host, port, err := splitPort(c.Listen)
+	if err != nil {
+		return fmt.Errorf("cluster listen: %w", err)
+	}
+	opts.Cluster.Name = c.Name
+	opts.Cluster.Host = host
+	opts.Cluster.Port = port
+	if c.Secret != "" {
+		opts.Cluster.Username = RouteUser
+		opts.Cluster.Password = c.Secret
+	}
+	for _, r := range c.Routes {
+		r = strings.TrimSpace(r)
+		if r == "" {
+			continue
+		}
+		r = strings.TrimPrefix(r, "nats-route://")
+		if _, _, err := net.SplitHostPort(r); err != nil {
+			return fmt.Errorf("route %q: want host:port: %w", r, err)
+		}
+		u := &url.URL{Scheme: "nats-route", Host: r}
+		if c.Secret != "" {
+			u.User = url.UserPassword(RouteUser, c.Secret)
+		}
+		opts.Routes = append(opts.Routes, u)
+	}
+	return nil
+}
+
+func splitPort(hostport string) (string, int, error) {
+	host, portStr, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return "", 0, fmt.Errorf("%q: %w", hostport, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return "", 0, fmt.Errorf("%q: bad port: %w", hostport, err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	return host, port, nil
+}
+
+// IsLoopback reports whether host (an IP or a name) only reaches this box.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// checkListeners refuses to expose the store without credentials: a client
+// listener off loopback needs operator-mode auth, a cluster listener off
+// loopback needs the route secret.
+func checkListeners(listen string, c *ClusterConfig, a *Auth) error {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("listen %q: %w", listen, err)
+	}
+	if !IsLoopback(host) && a == nil {
+		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("refusing to listen on %s without credentials: "+
+			"a non-loopback listener requires --auth (every client then needs a credentials file from `control creds issue`)", listen),
+			Detail: map[string]string{"listen": listen}}
+	}
+	if c != nil {
+		ch, _, err := net.SplitHostPort(c.Listen)
+		if err != nil {
+			return fmt.Errorf("cluster listen %q: %w", c.Listen, err)
+		}
+		if !IsLoopback(ch) && c.Secret == "" {
+			return &Error{Code: CodeInvalid, Message: fmt.Sprintf("refusing to accept cluster routes on %s without the cluster secret: run with --auth "+
+				"(the secret is in the auth dir every storage node shares)", c.Listen),
+				Detail: map[string]string{"cluster_listen": c.Listen}}
+		}
+	}
+	return nil
+}
+
+// WaitForJetStream waits until the JetStream API answers on nc: in a
+// cluster, until a meta leader is elected, without which nothing can be
+// created. It returns a structured error naming the last failure if ctx
+// ends first.
+func WaitForJetStream(ctx context.Context, nc *nats.Conn) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("opening jetstream: %w", err)
+	}
+	var last error
+	for {
+		actx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.AccountInfo(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return &Error{Code: CodeQuorumUnavailable, Message: "JetStream has no meta leader (are enough storage nodes up and routed to each other?): " + last.Error()}
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// StorageStatusSubject is where every storage node's `control server`
+// answers with what its own server sees of the JetStream cluster. There is
+// no queue group: every reachable node answers.
+func (n Names) StorageStatusSubject() string {
+	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".storage.status"
+}
+
+// StoragePeer is one JetStream meta-group member as a node sees it.
+type StoragePeer struct {
+	Name    string `json:"name"`
+	Current bool   `json:"current"`
+	Offline bool   `json:"offline"`
+	// Active is how long ago this node last heard from the peer.
+	Active Duration `json:"active"`
+	Lag    uint64   `json:"lag,omitempty"`
+}
+
+// StreamReplica is one stream's local replica state on a node.
+type StreamReplica struct {
+	Name     string `json:"name"`
+	Leader   string `json:"leader,omitempty"`
+	Msgs     uint64 `json:"msgs"`
+	Bytes    uint64 `json:"bytes"`
+	FirstSeq uint64 `json:"first_seq"`
+	LastSeq  uint64 `json:"last_seq"`
+}
+
+// StorageNodeStatus is a storage node's own live view: an observation,
+// answered on request and never stored.
+type StorageNodeStatus struct {
+	Version      int             `json:"version"`
+	Server       string          `json:"server"`
+	Cluster      string          `json:"cluster,omitempty"`
+	MetaLeader   string          `json:"meta_leader,omitempty"`
+	ClusterSize  int             `json:"cluster_size"`
+	QuorumNeeded int             `json:"quorum_needed"`
+	Peers        []StoragePeer   `json:"peers,omitempty"`
+	Streams      []StreamReplica `json:"streams,omitempty"`
+	At           time.Time       `json:"at"`
+}
+
+func (r *StorageNodeStatus) version() int { return r.Version }
+
+// LocalStorageStatus reads ns's own view of the cluster and of its local
+// stream replicas.
+func LocalStorageStatus(ns *server.Server) (*StorageNodeStatus, error) {
+	st := &StorageNodeStatus{Version: RecordVersion, Server: ns.Name(), Cluster: ns.ClusterName(), At: time.Now().UTC()}
+	jsz, err := ns.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+	if err != nil {
+		return nil, fmt.Errorf("reading jetstream status of %s: %w", ns.Name(), err)
+	}
+	if m := jsz.Meta; m != nil {
+		st.MetaLeader, st.ClusterSize, st.QuorumNeeded = m.Leader, m.Size, m.QuorumNeeded
+		if m.Leader != "" {
+			// The meta group reports peers other than the leader; list the
+			// leader too so a reader sees every member.
+			st.Peers = append(st.Peers, StoragePeer{Name: m.Leader, Current: true})
+		}
+		for _, r := range m.Replicas {
+			if r == nil || r.Name == m.Leader {
+				continue
+			}
+			st.Peers = append(st.Peers, StoragePeer{Name: r.Name, Current: r.Current, Offline: r.Offline, Active: Duration(r.Active), Lag: r.Lag})
+		}
+		if !containsPeer(st.Peers, ns.Name()) {
+			st.Peers = append(st.Peers, StoragePeer{Name: ns.Name(), Current: m.Leader != ""})
+		}
+	} else {
+		st.ClusterSize, st.QuorumNeeded = 1, 1
+		st.MetaLeader = ns.Name()
+		st.Peers = []StoragePeer{{Name: ns.Name(), Current: true}}
+	}
+	sort.Slice(st.Peers, func(i, j int) bool { return st.Peers[i].Name < st.Peers[j].Name })
+	for _, acc := range jsz.AccountDetails {
+		for _, sd := range acc.Streams {
+			r := StreamReplica{Name: sd.Name, Msgs: sd.State.Msgs, Bytes: sd.State.Bytes, FirstSeq: sd.State.FirstSeq, LastSeq: sd.State.LastSeq}
+			if sd.Cluster != nil {
+				r.Leader = sd.Cluster.Leader
+			}
+			st.Streams = append(st.Streams, r)
+		}
+	}
+	sort.Slice(st.Streams, func(i, j int) bool { return st.Streams[i].Name < st.Streams[j].Name })
+	return st, nil
+}
+
+func containsPeer(ps []StoragePeer, name string) bool {
+	for _, p := range ps {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ServeStorageStatus answers StorageStatusSubject with ns's view until ctx
+// ends or the returned stop is called.
+func ServeStorageStatus(ctx context.Context, nc *nats.Conn, names Names, ns *server.Server) (func(), error) {
+	sub, err := nc.Subscribe(names.StorageStatusSubject(), func(m *nats.Msg) {
+		// Only a node's own view counts: after its server stopped, this
+		// connection may have moved to another node and must stay silent.
+		if !ns.Running() || nc.ConnectedServerName() != ns.Name() {
+			return
+		}
+		var rep rpcReply
+		st, err := LocalStorageStatus(ns)
+		if err != nil {
+			rep.Error = AsError(err)
+		} else {
+			rep.Result, _ = json.Marshal(st)
+		}
+		out, _ := json.Marshal(rep)
+		_ = m.Respond(out)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serving storage status: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
+	}()
+	return cancel, nil
+}
+
+// GatherStorageStatus asks every reachable storage node for its view and
+// collects the answers that arrive within wait (or until every node the
+// answers name has answered). Nodes that cannot be reached simply do not
+// answer; an empty result is not an error.
+func GatherStorageStatus(ctx context.Context, nc *nats.Conn, names Names, wait time.Duration) ([]StorageNodeStatus, error) {
+	inbox := nc.NewInbox()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, classify(fmt.Errorf("asking storage nodes: %w", err))
+	}
+	defer sub.Unsubscribe()
+	if err := nc.PublishRequest(names.StorageStatusSubject(), inbox, nil); err != nil {
+		return nil, classify(fmt.Errorf("asking storage nodes: %w", err))
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var out []StorageNodeStatus
+	known := map[string]bool{}
+	answered := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return out, nil
+		case <-timer.C:
+			return out, nil
+		case m := <-ch:
+			var rep rpcReply
+			var st StorageNodeStatus
+			if json.Unmarshal(m.Data, &rep) != nil || rep.Error != nil || Decode("storage status", rep.Result, &st) != nil {
+				continue
+			}
+			out = append(out, st)
+			answered[st.Server] = true
+			for _, p := range st.Peers {
+				known[p.Name] = true
+			}
+			done := true
+			for k := range known {
+				if !answered[k] {
+					done = false
+				}
+			}
+			if done {
+				return out, nil
+			}
+		}
+	}
+}
+
+// QuorumCheckTimeout bounds how long RequireQuorum waits for a stream
+// leader before it concludes that there is none.
+const QuorumCheckTimeout = 2 * time.Second
+
+// PeerActiveBound is how long a replica may go unheard before it no longer
+// counts towards quorum. RAFT heartbeats every second.
+const PeerActiveBound = 3 * time.Second
+
+// RequireQuorum fails with a structured quorum_unavailable error, naming
+// the missing storage nodes, when the store cannot commit writes now. Every
+// mutating operation calls it before its first write, so that a lost quorum
+// refuses the operation before anything changes; nothing is queued and
+// nothing fails over. On a single server it costs one API round trip.
+func (s *Store) RequireQuorum(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, QuorumCheckTimeout)
+	defer cancel()
+	// Stream info is answered by the stream's RAFT leader, whose view of
+	// its replicas is the authoritative one.
+	info, err := s.Commits.Info(cctx)
+	if err == nil {
+		return quorumOf(info.Config.Name, info.Cluster)
+	}
+	if ctx.Err() != nil {
+		return classify(err)
+	}
+	if !quorumSymptom(err) {
+		return classify(fmt.Errorf("checking write quorum: %w", err))
+	}
+	// No leader answered: ask the storage nodes we can reach what they see,
+	// to name the ones that are missing.
+	nodes, _ := GatherStorageStatus(ctx, s.NC, s.Names, 500*time.Millisecond)
+	return quorumLost(nodes, err)
+}
+
+// quorumSymptom reports whether err looks like a JetStream that cannot reach
+// its leaders (rather than, say, a missing stream).
+func quorumSymptom(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.Code == 503 || apiErr.ErrorCode == 10008 || apiErr.ErrorCode == 10118
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// quorumOf judges a stream's cluster info as its leader reported it.
+func quorumOf(stream string, ci *jetstream.ClusterInfo) error {
+	if ci == nil || len(ci.Replicas) == 0 {
+		// A single replica: its server answered, so it can write.
+		return nil
+	}
+	size := 1 + len(ci.Replicas)
+	need := size/2 + 1
+	live := []string{}
+	if ci.Leader != "" {
+		live = append(live, ci.Leader)
+	}
+	var missing []string
+	for _, r := range ci.Replicas {
+		if r.Current && !r.Offline && r.Active <= PeerActiveBound {
+			live = append(live, r.Name)
+		} else {
+			missing = append(missing, r.Name)
+		}
+	}
+	if ci.Leader != "" && len(live) >= need {
+		return nil
+	}
+	sort.Strings(live)
+	sort.Strings(missing)
+	return quorumError(live, missing, need, size, "stream "+stream)
+}
+
+// quorumLost builds the error when no leader answered, from the views of
+// the nodes that did.
+func quorumLost(nodes []StorageNodeStatus, cause error) error {
+	known := map[string]bool{}
+	reach := map[string]bool{}
+	size := 0
+	for _, n := range nodes {
+		reach[n.Server] = true
+		known[n.Server] = true
+		for _, p := range n.Peers {
+			known[p.Name] = true
+		}
+		if n.ClusterSize > size {
+			size = n.ClusterSize
+		}
+	}
+	var live, missing []string
+	for k := range known {
+		if reach[k] {
+			live = append(live, k)
+		} else {
+			missing = append(missing, k)
+		}
+	}
+	sort.Strings(live)
+	sort.Strings(missing)
+	if size < len(known) {
+		size = len(known)
+	}
+	if size == 0 {
+		e := quorumError(nil, nil, 0, 0, "no storage node answered")
+		e.Detail["cause"] = cause.Error()
+		return e
+	}
+	e := quorumError(live, missing, size/2+1, size, "no leader answered within "+QuorumCheckTimeout.String())
+	e.Detail["cause"] = cause.Error()
+	return e
+}
+
+func quorumError(live, missing []string, need, size int, seen string) *Error {
+	msg := fmt.Sprintf("write quorum unavailable: %d of %d storage nodes reachable, %d needed", len(live), size, need)
+	if size == 0 {
+		msg = "write quorum unavailable: no storage node reachable"
+	}
+	if len(missing) > 0 {
+		msg += "; missing: " + strings.Join(missing, ", ")
+	}
+	msg += ". Writes are refused (nothing queued, no failover) until the missing storage nodes return."
+	e := &Error{Code: CodeQuorumUnavailable, Message: msg, Detail: map[string]string{
+		"missing": strings.Join(missing, ","), "reachable": strings.Join(live, ","),
+		"needed": strconv.Itoa(need), "seen_by": seen,
+	}}
+	return e
+}
+
+// StreamNames lists every stream of the store (buckets as their KV_
+// streams), for operations that act on all of them.
+func (s *Store) StreamNames() []string {
+	n := s.Names
+	out := []string{n.DeployCommitsStream(), n.RoutingEventsStream(), n.CertRenewalsStream()}
+	for _, kv := range []jetstream.KeyValue{s.Status, s.Phases, s.Instances, s.Machines, s.Locks, s.Invites, s.Certs,
+		s.CertStatus, s.AcmeBudget, s.MeshPeers, s.MeshBeats, s.MeshIPs, s.MeshDrift, s.Gateways} {
+		if kv != nil {
+			out = append(out, "KV_"+kv.Bucket())
+		}
+	}
+	return out
+}
+
+// StreamPlacement is where one stream's replicas live.
+type StreamPlacement struct {
+	Stream   string   `json:"stream"`
+	Replicas int      `json:"replicas"`
+	Leader   string   `json:"leader"`
+	Peers    []string `json:"peers"`
+	Lagging  []string `json:"lagging,omitempty"`
+}
+
+// Placement reads the replica placement of every stream of the store.
+func (s *Store) Placement(ctx context.Context) ([]StreamPlacement, error) {
+	var out []StreamPlacement
+	for _, name := range s.StreamNames() {
+		str, err := s.JS.Stream(ctx, name)
+		if err != nil {
+			return nil, classify(fmt.Errorf("reading stream %s: %w", name, err))
+		}
+		info := str.CachedInfo()
+		p := StreamPlacement{Stream: name, Replicas: info.Config.Replicas}
+		if ci := info.Cluster; ci != nil {
+			p.Leader = ci.Leader
+			if ci.Leader != "" {
+				p.Peers = append(p.Peers, ci.Leader)
+			}
+			for _, r := range ci.Replicas {
+				p.Peers = append(p.Peers, r.Name)
+				if !r.Current || r.Offline {
+					p.Lagging = append(p.Lagging, r.Name)
+				}
+			}
+		}
+		sort.Strings(p.Peers)
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// SetReplicas changes the replica count of every stream and bucket. JetStream
+// places new replicas and catches them up; shrinking drops replicas.
+func (s *Store) SetReplicas(ctx context.Context, replicas int) error {
+	for _, name := range s.StreamNames() {
+		str, err := s.JS.Stream(ctx, name)
+		if err != nil {
+			return classify(fmt.Errorf("reading stream %s: %w", name, err))
+		}
+		cfg := str.CachedInfo().Config
+		if cfg.Replicas == replicas {
+			continue
+		}
+		cfg.Replicas = replicas
+		if _, err := s.JS.UpdateStream(ctx, cfg); err != nil {
+			return classify(fmt.Errorf("setting %s to %d replicas: %w", name, replicas, err))
+		}
+	}
+	return nil
+}
+
+// RemovePeer takes server's replicas off every stream that has one there.
+// JetStream places a replacement replica on another storage node if one is
+// free; otherwise the caller shrinks the replica count.
+func (s *Store) RemovePeer(ctx context.Context, serverName string) ([]string, error) {
+	var touched []string
+	for _, name := range s.StreamNames() {
+		str, err := s.JS.Stream(ctx, name)
+		if err != nil {
+			return touched, classify(fmt.Errorf("reading stream %s: %w", name, err))
+		}
+		ci := str.CachedInfo().Cluster
+		has := ci != nil && ci.Leader == serverName
+		if ci != nil {
+			for _, r := range ci.Replicas {
+				has = has || r.Name == serverName
+			}
+		}
+		if !has {
+			continue
+		}
+		req, _ := json.Marshal(map[string]string{"peer": serverName})
+		msg, err := s.NC.RequestWithContext(ctx, "$JS.API.STREAM.PEER.REMOVE."+name, req)
+		if err != nil {
+			return touched, classify(fmt.Errorf("removing %s from stream %s: %w", serverName, name, err))
+		}
+		var rep struct {
+			Success bool `json:"success"`
+			Error   *struct {
+				Code        int    `json:"code"`
+				Description string `json:"description"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(msg.Data, &rep); err != nil {
+			return touched, fmt.Errorf("removing %s from stream %s: undecodable answer: %w", serverName, name, err)
+		}
+		if rep.Error != nil {
+			return touched, Errorf(CodeConflict, "removing %s from stream %s: %s", serverName, name, rep.Error.Description).
+				With("stream", name).With("server", serverName)
+		}
+		touched = append(touched, name)
+	}
+	return touched, nil
+}
