@@ -8,6 +8,9 @@ import (
 	// http.reverse_proxy.upstreams.edgeplane, tls.permission.edgeplane,
 	// admin.api.edgeplane.
 	_ "github.com/edgeplane/edgeplane/caddymodule"
+	// Fleet-wide ACME budget (tls.issuance.edgeplane) and visible renewal
+	// (edgeplane_certs).
+	_ "github.com/edgeplane/edgeplane/certs/caddycerts"
 	// Certificate storage on NATS KV.
 	_ "github.com/edgeplane/edgeplane/certs/caddystorage"
 	// DNS from the same projection.

@@ -112,3 +112,33 @@ func BenchmarkLock(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkBudgetCharge is what tls.issuance.edgeplane adds before each ACME
+// order: one compare-and-set of the registered domain's budget record.
+// Baseline: a raw KV put of a record of the same size.
+func BenchmarkBudgetCharge(b *testing.B) {
+	srv := storetest.Start(b)
+	ctx := context.Background()
+	budget, err := certs.NewBudget(srv.Store, certs.BudgetOptions{Limit: 1 << 30})
+	if err != nil {
+		b.Fatal(err)
+	}
+	i := 0
+	b.Run("certs.Budget.Charge", func(b *testing.B) {
+		for b.Loop() {
+			i++
+			if _, err := budget.Charge(ctx, fmt.Sprintf("www.d%d.example", i%1000)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	val := bytes.Repeat([]byte{'x'}, 200)
+	b.Run("RawKVPut", func(b *testing.B) {
+		for b.Loop() {
+			i++
+			if _, err := srv.Store.AcmeBudget.Put(ctx, fmt.Sprintf("d%d=example", i%1000), val); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -234,6 +234,8 @@ type BudgetIssuer struct {
 }
 
 // Issue charges the budget for each registered domain in csr, then issues.
+// A refusal is a certmagic.ErrNoRetry wrapping the budget_exhausted
+// *store.Error.
 func (bi BudgetIssuer) Issue(ctx context.Context, csr *x509.CertificateRequest) (*certmagic.IssuedCertificate, error) {
 	seen := make(map[string]bool)
 	for _, name := range csr.DNSNames {
@@ -243,6 +245,13 @@ func (bi BudgetIssuer) Issue(ctx context.Context, csr *x509.CertificateRequest) 
 		}
 		seen[d] = true
 		if _, err := bi.Budget.Charge(ctx, name); err != nil {
+			if store.HasCode(err, CodeBudgetExhausted) {
+				// Retrying inside the window only repeats the refusal
+				// (and would hold an on-demand handshake for minutes):
+				// tell certmagic to stop. The next handshake or the
+				// renewal schedule asks again.
+				return nil, certmagic.ErrNoRetry{Err: err}
+			}
 			return nil, err
 		}
 	}

@@ -127,6 +127,11 @@ type RenewerConfig struct {
 	AckWait time.Duration
 	// Durable names the consumer all gateways share; default "cert_renewals".
 	Durable string
+	// MinInterval is the shortest wait before the next scheduled renewal
+	// of a certificate that was just renewed (or found fresh): a renewal
+	// that leaves a certificate already inside its renewal window must not
+	// come straight back in a loop. Default 10m.
+	MinInterval time.Duration
 }
 
 // Renewer works renewal items: whichever gateway's Renewer takes an item
@@ -134,6 +139,9 @@ type RenewerConfig struct {
 type Renewer struct {
 	cfg RenewerConfig
 	log *zap.Logger
+
+	mu       sync.Mutex
+	inflight map[string]int // hosts this Renewer is renewing right now
 }
 
 // NewRenewer validates cfg and fills defaults.
@@ -164,7 +172,10 @@ func NewRenewer(cfg RenewerConfig) (*Renewer, error) {
 	if cfg.Durable == "" {
 		cfg.Durable = "cert_renewals"
 	}
-	return &Renewer{cfg: cfg, log: cfg.Logger}, nil
+	if cfg.MinInterval <= 0 {
+		cfg.MinInterval = 10 * time.Minute
+	}
+	return &Renewer{cfg: cfg, log: cfg.Logger, inflight: make(map[string]int)}, nil
 }
 
 // Run takes renewal items until ctx ends. Each item is worked by exactly one
@@ -223,7 +234,10 @@ func (r *Renewer) work(ctx context.Context, m jetstream.Msg) {
 			}
 		}
 	}()
+	host := normalizeOrLower(item.Host)
+	r.setInflight(host, 1)
 	res, err := r.cfg.Renew(ctx, item)
+	r.setInflight(host, -1)
 	close(done)
 	hb.Wait()
 	if ctx.Err() != nil {
@@ -260,14 +274,13 @@ func (r *Renewer) Record(ctx context.Context, item RenewalItem, res RenewResult,
 		s.Issuer, s.Expiry, s.LastSuccess = res.Issuer, res.Expiry, now
 		s.LastError, s.LastErrorCode, s.Failures = "", "", 0
 		s.NextAttempt = r.cfg.NextRenewal(res)
+		if floor := now.Add(r.cfg.MinInterval); s.NextAttempt.Before(floor) {
+			s.NextAttempt = floor
+		}
 		next.Force, next.Reason = false, "scheduled"
 	} else {
 		s.LastError = renewErr.Error()
-		s.LastErrorCode = ""
-		var se *store.Error
-		if errors.As(renewErr, &se) {
-			s.LastErrorCode = se.Code
-		}
+		s.LastErrorCode = errorCode(renewErr)
 		s.Failures = item.Attempt + 1
 		s.NextAttempt = now.Add(r.cfg.Backoff(s.Failures))
 		next.Attempt, next.Reason = s.Failures, "retry"
@@ -287,18 +300,41 @@ func (r *Renewer) Record(ctx context.Context, item RenewalItem, res RenewResult,
 	return nil
 }
 
-// HandleEvent is a certmagic OnEvent hook that records certificates this
-// gateway obtained outside the renewal work (first issuance, certmagic's
-// own maintenance) and schedules their renewal. storage reads the
-// certificate back to learn its lifetime.
+// HandleEvent is a certmagic OnEvent hook (Caddy passes the same names and
+// data through its events app) that makes work done outside the renewal
+// items visible:
+//
+//   - cert_obtained (first issuance, certmagic's own maintenance renewal)
+//     records the certificate and schedules its renewal; storage reads the
+//     certificate back to learn its lifetime;
+//   - cert_failed of a renewal records the error and schedules a retry;
+//   - cert_failed of a first issuance records the error only: there is no
+//     certificate to renew yet, and the next handshake asks again.
+//
+// Events about a host this Renewer is renewing right now are skipped: the
+// renewal records its own outcome once.
 func (r *Renewer) HandleEvent(ctx context.Context, storage certmagic.Storage, event string, data map[string]any) error {
-	if event != "cert_obtained" {
+	if event != "cert_obtained" && event != "cert_failed" {
 		return nil
 	}
 	host, _ := data["identifier"].(string)
+	if host == "" {
+		return nil
+	}
+	if r.isInflight(normalizeOrLower(host)) {
+		return nil
+	}
+	if event == "cert_failed" {
+		failure, _ := data["error"].(error)
+		if failure == nil {
+			failure = fmt.Errorf("certificate for %s failed without an error", host)
+		}
+		renewal, _ := data["renewal"].(bool)
+		return r.recordFailure(ctx, host, failure, renewal)
+	}
 	issuer, _ := data["issuer"].(string)
 	path, _ := data["certificate_path"].(string)
-	if host == "" || path == "" {
+	if path == "" {
 		return nil
 	}
 	pemBytes, err := storage.Load(ctx, path)
@@ -310,6 +346,55 @@ func (r *Renewer) HandleEvent(ctx context.Context, storage certmagic.Storage, ev
 		return fmt.Errorf("recording obtained certificate for %s: %w", host, err)
 	}
 	return r.Record(ctx, RenewalItem{Host: host}, RenewResult{Issuer: issuer, NotBefore: leaf.NotBefore, Expiry: leaf.NotAfter}, nil)
+}
+
+// recordFailure records a failure reported by an event: a failed renewal
+// counts on from the stored failures and is retried; a failed first
+// issuance is only recorded.
+func (r *Renewer) recordFailure(ctx context.Context, host string, failure error, renewal bool) error {
+	h, err := NormalizeHost(host)
+	if err != nil {
+		return err
+	}
+	prev, _, err := getStatus(ctx, r.cfg.Store, h)
+	if err != nil && !store.HasCode(err, store.CodeNotFound) {
+		return err
+	}
+	if renewal {
+		return r.Record(ctx, RenewalItem{Host: h, Attempt: prev.Failures, Reason: "retry"}, RenewResult{}, failure)
+	}
+	s := prev
+	s.Version, s.Host, s.Gateway, s.LastAttempt = store.RecordVersion, h, r.cfg.Name, time.Now()
+	s.LastError, s.LastErrorCode = failure.Error(), errorCode(failure)
+	s.Failures = prev.Failures + 1
+	s.NextAttempt = time.Time{}
+	if err := putStatus(ctx, r.cfg.Store, s); err != nil {
+		return err
+	}
+	r.log.Warn("certificate issuance failed", zap.String("host", h), zap.Int("failures", s.Failures), zap.Error(failure))
+	return nil
+}
+
+func errorCode(err error) string {
+	var se *store.Error
+	if errors.As(err, &se) {
+		return se.Code
+	}
+	return ""
+}
+
+func (r *Renewer) setInflight(host string, delta int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.inflight[host] += delta; r.inflight[host] <= 0 {
+		delete(r.inflight, host)
+	}
+}
+
+func (r *Renewer) isInflight(host string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inflight[host] > 0
 }
 
 // renewalWorkFilter matches the generated work items

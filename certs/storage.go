@@ -307,6 +307,11 @@ func (s *Storage) hasChildren(ctx context.Context, enc string) (bool, error) {
 	return len(ks) > 0, err
 }
 
+// ControlPlane is the control-plane store this storage writes to, so other
+// edgeplane modules in the same process (the ACME budget, the renewal
+// worker) share its connection instead of opening their own.
+func (s *Storage) ControlPlane() *store.Store { return s.st }
+
 // String names the storage in certmagic's and Caddy's logs.
 func (s *Storage) String() string { return "edgeplane:" + s.kv.Bucket() }
 

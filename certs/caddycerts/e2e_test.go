@@ -1,0 +1,695 @@
+package caddycerts_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/edgeplane/edgeplane/caddymodule/projection"
+	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+// TestCaddyGatewaysShareACME runs three processes of edgeplane's custom
+// Caddy on one NATS with on-demand TLS (tls.permission.edgeplane), the
+// edgeplane storage, issuer and certs app, against a real ACME server
+// (Pebble) that validates HTTP-01 through a front port forwarding to the
+// gateways.
+func TestCaddyGatewaysShareACME(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy, control and Pebble processes")
+	}
+	start := time.Now()
+	bins := buildBinaries(t)
+	t.Logf("binaries ready in %s", time.Since(start).Round(time.Millisecond))
+
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	fr := startFront(t, srv.Store)
+	pb, dirURL := startPebble(t, fr.port(), startDNS(t))
+
+	// Route the hosts the gateways may get certificates for.
+	backend := listenBackend(t)
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+		"web": {
+			Routes:    []store.Route{{Hosts: []string{"shop.example.com", "www.budget.example.org"}}},
+			Instances: []projectiontest.Instance{{ID: "web-1", Machine: "m1", Address: "127.0.0.1", Port: backend}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	gws := make([]*caddyGateway, 3)
+	var wg sync.WaitGroup
+	for i := range gws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			gws[i] = startCaddy(t, bins.caddy, fmt.Sprintf("gw%d", i+1), srv.URL, dirURL, filepath.Join(pb.dir, "pebble.crt"))
+		}()
+	}
+	wg.Wait()
+	for _, g := range gws {
+		if g == nil {
+			t.FailNow()
+		}
+		fr.add(g)
+		g.waitRouted(t, srv.Store, seq)
+	}
+	t.Logf("three gateways up and routed %s after the start", time.Since(start).Round(time.Millisecond))
+
+	t.Run("many spellings, three gateways, one order", func(t *testing.T) {
+		before := pb.Orders()
+		// A trailing dot never reaches certmagic: Go's TLS server refuses
+		// such a ClientHello (RFC 6066 forbids it) before it asks for a
+		// certificate, so it can neither order nor name a lock.
+		if err := gws[0].handshakeRawSNI("Shop.example.com."); err == nil || !strings.Contains(err.Error(), "error decoding message") {
+			t.Fatalf("handshake with SNI %q: %v; want the server to refuse the ClientHello", "Shop.example.com.", err)
+		}
+		// A host no route names gets no certificate and no order
+		// (tls.permission.edgeplane).
+		if _, err := gws[0].handshake("unrouted.example.com"); err == nil {
+			t.Fatal("handshake for an unrouted host succeeded")
+		}
+		spellings := []string{"Shop.Example.com", "shop.example.com", "SHOP.EXAMPLE.COM"}
+		leaves := make([]*x509.Certificate, len(gws))
+		errs := make([]error, len(gws))
+		began := time.Now()
+		for i, g := range gws {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				leaves[i], errs[i] = g.handshake(spellings[i])
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("%s, SNI %q: %v", gws[i].name, spellings[i], err)
+			}
+		}
+		t.Logf("three concurrent on-demand handshakes done in %s", time.Since(began).Round(time.Millisecond))
+		if n := pb.Orders() - before; n != 1 {
+			t.Fatalf("pebble saw %d orders for shop.example.com, want exactly 1", n)
+		}
+		if fr.crossed.Load() == 0 {
+			t.Fatal("no HTTP-01 validation was answered by a gateway other than the one holding the issue lock")
+		}
+		for i, l := range leaves {
+			if !bytes.Equal(l.Raw, leaves[0].Raw) || len(l.DNSNames) != 1 || l.DNSNames[0] != "shop.example.com" {
+				t.Fatalf("%s serves %v serial %s; gw1 serves serial %s", gws[i].name, l.DNSNames, l.SerialNumber, leaves[0].SerialNumber)
+			}
+		}
+		// Every gateway serves it again, now from its cache, and no new
+		// order is placed.
+		for _, g := range gws {
+			l, err := g.handshake("shop.example.com")
+			if err != nil || !bytes.Equal(l.Raw, leaves[0].Raw) {
+				t.Fatalf("%s second handshake: %v", g.name, err)
+			}
+		}
+		if n := pb.Orders() - before; n != 1 {
+			t.Fatalf("pebble saw %d orders after the second handshakes, want 1", n)
+		}
+		// The edgeplane_certs app recorded the certificate and scheduled
+		// its renewal.
+		var got certs.Status
+		storetest.Eventually(t, 10*time.Second, "the obtained certificate in control certs", func() bool {
+			for _, s := range bins.controlCerts(t, srv.URL) {
+				if s.Host == "shop.example.com" && s.Expiry.Equal(leaves[0].NotAfter) {
+					got = s
+					return true
+				}
+			}
+			return false
+		})
+		if got.NextAttempt.IsZero() || got.Issuer == "" || got.LastError != "" || !strings.HasPrefix(got.Gateway, "gw") {
+			t.Fatalf("status after obtain: %+v", got)
+		}
+	})
+
+	t.Run("a forced renewal failure shows in control certs", func(t *testing.T) {
+		const host = "shop.example.com"
+		fr.mode.Store("refuse")
+		defer fr.mode.Store("forward")
+		scheduled := time.Now()
+		if err := certs.ScheduleRenewal(ctx, srv.Store, certs.RenewalItem{Host: host, Force: true, Reason: "manual"}, scheduled); err != nil {
+			t.Fatal(err)
+		}
+		var failed certs.Status
+		storetest.Eventually(t, 60*time.Second, "the failed renewal in control certs", func() bool {
+			for _, s := range bins.controlCerts(t, srv.URL) {
+				if s.Host == host && s.LastError != "" && s.LastAttempt.After(scheduled) {
+					failed = s
+					return true
+				}
+			}
+			return false
+		})
+		if failed.Failures != 1 || !failed.NextAttempt.After(failed.LastAttempt) || !strings.HasPrefix(failed.Gateway, "gw") || failed.Expiry.IsZero() {
+			t.Fatalf("failed status %+v: want one failure, a retry, the gateway and the old expiry", failed)
+		}
+		t.Logf("control certs after the forced renewal failed: gateway=%s failures=%d retry in %s error=%.160s",
+			failed.Gateway, failed.Failures, failed.NextAttempt.Sub(failed.LastAttempt).Round(time.Second), failed.LastError)
+	})
+
+	t.Run("an order past the fleet budget is refused before the CA sees it", func(t *testing.T) {
+		const host = "www.budget.example.org"
+		b, err := certs.NewBudget(srv.Store, certs.BudgetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < certs.DefaultBudgetLimit; i++ {
+			if _, err := b.Charge(ctx, fmt.Sprintf("h%d.example.org", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := pb.Orders()
+		began := time.Now()
+		if _, err := gws[1].handshake(host); err == nil {
+			t.Fatal("handshake succeeded past the budget")
+		}
+		if d := time.Since(began); d > 10*time.Second {
+			t.Fatalf("the refused handshake took %s: certmagic retried a budget refusal", d)
+		}
+		var refused certs.Status
+		storetest.Eventually(t, 10*time.Second, "the refusal in control certs", func() bool {
+			for _, s := range bins.controlCerts(t, srv.URL) {
+				if s.Host == host && s.LastErrorCode == certs.CodeBudgetExhausted {
+					refused = s
+					return true
+				}
+			}
+			return false
+		})
+		if !strings.Contains(refused.LastError, "example.org") || refused.Gateway != "gw2" {
+			t.Fatalf("refusal status %+v: want the domain and the gateway", refused)
+		}
+		if n := pb.Orders() - before; n != 0 {
+			t.Fatalf("pebble saw %d orders past the budget", n)
+		}
+	})
+	t.Logf("end to end wall time %s", time.Since(start).Round(time.Millisecond))
+}
+
+// binaries are the real programs the test runs.
+type binaries struct {
+	caddy, control string
+}
+
+// buildBinaries builds our Caddy and control, or takes prebuilt ones from
+// $EDGEPLANE_CADDY_BIN and $EDGEPLANE_CONTROL_BIN.
+func buildBinaries(t *testing.T) binaries {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	b := binaries{caddy: os.Getenv("EDGEPLANE_CADDY_BIN"), control: os.Getenv("EDGEPLANE_CONTROL_BIN")}
+	build := func(out *string, pkg string) {
+		if *out != "" {
+			return
+		}
+		*out = filepath.Join(dir, filepath.Base(pkg))
+		cmd := exec.Command("go", "build", "-o", *out, pkg)
+		cmd.Dir = root
+		if o, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, o)
+		}
+	}
+	build(&b.caddy, "./caddymodule/cmd/caddy")
+	build(&b.control, "./control")
+	return b
+}
+
+// controlCerts runs `control certs -o json` against natsURL.
+func (b binaries) controlCerts(t *testing.T, natsURL string) []certs.Status {
+	t.Helper()
+	cmd := exec.Command(b.control, "certs", "-o", "json", "--nats", natsURL)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("control certs: %v\n%s", err, stderr.Bytes())
+	}
+	var list []certs.Status
+	if err := json.Unmarshal(out, &list); err != nil {
+		t.Fatalf("control certs -o json: %v\n%s", err, out)
+	}
+	return list
+}
+
+// caddyGateway is one running Caddy process.
+type caddyGateway struct {
+	name              string
+	pid               int
+	httpAddr, tlsAddr string
+	cmd               *exec.Cmd
+	logPath           string
+	exited            chan struct{}
+}
+
+func startCaddy(t *testing.T, bin, name, natsURL, dirURL, caRoot string) *caddyGateway {
+	t.Helper()
+	dir := t.TempDir()
+	httpPort, tlsPort := freePort(t), freePort(t)
+	acme := map[string]any{
+		"module": "edgeplane", "ca": dirURL, "test_ca": dirURL, "email": "ops@example.com",
+		"trusted_roots_pem_files": []string{caRoot},
+		"challenges":              map[string]any{"tls-alpn": map[string]any{"disabled": true}, "bind_host": "127.0.0.1"},
+	}
+	respond := []any{map[string]any{"handle": []any{map[string]any{"handler": "static_response", "body": name}}}}
+	cfg := map[string]any{
+		"admin":   map[string]any{"disabled": true},
+		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "INFO"}}},
+		"storage": map[string]any{"module": "edgeplane", "nats": natsURL, "lock_ttl": "2s"},
+		"apps": map[string]any{
+			"edgeplane": map[string]any{"nats_url": natsURL, "gateway_name": name,
+				"snapshot_path": filepath.Join(dir, "routing.json")},
+			"edgeplane_certs": map[string]any{"gateway_name": name, "ack_wait": "30s",
+				// No retry of the forced failure within the test.
+				"retry_backoff": "10m"},
+			"http": map[string]any{
+				"http_port": httpPort, "https_port": tlsPort,
+				"servers": map[string]any{
+					"https": map[string]any{"listen": []string{fmt.Sprintf("127.0.0.1:%d", tlsPort)}, "routes": respond,
+						"tls_connection_policies": []any{map[string]any{}},
+						"automatic_https":         map[string]any{"disable_redirects": true}},
+					"http": map[string]any{"listen": []string{fmt.Sprintf("127.0.0.1:%d", httpPort)}, "routes": respond,
+						"automatic_https": map[string]any{"disable_redirects": true}},
+				},
+			},
+			"tls": map[string]any{"automation": map[string]any{
+				"policies":  []any{map[string]any{"on_demand": true, "issuers": []any{acme}}},
+				"on_demand": map[string]any{"permission": map[string]any{"module": "edgeplane"}},
+			}},
+		},
+	}
+	data, _ := json.MarshalIndent(cfg, "", "  ")
+	cfgPath := filepath.Join(dir, "caddy.json")
+	if err := os.WriteFile(cfgPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := &caddyGateway{name: name, httpAddr: fmt.Sprintf("127.0.0.1:%d", httpPort), tlsAddr: fmt.Sprintf("127.0.0.1:%d", tlsPort),
+		logPath: filepath.Join(dir, "caddy.log"), exited: make(chan struct{})}
+	logf, err := os.Create(g.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.cmd = exec.Command(bin, "run", "--config", cfgPath)
+	g.cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+filepath.Join(dir, "data"),
+		"XDG_CONFIG_HOME="+filepath.Join(dir, "config"), "XDG_CACHE_HOME="+filepath.Join(dir, "cache"))
+	g.cmd.Stdout, g.cmd.Stderr = logf, logf
+	if err := g.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	g.pid = g.cmd.Process.Pid
+	go func() { _ = g.cmd.Wait(); logf.Close(); close(g.exited) }()
+	t.Cleanup(func() {
+		_ = g.cmd.Process.Kill()
+		<-g.exited
+		if t.Failed() {
+			b, _ := os.ReadFile(g.logPath)
+			t.Logf("%s log (tail):\n%s", name, tail(string(b), 6000))
+		}
+	})
+	storetest.Eventually(t, 30*time.Second, name+" to listen", func() bool {
+		select {
+		case <-g.exited:
+			b, _ := os.ReadFile(g.logPath)
+			t.Fatalf("%s exited:\n%s", name, tail(string(b), 4000))
+		default:
+		}
+		for _, a := range []string{g.httpAddr, g.tlsAddr} {
+			c, err := net.DialTimeout("tcp", a, time.Second)
+			if err != nil {
+				return false
+			}
+			c.Close()
+		}
+		return true
+	})
+	return g
+}
+
+// waitRouted waits until the gateway's projection reports routing seq
+// applied, so its on-demand permission knows the routed hosts.
+func (g *caddyGateway) waitRouted(t *testing.T, st *store.Store, seq uint64) {
+	t.Helper()
+	storetest.Eventually(t, 30*time.Second, g.name+" to apply the routing events", func() bool {
+		var obs store.GatewayObservation
+		_, err := store.GetJSON(context.Background(), st.Gateways, projection.GatewayKey(g.name), &obs)
+		return err == nil && obs.AppliedSeq >= seq && !obs.Stale
+	})
+}
+
+// handshake dials the gateway's TLS port with sni and returns the leaf it
+// serves. The first handshake for a name waits for the on-demand order.
+func (g *caddyGateway) handshake(sni string) (*x509.Certificate, error) {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 60 * time.Second}, "tcp", g.tlsAddr,
+		&tls.Config{ServerName: sni, InsecureSkipVerify: true})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0], nil
+}
+
+// handshakeRawSNI sends a ClientHello whose SNI is exactly sni, trailing dot
+// included (Go's client strips it): the name goes out with a stand-in last
+// byte of the same length, replaced on the wire.
+func (g *caddyGateway) handshakeRawSNI(sni string) error {
+	standIn := sni[:len(sni)-1] + "x"
+	raw, err := net.DialTimeout("tcp", g.tlsAddr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer raw.Close()
+	_ = raw.SetDeadline(time.Now().Add(30 * time.Second))
+	conn := tls.Client(&rewriteConn{Conn: raw, from: []byte(standIn), to: []byte(sni)},
+		&tls.Config{ServerName: standIn, InsecureSkipVerify: true})
+	return conn.Handshake()
+}
+
+// rewriteConn replaces from with to (same length) in what it writes.
+type rewriteConn struct {
+	net.Conn
+	from, to []byte
+	done     bool
+}
+
+func (c *rewriteConn) Write(p []byte) (int, error) {
+	if !c.done {
+		if i := bytes.Index(p, c.from); i >= 0 {
+			q := append([]byte(nil), p...)
+			copy(q[i:], c.to)
+			c.done = true
+			return c.Conn.Write(q)
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// front is Pebble's HTTP-01 port. It forwards each validation to a gateway
+// that does NOT hold the host's issue lock, so a challenge is answered by a
+// gateway other than the one that started it; in "refuse" mode it drops
+// connections, so validations fail.
+type front struct {
+	ln      net.Listener
+	st      *store.Store
+	mode    atomic.Value
+	mu      sync.Mutex
+	gws     []*caddyGateway
+	next    int
+	crossed atomic.Int32
+}
+
+func startFront(t *testing.T, st *store.Store) *front {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &front{ln: ln, st: st}
+	f.mode.Store("forward")
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go f.handle(c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return f
+}
+
+func (f *front) port() int { return f.ln.Addr().(*net.TCPAddr).Port }
+
+func (f *front) add(g *caddyGateway) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gws = append(f.gws, g)
+}
+
+func (f *front) handle(c net.Conn) {
+	defer c.Close()
+	if f.mode.Load() == "refuse" {
+		return
+	}
+	br := bufio.NewReader(c)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	holderPID := 0
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	var h store.LeaseHolder
+	if _, err := store.GetJSON(ctx, f.st.Locks, store.CertLockKey(strings.Split(req.Host, ":")[0]), &h); err == nil {
+		if i := strings.LastIndexByte(h.Holder, ':'); i >= 0 {
+			holderPID, _ = strconv.Atoi(h.Holder[i+1:])
+		}
+	}
+	cancel()
+	f.mu.Lock()
+	var target *caddyGateway
+	for range f.gws {
+		g := f.gws[f.next%len(f.gws)]
+		f.next++
+		if g.pid != holderPID {
+			target = g
+			break
+		}
+	}
+	f.mu.Unlock()
+	if target == nil {
+		return
+	}
+	if holderPID != 0 {
+		f.crossed.Add(1)
+	}
+	up, err := net.Dial("tcp", target.httpAddr)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	if err := req.Write(up); err != nil {
+		return
+	}
+	_, _ = io.Copy(c, up)
+}
+
+// listenBackend is the routed service's instance: a loopback port.
+func listenBackend(t *testing.T) int {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "backend") })}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// pebbleBinary finds Pebble: $PEBBLE_BIN, the install script's output, or a
+// fresh `go build` of the version in go.mod.
+func pebbleBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("PEBBLE_BIN"); p != "" {
+		return p
+	}
+	if p, _ := filepath.Abs("../testdata/pebble/bin/pebble"); fileExists(p) {
+		return p
+	}
+	out := filepath.Join(t.TempDir(), "pebble")
+	if b, err := exec.Command("go", "build", "-o", out, "github.com/letsencrypt/pebble/v2/cmd/pebble").CombinedOutput(); err != nil {
+		t.Skipf("pebble unavailable (run certs/testdata/pebble/install.sh or set PEBBLE_BIN): go build: %v\n%s", err, b)
+	}
+	return out
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// pebble is a running Pebble whose log the test reads to count orders.
+type pebble struct {
+	dir    string
+	orders atomic.Int32
+}
+
+func (p *pebble) Orders() int { return int(p.orders.Load()) }
+
+func startPebble(t *testing.T, httpPort int, dnsAddr string) (*pebble, string) {
+	t.Helper()
+	bin := pebbleBinary(t)
+	dir := t.TempDir()
+	certPath, keyPath := writeServerCert(t, dir)
+	port := freePort(t)
+	cfg := map[string]any{"pebble": map[string]any{
+		"listenAddress":                  fmt.Sprintf("127.0.0.1:%d", port),
+		"managementListenAddress":        fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+		"certificate":                    certPath,
+		"privateKey":                     keyPath,
+		"httpPort":                       httpPort,
+		"tlsPort":                        freePort(t),
+		"ocspResponderURL":               "",
+		"externalAccountBindingRequired": false,
+		"retryAfter":                     map[string]int{"authz": 1, "order": 1},
+		"profiles":                       map[string]any{"default": map[string]any{"description": "test", "validityPeriod": 7776000}},
+	}}
+	data, _ := json.Marshal(cfg)
+	cfgPath := filepath.Join(dir, "pebble.json")
+	if err := os.WriteFile(cfgPath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-config", cfgPath, "-dnsserver", dnsAddr)
+	cmd.Env = append(os.Environ(), "PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0", "PEBBLE_AUTHZREUSE=0")
+	out, _ := cmd.StdoutPipe()
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting pebble: %v", err)
+	}
+	p := &pebble{dir: dir}
+	logPath := filepath.Join(dir, "pebble.log")
+	logf, _ := os.Create(logPath)
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			l := sc.Text()
+			fmt.Fprintln(logf, l)
+			if strings.Contains(l, "Added order") {
+				p.orders.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-scanned
+		_ = cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("pebble log (tail):\n%s", tail(string(b), 3000))
+		}
+	})
+	dirURL := fmt.Sprintf("https://127.0.0.1:%d/dir", port)
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(certPath)
+	pool.AppendCertsFromPEM(caPEM)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: time.Second}
+	storetest.Eventually(t, 20*time.Second, "pebble to serve its directory", func() bool {
+		resp, err := client.Get(dirURL)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	return p, dirURL
+}
+
+// writeServerCert writes a self-signed certificate for 127.0.0.1 (Pebble's
+// HTTPS listener; the gateways trust it through trusted_roots_pem_files).
+func writeServerCert(t *testing.T, dir string) (string, string) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pebble test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	certPath, keyPath := filepath.Join(dir, "pebble.crt"), filepath.Join(dir, "pebble.key")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certPath, keyPath
+}
+
+// startDNS answers 127.0.0.1 for every A question, so Pebble's VA sends
+// every HTTP-01 validation to the front on loopback.
+func startDNS(t *testing.T) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		for _, q := range r.Question {
+			if q.Qtype == dns.TypeA {
+				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1}, A: net.ParseIP("127.0.0.1")})
+			}
+		}
+		_ = w.WriteMsg(m)
+	})
+	udp := &dns.Server{PacketConn: pc, Handler: handler}
+	tcp := &dns.Server{Listener: tl, Handler: handler}
+	go func() { _ = udp.ActivateAndServe() }()
+	go func() { _ = tcp.ActivateAndServe() }()
+	t.Cleanup(func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
+	return pc.LocalAddr().String()
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the real peers the test suite drives: dig (DNS tests), wg and ip
+# (mesh tests), ping, and Pebble (the ACME test server). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v dig >/dev/null || need+=(dnsutils)
+command -v wg >/dev/null || need+=(wireguard-tools)
+command -v ping >/dev/null || need+=(iputils-ping)
+command -v ip >/dev/null || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		echo "installing ${need[*]}"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+	else
+		echo "warning: missing ${need[*]} (install them as root; tests that need them skip and say so)" >&2
+	fi
+fi
+if [ ! -x certs/testdata/pebble/bin/pebble ]; then
+	certs/testdata/pebble/install.sh >/dev/null
+fi
+echo "test dependencies ready"
