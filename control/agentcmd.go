@@ -31,6 +31,7 @@ func identityPath(dir string) string { return filepath.Join(dir, "agent.json") }
 func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("control agent", stderr)
 	c := addClientFlags(fs, false)
+	c.longRunning = true
 	data := fs.String("data", "", "agent data dir: identity, instance state and logs (required)")
 	join := fs.String("join", "", "invite token from `control machine invite`; needed once")
 	machine := fs.String("machine", "", "machine ID (default: the hostname)")

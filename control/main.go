@@ -6,6 +6,8 @@
 //	control deploy preview|apply|status|history|rollback
 //	control instances [--namespace NS]
 //	control certs
+//	control storage ls|add|remove
+//	control creds issue
 //
 // Run `control help` or `control COMMAND -h` for the flags.
 package main
@@ -36,6 +38,14 @@ Usage:
   control deploy   preview -f FILE | apply -f FILE | status [NS] | history NS | rollback NS [--to COMMIT]
   control instances [--namespace NS]
   control certs    # certificates: issuer, expiry, last renewal attempt and error
+  control storage  ls | add NODE | remove NODE   # storage nodes, write quorum, replica placement
+  control creds    issue --role control|gateway|agent|mesh [--machine ID] --data DIR -o FILE
+
+Cluster: storage nodes run 'control server --name N --cluster-listen HOST:PORT --routes A,B,C'
+(three or five of them); other boxes run 'control server --storage=false --nats URL' or only
+agents and gateways. Any non-loopback listener requires --auth (credentials on every connection).
+Mutating commands fail with quorum_unavailable, naming the missing storage nodes, when the
+store cannot commit.
 
 Client commands take --nats URL (default $EDGEPLANE_NATS or nats://127.0.0.1:4222),
 --creds FILE, --installation, --authority; read commands take -o json.
@@ -63,9 +73,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "agent":
 		err = cmdAgent(ctx, rest, stdout, stderr)
 	case "machine", "machines":
-		out, err = cmdMachine(ctx, rest, stdout)
+		if out, err = preflight(ctx, cmd, rest); err == nil {
+			out, err = cmdMachine(ctx, rest, stdout)
+		}
 	case "deploy":
-		out, err = cmdDeploy(ctx, rest, stdout)
+		if out, err = preflight(ctx, cmd, rest); err == nil {
+			out, err = cmdDeploy(ctx, rest, stdout)
+		}
+	case "storage":
+		out, err = cmdStorage(ctx, rest, stdout)
+	case "creds":
+		out, err = cmdCreds(ctx, rest, stdout)
 	case "instances":
 		out, err = cmdInstances(ctx, rest, stdout)
 	case "certs":
@@ -124,6 +142,9 @@ func printError(w io.Writer, err error, asJSON bool) {
 type clientFlags struct {
 	nats, creds, inst, auth, format string
 	timeout                         time.Duration
+	// longRunning keeps reconnecting when NATS goes away (the agent)
+	// instead of failing the command.
+	longRunning bool
 }
 
 func addClientFlags(fs *flag.FlagSet, reads bool) *clientFlags {
@@ -148,7 +169,7 @@ func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: c.nats, CredsFile: c.creds, Name: "control cli", Timeout: c.timeout})
+	nc, err := store.Connect(store.ConnectOptions{URL: c.nats, CredsFile: c.creds, Name: "control cli", Timeout: c.timeout, ReconnectForever: c.longRunning})
 	if err != nil {
 		return nil, err
 	}

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
-	"net"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +37,7 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	stunAdvertise := fs.String("stun-advertise", "", "STUN addresses meshd nodes are told to use (default: --stun-listen; required when listening on 0.0.0.0)")
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
+	cf := addClusterFlags(fs)
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -49,31 +50,12 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 
-	url := *external
-	if url == "" {
-		ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: *data, Listen: *listen, Logs: *natsLogs})
-		if err != nil {
-			return err
-		}
-		defer func() {
-			ns.Shutdown()
-			ns.WaitForShutdown()
-		}()
-		url = ns.ClientURL()
-		fmt.Fprintf(stdout, "embedded NATS with JetStream on %s (store %s)\n", url, filepath.Join(*data, "jetstream"))
-	}
-	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: *creds, Name: "control server", ReconnectForever: true})
+	sn, err := cf.start(ctx, stdout, *data, *listen, *external, *creds, *natsLogs, names)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	s, err := store.Provision(pctx, nc, names, store.Layout{})
-	cancel()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "provisioned streams and buckets for installation %s, authority %s\n", names.Installation, names.Authority)
+	defer sn.close()
+	s := sn.store
 
 	stunAddrs, err := startSTUN(ctx, *stunListen, *stunAdvertise)
 	if err != nil {

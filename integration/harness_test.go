@@ -29,6 +29,7 @@ var bins struct {
 	dir     string
 	control string // built with -tags failpoints so crash tests can use it
 	hello   string
+	caddy   string // the custom Caddy
 }
 
 func TestMain(m *testing.M) {
@@ -40,9 +41,11 @@ func TestMain(m *testing.M) {
 	bins.dir = dir
 	bins.control = filepath.Join(dir, "control")
 	bins.hello = filepath.Join(dir, "hello")
+	bins.caddy = filepath.Join(dir, "caddy")
 	for _, b := range []struct{ out, pkg, tags string }{
 		{bins.control, "../control", "failpoints"},
 		{bins.hello, "../examples/hello", ""},
+		{bins.caddy, "../caddymodule/cmd/caddy", ""},
 	} {
 		args := []string{"build", "-o", b.out}
 		if b.tags != "" {
@@ -304,4 +307,17 @@ func lines(s, sub string) []string {
 		}
 	}
 	return out
+}
+
+// waitReachable waits until machine id's agent answers again (after NATS
+// came back).
+func (c *cluster) waitReachable(id string) {
+	c.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for c.store.Call(context.Background(), id, store.CmdCapacity, store.CapacityRequest{}, nil) != nil {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("machine %s did not become reachable again", id)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

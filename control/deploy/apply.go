@@ -49,6 +49,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	p := buildPlan(m, st.live, st.insts, st.machines)
 	start, keep, stop := p.Counts()
 	d.step(1, "deploy %s of %s, revision %d: %d to start, %d to keep, %d to stop", r.id, r.ns, p.Revision, start, keep, stop)
+	failpoint.Hit("after_preview")
 
 	// 2. The namespace deploy lease; a second apply fails here at once.
 	lease, err := d.s.AcquireLease(ctx, store.DeployLockKey(r.ns), store.LeaseOptions{
@@ -116,6 +117,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	// an apply without them has nothing to checkpoint.
 	r.phase(ctx, 6, store.PhaseSkipped, "no intermediate phases", 0)
 	d.step(6, "no intermediate phases; nothing to checkpoint")
+	failpoint.Hit("after_checkpoint")
 
 	// 7. The final commit: the point of no return.
 	r.status.Phase = Steps[6]
@@ -149,6 +151,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 
 	// 9. Wait for gateways, let in-flight requests finish, stop the old.
 	r.drainOld(ctx)
+	failpoint.Hit("after_drain")
 	r.status.Phase = Steps[8]
 	r.writeStatus(ctx)
 	return r.status, nil

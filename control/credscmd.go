@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// cmdCreds issues role-scoped NATS credentials. It runs on a storage node:
+// signing needs the account key in the auth dir, which only storage nodes
+// hold. Credentials are self-contained JWTs, so every storage node accepts
+// them at once and nothing is written to the store.
+func cmdCreds(_ context.Context, args []string, stdout io.Writer) (*output, error) {
+	if len(args) == 0 || args[0] != "issue" {
+		return nil, usagef("want: issue --role ROLE [--machine ID] -o FILE")
+	}
+	fs := newFlagSet("control creds issue", stdout)
+	role := fs.String("role", "", "role: "+strings.Join(store.Roles, ", ")+" (required)")
+	machine := fs.String("machine", "", "machine ID, required for the agent and mesh roles")
+	name := fs.String("name", "", "user name shown in server monitoring (default role-machine)")
+	data := fs.String("data", "", "the storage node's data dir (its auth dir is DATA/auth)")
+	authDir := fs.String("auth-dir", "", "auth dir (overrides --data)")
+	file := fs.String("o", "", "write the credentials here, mode 0600 (required; - for stdout)")
+	ttl := fs.Duration("ttl", 0, "expire the credentials after this long (default: no expiry)")
+	system := fs.Bool("system", false, "a system-account user, for `control storage remove` to take a node out of the JetStream meta group")
+	inst := fs.String("installation", store.DefaultInstallation, "installation scope of every name")
+	auth := fs.String("authority", store.DefaultAuthority, "authority scope of every name")
+	if _, err := parse(fs, args[1:]); err != nil {
+		return nil, err
+	}
+	if *role == "" && !*system {
+		return nil, usagef("--role is required (%s)", strings.Join(store.Roles, ", "))
+	}
+	if *file == "" {
+		return nil, usagef("-o FILE is required")
+	}
+	dir := *authDir
+	if dir == "" {
+		if *data == "" {
+			return nil, usagef("--data DIR or --auth-dir DIR is required (run this on a storage node)")
+		}
+		dir = filepath.Join(*data, "auth")
+	}
+	names, err := store.NewNames(*inst, *auth)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	a, err := store.LoadAuth(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	r := *role
+	if *system && r == "" {
+		r = store.RoleControl
+	}
+	b, err := a.IssueCreds(store.CredsRequest{Role: r, Machine: *machine, Name: *name, Names: names, TTL: *ttl, System: *system})
+	if err != nil {
+		return nil, err
+	}
+	if *file == "-" {
+		_, err = stdout.Write(b)
+		return nil, err
+	}
+	if err := os.WriteFile(*file, b, 0o600); err != nil {
+		return nil, fmt.Errorf("writing credentials: %w", err)
+	}
+	exp := "never"
+	if *ttl > 0 {
+		exp = time.Now().Add(*ttl).UTC().Format(time.RFC3339)
+	}
+	who := r
+	if *machine != "" {
+		who += " for machine " + *machine
+	}
+	fmt.Fprintf(stdout, "wrote %s credentials to %s (expires %s)\n", who, *file, exp)
+	return nil, nil
+}

@@ -1,0 +1,595 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// clusterFlags are `control server`'s storage and cluster flags.
+type clusterFlags struct {
+	name, clusterName, clusterListen, routes string
+	authMode, authDir                        string
+	storage                                  bool
+	replicas                                 int
+}
+
+func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
+	c := &clusterFlags{}
+	fs.BoolVar(&c.storage, "storage", true, "host the replicated store (a storage node); false: a client of --nats that holds no replicated state")
+	fs.StringVar(&c.name, "name", "", "server name, unique among storage nodes (default: the hostname when clustered, else \"edgeplane\")")
+	fs.StringVar(&c.clusterName, "cluster-name", "edgeplane", "JetStream cluster name; the same on every storage node")
+	fs.StringVar(&c.clusterListen, "cluster-listen", "", "cluster route address host:port; set it to run as a storage node of a cluster")
+	fs.StringVar(&c.routes, "routes", "", "comma-separated seed peers' cluster addresses host:port (may include this node)")
+	fs.IntVar(&c.replicas, "replicas", 0, "replicas of every stream and bucket when first created (default 1, or 3 when clustered); change later with `control storage add|remove`")
+	fs.StringVar(&c.authMode, "auth", "auto", "require credentials: on, off, or auto (on when any listener is not loopback)")
+	fs.StringVar(&c.authDir, "auth-dir", "", "operator and account keys plus the cluster secret (default DATA/auth; copy it to every storage node)")
+	return c
+}
+
+// storageNode is what `control server` runs on: its store connection and,
+// on a storage node, the embedded server.
+type storageNode struct {
+	ns    *server.Server
+	nc    *nats.Conn
+	store *store.Store
+	stops []func()
+}
+
+func (n *storageNode) close() {
+	for i := len(n.stops) - 1; i >= 0; i-- {
+		n.stops[i]()
+	}
+}
+
+func (c *clusterFlags) authOn(listen string) (bool, error) {
+	switch c.authMode {
+	case "on", "true":
+		return true, nil
+	case "off", "false":
+		return false, nil
+	case "auto", "":
+		for _, a := range []string{listen, c.clusterListen} {
+			if a == "" {
+				continue
+			}
+			if h, _, err := splitHostPortLoose(a); err == nil && !store.IsLoopback(h) {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	return false, usagef("--auth %q: want on, off or auto", c.authMode)
+}
+
+func splitHostPortLoose(a string) (string, string, error) {
+	i := strings.LastIndex(a, ":")
+	if i < 0 {
+		return "", "", fmt.Errorf("%q: want host:port", a)
+	}
+	return strings.Trim(a[:i], "[]"), a[i+1:], nil
+}
+
+// start brings up this box's side of the store: an embedded storage node
+// (alone or clustered), or a client of external/other storage nodes.
+func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen, external, creds string, logs bool, names store.Names) (*storageNode, error) {
+	n := &storageNode{}
+	url := external
+	layout := store.Layout{Replicas: c.replicas}
+	if !c.storage && external == "" {
+		return nil, usagef("--storage=false holds no replicated state: give --nats URL of the storage nodes")
+	}
+	if c.storage && external == "" {
+		on, err := c.authOn(listen)
+		if err != nil {
+			return nil, err
+		}
+		cfg := store.EmbeddedConfig{DataDir: data, Listen: listen, Logs: logs, ServerName: c.name}
+		if on {
+			dir := c.authDir
+			if dir == "" {
+				dir = filepath.Join(data, "auth")
+			}
+			a, err := store.LoadAuth(dir, true)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Auth = a
+			b, err := a.IssueCreds(store.CredsRequest{Role: store.RoleControl, Names: names, Name: "control-server"})
+			if err != nil {
+				return nil, err
+			}
+			// Fresh each start, in this node's own data dir (the auth dir may
+			// be shared), written whole before anyone reads it.
+			creds = filepath.Join(data, "control.creds")
+			if err := os.MkdirAll(data, 0o700); err != nil {
+				return nil, fmt.Errorf("data dir: %w", err)
+			}
+			if err := os.WriteFile(creds+".tmp", b, 0o600); err != nil {
+				return nil, fmt.Errorf("writing control credentials: %w", err)
+			}
+			if err := os.Rename(creds+".tmp", creds); err != nil {
+				return nil, fmt.Errorf("writing control credentials: %w", err)
+			}
+			fmt.Fprintf(stdout, "credentials required on every connection; this node's control credentials: %s\n", creds)
+		}
+		if c.clusterListen != "" {
+			if cfg.ServerName == "" {
+				h, err := os.Hostname()
+				if err != nil {
+					return nil, fmt.Errorf("server name: %w", err)
+				}
+				cfg.ServerName = h
+			}
+			cc := &store.ClusterConfig{Name: c.clusterName, Listen: c.clusterListen}
+			for _, r := range strings.Split(c.routes, ",") {
+				if r = strings.TrimSpace(r); r != "" {
+					cc.Routes = append(cc.Routes, r)
+				}
+			}
+			if cfg.Auth != nil {
+				cc.Secret = cfg.Auth.ClusterSecret
+			}
+			cfg.Cluster = cc
+			if layout.Replicas == 0 {
+				layout.Replicas = 3
+			}
+		}
+		ns, err := store.StartEmbedded(cfg)
+		if err != nil {
+			return nil, err
+		}
+		n.ns = ns
+		n.stops = append(n.stops, func() { ns.Shutdown(); ns.WaitForShutdown() })
+		url = ns.ClientURL()
+		fmt.Fprintf(stdout, "embedded NATS with JetStream on %s (store %s)\n", url, filepath.Join(data, "jetstream"))
+		if cfg.Cluster != nil {
+			fmt.Fprintf(stdout, "storage node %s of cluster %s: routes on %s, seeds %s\n", ns.Name(), c.clusterName,
+				c.clusterListen, strings.Join(cfg.Cluster.Routes, ","))
+		}
+	}
+	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: "control server", ReconnectForever: true})
+	if err != nil {
+		n.close()
+		return nil, err
+	}
+	n.nc = nc
+	n.stops = append(n.stops, nc.Close)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := store.WaitForJetStream(wctx, nc); err != nil {
+		n.close()
+		return nil, err
+	}
+	if !c.storage {
+		// A client box binds to what the storage nodes provisioned.
+		var s *store.Store
+		err = retry(wctx, func() error { s, err = store.Open(wctx, nc, names); return err })
+		if err != nil {
+			n.close()
+			return nil, err
+		}
+		n.store = s
+		fmt.Fprintf(stdout, "not a storage node: client of %s, hosting no replicated state\n", url)
+	} else {
+		// In a cluster, stream placement needs enough storage nodes to have
+		// joined; provisioning is idempotent, so every node does it and
+		// retries until then.
+		var s *store.Store
+		last := time.Now()
+		err = retry(wctx, func() error {
+			pctx, cancel := context.WithTimeout(wctx, 10*time.Second)
+			defer cancel()
+			s, err = store.Provision(pctx, nc, names, layout)
+			if err != nil && time.Since(last) > 5*time.Second {
+				last = time.Now()
+				fmt.Fprintf(stdout, "waiting for enough storage nodes to place %d replicas: %v\n", layout.Replicas, err)
+			}
+			return err
+		})
+		if err != nil {
+			n.close()
+			return nil, err
+		}
+		n.store = s
+		r := layout.Replicas
+		if r == 0 {
+			r = 1
+		}
+		fmt.Fprintf(stdout, "provisioned streams and buckets for installation %s, authority %s (replicas %d)\n", names.Installation, names.Authority, r)
+	}
+	if n.ns != nil {
+		stop, err := store.ServeStorageStatus(ctx, nc, names, n.ns)
+		if err != nil {
+			n.close()
+			return nil, err
+		}
+		n.stops = append(n.stops, stop)
+	}
+	return n, nil
+}
+
+// retry runs f until it succeeds or ctx ends, returning the last error.
+func retry(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// storageView is `control storage ls`'s answer.
+type storageView struct {
+	Quorum    *store.Error              `json:"quorum_error,omitempty"`
+	Nodes     []storageNodeView         `json:"nodes"`
+	Placement []store.StreamPlacement   `json:"placement,omitempty"`
+	Answers   []store.StorageNodeStatus `json:"answers,omitempty"`
+}
+
+type storageNodeView struct {
+	Name       string `json:"name"`
+	Answered   bool   `json:"answered"`
+	MetaLeader bool   `json:"meta_leader"`
+	Replicas   int    `json:"replicas"`
+	Leads      int    `json:"leads"`
+	Lagging    int    `json:"lagging"`
+}
+
+func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
+	if len(args) == 0 {
+		return nil, usagef("want a subcommand: ls, add ID, remove ID")
+	}
+	sub, args := args[0], args[1:]
+	fs := newFlagSet("control storage "+sub, stdout)
+	c := addClientFlags(fs, true)
+	wait := fs.Duration("wait", time.Second, "how long storage nodes have to answer the status request")
+	catchup := fs.Duration("catchup-timeout", 2*time.Minute, "add/remove: how long new replicas have to catch up")
+	maxR := fs.Int("max-replicas", 5, "add: the replica count never grows beyond this")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	out := c.output(stdout)
+	s, err := c.open(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer s.NC.Close()
+	view, err := readStorage(ctx, s, *wait)
+	if err != nil {
+		return out, err
+	}
+	switch sub {
+	case "ls", "list":
+		return out, out.emit(view, func(w io.Writer) { printStorage(w, view) })
+	case "add", "remove":
+		if len(pos) != 1 {
+			return out, usagef("want exactly one storage node name")
+		}
+		if view.Quorum != nil {
+			return out, view.Quorum
+		}
+		if sub == "add" {
+			return out, storageAdd(ctx, s, view, pos[0], *maxR, *catchup, out)
+		}
+		return out, storageRemove(ctx, s, view, pos[0], *catchup, out)
+	}
+	return nil, usagef("unknown subcommand %q: want ls, add or remove", sub)
+}
+
+func readStorage(ctx context.Context, s *store.Store, wait time.Duration) (*storageView, error) {
+	v := &storageView{}
+	answers, err := store.GatherStorageStatus(ctx, s.NC, s.Names, wait)
+	if err != nil {
+		return nil, err
+	}
+	v.Answers = answers
+	if qerr := s.RequireQuorum(ctx); qerr != nil {
+		if !store.HasCode(qerr, store.CodeQuorumUnavailable) {
+			return nil, qerr
+		}
+		v.Quorum = store.AsError(qerr)
+	} else {
+		if v.Placement, err = s.Placement(ctx); err != nil {
+			return nil, err
+		}
+	}
+	byName := map[string]*storageNodeView{}
+	node := func(name string) *storageNodeView {
+		if byName[name] == nil {
+			byName[name] = &storageNodeView{Name: name}
+		}
+		return byName[name]
+	}
+	for _, a := range answers {
+		node(a.Server).Answered = true
+		for _, p := range a.Peers {
+			node(p.Name)
+		}
+		if a.MetaLeader != "" {
+			node(a.MetaLeader).MetaLeader = true
+		}
+	}
+	for _, p := range v.Placement {
+		for _, peer := range p.Peers {
+			node(peer).Replicas++
+		}
+		if p.Leader != "" {
+			node(p.Leader).Leads++
+		}
+		for _, l := range p.Lagging {
+			node(l).Lagging++
+		}
+	}
+	for _, nv := range byName {
+		v.Nodes = append(v.Nodes, *nv)
+	}
+	sort.Slice(v.Nodes, func(i, j int) bool { return v.Nodes[i].Name < v.Nodes[j].Name })
+	return v, nil
+}
+
+func printStorage(w io.Writer, v *storageView) {
+	if v.Quorum != nil {
+		fmt.Fprintf(w, "QUORUM LOST: %s\n\n", v.Quorum.Message)
+	} else {
+		fmt.Fprintln(w, "write quorum: ok")
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tANSWERED\tMETA LEADER\tREPLICAS\tLEADS\tLAGGING")
+	for _, n := range v.Nodes {
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%d\t%d\n", n.Name, yesNo(n.Answered), yesNo(n.MetaLeader), n.Replicas, n.Leads, n.Lagging)
+	}
+	tw.Flush()
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// storageAdd makes id hold replicas: the node must answer, be a current
+// member of the JetStream meta group, and quorum must hold; then the
+// replica count grows to the largest odd number of such nodes (at most
+// maxR), and the command waits until every new replica has caught up.
+func storageAdd(ctx context.Context, s *store.Store, v *storageView, id string, maxR int, catchup time.Duration, out *output) error {
+	var seen, leaderView *store.StorageNodeStatus
+	for i := range v.Answers {
+		if v.Answers[i].Server == id {
+			seen = &v.Answers[i]
+		}
+	}
+	if seen == nil {
+		return store.Errorf(store.CodeUnavailable, "storage node %s did not answer: start it with `control server --cluster-listen ... --routes ...` and the same auth dir first", id).With("node", id)
+	}
+	for i := range v.Answers {
+		if v.Answers[i].Server == v.Answers[i].MetaLeader {
+			leaderView = &v.Answers[i]
+		}
+	}
+	current := map[string]bool{}
+	if leaderView != nil {
+		for _, p := range leaderView.Peers {
+			if p.Current && !p.Offline {
+				current[p.Name] = true
+			}
+		}
+	}
+	if !current[id] {
+		return store.Errorf(store.CodeConflict, "storage node %s is not a current member of the JetStream cluster yet (still catching up, or routes missing); try again when `control storage ls` shows it", id).With("node", id)
+	}
+	target := len(current)
+	if target > maxR {
+		target = maxR
+	}
+	if target%2 == 0 {
+		target--
+	}
+	have := 1
+	for _, p := range v.Placement {
+		if p.Replicas > have {
+			have = p.Replicas
+		}
+	}
+	if target <= have {
+		return out.emit(map[string]any{"node": id, "replicas": have, "changed": false}, func(w io.Writer) {
+			fmt.Fprintf(w, "storage node %s is a current cluster member; replicas stay at %d (an odd count of at most %d), so it holds no replicas yet: add another node to grow to %d\n",
+				id, have, maxR, have+2)
+		})
+	}
+	fmt.Fprintf(out.w, "growing every stream and bucket from %d to %d replicas\n", have, target)
+	if err := s.SetReplicas(ctx, target); err != nil {
+		return err
+	}
+	pl, err := waitCaughtUp(ctx, s, target, catchup)
+	if err != nil {
+		return err
+	}
+	return out.emit(map[string]any{"node": id, "replicas": target, "changed": true, "placement": pl}, func(w io.Writer) {
+		fmt.Fprintf(w, "storage node %s added: %d streams and buckets at %d replicas, all caught up\n", id, len(pl), target)
+	})
+}
+
+// storageRemove takes id's replicas away. It refuses when the remaining
+// nodes could not keep write quorum.
+func storageRemove(ctx context.Context, s *store.Store, v *storageView, id string, catchup time.Duration, out *output) error {
+	var live []string
+	found := false
+	for _, n := range v.Nodes {
+		if n.Name == id {
+			found = true
+			continue
+		}
+		if n.Answered {
+			live = append(live, n.Name)
+		}
+	}
+	if !found {
+		return store.Errorf(store.CodeNotFound, "no storage node %s", id).With("node", id)
+	}
+	have := 1
+	for _, p := range v.Placement {
+		if p.Replicas > have {
+			have = p.Replicas
+		}
+	}
+	target := have
+	if len(live) < target {
+		target = len(live)
+		if target%2 == 0 {
+			target--
+		}
+	}
+	if target < 1 || len(live) < target/2+1 {
+		return store.Errorf(store.CodeQuorumUnavailable, "removing %s would leave %d answering storage nodes, too few for write quorum", id, len(live)).
+			With("node", id).With("remaining", strings.Join(live, ","))
+	}
+	touched, err := s.RemovePeer(ctx, id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out.w, "took %s off %d streams and buckets\n", id, len(touched))
+	if target != have {
+		fmt.Fprintf(out.w, "shrinking every stream and bucket from %d to %d replicas (%d storage nodes remain)\n", have, target, len(live))
+		if err := s.SetReplicas(ctx, target); err != nil {
+			return err
+		}
+	}
+	pl, err := waitCaughtUp(ctx, s, target, catchup)
+	if err != nil {
+		return err
+	}
+	for _, p := range pl {
+		for _, peer := range p.Peers {
+			if peer == id {
+				return store.Errorf(store.CodeConflict, "stream %s still has a replica on %s", p.Stream, id).With("stream", p.Stream)
+			}
+		}
+	}
+	return out.emit(map[string]any{"node": id, "replicas": target, "placement": pl}, func(w io.Writer) {
+		fmt.Fprintf(w, "storage node %s removed from every stream and bucket (replicas %d); stop its `control server` now. "+
+			"It keeps a copy of the store in its data dir: treat that like a backup (it holds private keys).\n", id, target)
+	})
+}
+
+func waitCaughtUp(ctx context.Context, s *store.Store, replicas int, timeout time.Duration) ([]store.StreamPlacement, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		pl, err := s.Placement(ctx)
+		if err == nil {
+			ok := true
+			for _, p := range pl {
+				if len(p.Peers) != replicas || len(p.Lagging) > 0 || p.Leader == "" {
+					ok = false
+				}
+			}
+			if ok {
+				return pl, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = errors.New("replicas still placing or catching up")
+			}
+			return pl, store.Errorf(store.CodeUnavailable, "replicas did not settle within %s: %v", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return pl, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// mutates reports whether the command line changes the store; those fail
+// with quorum_unavailable before they start when the store cannot commit.
+func mutates(cmd string, rest []string) bool {
+	if len(rest) == 0 {
+		return false
+	}
+	switch cmd {
+	case "machine", "machines":
+		switch rest[0] {
+		case "invite", "drain", "disable", "enable":
+			return true
+		}
+	case "deploy":
+		switch rest[0] {
+		case "apply", "rollback":
+			return true
+		}
+	}
+	return false
+}
+
+// requireQuorum connects with the command's own client flags (ignoring the
+// others) and checks write quorum, so a mutating command refuses before its
+// first read or write rather than timing out halfway.
+func requireQuorum(ctx context.Context, args []string) (*output, error) {
+	fs := newFlagSet("quorum check", io.Discard)
+	c := addClientFlags(fs, true)
+	var known []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if fs.Lookup(name) == nil {
+			continue
+		}
+		if hasVal {
+			known = append(known, "--"+name+"="+val)
+		} else if i+1 < len(args) {
+			known = append(known, "--"+name, args[i+1])
+			i++
+		}
+	}
+	if err := fs.Parse(known); err != nil {
+		return nil, nil // the command itself reports bad flags
+	}
+	out := c.output(io.Discard)
+	s, err := c.open(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer s.NC.Close()
+	return out, s.RequireQuorum(ctx)
+}
+
+// preflight runs the quorum check for mutating command lines; it returns
+// the output (for -o json errors) and the refusal, or nil to go on.
+func preflight(ctx context.Context, cmd string, rest []string) (*output, error) {
+	if !mutates(cmd, rest) {
+		return nil, nil
+	}
+	out, err := requireQuorum(ctx, rest[1:])
+	if out != nil {
+		for i, a := range rest {
+			if (a == "-o" || a == "--o") && i+1 < len(rest) && rest[i+1] == "json" || a == "-o=json" || a == "--o=json" {
+				out.json = true
+			}
+		}
+	}
+	return out, err
+}
