@@ -131,9 +131,6 @@ func printError(w io.Writer, err error, asJSON bool) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if strings.Contains(se.Message, se.Detail[k]) && len(se.Detail[k]) > 20 {
-			continue
-		}
 		fmt.Fprintf(w, "  %s: %s\n", k, se.Detail[k])
 	}
 }

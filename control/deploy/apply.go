@@ -368,8 +368,8 @@ func (r *run) abort(cause error) (*store.DeployStatus, error) {
 		}
 		r.phase(ctx, i, state, "", 0)
 	}
-	d.printf("deploy %s failed before the final commit (%s); %d candidates stopped; nothing was routed, the previous revision keeps serving",
-		r.id, errAborted, len(r.started))
+	d.printf("deploy %s failed before the final commit; %d candidates stopped; nothing was routed, the previous revision keeps serving",
+		r.id, len(r.started))
 	return r.status, se
 }
 

@@ -12,7 +12,6 @@ package deploy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -279,9 +278,6 @@ func (d *Deployer) Phases(ctx context.Context, ns, id string) ([]store.PhaseReco
 	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
 	return out, err
 }
-
-// errAborted marks an apply that failed before its final commit.
-var errAborted = errors.New("aborted before the final commit")
 
 // Live returns the live (latest final) commit of ns.
 func (d *Deployer) Live(ctx context.Context, ns string) (*store.DeployCommit, error) {
