@@ -193,7 +193,15 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		err = retry(wctx, func() error {
 			pctx, cancel := context.WithTimeout(wctx, 10*time.Second)
 			defer cancel()
-			s, err = store.Provision(pctx, nc, names, layout)
+			if n.ns != nil && c.clusterListen != "" && !n.ns.JetStreamIsLeader() {
+				// Concurrent creates of one stream from several nodes
+				// can go unanswered; the meta leader provisions, the
+				// others bind once it is done (and take over if it
+				// dies first: leadership moves).
+				s, err = store.Open(pctx, nc, names)
+			} else {
+				s, err = store.Provision(pctx, nc, names, layout)
+			}
 			if err != nil && time.Since(last) > 5*time.Second {
 				last = time.Now()
 				fmt.Fprintf(stdout, "waiting for enough storage nodes to place %d replicas: %v\n", layout.Replicas, err)
@@ -569,12 +577,16 @@ func requireQuorum(ctx context.Context, args []string) (*output, error) {
 		return nil, nil // the command itself reports bad flags
 	}
 	out := c.output(io.Discard)
-	s, err := c.open(ctx)
+	names, err := store.NewNames(c.inst, c.auth)
+	if err != nil {
+		return nil, nil // the command itself reports it
+	}
+	nc, err := store.Connect(store.ConnectOptions{URL: c.nats, CredsFile: c.creds, Name: "control cli", Timeout: c.timeout})
 	if err != nil {
 		return out, err
 	}
-	defer s.NC.Close()
-	return out, s.RequireQuorum(ctx)
+	defer nc.Close()
+	return out, store.CheckQuorum(ctx, nc, names)
 }
 
 // preflight runs the quorum check for mutating command lines; it returns

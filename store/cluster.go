@@ -339,12 +339,23 @@ const PeerActiveBound = 3 * time.Second
 // refuses the operation before anything changes; nothing is queued and
 // nothing fails over. On a single server it costs one API round trip.
 func (s *Store) RequireQuorum(ctx context.Context) error {
+	return CheckQuorum(ctx, s.NC, s.Names)
+}
+
+// CheckQuorum is RequireQuorum on a bare connection, for a client that has
+// not bound the store yet (binding needs every stream leader to answer).
+func CheckQuorum(ctx context.Context, nc *nats.Conn, names Names) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("opening jetstream: %w", err)
+	}
 	cctx, cancel := context.WithTimeout(ctx, QuorumCheckTimeout)
 	defer cancel()
 	// Stream info is answered by the stream's RAFT leader, whose view of
 	// its replicas is the authoritative one.
-	info, err := s.Commits.Info(cctx)
+	str, err := js.Stream(cctx, names.DeployCommitsStream())
 	if err == nil {
+		info := str.CachedInfo()
 		return quorumOf(info.Config.Name, info.Cluster)
 	}
 	if ctx.Err() != nil {
@@ -355,7 +366,7 @@ func (s *Store) RequireQuorum(ctx context.Context) error {
 	}
 	// No leader answered: ask the storage nodes we can reach what they see,
 	// to name the ones that are missing.
-	nodes, _ := GatherStorageStatus(ctx, s.NC, s.Names, 500*time.Millisecond)
+	nodes, _ := GatherStorageStatus(ctx, nc, names, 500*time.Millisecond)
 	return quorumLost(nodes, err)
 }
 
@@ -566,4 +577,40 @@ func (s *Store) RemovePeer(ctx context.Context, serverName string) ([]string, er
 		touched = append(touched, name)
 	}
 	return touched, nil
+}
+
+// createOrUpdateStream is CreateOrUpdateStream that asks first: in a
+// cluster, an update request for a stream that does not exist yet, sent
+// through a server that is not the meta leader, may go unanswered until the
+// request times out, so Provision would never get to the create.
+func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	_, err := js.Stream(ctx, cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		str, err := js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Another storage node created it meanwhile.
+			return js.UpdateStream(ctx, cfg)
+		}
+		return str, err
+	case err != nil:
+		return nil, err
+	}
+	return js.UpdateStream(ctx, cfg)
+}
+
+// createOrUpdateKeyValue is createOrUpdateStream for buckets.
+func createOrUpdateKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	_, err := js.KeyValue(ctx, cfg.Bucket)
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		kv, err := js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return js.UpdateKeyValue(ctx, cfg)
+		}
+		return kv, err
+	case err != nil:
+		return nil, err
+	}
+	return js.UpdateKeyValue(ctx, cfg)
 }

@@ -56,6 +56,11 @@ func Call(ctx context.Context, nc *nats.Conn, subject, machine, command string, 
 		return &RPCFailure{Machine: machine, Command: command, Cause: CauseRemote, Detail: "undecodable reply: " + err.Error()}
 	}
 	if rep.Error != nil {
+		if rep.Error.Code == "" {
+			// A remote error must be actionable; one without a code is a
+			// broken reply, not a verdict.
+			return &RPCFailure{Machine: machine, Command: command, Cause: CauseRemote, Detail: "reply carries an error without a code: " + rep.Error.Message}
+		}
 		return rep.Error
 	}
 	if resp != nil && len(rep.Result) > 0 {

@@ -143,7 +143,7 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		}},
 	}
 	for _, st := range streams {
-		str, err := s.JS.CreateOrUpdateStream(ctx, st.cfg)
+		str, err := createOrUpdateStream(ctx, s.JS, st.cfg)
 		if err != nil {
 			return nil, classify(fmt.Errorf("provisioning stream %s: %w", st.cfg.Name, err))
 		}
@@ -170,7 +170,7 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 	}
 	for _, b := range buckets {
 		b.cfg.Replicas = r
-		kv, err := s.JS.CreateOrUpdateKeyValue(ctx, b.cfg)
+		kv, err := createOrUpdateKeyValue(ctx, s.JS, b.cfg)
 		if err != nil {
 			return nil, classify(fmt.Errorf("provisioning bucket %s: %w", b.cfg.Bucket, err))
 		}

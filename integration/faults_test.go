@@ -1,0 +1,265 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// routingEventsAfter reads every routing event after seq.
+func routingEventsAfter(t *testing.T, s *store.Store, seq uint64) []store.RoutingEvent {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := s.Routing.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []store.RoutingEvent
+	for q := seq + 1; q <= info.State.LastSeq; q++ {
+		m, err := s.Routing.GetMsg(ctx, q)
+		if err != nil {
+			t.Fatalf("routing event %d: %v", q, err)
+		}
+		var ev store.RoutingEvent
+		if err := store.Decode("routing event", m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// The orchestrator dies (no deferred cleanup, as with kill -9) right after
+// each of the nine apply steps. Whatever the step: routing never shows an
+// uncommitted deploy, status says what happened, the namespace lease frees
+// within its TTL, and the next apply succeeds (completing a committed one).
+func TestCrashAtEveryApplyStep(t *testing.T) {
+	c := newCluster(t)
+	c.join("m1")
+	ctx := context.Background()
+	const ttl = 2 * time.Second
+	apply := func(version string, env ...string) (string, string, int) {
+		return c.controlEnv(env, "deploy", "apply", "-f", writeManifest(t, c.dir, version),
+			"--lease-ttl", ttl.String(), "--drain-grace", "10ms", "--gateway-wait", "1s", "--stop-grace", "2s")
+	}
+	if out, e, code := apply("0"); code != 0 {
+		t.Fatalf("baseline apply: %d\n%s\n%s", code, out, e)
+	}
+	idRe := regexp.MustCompile(`deploy (\S+) of shop`)
+	points := []string{"after_preview", "after_lease", "after_probe", "after_status", "after_candidates",
+		"after_checkpoint", "after_final_commit", "after_publish", "after_drain"}
+	var report []string
+	for i, fp := range points {
+		step := i + 1
+		head := routingHead(t, c)
+		out, e, code := apply(fmt.Sprintf("%d", step), "EDGEPLANE_FAILPOINTS="+fp)
+		crashed := time.Now()
+		if code != 97 {
+			t.Fatalf("step %d (%s): want the failpoint exit 97, got %d\n%s\n%s", step, fp, code, out, e)
+		}
+		m := idRe.FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("step %d: no deploy id in\n%s", step, out)
+		}
+		id := m[1]
+		live, err := c.store.LiveCommit(ctx, "shop")
+		if err != nil {
+			t.Fatal(err)
+		}
+		committed := live.ID == id
+		if committed != (step >= 7) {
+			t.Fatalf("step %d: live commit %s, crashed deploy %s", step, live.ID, id)
+		}
+		// No partial routing: an event of this deploy exists only if its
+		// final commit does; before the commit nothing was published.
+		events := routingEventsAfter(t, c.store, head)
+		for _, ev := range events {
+			if ev.DeployID == id && !committed {
+				t.Fatalf("step %d: routing event %s of uncommitted deploy %s", step, ev.Identity(), id)
+			}
+		}
+		if step <= 7 && len(events) != 0 {
+			t.Fatalf("step %d: %d routing events went out before the crash point", step, len(events))
+		}
+		if step >= 8 && len(events) == 0 {
+			t.Fatalf("step %d: the committed deploy's routing events are missing", step)
+		}
+		// Status says what happened.
+		var st store.DeployStatus
+		_, serr := store.GetJSON(ctx, c.store.Status, "shop."+id, &st)
+		switch {
+		case step <= 3:
+			if serr == nil {
+				t.Fatalf("step %d: status written before step 4: %+v", step, st)
+			}
+		case serr != nil:
+			t.Fatalf("step %d: no status for %s: %v", step, id, serr)
+		case step <= 7 && st.State != store.DeployApplying:
+			t.Fatalf("step %d: status %s", step, st.State)
+		case step >= 8 && (st.State != store.DeployCommitted || !st.RoutingPublished):
+			t.Fatalf("step %d: status %+v", step, st)
+		}
+		// The lease frees within its TTL (the server expires keys with
+		// one-second granularity).
+		var freed time.Duration
+		if step >= 2 {
+			eventually(t, ttl+3*time.Second, "the lease to expire", func() bool {
+				_, err := c.store.Locks.Get(ctx, store.DeployLockKey("shop"))
+				return err == jetstream.ErrKeyNotFound
+			})
+			freed = time.Since(crashed)
+			if freed > ttl+1500*time.Millisecond {
+				t.Fatalf("step %d: lease freed after %s, TTL %s", step, freed, ttl)
+			}
+		}
+		// The next apply succeeds and settles the crashed one.
+		if out, e, code := apply(fmt.Sprintf("%db", step)); code != 0 {
+			t.Fatalf("step %d: the next apply failed: %d\n%s\n%s", step, code, out, e)
+		}
+		var after store.DeployStatus
+		if step >= 4 {
+			if _, err := store.GetJSON(ctx, c.store.Status, "shop."+id, &after); err != nil {
+				t.Fatal(err)
+			}
+			want := store.DeployFailed
+			if step >= 7 {
+				want = store.DeployCommitted
+			}
+			if after.State != want || (step >= 7 && !after.RoutingPublished) {
+				t.Fatalf("step %d: after the next apply the crashed deploy is %+v", step, after)
+			}
+		}
+		report = append(report, fmt.Sprintf("%-18s committed=%-5v routing_events=%d lease_freed=%-6s status_after=%s",
+			fp, committed, len(events), freed.Round(100*time.Millisecond), dash(after.State)))
+	}
+	t.Logf("crash at each step:\n%s", strings.Join(report, "\n"))
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// With every control-plane node down, the gateway and DNS keep answering
+// from their last good state, and still do after a restart (from their
+// snapshots).
+func TestControlPlaneDownDataPlaneServes(t *testing.T) {
+	buildExtra(t)
+	c := newCluster(t)
+	c.join("m1")
+	if out, e, code := c.control("deploy", "apply", "-f", writeManifest(t, c.dir, "1"), "--drain-grace", "10ms", "--gateway-wait", "1s"); code != 0 {
+		t.Fatalf("apply: %d\n%s\n%s", code, out, e)
+	}
+	gwAddr, dnsAddr := freeAddr(t), freeAddr(t)
+	gwSnap, dnsSnap := filepath.Join(c.dir, "gw-routing.json"), filepath.Join(c.dir, "dns-routing.json")
+	cfg := map[string]any{
+		"admin": map[string]any{"disabled": true},
+		"apps": map[string]any{
+			"edgeplane": map[string]any{"nats_url": c.url, "snapshot_path": gwSnap, "gateway_name": "gw1"},
+			"http": map[string]any{"servers": map[string]any{"gw": map[string]any{
+				"listen":          []string{gwAddr},
+				"automatic_https": map[string]any{"disable": true},
+				"routes":          []any{map[string]any{"handle": []any{map[string]any{"handler": "edgeplane"}}}},
+			}}},
+		},
+	}
+	b, _ := json.Marshal(cfg)
+	cfgPath := filepath.Join(c.dir, "caddy.json")
+	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	caddyEnv := []string{"HOME=" + home, "XDG_DATA_HOME=" + home, "XDG_CONFIG_HOME=" + home}
+	startGW := func(name string) *proc {
+		return start(t, name, caddyEnv, extraBins.caddy, "run", "--config", cfgPath)
+	}
+	startDNS := func(name string) *proc {
+		p := start(t, name, nil, extraBins.dns, "--nats", c.url, "--listen", dnsAddr, "--snapshot", dnsSnap)
+		p.waitOutput(t, `serving dns`, 20*time.Second)
+		return p
+	}
+	gw := startGW("caddy")
+	dnsP := startDNS("edgeplane-dns")
+
+	client := &http.Client{Timeout: 2 * time.Second}
+	httpOK := func() error {
+		req, _ := http.NewRequest("GET", "http://"+gwAddr+"/?format=json", nil)
+		req.Host = "shop.example.com"
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"instance"`) {
+			return fmt.Errorf("status %d: %s", resp.StatusCode, body)
+		}
+		return nil
+	}
+	dnsOK := func() error {
+		m := new(dns.Msg)
+		m.SetQuestion("web.shop.edgeplane.internal.", dns.TypeA)
+		r, _, err := (&dns.Client{Timeout: time.Second}).Exchange(m, dnsAddr)
+		if err != nil {
+			return err
+		}
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0 {
+			return fmt.Errorf("rcode %s, %d answers", dns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+		return nil
+	}
+	eventually(t, 30*time.Second, "the gateway to route shop.example.com", func() bool { return httpOK() == nil })
+	eventually(t, 30*time.Second, "DNS to answer web.shop", func() bool { return dnsOK() == nil })
+	eventually(t, 30*time.Second, "both snapshots on disk", func() bool {
+		_, e1 := os.Stat(gwSnap)
+		_, e2 := os.Stat(dnsSnap)
+		return e1 == nil && e2 == nil
+	})
+
+	// Every control-plane node down: the one server and its embedded NATS.
+	c.server.stop(syscall.SIGKILL)
+	served, failed := 0, 0
+	probe := func(d time.Duration) {
+		deadline := time.Now().Add(d)
+		for time.Now().Before(deadline) {
+			for _, f := range []func() error{httpOK, dnsOK} {
+				if err := f(); err != nil {
+					failed++
+					t.Errorf("with the control plane down: %v", err)
+				} else {
+					served++
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	probe(4 * time.Second)
+	// Restarted while NATS is still down: they serve their snapshots.
+	gw.stop(syscall.SIGTERM)
+	dnsP.stop(syscall.SIGTERM)
+	startGW("caddy (restarted, NATS down)")
+	startDNS("edgeplane-dns (restarted, NATS down)")
+	eventually(t, 20*time.Second, "the restarted gateway to serve its snapshot", func() bool { return httpOK() == nil })
+	probe(3 * time.Second)
+	if failed > 0 {
+		t.Fatalf("%d requests failed with the control plane down", failed)
+	}
+	t.Logf("control plane down: %d requests served (HTTP via the gateway and DNS), %d failed, across a gateway and DNS restart", served, failed)
+}
