@@ -35,7 +35,7 @@ func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	data := fs.String("data", "", "agent data dir: identity, instance state and logs (required)")
 	join := fs.String("join", "", "invite token from `control machine invite`; needed once")
 	machine := fs.String("machine", "", "machine ID (default: the hostname)")
-	advertise := fs.String("advertise", "", "IP instances listen on and are reached at (default: the saved one, else 127.0.0.1)")
+	advertise := fs.String("advertise", "", "IP instances listen on and are reached at (default: the saved one, else this machine's mesh IP, else 127.0.0.1)")
 	maxInst := fs.Int("max-instances", 256, "instances this machine accepts")
 	grace := fs.Duration("stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace when stopping instances")
 	if _, err := parse(fs, args); err != nil {
@@ -102,7 +102,7 @@ func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise
 		}
 		id = h
 	}
-	addr, err := advertiseAddr(advertise, ident.Address)
+	addr, err := advertiseAddr(advertise, ident.Address, meshIP(ctx, s, id))
 	if err != nil {
 		return nil, err
 	}
@@ -118,13 +118,22 @@ func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise
 	return rec, nil
 }
 
-func advertiseAddr(flagVal, saved string) (string, error) {
-	v := flagVal
-	if v == "" {
-		v = saved
+// meshIP is machine's mesh IP if meshd registered it, else "".
+func meshIP(ctx context.Context, s *store.Store, machine string) string {
+	if peer, err := s.MeshPeer(ctx, machine); err == nil {
+		return peer.MeshIP
 	}
-	if v == "" {
-		v = "127.0.0.1"
+	return ""
+}
+
+// advertiseAddr picks the first of the flag, the saved address and the mesh
+// IP that is set, else loopback.
+func advertiseAddr(flagVal, saved, mesh string) (string, error) {
+	v := "127.0.0.1"
+	for _, c := range []string{mesh, saved, flagVal} {
+		if c != "" {
+			v = c
+		}
 	}
 	if net.ParseIP(v) == nil {
 		return "", usagef("--advertise %q is not an IP address", v)

@@ -378,3 +378,27 @@ func countKeys(t *testing.T, kv jetstream.KeyValue) int {
 	}
 	return n
 }
+
+// An agent joined without --advertise uses its machine's mesh IP when meshd
+// registered one, and its instances listen there.
+func TestAgentAdvertisesMeshIP(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	peer := store.MeshPeerRecord{Version: store.RecordVersion, Machine: "m9", PublicKey: "k", MeshIP: "127.0.0.9", RegisteredAt: time.Now()}
+	if _, err := store.PutJSON(ctx, c.store.MeshPeers, store.MeshPeerKey("m9"), &peer); err != nil {
+		t.Fatal(err)
+	}
+	c.join("m9")
+	var m store.MachineRecord
+	if _, err := store.GetJSON(ctx, c.store.Machines, "m9", &m); err != nil || m.Address != "127.0.0.9" {
+		t.Fatalf("machine record %+v %v", m, err)
+	}
+	c.mustControl("deploy", "apply", "-f", c.manifest("v1.yaml", helloV1), "--drain-grace", "100ms")
+	insts := c.instances("shop")
+	for _, in := range insts {
+		if in.Address != "127.0.0.9" {
+			t.Fatalf("instance %s at %s, want the mesh IP", in.ID, in.Address)
+		}
+	}
+	allAnswer(t, insts)
+}
