@@ -4,201 +4,23 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/certs/internal/pebbletest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
-
-// pebbleBinary finds Pebble: $PEBBLE_BIN, the install script's output, or a
-// fresh `go build` of the version in go.mod.
-func pebbleBinary(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("PEBBLE_BIN"); p != "" {
-		return p
-	}
-	if p, _ := filepath.Abs("testdata/pebble/bin/pebble"); fileExists(p) {
-		return p
-	}
-	out := filepath.Join(t.TempDir(), "pebble")
-	cmd := exec.Command("go", "build", "-o", out, "github.com/letsencrypt/pebble/v2/cmd/pebble")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("pebble unavailable (run certs/testdata/pebble/install.sh or set PEBBLE_BIN): go build: %v\n%s", err, b)
-	}
-	return out
-}
-
-func fileExists(p string) bool {
-	st, err := os.Stat(p)
-	return err == nil && !st.IsDir()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// writeServerCert writes a self-signed certificate for 127.0.0.1 (Pebble's
-// HTTPS listener) and returns the cert and key paths.
-func writeServerCert(t *testing.T, dir string) (string, string) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "pebble test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA: true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	certPath, keyPath := filepath.Join(dir, "pebble.crt"), filepath.Join(dir, "pebble.key")
-	os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
-	return certPath, keyPath
-}
-
-// startDNS answers 127.0.0.1 for every A question, so Pebble's VA sends
-// every HTTP-01 validation to loopback.
-func startDNS(t *testing.T) string {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Pebble's resolver may ask over TCP: serve both on one port.
-	tl, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		m := new(dns.Msg)
-		m.SetReply(r)
-		for _, q := range r.Question {
-			if q.Qtype == dns.TypeA {
-				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1}, A: net.ParseIP("127.0.0.1")})
-			}
-		}
-		_ = w.WriteMsg(m)
-	})
-	udp := &dns.Server{PacketConn: pc, Handler: handler}
-	tcp := &dns.Server{Listener: tl, Handler: handler}
-	go func() { _ = udp.ActivateAndServe() }()
-	go func() { _ = tcp.ActivateAndServe() }()
-	t.Cleanup(func() { _ = udp.Shutdown(); _ = tcp.Shutdown() })
-	return pc.LocalAddr().String()
-}
-
-// pebble is a running Pebble whose log the test reads to count orders.
-type pebble struct {
-	dir    string
-	mu     sync.Mutex
-	orders int
-}
-
-func (p *pebble) Orders() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.orders
-}
-
-func startPebble(t *testing.T, httpPort int, dnsAddr string) (*pebble, string) {
-	t.Helper()
-	bin := pebbleBinary(t)
-	dir := t.TempDir()
-	certPath, keyPath := writeServerCert(t, dir)
-	port := freePort(t)
-	cfg := map[string]any{"pebble": map[string]any{
-		"listenAddress":                  fmt.Sprintf("127.0.0.1:%d", port),
-		"managementListenAddress":        fmt.Sprintf("127.0.0.1:%d", freePort(t)),
-		"certificate":                    certPath,
-		"privateKey":                     keyPath,
-		"httpPort":                       httpPort,
-		"tlsPort":                        freePort(t),
-		"ocspResponderURL":               "",
-		"externalAccountBindingRequired": false,
-		"retryAfter":                     map[string]int{"authz": 1, "order": 1},
-		"profiles":                       map[string]any{"default": map[string]any{"description": "test", "validityPeriod": 7776000}},
-	}}
-	data, _ := json.Marshal(cfg)
-	cfgPath := filepath.Join(dir, "pebble.json")
-	os.WriteFile(cfgPath, data, 0o600)
-	cmd := exec.Command(bin, "-config", cfgPath, "-dnsserver", dnsAddr)
-	cmd.Env = append(os.Environ(), "PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0", "PEBBLE_AUTHZREUSE=0")
-	out, _ := cmd.StdoutPipe()
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting pebble: %v", err)
-	}
-	p := &pebble{dir: dir}
-	logPath := filepath.Join(dir, "pebble.log")
-	logf, _ := os.Create(logPath)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			l := sc.Text()
-			fmt.Fprintln(logf, l)
-			if strings.Contains(l, "Added order") {
-				p.mu.Lock()
-				p.orders++
-				p.mu.Unlock()
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("pebble log (tail):\n%s", tail(string(b), 3000))
-		}
-	})
-	dirURL := fmt.Sprintf("https://127.0.0.1:%d/dir", port)
-	pool := x509.NewCertPool()
-	pem, _ := os.ReadFile(certPath)
-	pool.AppendCertsFromPEM(pem)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}, Timeout: time.Second}
-	storetest.Eventually(t, 20*time.Second, "pebble to serve its directory", func() bool {
-		resp, err := client.Get(dirURL)
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
-	return p, dirURL
-}
 
 // front is the test's HTTP-01 port, the one Pebble validates against. It
 // forwards each validation to a gateway that does NOT hold the host's issue
@@ -356,8 +178,7 @@ func TestEndToEndPebble(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
 	fr := startFront(t, srv.Store)
-	pb, dirURL := startPebble(t, fr.port(), startDNS(t))
-	caRoot := filepath.Join(pb.dir, "pebble.crt")
+	pb := pebbletest.Start(t, fr.port())
 
 	gws := make([]*gw, 3)
 	var wg sync.WaitGroup
@@ -365,7 +186,7 @@ func TestEndToEndPebble(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			gws[i] = startGateway(t, fmt.Sprintf("gw%d", i+1), srv.URL, dirURL, caRoot)
+			gws[i] = startGateway(t, fmt.Sprintf("gw%d", i+1), srv.URL, pb.DirectoryURL, pb.RootCertPath)
 		}()
 	}
 	wg.Wait()
