@@ -27,10 +27,15 @@ import (
 const usage = `usage: meshd <command> [flags]
 
 commands:
-  join    --token TOKEN --data DIR [--nats URL] [--machine ID] [--listen-port N] [--bind IP] [--mode tun|netstack]
-  run     --data DIR [--nats URL] [--metrics ADDR] [--stun HOST:PORT,...] [intervals]
+  join    --token TOKEN --data DIR [--nats URL] [--creds FILE] [--machine ID] [--listen-port N] [--bind IP] [--mode tun|netstack]
+  run     --data DIR [--nats URL] [--creds FILE] [--metrics ADDR] [--stun HOST:PORT,...] [intervals]
   status  --data DIR [-o json]
-  leave   --data DIR [--purge] [--nats URL]
+  leave   --data DIR [--purge] [--nats URL] [--creds FILE]
+
+--creds is a NATS credentials file with mesh credentials for this machine
+(` + "`control creds issue --role mesh --machine ID -o FILE`" + ` on a storage node);
+a control plane listening beyond loopback requires it. join saves its path;
+run and leave reuse it unless given their own.
 `
 
 func main() {
@@ -75,6 +80,7 @@ func cmdJoin(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.Token, "token", "", "invite token from `control machine invite` (required)")
 	fs.StringVar(&o.DataDir, "data", "", "data dir for keys and state (required)")
 	fs.StringVar(&o.NATSURL, "nats", store.URLFromEnv(), "control plane NATS URL")
+	fs.StringVar(&o.CredsFile, "creds", "", "NATS credentials file: mesh credentials for this machine (saved for run and leave)")
 	fs.StringVar(&o.Machine, "machine", node.DefaultMachine(), "machine ID")
 	fs.IntVar(&o.ListenPort, "listen-port", node.DefaultListenPort, "WireGuard UDP port (0 picks a free one and keeps it)")
 	fs.StringVar(&o.Bind, "bind", "", "local IP to listen on (default: all addresses)")
@@ -103,6 +109,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	var stun, logLevel string
 	fs.StringVar(&c.DataDir, "data", "", "data dir written by `meshd join` (required)")
 	fs.StringVar(&c.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")
+	fs.StringVar(&c.CredsFile, "creds", "", "NATS credentials file (default: the one used at join)")
 	fs.StringVar(&stun, "stun", "", "comma-separated STUN servers (default: those the registrar announced)")
 	fs.StringVar(&c.MetricsAddr, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9586)")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", node.DefaultHeartbeatInterval, "heartbeat interval")
@@ -189,6 +196,7 @@ func cmdLeave(ctx context.Context, args []string, stdout io.Writer) error {
 	var o node.LeaveOptions
 	fs.StringVar(&o.DataDir, "data", "", "data dir (required)")
 	fs.StringVar(&o.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")
+	fs.StringVar(&o.CredsFile, "creds", "", "NATS credentials file (default: the one used at join)")
 	fs.BoolVar(&o.Purge, "purge", false, "also delete the private key and all cached state")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -17,6 +17,10 @@ import (
 // leaves the data dir as it was.
 func TestCLIBadInput(t *testing.T) {
 	dir := t.TempDir()
+	junk := filepath.Join(t.TempDir(), "junk.creds")
+	if err := os.WriteFile(junk, []byte("no JWT here\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		args []string
 		want string
@@ -30,6 +34,8 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"join", "--token", store.InviteTokenPrefix + "x", "--data", dir, "--bind", "nowhere"}, `--bind "nowhere"`},
 		{[]string{"join", "--token", store.InviteTokenPrefix + "x", "--data", dir, "--machine", "a.b"}, `--machine "a.b"`},
 		{[]string{"join", "--token", store.InviteTokenPrefix + "x", "--data", dir, "--listen-port", "70000"}, "out of range"},
+		{[]string{"join", "--token", store.InviteTokenPrefix + "x", "--data", dir, "--creds", filepath.Join(dir, "none.creds")}, "--creds: reading credentials"},
+		{[]string{"join", "--token", store.InviteTokenPrefix + "x", "--data", dir, "--creds", junk}, "--creds: credentials " + junk},
 		{[]string{"run"}, "--data is required"},
 		{[]string{"run", "--data", dir}, "has not joined"},
 		{[]string{"run", "--data", dir, "--heartbeat-interval", "1ms"}, "too short"},
@@ -65,6 +71,16 @@ func TestJoinLeaveControlPlaneDown(t *testing.T) {
 	st := &node.State{Version: 1, Machine: "m1", MeshIP: "10.100.0.1", Secret: "epnode_x", NATSURL: "nats://127.0.0.1:1", Mode: "netstack"}
 	if err := node.SaveState(dir, st); err != nil {
 		t.Fatal(err)
+	}
+	// A credentials file that is not there is named before anything runs.
+	for _, cmd := range []string{"run", "leave"} {
+		err := run([]string{cmd, "--data", dir, "--creds", filepath.Join(dir, "none.creds")}, &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), "--creds: reading credentials") {
+			t.Fatalf("%s with a missing --creds: %v", cmd, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("refused commands wrote into the data dir: %v", entries)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -241,19 +241,26 @@ func (c *control) stop(t *testing.T) {
 
 type box struct {
 	ns, dir, machine, meshIP string
+	creds                    string // mesh credentials for machine
 	run                      *proc
 }
 
+// joinBox joins box i with mesh credentials for its machine: the control
+// box listens beyond loopback, so NATS requires them.
 func joinBox(t *testing.T, tp *topo, c *control, dir string, i int) *box {
 	t.Helper()
 	meshd, _ := binaries(t)
 	b := &box{ns: tp.boxes[i], dir: filepath.Join(dir, fmt.Sprintf("box%d", i+1)), machine: fmt.Sprintf("box%d", i+1)}
+	b.creds = c.ask(t, fmt.Sprintf("creds %s %s", b.machine, filepath.Join(dir, b.machine+".creds")), "CREDS")
 	tok := c.ask(t, "invite", "INVITE")
-	sh(t, "ip", "netns", "exec", b.ns, meshd, "join", "--token", tok, "--data", b.dir,
+	sh(t, "ip", "netns", "exec", b.ns, meshd, "join", "--token", tok, "--data", b.dir, "--creds", b.creds,
 		"--nats", "nats://"+ctlAddr+":4222", "--machine", b.machine, "--listen-port", "51820")
 	st, err := node.LoadState(b.dir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if st.CredsFile != b.creds {
+		t.Fatalf("%s state keeps creds %q, want %q", b.machine, st.CredsFile, b.creds)
 	}
 	b.meshIP = st.MeshIP
 	return b
@@ -320,6 +327,32 @@ func TestNamespaceMesh(t *testing.T) {
 			}
 		}
 	}
+
+	// Without credentials, or with another machine's, a join is refused
+	// with a message that says why, and writes nothing.
+	meshd, _ := binaries(t)
+	tok := c.ask(t, "invite", "INVITE")
+	intruder := filepath.Join(dir, "box9")
+	for _, tc := range []struct {
+		creds []string
+		want  string
+	}{
+		{nil, "requires credentials: pass --creds"},
+		{[]string{"--creds", boxes[0].creds}, `register for machine box9 refused by the control plane, nothing was changed`},
+	} {
+		args := append([]string{"ip", "netns", "exec", boxes[2].ns, meshd, "join", "--token", tok, "--data", intruder,
+			"--nats", "nats://" + ctlAddr + ":4222", "--machine", "box9", "--listen-port", "51821"}, tc.creds...)
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), tc.want) {
+			t.Fatalf("join as box9 %v: %v, want an error containing %q:\n%s", tc.creds, err, tc.want, out)
+		}
+		if _, err := os.Stat(intruder); !os.IsNotExist(err) {
+			t.Fatalf("a refused join wrote %s: %v", intruder, err)
+		}
+	}
+	if peers := c.ask(t, "peers", "PEERS"); strings.Contains(peers, "box9") {
+		t.Fatalf("a refused join wrote a peer record: %s", peers)
+	}
 	s := boxes[0].status(t)
 	if s.Mode != node.ModeTUN || s.Interface != "mesh0" {
 		t.Fatalf("box1 not on the kernel TUN path: %s/%s", s.Mode, s.Interface)
@@ -345,8 +378,8 @@ func TestNamespaceMesh(t *testing.T) {
 		t.Fatalf("HTTP body %q lacks %q", body, want)
 	}
 
-	// box3 leaves: gone from box1's and box2's device configs.
-	meshd, _ := binaries(t)
+	// box3 leaves (with the credentials saved at join): gone from box1's
+	// and box2's device configs.
 	sh(t, "ip", "netns", "exec", boxes[2].ns, meshd, "leave", "--data", boxes[2].dir)
 	for _, b := range boxes[:2] {
 		storetest.Eventually(t, 10*time.Second, "box3 gone from "+b.machine, func() bool { return !b.hasPeer(t, "box3") })

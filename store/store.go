@@ -33,6 +33,10 @@ type ConnectOptions struct {
 	// ReconnectForever keeps reconnecting after the server goes away
 	// (long-running processes); clients that run one command fail instead.
 	ReconnectForever bool
+	// ReconnectDelay, with ReconnectForever, replaces the fixed 250ms wait
+	// before reconnect attempt n (1-based), e.g. a jittered backoff so a
+	// fleet does not reconnect in lockstep.
+	ReconnectDelay func(attempt int) time.Duration
 	// Handlers observe connection state changes; any may be nil.
 	OnDisconnect func(error)
 	OnReconnect  func()
@@ -59,6 +63,9 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	if o.ReconnectForever {
 		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 			nats.RetryOnFailedConnect(false))
+		if o.ReconnectDelay != nil {
+			opts = append(opts, nats.CustomReconnectDelay(o.ReconnectDelay))
+		}
 	}
 	if o.OnDisconnect != nil {
 		opts = append(opts, nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.OnDisconnect(err) }))

@@ -95,10 +95,15 @@ read -r ready <&"${CTL[0]}"
 case $ready in READY*) ;; *) echo "bench: meshdev failed: $(cat "$TMP/meshdev.log")" >&2; exit 1;; esac
 for side in A B; do
 	ns=${!side}
+	# meshdev's NATS listens beyond loopback, so it requires credentials:
+	# mesh credentials for each node's machine.
+	echo "creds bench$side $TMP/$side.creds" >&"${CTL[1]}"
+	read -r kind creds <&"${CTL[0]}"
+	[ "$kind" = CREDS ] || { echo "bench: meshdev creds: $kind $creds" >&2; exit 1; }
 	echo invite >&"${CTL[1]}"
 	read -r _ tok <&"${CTL[0]}"
 	ip netns exec "$ns" "$TMP/meshd" join --token "$tok" --data "$TMP/$side" --nats nats://10.223.0.1:4222 \
-		--machine "bench$side" --listen-port 51820 >/dev/null
+		--creds "$creds" --machine "bench$side" --listen-port 51820 >/dev/null
 	ip netns exec "$ns" "$TMP/meshd" run --data "$TMP/$side" --log-level warn >"$TMP/meshd-$side.log" 2>&1 &
 	PIDS+=($!)
 done

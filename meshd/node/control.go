@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,9 +39,21 @@ func Backoff(attempt int) time.Duration {
 var errDisconnected = errors.New("control plane connection lost")
 
 // controlLoop owns the NATS connection: it connects (retrying forever with
-// backoff), opens the store, runs the peer watch, and restarts the watch
-// with backoff whenever it breaks.
+// backoff, the saved credentials and their inbox prefix), opens the store,
+// runs the peer watch, and restarts the watch with backoff whenever it
+// breaks. A connection the client gives up on (credentials refused on
+// reconnect) is replaced by a fresh one.
 func (n *Node) controlLoop(ctx context.Context) {
+	names, err := store.NewNames(n.st.Installation, n.st.Authority)
+	if err != nil {
+		n.log.Error("store names", zap.Error(err))
+		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() { defer wg.Done(); n.heartbeatLoop(ctx) }()
+
 	disc := make(chan struct{}, 1)
 	up := make(chan struct{}, 1)
 	signal := func(c chan struct{}) {
@@ -49,40 +62,47 @@ func (n *Node) controlLoop(ctx context.Context) {
 		default:
 		}
 	}
-	setConn := func(v bool) {
-		n.mu.Lock()
-		n.connected = v
-		n.mu.Unlock()
-	}
-	nc, err := nats.Connect(n.st.NATSURL,
-		nats.Name("meshd "+n.st.Machine),
-		nats.Timeout(5*time.Second),
-		nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true),
-		nats.CustomReconnectDelay(func(attempts int) time.Duration { return Backoff(attempts) }),
-		nats.ConnectHandler(func(*nats.Conn) { setConn(true); signal(up) }),
-		nats.ReconnectHandler(func(*nats.Conn) { setConn(true); signal(up) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { setConn(false); signal(disc) }),
-	)
-	if err != nil {
-		// Only a malformed URL fails here; RetryOnFailedConnect covers a
-		// server that is down.
-		n.log.Error("control plane connection", zap.Error(err))
-		return
-	}
-	defer nc.Close()
-	if nc.IsConnected() {
-		setConn(true)
-	}
-	go n.heartbeatLoop(ctx)
-
-	names, err := store.NewNames(n.st.Installation, n.st.Authority)
-	if err != nil {
-		n.log.Error("store names", zap.Error(err))
-		return
-	}
 	attempt := 0
 	for ctx.Err() == nil {
+		nc, err := store.Connect(store.ConnectOptions{
+			URL: n.st.NATSURL, CredsFile: n.st.CredsFile, Name: "meshd " + n.st.Machine, Timeout: 5 * time.Second,
+			ReconnectForever: true, ReconnectDelay: Backoff,
+			OnDisconnect: func(error) { n.setConnected(false); signal(disc) },
+			OnReconnect:  func() { n.setConnected(true); signal(up) },
+		})
+		if err != nil {
+			attempt++
+			n.log.Warn("connecting to the control plane", zap.Error(connectErr(err, n.st.CredsFile)), zap.Int("attempt", attempt))
+			if !sleepCtx(ctx, Backoff(attempt)) {
+				return
+			}
+			continue
+		}
+		attempt = 0
+		// The server refuses operations these credentials do not permit
+		// without closing the connection; the only trace is this error.
+		nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			n.log.Error("control plane refused an operation (are --creds mesh credentials for this machine?)",
+				zap.Error(err), zap.String("creds", n.st.CredsFile))
+		})
+		n.setConnected(true)
+		n.session(ctx, nc, names, up, disc)
+		n.storeP.Store(nil)
+		nc.Close()
+		n.setConnected(false)
+	}
+}
+
+func (n *Node) setConnected(v bool) {
+	n.mu.Lock()
+	n.connected = v
+	n.mu.Unlock()
+}
+
+// session serves one connection until ctx ends or the client closes it.
+func (n *Node) session(ctx context.Context, nc *nats.Conn, names store.Names, up, disc chan struct{}) {
+	attempt := 0
+	for ctx.Err() == nil && !nc.IsClosed() {
 		if !nc.IsConnected() {
 			select {
 			case <-ctx.Done():
@@ -95,6 +115,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 		s := n.storeP.Load()
 		if s == nil {
 			octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			var err error
 			s, err = store.Open(octx, nc, names)
 			cancel()
 			if err != nil {

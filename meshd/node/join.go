@@ -27,6 +27,10 @@ type JoinOptions struct {
 	Token   string
 	DataDir string
 	NATSURL string
+	// CredsFile holds NATS credentials for this machine (mesh role); the
+	// state keeps its absolute path for run and leave. Needed when the
+	// control plane listens beyond loopback.
+	CredsFile string
 	// Installation and Authority scope the registrar subject; defaults
 	// local/default.
 	Installation, Authority string
@@ -93,12 +97,19 @@ func (o *JoinOptions) validate() error {
 	if len(o.Interface) > 15 {
 		return fmt.Errorf("--interface %q: at most 15 characters", o.Interface)
 	}
+	creds, err := checkCreds(o.CredsFile)
+	if err != nil {
+		return err
+	}
+	o.CredsFile = creds
 	return nil
 }
 
 // Join registers this node with the registrar and persists its membership
 // in the data dir. Joining again with the same data dir (and an invite the
-// same machine redeemed) keeps the node's key and mesh IP.
+// same machine redeemed) keeps the node's key and mesh IP. A join that
+// fails writes nothing: a new key is saved only once the registrar has
+// accepted it.
 func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -106,9 +117,14 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	if prev, err := LoadState(o.DataDir); err == nil && prev.Machine != o.Machine {
 		return nil, fmt.Errorf("data dir %s belongs to machine %s; leave first or use another --data", o.DataDir, prev.Machine)
 	}
-	key, err := LoadOrCreateKey(o.DataDir)
+	key, found, err := loadKey(o.DataDir)
 	if err != nil {
 		return nil, err
+	}
+	if !found {
+		if key, err = newKey(); err != nil {
+			return nil, err
+		}
 	}
 	if o.ListenPort == 0 {
 		if o.ListenPort, err = freeUDPPort(o.Bind); err != nil {
@@ -126,9 +142,9 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: o.NATSURL, Name: "meshd join " + o.Machine, Timeout: timeout})
+	nc, err := store.Connect(store.ConnectOptions{URL: o.NATSURL, CredsFile: o.CredsFile, Name: "meshd join " + o.Machine, Timeout: timeout})
 	if err != nil {
-		return nil, err
+		return nil, connectErr(err, o.CredsFile)
 	}
 	defer nc.Close()
 	eps, err := LocalEndpoints(o.Bind, o.ListenPort)
@@ -146,15 +162,20 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rep store.MeshRegisterReply
-	if err := store.Call(cctx, nc, names.RegistrarSubject("register"), "registrar", "register", req, &rep); err != nil {
+	if err := callRegistrar(cctx, nc, names, "register", o.Machine, o.CredsFile, req, &rep); err != nil {
 		if store.HasCode(err, store.CodeRPCFailure) {
 			return nil, fmt.Errorf("registering with the mesh registrar: %w (is `control server` running with the registrar?)", err)
 		}
 		return nil, fmt.Errorf("registering with the mesh registrar: %w", err)
 	}
+	if !found {
+		if err := saveKey(o.DataDir, key); err != nil {
+			return nil, err
+		}
+	}
 	st := &State{
 		Version: store.RecordVersion, Machine: rep.Machine, MeshIP: rep.MeshIP, Subnet: rep.Subnet,
-		Secret: rep.Secret, NATSURL: o.NATSURL, Installation: names.Installation, Authority: names.Authority,
+		Secret: rep.Secret, NATSURL: o.NATSURL, CredsFile: o.CredsFile, Installation: names.Installation, Authority: names.Authority,
 		STUN: rep.STUN, ListenPort: o.ListenPort, Bind: o.Bind, Mode: o.Mode, Interface: o.Interface,
 		JoinedAt: time.Now().UTC(),
 	}

@@ -15,6 +15,8 @@ import (
 type LeaveOptions struct {
 	DataDir string
 	NATSURL string // overrides the saved URL
+	// CredsFile overrides the credentials saved at join.
+	CredsFile string
 	// Purge also deletes the private key and every cached file.
 	Purge   bool
 	Timeout time.Duration
@@ -40,6 +42,12 @@ func Leave(ctx context.Context, o LeaveOptions) (*store.MeshLeaveReply, error) {
 	if o.NATSURL != "" {
 		url = o.NATSURL
 	}
+	creds := st.CredsFile
+	if o.CredsFile != "" {
+		if creds, err = checkCreds(o.CredsFile); err != nil {
+			return nil, err
+		}
+	}
 	timeout := o.Timeout
 	if timeout == 0 {
 		timeout = 10 * time.Second
@@ -48,16 +56,16 @@ func Leave(ctx context.Context, o LeaveOptions) (*store.MeshLeaveReply, error) {
 	if err != nil {
 		return nil, err
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: url, Name: "meshd leave " + st.Machine, Timeout: timeout})
+	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: "meshd leave " + st.Machine, Timeout: timeout})
 	if err != nil {
-		return nil, fmt.Errorf("leaving needs the control plane; nothing was changed: %w", err)
+		return nil, fmt.Errorf("leaving needs the control plane; nothing was changed: %w", connectErr(err, creds))
 	}
 	defer nc.Close()
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rep store.MeshLeaveReply
 	req := store.MeshLeaveRequest{Version: store.RecordVersion, Machine: st.Machine, Secret: st.Secret}
-	if err := store.Call(cctx, nc, names.RegistrarSubject("leave"), "registrar", "leave", req, &rep); err != nil {
+	if err := callRegistrar(cctx, nc, names, "leave", st.Machine, creds, req, &rep); err != nil {
 		return nil, fmt.Errorf("leaving the mesh (nothing was changed locally): %w", err)
 	}
 	if err := RequestShutdown(cctx, o.DataDir); err != nil && !errors.Is(err, ErrNotRunning) {

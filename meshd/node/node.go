@@ -28,6 +28,8 @@ type Config struct {
 	DataDir string
 	// NATSURL overrides the URL saved at join.
 	NATSURL string
+	// CredsFile overrides the NATS credentials saved at join.
+	CredsFile string
 	// STUN overrides the servers the registrar announced.
 	STUN              []string
 	HeartbeatInterval time.Duration
@@ -84,12 +86,20 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.NATSURL != "" {
+		st.NATSURL = cfg.NATSURL
+	}
+	if cfg.CredsFile != "" {
+		st.CredsFile = cfg.CredsFile
+	}
+	// A missing or broken credentials file is a configuration error: say
+	// so now rather than retry a connection that can never succeed.
+	if st.CredsFile, err = checkCreds(st.CredsFile); err != nil {
+		return nil, err
+	}
 	key, err := LoadOrCreateKey(cfg.DataDir)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.NATSURL != "" {
-		st.NATSURL = cfg.NATSURL
 	}
 	if len(cfg.STUN) > 0 {
 		st.STUN = cfg.STUN

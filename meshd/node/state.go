@@ -31,12 +31,15 @@ const (
 
 // State is a node's membership, written by join and read by run and leave.
 type State struct {
-	Version      int       `json:"version"`
-	Machine      string    `json:"machine"`
-	MeshIP       string    `json:"mesh_ip"`
-	Subnet       string    `json:"subnet"`
-	Secret       string    `json:"secret"`
-	NATSURL      string    `json:"nats_url"`
+	Version int    `json:"version"`
+	Machine string `json:"machine"`
+	MeshIP  string `json:"mesh_ip"`
+	Subnet  string `json:"subnet"`
+	Secret  string `json:"secret"`
+	NATSURL string `json:"nats_url"`
+	// CredsFile is the absolute path of the NATS credentials join used;
+	// run and leave reuse it ("" on a loopback control plane without auth).
+	CredsFile    string    `json:"creds_file,omitempty"`
 	Installation string    `json:"installation"`
 	Authority    string    `json:"authority"`
 	STUN         []string  `json:"stun,omitempty"`
@@ -145,18 +148,33 @@ func ParseKey(s string) (Key, error) {
 
 // LoadOrCreateKey returns the node's private key, creating it on first use.
 func LoadOrCreateKey(dir string) (Key, error) {
+	k, found, err := loadKey(dir)
+	if err != nil || found {
+		return k, err
+	}
+	if k, err = newKey(); err != nil {
+		return Key{}, err
+	}
+	return k, saveKey(dir, k)
+}
+
+// loadKey reads the node's private key; found is false if there is none.
+func loadKey(dir string) (k Key, found bool, err error) {
 	path := filepath.Join(dir, keyFile)
 	b, err := os.ReadFile(path)
-	if err == nil {
-		k, err := ParseKey(string(trimSpace(b)))
-		if err != nil {
-			return Key{}, fmt.Errorf("reading %s: %w", path, err)
-		}
-		return k, nil
+	if errors.Is(err, os.ErrNotExist) {
+		return Key{}, false, nil
 	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return Key{}, fmt.Errorf("reading %s: %w", path, err)
+	if err != nil {
+		return Key{}, false, fmt.Errorf("reading %s: %w", path, err)
 	}
+	if k, err = ParseKey(string(trimSpace(b))); err != nil {
+		return Key{}, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return k, true, nil
+}
+
+func newKey() (Key, error) {
 	var k Key
 	if _, err := rand.Read(k[:]); err != nil {
 		return Key{}, err
@@ -164,13 +182,18 @@ func LoadOrCreateKey(dir string) (Key, error) {
 	// Clamp as Curve25519 requires.
 	k[0] &= 248
 	k[31] = (k[31] & 127) | 64
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return Key{}, fmt.Errorf("creating data dir: %w", err)
-	}
-	if err := os.WriteFile(path, []byte(k.String()+"\n"), 0o600); err != nil {
-		return Key{}, fmt.Errorf("writing %s: %w", path, err)
-	}
 	return k, nil
+}
+
+func saveKey(dir string, k Key) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating data dir: %w", err)
+	}
+	path := filepath.Join(dir, keyFile)
+	if err := os.WriteFile(path, []byte(k.String()+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
 }
 
 func trimSpace(b []byte) []byte {

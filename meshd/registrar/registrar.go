@@ -92,7 +92,10 @@ func New(st *store.Store, cfg Config) (*Registrar, error) {
 
 // Serve starts a registrar answering store.Names.RegistrarSubject("register")
 // and ("leave") until ctx ends or stop is called; stop waits for in-flight
-// requests.
+// requests. It also answers the machine-bound forms "register.<machine>" and
+// "leave.<machine>" that meshd uses: mesh credentials may publish only to
+// their own machine's subjects, so NATS itself stops one machine's
+// credentials from registering or removing another.
 func Serve(ctx context.Context, st *store.Store, cfg Config) (stop func(), err error) {
 	r, err := New(st, cfg)
 	if err != nil {
@@ -103,7 +106,7 @@ func Serve(ctx context.Context, st *store.Store, cfg Config) (stop func(), err e
 
 // Serve answers registrar requests; see the package-level Serve.
 func (r *Registrar) Serve(ctx context.Context) (func(), error) {
-	subj := r.st.Names.RegistrarSubject("*")
+	subj := r.st.Names.RegistrarSubject(">")
 	stop, err := store.Serve(ctx, r.st.NC, subj, "registrar", "registrar", r.handle)
 	if err != nil {
 		return nil, fmt.Errorf("starting registrar: %w", err)
@@ -113,11 +116,27 @@ func (r *Registrar) Serve(ctx context.Context) (func(), error) {
 }
 
 func (r *Registrar) handle(ctx context.Context, command string, data []byte) (any, error) {
-	switch command {
+	verb, bound, isBound := strings.Cut(command, ".")
+	if isBound && !store.ValidToken(bound) {
+		return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine> or leave.<machine>)", command)
+	}
+	// The subject's machine is what the server checked the credentials
+	// against; the request must be about that machine.
+	checkBound := func(machine string) error {
+		if isBound && machine != bound {
+			return store.Errorf(store.CodeInvalid, "request for machine %q sent on machine %q's subject", machine, bound).
+				With("machine", bound)
+		}
+		return nil
+	}
+	switch verb {
 	case "register":
 		var req store.MeshRegisterRequest
 		if err := json.Unmarshal(data, &req); err != nil {
 			return nil, store.Errorf(store.CodeInvalid, "decoding register request: %v", err)
+		}
+		if err := checkBound(req.Machine); err != nil {
+			return nil, err
 		}
 		return r.Register(ctx, req)
 	case "leave":
@@ -125,9 +144,12 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 		if err := json.Unmarshal(data, &req); err != nil {
 			return nil, store.Errorf(store.CodeInvalid, "decoding leave request: %v", err)
 		}
+		if err := checkBound(req.Machine); err != nil {
+			return nil, err
+		}
 		return r.Leave(ctx, req)
 	}
-	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register or leave)", command)
+	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine> or leave.<machine>)", command)
 }
 
 // validate checks a register request before anything is touched.

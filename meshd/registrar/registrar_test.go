@@ -213,6 +213,31 @@ func TestServeBadRequests(t *testing.T) {
 	if err != nil || !contains(string(msg.Data), "invalid") {
 		t.Fatalf("garbage request: %s %v", msg.Data, err)
 	}
+
+	// The machine-bound subjects (the only ones mesh credentials may
+	// publish to) take requests for that machine only.
+	tok := invite(t, srv.Store)
+	req := store.MeshRegisterRequest{Token: tok, Machine: "m2", PublicKey: newKey(t)}
+	for _, subj := range []string{"register.m1", "register.a.b"} {
+		err = store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject(subj), "registrar", "register", req, nil)
+		if !store.HasCode(err, store.CodeInvalid) {
+			t.Fatalf("%s for m2: %v", subj, err)
+		}
+	}
+	if _, err := srv.Store.MeshPeer(ctx, "m2"); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("a refused request wrote m2's peer record: %v", err)
+	}
+	var rep store.MeshRegisterReply
+	if err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject("register.m2"), "registrar", "register", req, &rep); err != nil {
+		t.Fatalf("register.m2 for m2 (the invite must be unspent): %v", err)
+	}
+	lreq := store.MeshLeaveRequest{Machine: "m2", Secret: rep.Secret}
+	if err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject("leave.m1"), "registrar", "leave", lreq, nil); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("leave.m1 for m2: %v", err)
+	}
+	if err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject("leave.m2"), "registrar", "leave", lreq, nil); err != nil {
+		t.Fatalf("leave.m2 for m2: %v", err)
+	}
 }
 
 func contains(s, sub string) bool {

@@ -3,10 +3,17 @@
 // the mesh registrar and two STUN listeners, in one process. Production runs
 // the same registrar and STUN server inside `control server`.
 //
+// NATS runs in operator mode like `control server --auth`: the keys live in
+// DATA/auth (created on first start), meshdev itself connects with control
+// credentials it writes to DATA/control.creds, and every meshd needs mesh
+// credentials for its machine, issued with the "creds" command.
+//
 // It prints "READY <json>" when serving, then answers one command per stdin
-// line: "invite" -> "INVITE <token>", "static <machine> <pubkey> <endpoint>"
-// -> "STATIC <mesh ip>", "peers" -> "PEERS <json>". It exits on stdin EOF or
-// SIGTERM. Errors are printed as "ERR <message>".
+// line: "invite" -> "INVITE <token>", "creds <machine> <file>" (mesh
+// credentials for machine, written to file, mode 0600) -> "CREDS <file>",
+// "static <machine> <pubkey> <endpoint>" -> "STATIC <mesh ip>", "peers" ->
+// "PEERS <json>". It exits on stdin EOF or SIGTERM. Errors are printed as
+// "ERR <message>".
 package main
 
 import (
@@ -18,6 +25,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -48,17 +56,25 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: *data, Listen: net.JoinHostPort(*host, strconv.Itoa(*natsPort))})
+	auth, err := store.LoadAuth(filepath.Join(*data, "auth"), true)
+	if err != nil {
+		return err
+	}
+	names, _ := store.NewNames("", "")
+	ctlCreds := filepath.Join(*data, "control.creds")
+	if err := writeCreds(auth, store.CredsRequest{Role: store.RoleControl, Name: "meshdev", Names: names}, ctlCreds); err != nil {
+		return err
+	}
+	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: *data, Listen: net.JoinHostPort(*host, strconv.Itoa(*natsPort)), Auth: auth})
 	if err != nil {
 		return err
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL(), Name: "meshdev"})
+	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL(), CredsFile: ctlCreds, Name: "meshdev"})
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	names, _ := store.NewNames("", "")
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	st, err := store.Provision(pctx, nc, names, store.Layout{})
 	cancel()
@@ -83,7 +99,7 @@ func run() error {
 		return err
 	}
 	defer stopReg()
-	ready, _ := json.Marshal(map[string]any{"nats": ns.ClientURL(), "stun": stuns})
+	ready, _ := json.Marshal(map[string]any{"nats": ns.ClientURL(), "stun": stuns, "auth": auth.Dir, "control_creds": ctlCreds})
 	fmt.Printf("READY %s\n", ready)
 
 	lines := make(chan string)
@@ -102,15 +118,20 @@ func run() error {
 			if !ok {
 				return nil
 			}
-			fmt.Println(answer(ctx, st, reg, strings.Fields(line)))
+			fmt.Println(answer(ctx, st, reg, auth, strings.Fields(line)))
 		}
 	}
 }
 
-func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, f []string) string {
+func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, auth *store.Auth, f []string) string {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	switch {
+	case len(f) == 3 && f[0] == "creds":
+		if err := writeCreds(auth, store.CredsRequest{Role: store.RoleMesh, Machine: f[1], Names: st.Names}, f[2]); err != nil {
+			return "ERR " + err.Error()
+		}
+		return "CREDS " + f[2]
 	case len(f) == 1 && f[0] == "invite":
 		tok, _, err := st.CreateInvite(ctx, "dev", nil, time.Hour)
 		if err != nil {
@@ -132,4 +153,16 @@ func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, f []
 		return "PEERS " + string(b)
 	}
 	return fmt.Sprintf("ERR unknown command %q", strings.Join(f, " "))
+}
+
+// writeCreds issues credentials for r into file (mode 0600).
+func writeCreds(auth *store.Auth, r store.CredsRequest, file string) error {
+	b, err := auth.IssueCreds(r)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		return fmt.Errorf("writing credentials: %w", err)
+	}
+	return nil
 }
