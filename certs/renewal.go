@@ -63,6 +63,15 @@ func ScheduleRenewal(ctx context.Context, s *store.Store, item RenewalItem, at t
 		item.Reason = "scheduled"
 	}
 	data, _ := json.Marshal(item)
+	if !at.After(time.Now()) {
+		// Due now: place the work item itself. A schedule's "@at" has
+		// one-second resolution, so a time already past would depend on
+		// how the server treats a schedule that is overdue on arrival.
+		if _, err := s.JS.Publish(ctx, s.Names.CertRenewalSubject(h), data); err != nil {
+			return store.Classify(fmt.Errorf("placing renewal of %s: %w", h, err))
+		}
+		return nil
+	}
 	_, err = s.JS.Publish(ctx, s.Names.CertRenewalScheduleSubject(h), data,
 		jetstream.WithScheduleAt(at),
 		jetstream.WithScheduleTarget(s.Names.CertRenewalSubject(h)),
