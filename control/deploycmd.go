@@ -245,9 +245,9 @@ func cmdInstances(ctx context.Context, args []string, stdout io.Writer) (*output
 		return out, err
 	}
 	defer s.NC.Close()
-	filter := ">"
+	filter := store.NamespaceInstancesFilter("*")
 	if *ns != "" {
-		filter = *ns + ".>"
+		filter = store.NamespaceInstancesFilter(*ns)
 	}
 	list := []store.InstanceRecord{}
 	err = store.ListJSON(ctx, s.Instances, filter, func(_ string, r *store.InstanceRecord) error {

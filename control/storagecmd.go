@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -439,7 +439,10 @@ func storageAdd(ctx context.Context, s *store.Store, v *storageView, id string, 
 }
 
 // storageRemove takes id's replicas away. It refuses when the remaining
-// nodes could not keep write quorum.
+// nodes could not keep write quorum: of the streams (an odd replica count
+// on the nodes that answer) and of the JetStream meta group, which keeps id
+// as a member (it only stops holding replicas) and so needs a majority of
+// its members other than id to stay up.
 func storageRemove(ctx context.Context, s *store.Store, v *storageView, id string, catchup time.Duration, out *output) error {
 	var live []string
 	found := false
@@ -468,31 +471,53 @@ func storageRemove(ctx context.Context, s *store.Store, v *storageView, id strin
 			target--
 		}
 	}
-	if target < 1 || len(live) < target/2+1 {
-		return store.Errorf(store.CodeQuorumUnavailable, "removing %s would leave %d answering storage nodes, too few for write quorum", id, len(live)).
-			With("node", id).With("remaining", strings.Join(live, ","))
+	members := len(v.Nodes)
+	for _, a := range v.Answers {
+		members = max(members, a.ClusterSize)
 	}
-	touched, err := s.RemovePeer(ctx, id)
-	if err != nil {
-		return err
+	if target < 1 || len(live) < target/2+1 || len(live) < members/2+1 {
+		return store.Errorf(store.CodeQuorumUnavailable, "removing %s would leave %d answering storage nodes (%s) of the %d in the JetStream cluster, "+
+			"too few for write quorum (%d needed): bring the missing storage nodes back first", id, len(live), strings.Join(live, ", "), members, members/2+1).
+			With("node", id).With("remaining", strings.Join(live, ",")).With("needed", fmt.Sprint(members/2+1))
 	}
-	fmt.Fprintf(out.w, "took %s off %d streams and buckets\n", id, len(touched))
-	if target != have {
+	deadline := time.Now().Add(catchup)
+	if target < have {
+		// A shrinking stream keeps its leader: move leadership off id first,
+		// so that the replicas that stay are on the remaining nodes.
+		led, err := s.StepDownFrom(ctx, id)
+		if err != nil {
+			return err
+		}
+		if len(led) > 0 {
+			fmt.Fprintf(out.w, "moving the leader of %d streams and buckets off %s\n", len(led), id)
+			if _, err := waitPlacement(ctx, s, time.Until(deadline), "leaders to move off "+id, func(p store.StreamPlacement) bool {
+				return p.Leader != "" && p.Leader != id
+			}); err != nil {
+				return err
+			}
+		}
 		fmt.Fprintf(out.w, "shrinking every stream and bucket from %d to %d replicas (%d storage nodes remain)\n", have, target, len(live))
 		if err := s.SetReplicas(ctx, target); err != nil {
 			return err
 		}
+		if _, err := waitCaughtUp(ctx, s, target, time.Until(deadline)); err != nil {
+			return err
+		}
 	}
-	pl, err := waitCaughtUp(ctx, s, target, catchup)
+	// Replicas still on id move to a free node, caught up before id's copy
+	// is dropped.
+	moved, err := s.EvacuatePeer(ctx, id)
 	if err != nil {
 		return err
 	}
-	for _, p := range pl {
-		for _, peer := range p.Peers {
-			if peer == id {
-				return store.Errorf(store.CodeConflict, "stream %s still has a replica on %s", p.Stream, id).With("stream", p.Stream)
-			}
-		}
+	if len(moved) > 0 {
+		fmt.Fprintf(out.w, "moving %d streams and buckets off %s to the other storage nodes\n", len(moved), id)
+	}
+	pl, err := waitPlacement(ctx, s, time.Until(deadline), fmt.Sprintf("%d caught-up replicas without %s", target, id), func(p store.StreamPlacement) bool {
+		return caughtUp(p, target) && !slices.Contains(p.Peers, id)
+	})
+	if err != nil {
+		return err
 	}
 	return out.emit(map[string]any{"node": id, "replicas": target, "placement": pl}, func(w io.Writer) {
 		fmt.Fprintf(w, "storage node %s removed from every stream and bucket (replicas %d); stop its `control server` now. "+
@@ -500,26 +525,37 @@ func storageRemove(ctx context.Context, s *store.Store, v *storageView, id strin
 	})
 }
 
+// caughtUp reports whether p has replicas replicas, a leader and none
+// lagging.
+func caughtUp(p store.StreamPlacement, replicas int) bool {
+	return len(p.Peers) == replicas && len(p.Lagging) == 0 && p.Leader != ""
+}
+
 func waitCaughtUp(ctx context.Context, s *store.Store, replicas int, timeout time.Duration) ([]store.StreamPlacement, error) {
+	return waitPlacement(ctx, s, timeout, fmt.Sprintf("%d caught-up replicas", replicas), func(p store.StreamPlacement) bool {
+		return caughtUp(p, replicas)
+	})
+}
+
+// waitPlacement waits until every stream's placement satisfies ok.
+func waitPlacement(ctx context.Context, s *store.Store, timeout time.Duration, what string, ok func(store.StreamPlacement) bool) ([]store.StreamPlacement, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		pl, err := s.Placement(ctx)
+		var waiting []string
 		if err == nil {
-			ok := true
 			for _, p := range pl {
-				if len(p.Peers) != replicas || len(p.Lagging) > 0 || p.Leader == "" {
-					ok = false
+				if !ok(p) {
+					waiting = append(waiting, p.Stream)
 				}
 			}
-			if ok {
+			if len(waiting) == 0 {
 				return pl, nil
 			}
+			err = fmt.Errorf("still waiting for %s", strings.Join(waiting, ", "))
 		}
 		if time.Now().After(deadline) {
-			if err == nil {
-				err = errors.New("replicas still placing or catching up")
-			}
-			return pl, store.Errorf(store.CodeUnavailable, "replicas did not settle within %s: %v", timeout, err)
+			return pl, store.Errorf(store.CodeUnavailable, "waiting for %s: not settled within %s: %v", what, timeout, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -170,22 +170,28 @@ func newStorageCluster(t *testing.T) *storageCluster {
 		t.Fatal(err)
 	}
 	sc.creds = sc.issue(store.CredsRequest{Role: store.RoleControl, Name: "test-operator"})
-	var routes []string
 	for i := 1; i <= 3; i++ {
-		routes = append(routes, lab.addr(i)+":6222")
-	}
-	for i := 1; i <= 3; i++ {
-		p := start(t, fmt.Sprintf("storage node s%d", i), nil, "ip", "netns", "exec", lab.ns[i-1], bins.control, "server",
-			"--data", filepath.Join(sc.dir, fmt.Sprintf("s%d", i)), "--listen", lab.addr(i)+":4222",
-			"--name", fmt.Sprintf("s%d", i), "--cluster-name", "edge", "--cluster-listen", lab.addr(i)+":6222",
-			"--routes", strings.Join(routes, ","), "--auth", "on", "--auth-dir", filepath.Join(sc.dir, "auth"),
-			"--stun-listen", "")
-		sc.servers = append(sc.servers, p)
+		sc.servers = append(sc.servers, sc.startNode(i, ""))
 	}
 	for _, p := range sc.servers {
 		p.waitOutput(t, `control server ready`, 90*time.Second)
 	}
 	return sc
+}
+
+// startNode starts storage node i's `control server` (again, from its data
+// dir, when it ran before) without waiting for it.
+func (sc *storageCluster) startNode(i int, label string) *proc {
+	sc.t.Helper()
+	var routes []string
+	for j := 1; j <= len(sc.lab.ns); j++ {
+		routes = append(routes, sc.lab.addr(j)+":6222")
+	}
+	return start(sc.t, fmt.Sprintf("storage node s%d%s", i, label), nil, "ip", "netns", "exec", sc.lab.ns[i-1], bins.control, "server",
+		"--data", filepath.Join(sc.dir, fmt.Sprintf("s%d", i)), "--listen", sc.lab.addr(i)+":4222",
+		"--name", fmt.Sprintf("s%d", i), "--cluster-name", "edge", "--cluster-listen", sc.lab.addr(i)+":6222",
+		"--routes", strings.Join(routes, ","), "--auth", "on", "--auth-dir", filepath.Join(sc.dir, "auth"),
+		"--stun-listen", "")
 }
 
 func (sc *storageCluster) issue(r store.CredsRequest) string {

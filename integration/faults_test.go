@@ -17,6 +17,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/edgeplane/edgeplane/certs"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -262,4 +263,227 @@ func TestControlPlaneDownDataPlaneServes(t *testing.T) {
 		t.Fatalf("%d requests failed with the control plane down", failed)
 	}
 	t.Logf("control plane down: %d requests served (HTTP via the gateway and DNS), %d failed, across a gateway and DNS restart", served, failed)
+}
+
+// The data plane with credentials required: the custom Caddy (gateway,
+// certificate storage, renewal worker) and the standalone DNS server run
+// with gateway-role credentials. A deploy is routed through both, the
+// gateway's observation reaches cp_gateways (so apply sees it), the
+// gateway's certificate work lands in the store, no process hits a
+// permissions violation, and with the control plane killed both keep
+// answering.
+func TestGatewayRoleCredentialsServeAndSurviveControlPlaneLoss(t *testing.T) {
+	buildExtra(t)
+	c := newAuthCluster(t)
+	c.join("m1")
+	gwCreds := c.issueCreds(store.RoleGateway, "")
+
+	gwAddr, adminAddr, dnsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	dir := filepath.Join(c.dir, "gw1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := map[string]any{
+		"admin":   map[string]any{"listen": adminAddr},
+		"storage": map[string]any{"module": "edgeplane", "nats": c.url, "creds": gwCreds},
+		"apps": map[string]any{
+			"edgeplane": map[string]any{"nats_url": c.url, "creds_file": gwCreds, "gateway_name": "gw1",
+				"snapshot_path": filepath.Join(dir, "routing.json")},
+			// The renewal worker: a durable consumer shared by the fleet.
+			"edgeplane_certs": map[string]any{"gateway_name": "gw1"},
+			// A certificate from Caddy's internal CA: its CA and the
+			// certificate go through the edgeplane storage, under its locks.
+			"pki": map[string]any{"certificate_authorities": map[string]any{"local": map[string]any{"install_trust": false}}},
+			"tls": map[string]any{
+				"certificates": map[string]any{"automate": []string{"shop.example.com"}},
+				"automation": map[string]any{"policies": []any{map[string]any{
+					"subjects": []string{"shop.example.com"}, "issuers": []any{map[string]any{"module": "internal"}},
+				}}},
+			},
+			"http": map[string]any{"servers": map[string]any{"gw": map[string]any{
+				"listen":          []string{gwAddr},
+				"automatic_https": map[string]any{"disable": true},
+				"routes":          []any{map[string]any{"handle": []any{map[string]any{"handler": "edgeplane"}}}},
+			}}},
+		},
+	}
+	b, _ := json.Marshal(cfg)
+	cfgPath := filepath.Join(dir, "caddy.json")
+	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	caddyEnv := []string{"HOME=" + dir, "XDG_DATA_HOME=" + filepath.Join(dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(dir, "config")}
+	gw := &gateway{http: gwAddr, admin: adminAddr, dir: dir}
+	gw.proc = start(t, "caddy (gateway credentials)", caddyEnv, extraBins.caddy, "run", "--config", cfgPath)
+	eventually(t, 20*time.Second, "the gateway's projection to connect", func() bool {
+		st, err := gw.projection()
+		return err == nil && st.Connected
+	})
+	dnsP := start(t, "edgeplane-dns (gateway credentials)", nil, extraBins.dns, "--nats", c.url, "--creds", gwCreds,
+		"--listen", dnsAddr, "--snapshot", filepath.Join(dir, "dns-routing.json"))
+	dnsP.waitOutput(t, `serving dns`, 20*time.Second)
+
+	// The apply waits for the gateway's observation: it reached cp_gateways.
+	out := c.mustControl("deploy", "apply", "-f", writeManifest(t, c.dir, "1"), "--drain-grace", "10ms", "--gateway-wait", "10s")
+	if !strings.Contains(out, "1/1 gateways serving revision 1") {
+		t.Fatalf("apply did not see the gateway's observation:\n%s", out)
+	}
+	insts := c.instances("shop")
+	if len(insts) != 1 {
+		t.Fatalf("instances: %+v", insts)
+	}
+	httpOK := func() error {
+		code, inst, err := gw.request("shop.example.com", "/")
+		if err != nil {
+			return err
+		}
+		if code != 200 || inst != insts[0].ID {
+			return fmt.Errorf("status %d, instance %q (want %s)", code, inst, insts[0].ID)
+		}
+		return nil
+	}
+	dnsOK := func() error {
+		m := new(dns.Msg)
+		m.SetQuestion("web.shop.edgeplane.internal.", dns.TypeSRV)
+		r, _, err := (&dns.Client{Timeout: time.Second}).Exchange(m, dnsAddr)
+		if err != nil {
+			return err
+		}
+		if r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 {
+			return fmt.Errorf("rcode %s, %d answers", dns.RcodeToString[r.Rcode], len(r.Answer))
+		}
+		if srv, ok := r.Answer[0].(*dns.SRV); !ok || int(srv.Port) != insts[0].Port {
+			return fmt.Errorf("answer %v, want port %d", r.Answer[0], insts[0].Port)
+		}
+		return nil
+	}
+	eventually(t, 10*time.Second, "the gateway to route shop.example.com", func() bool { return httpOK() == nil })
+	eventually(t, 10*time.Second, "DNS to answer web.shop", func() bool { return dnsOK() == nil })
+
+	// The gateway's certificate work is in the store, read back with
+	// control credentials.
+	ctl, err := certs.New(c.store, certs.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var certKeys []string
+	eventually(t, 20*time.Second, "the gateway's certificate for shop.example.com in the store", func() bool {
+		keys, err := ctl.List(context.Background(), "certificates", true)
+		certKeys = certKeys[:0]
+		for _, k := range keys {
+			if strings.HasSuffix(k, "shop.example.com.crt") || strings.HasSuffix(k, "shop.example.com.key") {
+				certKeys = append(certKeys, k)
+			}
+		}
+		return err == nil && len(certKeys) == 2
+	})
+	if _, err := c.store.JS.Consumer(context.Background(), c.store.Names.CertRenewalsStream(), "cert_renewals"); err != nil {
+		t.Fatalf("the gateway's renewal worker created no consumer: %v", err)
+	}
+	// The rest of the certificate work an ACME gateway does (the order
+	// budget, status records, renewal schedules) with the same credentials.
+	checkGatewayCertWork(t, c, gwCreds)
+
+	// No permissions violation anywhere: the roles are sufficient.
+	for _, p := range []*proc{gw.proc, dnsP, c.agents["m1"]} {
+		if strings.Contains(strings.ToLower(p.output()), "permissions violation") {
+			t.Fatalf("%s hit a permissions violation:\n%s", p.name, p.output())
+		}
+	}
+
+	// The control plane (the server and its embedded NATS) is killed.
+	c.server.stop(syscall.SIGKILL)
+	eventually(t, 10*time.Second, "the gateway to notice NATS is gone", func() bool {
+		st, err := gw.projection()
+		return err == nil && !st.Connected
+	})
+	served, failed := 0, 0
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, f := range []func() error{httpOK, dnsOK} {
+			if err := f(); err != nil {
+				failed++
+				t.Errorf("with the control plane down: %v", err)
+			} else {
+				served++
+			}
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d requests failed with the control plane down", failed, served+failed)
+	}
+	t.Logf("gateway-role credentials: apply saw 1/1 gateways; certificate %v stored; control plane killed: %d requests served "+
+		"(HTTP through the gateway and DNS SRV), %d failed", certKeys, served, failed)
+}
+
+// checkGatewayCertWork runs the certificate work of an ACME gateway with
+// gateway-role credentials against the real store: the fleet's order
+// budget, a status record and a renewal schedule (Renewer.Record), and the
+// shared renewal consumer taking the scheduled item.
+func checkGatewayCertWork(t *testing.T, c *cluster, gwCreds string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	nc, err := store.Connect(store.ConnectOptions{URL: c.url, CredsFile: gwCreds, Name: "gateway creds probe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	gs, err := store.Open(ctx, nc, c.store.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget, err := certs.NewBudget(gs, certs.BudgetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, err := budget.Charge(ctx, "api.probe.example.com"); err != nil || u.Used != 1 {
+		t.Fatalf("charging the order budget with gateway credentials: %+v %v", u, err)
+	}
+	taken := make(chan string, 1)
+	// Its own durable, so that the item comes here and not (only) to the
+	// running gateway's worker.
+	r, err := certs.NewRenewer(certs.RenewerConfig{Store: gs, Name: "probe", Durable: "probe_renewals", MinInterval: time.Second,
+		NextRenewal: func(certs.RenewResult) time.Time { return time.Now().Add(time.Second) },
+		Renew: func(_ context.Context, item certs.RenewalItem) (certs.RenewResult, error) {
+			select {
+			case taken <- item.Host:
+			default:
+			}
+			return certs.RenewResult{Expiry: time.Now().Add(90 * 24 * time.Hour)}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Record(ctx, certs.RenewalItem{Host: "api.probe.example.com"}, certs.RenewResult{Expiry: time.Now().Add(90 * 24 * time.Hour)}, nil); err != nil {
+		t.Fatalf("recording a certificate with gateway credentials: %v", err)
+	}
+	st, err := certs.ListStatus(ctx, c.store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := false
+	for _, s := range st {
+		recorded = recorded || s.Host == "api.probe.example.com" && s.Gateway == "probe"
+	}
+	if !recorded {
+		t.Fatalf("no status record of api.probe.example.com: %+v", st)
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	select {
+	case host := <-taken:
+		if host != "api.probe.example.com" {
+			t.Fatalf("renewal worker took %q", host)
+		}
+	case err := <-done:
+		t.Fatalf("renewal worker with gateway credentials: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the scheduled renewal never reached the worker")
+	}
+	rcancel()
+	if err := <-done; err != nil {
+		t.Fatalf("renewal worker: %v", err)
+	}
 }

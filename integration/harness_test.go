@@ -154,6 +154,12 @@ type cluster struct {
 	server *proc
 	agents map[string]*proc
 	store  *store.Store
+	// serverArgs are extra `control server` flags.
+	serverArgs []string
+	// creds, when the server requires credentials (--auth on), is the
+	// control-role credentials file the server wrote; clients use it, and
+	// agents get their own agent-role credentials.
+	creds string
 }
 
 // newCluster starts `control server` (no local agent) on a free loopback
@@ -166,13 +172,27 @@ func newCluster(t *testing.T) *cluster {
 	return c
 }
 
+// newAuthCluster is newCluster with credentials required on every
+// connection (`control server --auth on`).
+func newAuthCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: []string{"--auth", "on"}}
+	c.startServer("127.0.0.1:0")
+	t.Cleanup(c.killInstances)
+	return c
+}
+
 func (c *cluster) startServer(listen string, extraEnv ...string) {
 	t := c.t
-	c.server = start(t, "control server", extraEnv, bins.control, "server", "--data", filepath.Join(c.dir, "server"), "--listen", listen, "--stun-listen", "127.0.0.1:0,127.0.0.1:0")
+	args := append([]string{"server", "--data", c.serverDir(), "--listen", listen, "--stun-listen", "127.0.0.1:0,127.0.0.1:0"}, c.serverArgs...)
+	c.server = start(t, "control server", extraEnv, bins.control, args...)
 	m := c.server.waitOutput(t, `embedded NATS with JetStream on (nats://\S+)`, 15*time.Second)
 	c.server.waitOutput(t, `control server ready`, 15*time.Second)
 	c.url = m[1]
-	nc, err := store.Connect(store.ConnectOptions{URL: c.url, Name: t.Name(), ReconnectForever: true})
+	if cm := regexp.MustCompile(`this node's control credentials: (\S+)`).FindStringSubmatch(c.server.output()); cm != nil {
+		c.creds = cm[1]
+	}
+	nc, err := store.Connect(store.ConnectOptions{URL: c.url, CredsFile: c.creds, Name: t.Name(), ReconnectForever: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,6 +203,35 @@ func (c *cluster) startServer(listen string, extraEnv ...string) {
 	if c.store, err = store.Open(ctx, nc, names); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func (c *cluster) serverDir() string { return filepath.Join(c.dir, "server") }
+
+// issueCreds writes credentials of role (for machine, if set) with
+// `control creds issue` on the server's auth dir and returns the file.
+func (c *cluster) issueCreds(role, machine string) string {
+	c.t.Helper()
+	file := filepath.Join(c.dir, role+"-"+machine+".creds")
+	args := []string{"creds", "issue", "--role", role, "--data", c.serverDir(), "-o", file}
+	if machine != "" {
+		args = append(args, "--machine", machine)
+	}
+	c.mustControl(args...)
+	return file
+}
+
+// natsEnv is the environment a client process of the cluster needs: the
+// URL and, when credentials are required, role's credentials.
+func (c *cluster) natsEnv(role, machine string) []string {
+	env := []string{"EDGEPLANE_NATS=" + c.url}
+	if c.creds != "" {
+		creds := c.creds
+		if role != store.RoleControl {
+			creds = c.issueCreds(role, machine)
+		}
+		env = append(env, "EDGEPLANE_NATS_CREDS="+creds)
+	}
+	return env
 }
 
 // control runs one client command and returns stdout, stderr and the exit
@@ -196,7 +245,7 @@ func (c *cluster) control(args ...string) (string, string, int) {
 func (c *cluster) controlEnv(env []string, args ...string) (string, string, int) {
 	c.t.Helper()
 	cmd := exec.Command(bins.control, args...)
-	cmd.Env = append(append(os.Environ(), "EDGEPLANE_NATS="+c.url), env...)
+	cmd.Env = append(append(os.Environ(), c.natsEnv(store.RoleControl, "")...), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -223,7 +272,7 @@ func (c *cluster) mustControl(args ...string) string {
 func (c *cluster) join(id string, inviteArgs ...string) *proc {
 	c.t.Helper()
 	token := strings.TrimSpace(c.mustControl(append([]string{"machine", "invite"}, inviteArgs...)...))
-	p := start(c.t, "agent "+id, []string{"EDGEPLANE_NATS=" + c.url}, bins.control,
+	p := start(c.t, "agent "+id, c.natsEnv(store.RoleAgent, id), bins.control,
 		"agent", "--data", c.agentDir(id), "--join", token, "--machine", id, "--stop-grace", "2s")
 	p.waitOutput(c.t, `agent serving`, 15*time.Second)
 	c.agents[id] = p
@@ -233,7 +282,7 @@ func (c *cluster) join(id string, inviteArgs ...string) *proc {
 // restartAgent starts machine id's agent again from its data dir alone.
 func (c *cluster) restartAgent(id string) *proc {
 	c.t.Helper()
-	p := start(c.t, "agent "+id+" (restarted)", []string{"EDGEPLANE_NATS=" + c.url}, bins.control,
+	p := start(c.t, "agent "+id+" (restarted)", c.natsEnv(store.RoleAgent, id), bins.control,
 		"agent", "--data", c.agentDir(id), "--stop-grace", "2s")
 	p.waitOutput(c.t, `agent serving`, 15*time.Second)
 	c.agents[id] = p

@@ -294,17 +294,41 @@ func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
 		p.Sub.Allow.Add(">")
 		return p, nil
 	case RoleGateway:
+		// What the custom Caddy (and a standalone edgeplane-dns) does,
+		// as run end to end in integration's gateway-credentials test.
 		common()
-		readStream(n.RoutingEventsStream())
+		// Projection load (LoadRouting): every namespace's live commit
+		// through a last-per-subject consumer, then an ephemeral consumer
+		// on the routing stream from the loaded sequence on.
 		readStream(n.DeployCommitsStream())
-		readStream(n.CertRenewalsStream())
-		for _, b := range []string{n.InstancesBucket(), n.MachinesBucket(), n.DeployStatusBucket(), n.CertsBucket(),
-			n.CertStatusBucket(), n.LocksBucket(), n.AcmeBudgetBucket(), n.GatewaysBucket()} {
-			readKV(b)
+		readStream(n.RoutingEventsStream())
+		// Projection load: a watch of every instance and machine record.
+		readKV(n.InstancesBucket())
+		readKV(n.MachinesBucket())
+		// The routing observation `control deploy apply` waits for.
+		writeKV(n.GatewaysBucket(), ">")
+		// Certificate storage (caddy.storage.edgeplane): certificates,
+		// keys, ACME accounts and challenge tokens are read and written.
+		readKV(n.CertsBucket())
+		writeKV(n.CertsBucket(), ">")
+		// Its locks, as leases: read (holder, fencing) and written, but
+		// only certificate, ACME account and certmagic lock keys, never a
+		// deploy or subnet lock.
+		readKV(n.LocksBucket())
+		for _, k := range []string{"cp.lock.cert.>", "cp.lock.acme_account.>", "cp.lock.certmagic.>"} {
+			writeKV(n.LocksBucket(), k)
 		}
-		for _, b := range []string{n.CertsBucket(), n.CertStatusBucket(), n.LocksBucket(), n.AcmeBudgetBucket(), n.GatewaysBucket()} {
+		// The fleet's ACME order budget (compare-and-set on a record per
+		// registered domain) and the certificate status records.
+		for _, b := range []string{n.AcmeBudgetBucket(), n.CertStatusBucket()} {
+			readKV(b)
 			writeKV(b, ">")
 		}
+		// Renewal work: the shared durable consumer takes items, and a
+		// worker schedules the next one (a message schedule per host).
+		readStream(n.CertRenewalsStream())
+		// A lease's quorum check asks the storage nodes which are missing
+		// when no stream leader answers (CheckQuorum).
 		p.Pub.Allow.Add(n.CertRenewalsWildcard(), n.StorageStatusSubject())
 	case RoleAgent:
 		common()
@@ -312,9 +336,23 @@ func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
 		for _, b := range []string{n.InstancesBucket(), n.MachinesBucket(), n.InvitesBucket()} {
 			readKV(b)
 		}
-		writeKV(n.InstancesBucket(), ">")
+		// Only its own machine's instance records: the key names the
+		// machine (InstanceKey), so one agent cannot mark another
+		// machine's instances ready, failed or gone.
+		writeKV(n.InstancesBucket(), InstanceKey("*", machine, "*"))
 		writeKV(n.InvitesBucket(), "invite.*")
 		writeKV(n.MachinesBucket(), machine)
+		// Its own mesh peer record only (a KV get is a direct get naming
+		// the key): the agent advertises the machine's mesh IP.
+		peers := n.MeshPeersBucket()
+		p.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + peers + ".$KV." + peers + "." + MeshPeerKey(machine))
+		// Routing upserts of any service: after one of its instances
+		// drains, fails or restarts, the agent republishes the service's
+		// complete endpoint set (RepublishService), and a service spans
+		// machines. This is still broad: the subject does not name the
+		// machine, so agent credentials could publish a forged upsert.
+		// Narrowing it needs the control server to republish on the
+		// agent's behalf.
 		p.Pub.Allow.Add(n.RoutingServiceSubject("*", "*"), n.RoutingMachineSubject(machine), n.StorageStatusSubject())
 		p.Sub.Allow.Add(n.NodeListenSubject(machine))
 	case RoleMesh:
@@ -324,7 +362,9 @@ func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
 		}
 		writeKV(n.MeshHeartbeatsBucket(), MeshBeatKey(machine))
 		writeKV(n.MeshDriftBucket(), MeshDriftKey(machine))
-		p.Pub.Allow.Add(n.RegistrarSubject(">"))
+		// Only its own machine's registrar subjects: credentials for one
+		// machine cannot register (or remove) another.
+		p.Pub.Allow.Add(n.RegistrarSubject("register."+machine), n.RegistrarSubject("leave."+machine))
 	default:
 		return p, &Error{Code: CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}

@@ -94,20 +94,97 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatalf("agent binds the store: %v", err)
 	}
-	// It writes instance state and its own machine record...
-	if _, err := as.Instances.Put(ctx, "shop.i1", []byte(`{"version":1}`)); err != nil {
+	// It writes its own machine's instance records and its own machine
+	// record...
+	if _, err := as.Instances.Put(ctx, store.InstanceKey("shop", "m1", "i1"), []byte(`{"version":1}`)); err != nil {
 		t.Fatalf("agent instance write: %v", err)
+	}
+	if err := as.Instances.Delete(ctx, store.InstanceKey("shop", "m1", "i1")); err != nil {
+		t.Fatalf("agent instance delete: %v", err)
 	}
 	if _, err := as.Machines.Put(ctx, "m1", []byte(`{"version":1}`)); err != nil {
 		t.Fatalf("agent own machine write: %v", err)
 	}
 	// ...but not another machine's, and never reads certificates.
 	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 2*time.Second) }
-	c1, cancel1 := short()
-	defer cancel1()
-	if _, err := as.Machines.Put(c1, "m2", []byte(`{"version":1}`)); err == nil {
-		t.Fatal("agent m1 wrote machine m2's record")
+	// A refused publish gets no JetStream answer; the server reports the
+	// violation asynchronously, which ends the wait at once.
+	violations := make(chan error, 16)
+	agentNC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case violations <- err:
+		default:
+		}
+	})
+	refusedOn := func(violations chan error, what, key string, do func(context.Context) error) {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- do(c) }()
+		for {
+			select {
+			case v := <-violations:
+				// Earlier probes' violations may still be queued.
+				if !strings.Contains(v.Error(), "Permissions Violation") || !strings.Contains(v.Error(), "."+key+`"`) {
+					continue
+				}
+				cancel()
+				<-done
+				return
+			case err := <-done:
+				if err == nil {
+					t.Fatalf("the credentials could %s", what)
+				}
+				t.Fatalf("%s: refused without a permissions violation: %v", what, err)
+			}
+		}
 	}
+	refusedWrite := func(what, key string, do func(context.Context) error) {
+		t.Helper()
+		refusedOn(violations, what, key, do)
+	}
+	refusedWrite("write machine m2's record", "m2", func(c context.Context) error {
+		_, err := as.Machines.Put(c, "m2", []byte(`{"version":1}`))
+		return err
+	})
+	// Nor another machine's instance records, nor keys outside the
+	// layout, nor a delete of one (a delete is a write with a header).
+	m2Key := store.InstanceKey("shop", "m2", "i2")
+	if _, err := cs.Instances.Put(ctx, m2Key, []byte(`{"version":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for _, w := range []struct {
+		what, key string
+		do        func(context.Context) error
+	}{
+		{"put m2's instance", m2Key, func(c context.Context) error {
+			_, err := as.Instances.Put(c, m2Key, []byte(`{"version":1,"state":"failed"}`))
+			return err
+		}},
+		{"create an instance on m2", "shop.m2.i9", func(c context.Context) error {
+			_, err := as.Instances.Create(c, "shop.m2.i9", []byte(`{"version":1}`))
+			return err
+		}},
+		{"delete m2's instance", m2Key, func(c context.Context) error { return as.Instances.Delete(c, m2Key) }},
+		{"purge m2's instance", m2Key, func(c context.Context) error { return as.Instances.Purge(c, m2Key) }},
+		{"put a key without a machine", "shop.i3", func(c context.Context) error {
+			_, err := as.Instances.Put(c, "shop.i3", []byte(`{"version":1}`))
+			return err
+		}},
+		{"put shop.m2.m1 (machine token m2)", "shop.m2.m1", func(c context.Context) error {
+			_, err := as.Instances.Put(c, "shop.m2.m1", []byte(`{"version":1}`))
+			return err
+		}},
+	} {
+		refusedWrite(w.what, w.key, w.do)
+		refused++
+	}
+	if ent, err := cs.Instances.Get(ctx, m2Key); err != nil || string(ent.Value()) != `{"version":1}` {
+		t.Fatalf("m2's instance record changed: %v", err)
+	}
+	t.Logf("agent m1's writes to other machines' instance records: %d refused, 0 landed", refused)
 	c2, cancel2 := short()
 	defer cancel2()
 	if ent, err := as.Certs.Get(c2, "cert.shop.example.com.key"); err == nil {
@@ -166,13 +243,53 @@ func TestRoleScopedCredentials(t *testing.T) {
 		t.Fatalf("a call to m2 must find no responder, got %v", err)
 	}
 
-	// The gateway role reads certificates.
-	gs, err := store.Open(ctx, connect(writeCreds(t, auth, store.CredsRequest{Role: store.RoleGateway})), names)
+	// It reads its own machine's mesh peer record, not another's.
+	agentNC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case violations <- err:
+		default:
+		}
+	})
+	if _, err := cs.MeshPeers.Put(ctx, store.MeshPeerKey("m1"), []byte(`{"version":1,"machine":"m1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := as.MeshPeers.Get(ctx, store.MeshPeerKey("m1")); err != nil {
+		t.Fatalf("agent m1 reading its mesh peer record: %v", err)
+	}
+	refusedWrite("read m2's mesh peer record", store.MeshPeerKey("m2"), func(c context.Context) error {
+		_, err := as.MeshPeers.Get(c, store.MeshPeerKey("m2"))
+		return err
+	})
+
+	// The gateway role reads certificates and takes certificate locks, but
+	// no deploy or subnet lock.
+	gwNC := connect(writeCreds(t, auth, store.CredsRequest{Role: store.RoleGateway}))
+	gwViolations := make(chan error, 16)
+	gwNC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case gwViolations <- err:
+		default:
+		}
+	})
+	gs, err := store.Open(ctx, gwNC, names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ent, err := gs.Certs.Get(ctx, "cert.shop.example.com.key"); err != nil || string(ent.Value()) != "PRIVATE KEY" {
 		t.Fatalf("gateway cert read: %v", err)
+	}
+	lease, err := gs.AcquireLease(ctx, store.CertLockKey("shop.example.com"), store.LeaseOptions{TTL: 5 * time.Second, Holder: "gw1"})
+	if err != nil {
+		t.Fatalf("gateway certificate lock: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{store.DeployLockKey("shop"), store.SubnetLockKey("10.100.0.0/16")} {
+		refusedOn(gwViolations, "take lock "+key, key, func(c context.Context) error {
+			_, err := gs.AcquireLease(c, key, store.LeaseOptions{TTL: 5 * time.Second, Holder: "gw1"})
+			return err
+		})
 	}
 	// Mesh credentials write only their own heartbeat.
 	ms, err := store.Open(ctx, connect(writeCreds(t, auth, store.CredsRequest{Role: store.RoleMesh, Machine: "m1"})), names)

@@ -27,6 +27,12 @@ import (
 // routes with; the password is the cluster secret every node shares.
 const RouteUser = "edgeplane-route"
 
+// Route liveness between storage nodes (see ClusterConfig.configure).
+const (
+	RoutePingInterval = 2 * time.Second
+	RouteMaxPingsOut  = 3
+)
+
 // ClusterConfig makes an embedded server one node of a JetStream cluster.
 type ClusterConfig struct {
 	// Name of the cluster; every storage node uses the same one.
@@ -51,6 +57,15 @@ func (c *ClusterConfig) configure(opts *server.Options) error {
 	opts.Cluster.Name = c.Name
 	opts.Cluster.Host = host
 	opts.Cluster.Port = port
+	// A route to a node cut off silently (no RST, packets dropped) stays
+	// up until its pings go unanswered: by default up to a minute and
+	// more, during which the majority keeps routing requests (a bucket's
+	// direct gets, answered by any replica) into the partition, where they
+	// time out. Pinging every RoutePingInterval, a silent route is dropped
+	// after RouteMaxPingsOut missed answers; a route carrying RAFT traffic
+	// (heartbeats every second) sends no pings at all.
+	opts.Cluster.PingInterval = RoutePingInterval
+	opts.Cluster.MaxPingsOut = RouteMaxPingsOut
 	if c.Secret != "" {
 		opts.Cluster.Username = RouteUser
 		opts.Cluster.Password = c.Secret
@@ -535,15 +550,13 @@ func (s *Store) SetReplicas(ctx context.Context, replicas int) error {
 	return nil
 }
 
-// RemovePeer takes server's replicas off every stream that has one there.
-// JetStream places a replacement replica on another storage node if one is
-// free; otherwise the caller shrinks the replica count.
-func (s *Store) RemovePeer(ctx context.Context, serverName string) ([]string, error) {
-	var touched []string
+// HasReplicaOn lists the streams of the store with a replica on serverName.
+func (s *Store) HasReplicaOn(ctx context.Context, serverName string) ([]string, error) {
+	var out []string
 	for _, name := range s.StreamNames() {
 		str, err := s.JS.Stream(ctx, name)
 		if err != nil {
-			return touched, classify(fmt.Errorf("reading stream %s: %w", name, err))
+			return out, classify(fmt.Errorf("reading stream %s: %w", name, err))
 		}
 		ci := str.CachedInfo().Cluster
 		has := ci != nil && ci.Leader == serverName
@@ -552,39 +565,89 @@ func (s *Store) RemovePeer(ctx context.Context, serverName string) ([]string, er
 				has = has || r.Name == serverName
 			}
 		}
-		if !has {
+		if has {
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
+// StepDownFrom asks every stream led by serverName to elect another leader
+// among its other replicas. A shrinking stream keeps its leader, so this
+// comes before a shrink that must not keep serverName.
+func (s *Store) StepDownFrom(ctx context.Context, serverName string) ([]string, error) {
+	var touched []string
+	for _, name := range s.StreamNames() {
+		str, err := s.JS.Stream(ctx, name)
+		if err != nil {
+			return touched, classify(fmt.Errorf("reading stream %s: %w", name, err))
+		}
+		ci := str.CachedInfo().Cluster
+		if ci == nil || ci.Leader != serverName || len(ci.Replicas) == 0 {
 			continue
 		}
-		req, _ := json.Marshal(map[string]string{"peer": serverName})
-		msg, err := s.NC.RequestWithContext(ctx, "$JS.API.STREAM.PEER.REMOVE."+name, req)
-		if err != nil {
-			return touched, classify(fmt.Errorf("removing %s from stream %s: %w", serverName, name, err))
-		}
-		var rep struct {
-			Success bool `json:"success"`
-			Error   *struct {
-				Code        int    `json:"code"`
-				Description string `json:"description"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(msg.Data, &rep); err != nil {
-			return touched, fmt.Errorf("removing %s from stream %s: undecodable answer: %w", serverName, name, err)
-		}
-		if rep.Error != nil {
-			return touched, Errorf(CodeConflict, "removing %s from stream %s: %s", serverName, name, rep.Error.Description).
-				With("stream", name).With("server", serverName)
+		if err := s.streamAPI(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+name, nil, "moving the leader of stream "+name+" off "+serverName); err != nil {
+			return touched, err
 		}
 		touched = append(touched, name)
 	}
 	return touched, nil
 }
 
+// EvacuatePeer moves serverName's replicas off every stream that has one
+// there: JetStream places each on another storage node, catches it up and
+// only then drops serverName's, so no acknowledged write depends on it
+// alone. It fails (conflict) for a stream with no free storage node to move
+// to; the caller shrinks the replica count first.
+func (s *Store) EvacuatePeer(ctx context.Context, serverName string) ([]string, error) {
+	streams, err := s.HasReplicaOn(ctx, serverName)
+	if err != nil {
+		return nil, err
+	}
+	var touched []string
+	for _, name := range streams {
+		req, _ := json.Marshal(map[string]string{"peer": serverName})
+		if err := s.streamAPI(ctx, "$JS.API.STREAM.PEER.EVACUATE."+name, req, "moving stream "+name+" off "+serverName); err != nil {
+			return touched, err
+		}
+		touched = append(touched, name)
+	}
+	return touched, nil
+}
+
+// streamAPI sends one JetStream API request and turns its error answer into
+// a structured conflict.
+func (s *Store) streamAPI(ctx context.Context, subject string, req []byte, what string) error {
+	msg, err := s.NC.RequestWithContext(ctx, subject, req)
+	if err != nil {
+		return classify(fmt.Errorf("%s: %w", what, err))
+	}
+	var rep struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return fmt.Errorf("%s: undecodable answer: %w", what, err)
+	}
+	if rep.Error != nil {
+		return Errorf(CodeConflict, "%s: %s", what, rep.Error.Description).With("api", subject)
+	}
+	return nil
+}
+
 // createOrUpdateStream is CreateOrUpdateStream that asks first: in a
 // cluster, an update request for a stream that does not exist yet, sent
 // through a server that is not the meta leader, may go unanswered until the
 // request times out, so Provision would never get to the create.
+//
+// An existing stream keeps its replica count: the layout's count applies
+// only at creation, and afterwards changes only through `control storage
+// add|remove`. Otherwise a storage node restarting with the default layout
+// would silently undo a removal.
 func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
-	_, err := js.Stream(ctx, cfg.Name)
+	old, err := js.Stream(ctx, cfg.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		str, err := js.CreateStream(ctx, cfg)
@@ -596,12 +659,14 @@ func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetst
 	case err != nil:
 		return nil, err
 	}
+	cfg.Replicas = old.CachedInfo().Config.Replicas
 	return js.UpdateStream(ctx, cfg)
 }
 
-// createOrUpdateKeyValue is createOrUpdateStream for buckets.
+// createOrUpdateKeyValue is createOrUpdateStream for buckets, which keep
+// their replica count the same way.
 func createOrUpdateKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	_, err := js.KeyValue(ctx, cfg.Bucket)
+	old, err := js.KeyValue(ctx, cfg.Bucket)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound):
 		kv, err := js.CreateKeyValue(ctx, cfg)
@@ -612,5 +677,10 @@ func createOrUpdateKeyValue(ctx context.Context, js jetstream.JetStream, cfg jet
 	case err != nil:
 		return nil, err
 	}
+	st, err := old.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Replicas = st.Config().Replicas
 	return js.UpdateKeyValue(ctx, cfg)
 }

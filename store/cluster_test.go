@@ -107,6 +107,19 @@ func TestClusterQuorumLossNamesMissingNodes(t *testing.T) {
 			t.Fatalf("stream %s: %+v", p.Stream, p)
 		}
 	}
+	// Provisioning again (a storage node restarting with another layout)
+	// changes no replica count: only `control storage add|remove` does.
+	if _, err := store.Provision(ctx, nodes[0].nc, names, store.Layout{Replicas: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if pl, err = s.Placement(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pl {
+		if p.Replicas != 3 {
+			t.Fatalf("re-provisioning changed stream %s to %d replicas", p.Stream, p.Replicas)
+		}
+	}
 	// One node gone: quorum holds, writes work.
 	nodes[2].ns.Shutdown()
 	nodes[2].ns.WaitForShutdown()

@@ -277,10 +277,23 @@ type InstanceRecord struct {
 func (r *InstanceRecord) version() int { return r.Version }
 
 // Key is the instance's key in the instances bucket.
-func (r *InstanceRecord) Key() string { return InstanceKey(r.Namespace, r.ID) }
+func (r *InstanceRecord) Key() string { return InstanceKey(r.Namespace, r.Machine, r.ID) }
 
-// InstanceKey is "<namespace>.<instance id>".
-func InstanceKey(namespace, id string) string { return namespace + "." + id }
+// InstanceKey is "<namespace>.<machine>.<instance id>". The key names the
+// machine so that an agent's credentials can be limited to its own
+// machine's instance records ("*.<machine>.*", see RolePermissions); a
+// namespace's records are still one filter away ("<namespace>.>").
+func InstanceKey(namespace, machine, id string) string {
+	return namespace + "." + machine + "." + id
+}
+
+// InstanceFilter is the key filter of one instance of namespace, whatever
+// machine it runs on.
+func InstanceFilter(namespace, id string) string { return namespace + ".*." + id }
+
+// NamespaceInstancesFilter is the key filter of every instance record of
+// namespace ("*" for all namespaces).
+func NamespaceInstancesFilter(namespace string) string { return namespace + ".*.*" }
 
 // Machine states.
 const (

@@ -149,7 +149,7 @@ func CommitEvents(c, prev *DeployCommit, instances map[string]*InstanceRecord) [
 // NamespaceInstances reads every instance record of namespace, keyed by ID.
 func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[string]*InstanceRecord, error) {
 	out := make(map[string]*InstanceRecord)
-	err := ListJSON(ctx, s.Instances, namespace+".>", func(_ string, r *InstanceRecord) error {
+	err := ListJSON(ctx, s.Instances, NamespaceInstancesFilter(namespace), func(_ string, r *InstanceRecord) error {
 		out[r.ID] = r
 		return nil
 	})

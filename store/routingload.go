@@ -127,9 +127,9 @@ type instanceFields struct {
 }
 
 // eachInstance calls fn with every instance record and the namespace its
-// key is under.
+// key ("<namespace>.<machine>.<id>") is under.
 func eachInstance(ctx context.Context, s *Store, fn func(ns string, r *InstanceRecord)) error {
-	w, err := s.Instances.WatchAll(ctx, jetstream.IgnoreDeletes())
+	w, err := s.Instances.Watch(ctx, NamespaceInstancesFilter("*"), jetstream.IgnoreDeletes())
 	if err != nil {
 		return Classify(fmt.Errorf("loading instances: %w", err))
 	}

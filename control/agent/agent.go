@@ -441,7 +441,9 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 		a.log.Info("stopped instance", "instance", req.InstanceID)
 	}
 	// Stopping what is already gone succeeds: the caller wants it not running.
-	key := store.InstanceKey(req.Namespace, req.InstanceID)
+	// The orchestrator asks the machine an instance runs on, so the record
+	// is under this machine's key (the only ones its credentials may write).
+	key := store.InstanceKey(req.Namespace, a.cfg.Machine.ID, req.InstanceID)
 	if req.Forget {
 		if err := a.cfg.Store.Instances.Delete(ctx, key); err != nil {
 			return store.Classify(fmt.Errorf("forgetting instance %s: %w", req.InstanceID, err))

@@ -184,7 +184,7 @@ func TestLeasedCommandsGuardGenerations(t *testing.T) {
 	if err := srv.Store.Call(ctx, "m1", store.CmdForceCleanup, store.LeasedCommand{Namespace: "shop", Service: "web", Attempt: 1}, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "web-0-b"), &after); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "m1", "web-0-b"), &after); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("force_cleanup left the record: %v", err)
 	}
 }
@@ -218,7 +218,7 @@ func TestBadRequestsAreStructured(t *testing.T) {
 		t.Fatal("start of a missing binary succeeded")
 	}
 	var rec store.InstanceRecord
-	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "bad-0"), &rec); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "m1", "bad-0"), &rec); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("failed start left a record: %v", err)
 	}
 }

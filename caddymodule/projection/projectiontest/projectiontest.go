@@ -119,13 +119,20 @@ func (p *Pending) Commit(ctx context.Context) (uint64, error) {
 // the fresh upsert of its service, as an agent does when an instance starts
 // draining or fails. It returns the routing sequence of the upsert.
 func SetInstance(ctx context.Context, s *store.Store, namespace, id, state, errText string) (uint64, error) {
-	var rec store.InstanceRecord
-	key := store.InstanceKey(namespace, id)
-	if _, err := store.GetJSON(ctx, s.Instances, key, &rec); err != nil {
+	// The key names the machine too; find the record by namespace and ID.
+	var rec *store.InstanceRecord
+	err := store.ListJSON(ctx, s.Instances, store.InstanceFilter(namespace, id), func(_ string, r *store.InstanceRecord) error {
+		rec = r
+		return nil
+	})
+	if err != nil {
 		return 0, err
 	}
+	if rec == nil {
+		return 0, store.Errorf(store.CodeNotFound, "no instance %s in namespace %s", id, namespace)
+	}
 	rec.State, rec.Error, rec.UpdatedAt = state, errText, time.Now().UTC()
-	if _, err := store.PutJSON(ctx, s.Instances, key, &rec); err != nil {
+	if _, err := store.PutJSON(ctx, s.Instances, rec.Key(), rec); err != nil {
 		return 0, err
 	}
 	return s.RepublishService(ctx, namespace, rec.Service)
