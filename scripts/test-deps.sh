@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the real peers the test suite drives: dig (DNS tests), wg and ip
+# Installs the real peers the test suite drives: dig (DNS tests), curl (the
+# README demo), wg and ip
 # (mesh tests), ping, and Pebble (the ACME test server). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v dig >/dev/null || need+=(dnsutils)
+command -v curl >/dev/null || need+=(curl)
 command -v wg >/dev/null || need+=(wireguard-tools)
 command -v ping >/dev/null || need+=(iputils-ping)
 command -v ip >/dev/null || need+=(iproute2)

@@ -8,13 +8,22 @@
 # Usage: scripts/up.sh          start, demo, then keep running until Ctrl-C
 #        scripts/up.sh --once   start, demo, stop everything (used by the tests)
 #        scripts/up.sh --down   stop what an earlier run left
-# Everything it writes lives in $EDGEPLANE_DATA (default ./.data).
+# Everything it writes lives in $EDGEPLANE_DATA (default ./.data). The ports
+# can be moved with UP_NATS_PORT, UP_HTTP_PORT, UP_HTTPS_PORT, UP_ADMIN_PORT,
+# UP_DNS_PORT and UP_STUN_PORT (it and the next one); BIN names the folder
+# with the binaries (default ./bin, what `make build` fills).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 DATA=${EDGEPLANE_DATA:-$ROOT/.data}
 BIN=${BIN:-$ROOT/bin}
-export EDGEPLANE_NATS=nats://127.0.0.1:4222
+NATS_PORT=${UP_NATS_PORT:-4222}
+HTTP_PORT=${UP_HTTP_PORT:-8080}
+HTTPS_PORT=${UP_HTTPS_PORT:-8443}
+ADMIN_PORT=${UP_ADMIN_PORT:-2019}
+DNS_PORT=${UP_DNS_PORT:-1053}
+STUN_PORT=${UP_STUN_PORT:-3478}
+export EDGEPLANE_NATS=nats://127.0.0.1:$NATS_PORT
 mode=${1:-}
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -61,29 +70,33 @@ mkdir -p "$DATA"
 down
 
 log "starting control server with the local agent (data in $DATA/control)"
-"$BIN/control" server --data "$DATA/control" --agent --machine local >"$DATA/control.log" 2>&1 &
+"$BIN/control" server --data "$DATA/control" --agent --machine local --listen "127.0.0.1:$NATS_PORT" \
+	--stun-listen "127.0.0.1:$STUN_PORT,127.0.0.1:$((STUN_PORT + 1))" >"$DATA/control.log" 2>&1 &
 echo $! >"$DATA/control.pid"
 wait_for 30 "control server" grep -q "control server ready" "$DATA/control.log" || { cat "$DATA/control.log"; exit 1; }
 
 log "starting the gateway (custom Caddy) with caddy.json"
-sed "s#/var/lib/edgeplane#$DATA#g" caddy.json >"$DATA/caddy.json"
+sed -e "s#/var/lib/edgeplane#$DATA#g" -e "s#127.0.0.1:4222#127.0.0.1:$NATS_PORT#g" \
+	-e "s#:8080#:$HTTP_PORT#g; s#: 8080#: $HTTP_PORT#g; s#:8443#:$HTTPS_PORT#g; s#: 8443#: $HTTPS_PORT#g" \
+	-e "s#localhost:2019#localhost:$ADMIN_PORT#g; s#127.0.0.1:1053#127.0.0.1:$DNS_PORT#g" caddy.json >"$DATA/caddy.json"
 XDG_DATA_HOME="$DATA/caddy-data" XDG_CONFIG_HOME="$DATA/caddy-config" \
 	"$BIN/caddy" run --config "$DATA/caddy.json" >"$DATA/caddy.log" 2>&1 &
 echo $! >"$DATA/caddy.pid"
-wait_for 30 "the gateway's admin API" curl -fsS http://localhost:2019/edgeplane/projection || { cat "$DATA/caddy.log"; exit 1; }
+wait_for 30 "the gateway's admin API" curl -fsS "http://localhost:$ADMIN_PORT/edgeplane/projection" || { cat "$DATA/caddy.log"; exit 1; }
 
 log "deploying examples/hello.yaml"
-"$BIN/control" deploy apply -f examples/hello.yaml --drain-grace 100ms
+sed "s#\./bin/hello#$BIN/hello#" examples/hello.yaml >"$DATA/hello.yaml"
+"$BIN/control" deploy apply -f "$DATA/hello.yaml" --drain-grace 100ms
 
-log "the sample app through the gateway: curl -H 'Host: hello.localhost' http://127.0.0.1:8080/"
+log "the sample app through the gateway: curl -H 'Host: hello.localhost' http://127.0.0.1:$HTTP_PORT/"
 for _ in 1 2 3 4; do
-	curl -fsS -H 'Host: hello.localhost' http://127.0.0.1:8080/
+	curl -fsS -H 'Host: hello.localhost' "http://127.0.0.1:$HTTP_PORT/"
 done
 if command -v dig >/dev/null; then
-	log "DNS from the same projection: dig @127.0.0.1 -p 1053 hello.demo.edgeplane.internal"
-	dig +short @127.0.0.1 -p 1053 hello.demo.edgeplane.internal A || echo "(DNS did not answer)"
+	log "DNS from the same projection: dig @127.0.0.1 -p $DNS_PORT hello.demo.edgeplane.internal"
+	dig +short @127.0.0.1 -p "$DNS_PORT" hello.demo.edgeplane.internal A || echo "(DNS did not answer)"
 fi
-log "inspect: bin/control deploy status | bin/control instances | bin/control machine ls | curl localhost:2019/edgeplane/routes"
+log "inspect: $BIN/control deploy status | $BIN/control instances | $BIN/control machine ls | curl localhost:$ADMIN_PORT/edgeplane/routes"
 
 if [ "$mode" = --once ]; then
 	down
