@@ -216,18 +216,7 @@ func (sc *storageCluster) url(i int) string { return fmt.Sprintf("nats://%s:4222
 // control runs a CLI command against node i.
 func (sc *storageCluster) control(i int, args ...string) (string, string, int) {
 	sc.t.Helper()
-	cmd := exec.Command(bins.control, args...)
-	cmd.Env = append(os.Environ(), "EDGEPLANE_NATS="+sc.url(i), "EDGEPLANE_NATS_CREDS="+sc.creds)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		sc.t.Fatalf("running control %v: %v", args, err)
-	}
-	return stdout.String(), stderr.String(), code
+	return runControl(sc.t, []string{"EDGEPLANE_NATS=" + sc.url(i), "EDGEPLANE_NATS_CREDS=" + sc.creds}, args...)
 }
 
 // open connects a store client to node i with creds.

@@ -244,8 +244,15 @@ func (c *cluster) control(args ...string) (string, string, int) {
 // controlEnv is control with extra environment (failpoints).
 func (c *cluster) controlEnv(env []string, args ...string) (string, string, int) {
 	c.t.Helper()
+	return runControl(c.t, append(c.natsEnv(store.RoleControl, ""), env...), args...)
+}
+
+// runControl runs the control binary with env added to ours and returns
+// stdout, stderr and the exit status.
+func runControl(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
 	cmd := exec.Command(bins.control, args...)
-	cmd.Env = append(append(os.Environ(), c.natsEnv(store.RoleControl, "")...), env...)
+	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -253,7 +260,7 @@ func (c *cluster) controlEnv(env []string, args ...string) (string, string, int)
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		c.t.Fatalf("running control %v: %v", args, err)
+		t.Fatalf("running control %v: %v", args, err)
 	}
 	return stdout.String(), stderr.String(), code
 }
