@@ -1,64 +1,20 @@
 package caddymodule
 
 import (
-	"bytes"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/encode/gzip"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+
+	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
 )
 
 // TestCaddyfileAdapt compares testdata/adapt/<name>.caddyfile adapted to
 // JSON with <name>.json. UPDATE_GOLDEN=1 rewrites the golden files.
 func TestCaddyfileAdapt(t *testing.T) {
-	files, err := filepath.Glob("testdata/adapt/*.caddyfile")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no golden inputs: %v", err)
-	}
-	for _, in := range files {
-		t.Run(filepath.Base(in), func(t *testing.T) {
-			src, err := os.ReadFile(in)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := adapt(t, in, src)
-			golden := strings.TrimSuffix(in, ".caddyfile") + ".json"
-			if os.Getenv("UPDATE_GOLDEN") != "" {
-				if err := os.WriteFile(golden, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("reading golden file (UPDATE_GOLDEN=1 writes it): %v", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("%s adapted to:\n%s\nwant:\n%s", in, got, want)
-			}
-		})
-	}
-}
-
-func adapt(t *testing.T, name string, src []byte) []byte {
-	t.Helper()
-	out, warns, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, map[string]any{"filename": name})
-	if err != nil {
-		t.Fatalf("adapting %s: %v", name, err)
-	}
-	for _, w := range warns {
-		t.Errorf("adapt warning: %s:%d: %s", w.File, w.Line, w.Message)
-	}
-	var buf bytes.Buffer
-	if err := json.Indent(&buf, out, "", "\t"); err != nil {
-		t.Fatal(err)
-	}
-	buf.WriteByte('\n')
-	return buf.Bytes()
+	adapttest.Golden(t, "testdata/adapt/*.caddyfile")
 }
 
 func TestCaddyfileErrors(t *testing.T) {

@@ -1,9 +1,7 @@
 package caddycerts_test
 
 import (
-	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"strings"
 	"testing"
@@ -13,11 +11,10 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
 	"github.com/edgeplane/edgeplane/certs/caddycerts"
 	_ "github.com/edgeplane/edgeplane/certs/caddystorage"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 func adapt(t *testing.T, caddyfile string) ([]byte, error) {
 	t.Helper()
@@ -28,32 +25,12 @@ func adapt(t *testing.T, caddyfile string) ([]byte, error) {
 // The Caddyfile a gateway operator writes adapts to the JSON in the golden
 // file, and that JSON decodes back into the modules with every field set.
 func TestCaddyfileAdaptGolden(t *testing.T) {
+	adapttest.Golden(t, "testdata/*.caddyfile")
 	in, err := os.ReadFile("testdata/gateway.caddyfile")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := adapt(t, string(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pretty bytes.Buffer
-	if err := json.Indent(&pretty, out, "", "\t"); err != nil {
-		t.Fatal(err)
-	}
-	pretty.WriteByte('\n')
-	const golden = "testdata/gateway.caddyfile.json"
-	if *update {
-		if err := os.WriteFile(golden, pretty.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(pretty.Bytes(), want) {
-		t.Fatalf("adapted config differs from %s:\n%s", golden, pretty.Bytes())
-	}
+	out := adapttest.Adapt(t, "testdata/gateway.caddyfile", in)
 
 	var cfg struct {
 		Apps struct {

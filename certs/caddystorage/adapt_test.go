@@ -1,9 +1,7 @@
 package caddystorage_test
 
 import (
-	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"strings"
 	"testing"
@@ -12,10 +10,9 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
+	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
 	"github.com/edgeplane/edgeplane/certs/caddystorage"
 )
-
-var update = flag.Bool("update", false, "rewrite golden files")
 
 func adapt(t *testing.T, caddyfile string) ([]byte, error) {
 	t.Helper()
@@ -24,32 +21,12 @@ func adapt(t *testing.T, caddyfile string) ([]byte, error) {
 }
 
 func TestCaddyfileAdaptGolden(t *testing.T) {
+	adapttest.Golden(t, "testdata/*.caddyfile")
 	in, err := os.ReadFile("testdata/storage.caddyfile")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := adapt(t, string(in))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pretty bytes.Buffer
-	if err := json.Indent(&pretty, out, "", "\t"); err != nil {
-		t.Fatal(err)
-	}
-	pretty.WriteByte('\n')
-	const golden = "testdata/storage.caddyfile.json"
-	if *update {
-		if err := os.WriteFile(golden, pretty.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(pretty.Bytes(), want) {
-		t.Fatalf("adapted config differs from %s:\n%s", golden, pretty.Bytes())
-	}
+	out := adapttest.Adapt(t, "testdata/storage.caddyfile", in)
 	var cfg struct {
 		Storage caddystorage.Storage `json:"storage"`
 	}

@@ -1,53 +1,19 @@
 package caddydns
 
 import (
-	"bytes"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
 )
 
-// TestCaddyfileAdapt compares each testdata/*.caddyfile, adapted, with the
-// JSON after its "----------" line.
+// TestCaddyfileAdapt compares each testdata/<name>.caddyfile, adapted, with
+// <name>.json.
 func TestCaddyfileAdapt(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.caddyfile")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no golden files: %v", err)
-	}
-	for _, f := range files {
-		t.Run(filepath.Base(f), func(t *testing.T) {
-			raw, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			in, want, ok := strings.Cut(string(raw), "----------")
-			if !ok {
-				t.Fatal("no ---------- separator")
-			}
-			got, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(in), map[string]any{"filename": f})
-			if err != nil {
-				t.Fatalf("adapting: %v", err)
-			}
-			if len(warnings) > 0 {
-				t.Errorf("warnings: %v", warnings)
-			}
-			var gotBuf, wantBuf bytes.Buffer
-			if err := json.Indent(&gotBuf, got, "", "\t"); err != nil {
-				t.Fatal(err)
-			}
-			if err := json.Indent(&wantBuf, []byte(strings.TrimSpace(want)), "", "\t"); err != nil {
-				t.Fatalf("golden JSON: %v", err)
-			}
-			if gotBuf.String() != wantBuf.String() {
-				t.Errorf("adapted:\n%s\nwant:\n%s", gotBuf.String(), wantBuf.String())
-			}
-		})
-	}
+	adapttest.Golden(t, "testdata/*.caddyfile")
 }
 
 // TestCaddyfileErrors shows every bad input rejected with its line.
