@@ -3,7 +3,6 @@ package node_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -160,31 +159,9 @@ func TestMeshCredentials(t *testing.T) {
 	}
 	// TCP across the mesh.
 	ipB := netip.MustParseAddr(b.State().MeshIP)
-	ln, err := b.Net().ListenTCPAddrPort(netip.AddrPortFrom(ipB, 7000))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			conn.Write([]byte("pong"))
-			conn.Close()
-		}
-	}()
+	servePong(t, b, ipB)
 	storetest.Eventually(t, 20*time.Second, "TCP from alpha to beta over the mesh", func() bool {
-		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		conn, err := a.Net().DialContextTCPAddrPort(dctx, netip.AddrPortFrom(ipB, 7000))
-		if err != nil {
-			return false
-		}
-		defer conn.Close()
-		buf, _ := io.ReadAll(conn)
-		return string(buf) == "pong"
+		return pongs(ctx, a, ipB)
 	})
 	// The reads a node falls back on when its watch is down work too.
 	ms := c.open(t, credsA, false)

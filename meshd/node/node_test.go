@@ -229,11 +229,32 @@ func TestOfflineRestartFromCache(t *testing.T) {
 		t.Fatalf("restarted node control view: %+v", s.Control)
 	}
 	ipB := netip.MustParseAddr(b.State().MeshIP)
-	ln, err := b.Net().ListenTCPAddrPort(netip.AddrPortFrom(ipB, 7000))
+	servePong(t, b, ipB)
+	t.Cleanup(func() {
+		if t.Failed() {
+			js, _ := json.Marshal(a2.status(t))
+			t.Logf("alpha2: %s", js)
+			js, _ = json.Marshal(b.status(t))
+			t.Logf("beta: %s", js)
+		}
+	})
+	storetest.Eventually(t, 20*time.Second, "TCP from restarted alpha to beta without NATS", func() bool {
+		return pongs(context.Background(), a2, ipB)
+	})
+}
+
+// pongPort is where servePong listens on a node's mesh IP.
+const pongPort = 7000
+
+// servePong answers "pong" to every TCP connection to ip:pongPort on n's
+// userspace network until the test ends.
+func servePong(t *testing.T, n *runningNode, ip netip.Addr) {
+	t.Helper()
+	ln, err := n.Net().ListenTCPAddrPort(netip.AddrPortFrom(ip, pongPort))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
 			conn, err := ln.Accept()
@@ -244,23 +265,18 @@ func TestOfflineRestartFromCache(t *testing.T) {
 			conn.Close()
 		}
 	}()
-	t.Cleanup(func() {
-		if t.Failed() {
-			js, _ := json.Marshal(a2.status(t))
-			t.Logf("alpha2: %s", js)
-			js, _ = json.Marshal(b.status(t))
-			t.Logf("beta: %s", js)
-		}
-	})
-	storetest.Eventually(t, 20*time.Second, "TCP from restarted alpha to beta without NATS", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		conn, err := a2.Net().DialContextTCPAddrPort(ctx, netip.AddrPortFrom(ipB, 7000))
-		if err != nil {
-			return false
-		}
-		defer conn.Close()
-		buf, _ := io.ReadAll(conn)
-		return string(buf) == "pong"
-	})
+}
+
+// pongs reports whether from reaches servePong at ip over the mesh within a
+// second.
+func pongs(ctx context.Context, from *runningNode, ip netip.Addr) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	conn, err := from.Net().DialContextTCPAddrPort(ctx, netip.AddrPortFrom(ip, pongPort))
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	buf, _ := io.ReadAll(conn)
+	return string(buf) == "pong"
 }
