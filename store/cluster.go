@@ -282,6 +282,10 @@ func ServeStorageStatus(ctx context.Context, nc *nats.Conn, names Names, ns *ser
 	if err != nil {
 		return nil, fmt.Errorf("serving storage status: %w", err)
 	}
+	// As in Serve: make the interest known before callers can ask.
+	flushCtx, flushCancel := context.WithTimeout(ctx, 5*time.Second)
+	_ = nc.FlushWithContext(flushCtx)
+	flushCancel()
 	ctx, cancel := context.WithCancel(ctx)
 	go func() {
 		<-ctx.Done()

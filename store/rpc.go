@@ -110,6 +110,13 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 		cancel()
 		return nil, fmt.Errorf("subscribing %s: %w", subject, err)
 	}
+	// The SUB travels asynchronously; without a round trip a caller that
+	// learns of this responder (say, from a record written next) can reach the
+	// server first and get "no responders". A failed flush is not fatal: the
+	// client replays the subscription when it reconnects.
+	flushCtx, flushCancel := context.WithTimeout(ctx, 5*time.Second)
+	_ = nc.FlushWithContext(flushCtx)
+	flushCancel()
 	stop := func() {
 		_ = sub.Unsubscribe()
 		cancel()
