@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -45,18 +46,23 @@ func routingEventsAfter(t *testing.T, s *store.Store, seq uint64) []store.Routin
 	return out
 }
 
-// The orchestrator dies (no deferred cleanup, as with kill -9) right after
-// each of the nine apply steps. Whatever the step: routing never shows an
-// uncommitted deploy, status says what happened, the namespace lease frees
-// within its TTL, and the next apply succeeds (completing a committed one).
+// The orchestrator is killed with SIGKILL right after each of the nine apply
+// steps: a failpoint holds it there (lease renewal and its connection still
+// alive) until the test kills it from outside. Whatever the step: routing
+// never shows an uncommitted deploy, status says what happened, the namespace
+// lease frees within its TTL, and the next apply succeeds (completing a
+// committed one).
 func TestCrashAtEveryApplyStep(t *testing.T) {
 	c := newCluster(t)
 	c.join("m1")
 	ctx := context.Background()
 	const ttl = 2 * time.Second
-	apply := func(version string, env ...string) (string, string, int) {
-		return c.controlEnv(env, "deploy", "apply", "-f", writeManifest(t, c.dir, version),
-			"--lease-ttl", ttl.String(), "--drain-grace", "10ms", "--gateway-wait", "1s", "--stop-grace", "2s")
+	applyArgs := func(version string) []string {
+		return []string{"deploy", "apply", "-f", writeManifest(t, c.dir, version),
+			"--lease-ttl", ttl.String(), "--drain-grace", "10ms", "--gateway-wait", "1s", "--stop-grace", "2s"}
+	}
+	apply := func(version string) (string, string, int) {
+		return c.control(applyArgs(version)...)
 	}
 	if out, e, code := apply("0"); code != 0 {
 		t.Fatalf("baseline apply: %d\n%s\n%s", code, out, e)
@@ -68,11 +74,16 @@ func TestCrashAtEveryApplyStep(t *testing.T) {
 	for i, fp := range points {
 		step := i + 1
 		head := routingHead(t, c)
-		out, e, code := apply(fmt.Sprintf("%d", step), "EDGEPLANE_FAILPOINTS="+fp)
+		p := start(t, "control deploy apply ("+fp+")",
+			append(c.natsEnv(store.RoleControl, ""), "EDGEPLANE_FAILPOINTS="+fp, "EDGEPLANE_FAILPOINT_ACTION=pause"),
+			bins.control, applyArgs(fmt.Sprintf("%d", step))...)
+		p.waitOutput(t, regexp.QuoteMeta(failpoint.PausedMarker+fp), 30*time.Second)
+		p.stop(syscall.SIGKILL)
 		crashed := time.Now()
-		if code != 97 {
-			t.Fatalf("step %d (%s): want the failpoint exit 97, got %d\n%s\n%s", step, fp, code, out, e)
+		if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("step %d (%s): want death by SIGKILL, got %v\n%s", step, fp, p.cmd.ProcessState, p.output())
 		}
+		out := p.output()
 		m := idRe.FindStringSubmatch(out)
 		if m == nil {
 			t.Fatalf("step %d: no deploy id in\n%s", step, out)

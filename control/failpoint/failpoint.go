@@ -1,8 +1,5 @@
 //go:build failpoints
 
-// Package failpoint lets a test build crash a real process at a named step.
-// Only binaries built with -tags failpoints carry it; in every other build
-// Hit compiles to nothing.
 package failpoint
 
 import (
@@ -11,17 +8,22 @@ import (
 	"strings"
 )
 
-// ExitCode is the status a process exits with at a failpoint.
-const ExitCode = 97
-
-// Hit exits the process at once if name is listed in $EDGEPLANE_FAILPOINTS
-// (comma separated), as a crash would: no deferred cleanup runs.
+// Hit acts if name is listed in $EDGEPLANE_FAILPOINTS (comma separated).
+// By default it exits at once, as a crash would: no deferred cleanup runs.
+// With $EDGEPLANE_FAILPOINT_ACTION=pause it prints PausedMarker and name and
+// blocks forever, with every other goroutine (lease renewal, RPC) still
+// running, so a test can kill -9 the process from outside at that step.
 func Hit(name string) {
 	for _, fp := range strings.Split(os.Getenv("EDGEPLANE_FAILPOINTS"), ",") {
-		if strings.TrimSpace(fp) == name {
-			fmt.Fprintf(os.Stderr, "failpoint %s: exiting\n", name)
-			os.Exit(ExitCode)
+		if strings.TrimSpace(fp) != name {
+			continue
 		}
+		if os.Getenv("EDGEPLANE_FAILPOINT_ACTION") == "pause" {
+			fmt.Fprintf(os.Stderr, "%s%s\n", PausedMarker, name)
+			select {}
+		}
+		fmt.Fprintf(os.Stderr, "failpoint %s: exiting\n", name)
+		os.Exit(ExitCode)
 	}
 }
 
