@@ -68,6 +68,12 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer stopReg()
 	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s)\n", names.RegistrarSubject(">"), strings.Join(stunAddrs, ","))
+	// Agents may not publish routing events; they ask here instead.
+	stopRepublish, err := s.ServeRepublish(ctx)
+	if err != nil {
+		return fmt.Errorf("serving routing republish requests: %w", err)
+	}
+	defer stopRepublish()
 
 	var wg sync.WaitGroup
 	// Explicit completion of deploys whose orchestrator stopped after the

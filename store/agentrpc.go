@@ -85,3 +85,19 @@ type LeasedReply struct {
 	Detail   string    `json:"detail,omitempty"`
 	Finished time.Time `json:"finished"`
 }
+
+// RepublishRequest asks the control plane to publish one service's routing
+// again, derived from stored state. An agent sends it on its own machine's
+// RoutingRepublishSubject after one of its instances drains, fails or
+// restarts; it may write its own instance records but never routing events,
+// so its credentials cannot forge where a service's traffic goes.
+type RepublishRequest struct {
+	Namespace string `json:"namespace"`
+	Service   string `json:"service"`
+}
+
+// RepublishReply carries the routing stream sequence of the published
+// upsert; 0 when the live commit no longer has the service.
+type RepublishReply struct {
+	Seq uint64 `json:"seq,omitempty"`
+}

@@ -346,14 +346,12 @@ func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
 		// the key): the agent advertises the machine's mesh IP.
 		peers := n.MeshPeersBucket()
 		p.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + peers + ".$KV." + peers + "." + MeshPeerKey(machine))
-		// Routing upserts of any service: after one of its instances
-		// drains, fails or restarts, the agent republishes the service's
-		// complete endpoint set (RepublishService), and a service spans
-		// machines. This is still broad: the subject does not name the
-		// machine, so agent credentials could publish a forged upsert.
-		// Narrowing it needs the control server to republish on the
-		// agent's behalf.
-		p.Pub.Allow.Add(n.RoutingServiceSubject("*", "*"), n.RoutingMachineSubject(machine), n.StorageStatusSubject())
+		// No routing events of services: after one of its instances
+		// drains, fails or restarts the agent asks the control plane to
+		// republish the service from stored state, on its own machine's
+		// subject (RequestRepublish), so it cannot forge where a
+		// service's traffic goes.
+		p.Pub.Allow.Add(n.RoutingRepublishSubject(machine), n.RoutingMachineSubject(machine), n.StorageStatusSubject())
 		p.Sub.Allow.Add(n.NodeListenSubject(machine))
 	case RoleMesh:
 		common()

@@ -134,6 +134,20 @@ func (n Names) RegistrarSubject(command string) string {
 	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.registrar." + command
 }
 
+// RoutingRepublishSubject is where machine's agent asks the control plane to
+// republish a service's routing. The machine token lets credentials bind an
+// agent to its own subject.
+func (n Names) RoutingRepublishSubject(machine string) string {
+	return n.routingRepublishPrefix() + "." + machine
+}
+
+// RoutingRepublishWildcard matches every machine's RoutingRepublishSubject.
+func (n Names) RoutingRepublishWildcard() string { return n.routingRepublishPrefix() + ".*" }
+
+func (n Names) routingRepublishPrefix() string {
+	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.routing.republish"
+}
+
 // Lock keys (in LocksBucket).
 
 func DeployLockKey(namespace string) string { return "cp.lock.deploy." + KeySafe(namespace) }

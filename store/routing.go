@@ -196,21 +196,78 @@ func (s *Store) PublishRouting(ctx context.Context, msgID string, events []Routi
 }
 
 // RepublishService publishes a fresh upsert of one service derived from the
-// stored state. Agents use it after an explicit instance status change
-// (failure, drain) so the instance leaves the pool at once.
+// stored state, so an instance whose status changed (failure, drain) leaves
+// or rejoins the pool at once. Agents ask for it through RequestRepublish.
 func (s *Store) RepublishService(ctx context.Context, namespace, service string) (uint64, error) {
+	return s.republish(ctx, namespace, service, nil)
+}
+
+// republish is RepublishService; check, when set, vets the namespace's
+// instance records before anything is published.
+func (s *Store) republish(ctx context.Context, namespace, service string, check func(map[string]*InstanceRecord) error) (uint64, error) {
 	c, err := s.LiveCommit(ctx, namespace)
 	if err != nil {
 		return 0, err
-	}
-	if _, ok := c.Manifest.Services[service]; !ok {
-		return 0, nil
 	}
 	insts, err := s.NamespaceInstances(ctx, namespace)
 	if err != nil {
 		return 0, err
 	}
+	if check != nil {
+		if err := check(insts); err != nil {
+			return 0, err
+		}
+	}
+	if _, ok := c.Manifest.Services[service]; !ok {
+		return 0, nil
+	}
 	return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(c, service, insts)})
+}
+
+// RequestRepublish asks the control plane, on machine's behalf, to run
+// RepublishService. Without a control server answering it fails with an
+// *RPCFailure.
+func (s *Store) RequestRepublish(ctx context.Context, machine, namespace, service string) (uint64, error) {
+	var rep RepublishReply
+	err := Call(ctx, s.NC, s.Names.RoutingRepublishSubject(machine), "control", "routing.republish",
+		RepublishRequest{Namespace: namespace, Service: service}, &rep)
+	var f *RPCFailure
+	if errors.As(err, &f) && f.Cause == CauseNoResponders {
+		f.Detail = "no control server is answering routing republish requests"
+	}
+	return rep.Seq, err
+}
+
+// ServeRepublish answers RequestRepublish for every machine until ctx ends or
+// the returned stop is called. A machine may only ask about a service it
+// runs (or ran) an instance of; what gets published is derived from stored
+// state alone, never from the request.
+func (s *Store) ServeRepublish(ctx context.Context) (func(), error) {
+	return Serve(ctx, s.NC, s.Names.RoutingRepublishWildcard(), "control.republish", "republish",
+		func(ctx context.Context, machine string, data []byte) (any, error) {
+			var req RepublishRequest
+			if err := json.Unmarshal(data, &req); err != nil {
+				return nil, Errorf(CodeInvalid, "decoding republish request: %v", err)
+			}
+			for what, tok := range map[string]string{"machine": machine, "namespace": req.Namespace, "service": req.Service} {
+				if !ValidToken(tok) {
+					return nil, Errorf(CodeInvalid, "republish request: invalid %s %q", what, tok).With("field", what)
+				}
+			}
+			seq, err := s.republish(ctx, req.Namespace, req.Service, func(insts map[string]*InstanceRecord) error {
+				for _, in := range insts {
+					if in.Machine == machine && in.Service == req.Service {
+						return nil
+					}
+				}
+				return Errorf(CodeNotFound, "machine %s has no instance of %s/%s", machine, req.Namespace, req.Service).
+					With("machine", machine).With("namespace", req.Namespace).With("service", req.Service)
+			})
+			if err != nil {
+				return nil, err
+			}
+			return RepublishReply{Seq: seq}, nil
+		})
 }
 
 // RoutingState is the routing projection as stored: what a projection loads

@@ -36,6 +36,9 @@ type Config struct {
 	MaxInstances int
 	// StopGrace is the default SIGTERM-to-SIGKILL grace; default 10s.
 	StopGrace time.Duration
+	// RepublishRetry is how often a routing republish the control plane
+	// did not take is asked for again; default 2s.
+	RepublishRetry time.Duration
 }
 
 // Agent serves one machine.
@@ -47,6 +50,9 @@ type Agent struct {
 	instances map[string]*instance
 	// attempts holds the newest leased-command attempt seen per instance.
 	attempts map[string]int
+	// unpublished holds services whose routing republish the control
+	// plane has not taken yet; retryRepublish asks again until it does.
+	unpublished map[serviceRef]bool
 	// quit ends the watchers when Run returns: instances outlive the
 	// agent, so their exits are not waited for.
 	quit chan struct{}
@@ -76,6 +82,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.StopGrace == 0 {
 		cfg.StopGrace = 10 * time.Second
 	}
+	if cfg.RepublishRetry == 0 {
+		cfg.RepublishRetry = 2 * time.Second
+	}
 	for _, d := range []string{"instances", "logs"} {
 		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("agent data dir: %w", err)
@@ -83,13 +92,19 @@ func New(cfg Config) (*Agent, error) {
 	}
 	return &Agent{
 		cfg: cfg, log: cfg.Logger.With("machine", cfg.Machine.ID),
-		instances: map[string]*instance{}, attempts: map[string]int{}, quit: make(chan struct{}),
+		instances: map[string]*instance{}, attempts: map[string]int{}, unpublished: map[serviceRef]bool{},
+		quit: make(chan struct{}),
 	}, nil
 }
 
 // Run adopts persisted instances, then answers RPCs until ctx ends. Instances
 // keep running after Run returns.
 func (a *Agent) Run(ctx context.Context) error {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.retryRepublish(ctx)
+	}()
 	a.adopt(ctx)
 	names := a.cfg.Store.Names
 	stop, err := store.Serve(ctx, a.cfg.Store.NC, names.NodeListenSubject(a.cfg.Machine.ID),
@@ -192,8 +207,64 @@ func (a *Agent) markFailed(ctx context.Context, inst *instance, reason string) {
 		a.log.Error("recording instance failure", "instance", rec.ID, "err", err)
 		return
 	}
-	if _, err := a.cfg.Store.RepublishService(ctx, rec.Namespace, rec.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+	if err := a.republish(ctx, rec.Namespace, rec.Service); err != nil {
 		a.log.Error("republishing routing after failure", "instance", rec.ID, "err", err)
+	}
+}
+
+// serviceRef names one service of one namespace.
+type serviceRef struct{ namespace, service string }
+
+// republish asks the control plane to publish the service's routing again
+// from stored state, so gateways see an instance's new status at once. A
+// request the control plane did not take is remembered and asked again by
+// retryRepublish: a gateway would otherwise keep routing to an instance
+// that left until its next rebuild. A namespace without a committed deploy,
+// or a service this machine runs nothing of, has nothing to republish.
+func (a *Agent) republish(ctx context.Context, ns, service string) error {
+	ref := serviceRef{ns, service}
+	_, err := a.cfg.Store.RequestRepublish(ctx, a.cfg.Machine.ID, ns, service)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case err == nil || store.HasCode(err, store.CodeNotFound):
+		delete(a.unpublished, ref)
+		return nil
+	case store.HasCode(err, store.CodeRPCFailure), store.HasCode(err, store.CodeUnavailable),
+		store.HasCode(err, store.CodeQuorumUnavailable), store.HasCode(err, store.CodeInternal):
+		// The control plane or its store is away: worth asking again.
+		a.unpublished[ref] = true
+	default:
+		// A refusal (invalid, say) stays one; asking again changes nothing.
+		delete(a.unpublished, ref)
+	}
+	return fmt.Errorf("republishing %s/%s: %w", ns, service, err)
+}
+
+// retryRepublish asks again for every republish the control plane has not
+// taken, each RepublishRetry, until ctx ends.
+func (a *Agent) retryRepublish(ctx context.Context) {
+	t := time.NewTicker(a.cfg.RepublishRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		refs := make([]serviceRef, 0, len(a.unpublished))
+		for ref := range a.unpublished {
+			refs = append(refs, ref)
+		}
+		a.mu.Unlock()
+		for _, ref := range refs {
+			if err := a.republish(ctx, ref.namespace, ref.service); err != nil {
+				a.log.Warn("routing republish still not taken", "namespace", ref.namespace, "service", ref.service, "err", err)
+			} else {
+				a.log.Info("routing republished after retry", "namespace", ref.namespace, "service", ref.service)
+			}
+		}
 	}
 }
 
@@ -412,7 +483,7 @@ func (a *Agent) drain(ctx context.Context, ns, id string) error {
 		return err
 	}
 	a.setRecord(inst, rec)
-	if _, err := a.cfg.Store.RepublishService(ctx, rec.Namespace, rec.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+	if err := a.republish(ctx, rec.Namespace, rec.Service); err != nil {
 		return err
 	}
 	return nil
@@ -480,7 +551,7 @@ func (a *Agent) leased(ctx context.Context, command string, req store.LeasedComm
 		if err := a.stop(ctx, store.InstanceRequest{InstanceID: req.InstanceID, Namespace: req.Namespace, Grace: req.Grace}); err != nil {
 			return nil, err
 		}
-		if _, err := a.cfg.Store.RepublishService(ctx, req.Namespace, req.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+		if err := a.republish(ctx, req.Namespace, req.Service); err != nil {
 			return nil, err
 		}
 		reply.Detail = "stopped"
@@ -507,7 +578,7 @@ func (a *Agent) leased(ctx context.Context, command string, req store.LeasedComm
 		if !rr.Ready {
 			return nil, store.Errorf(store.CodeUnavailable, "restarted instance %s is not ready: %s", rec.ID, rr.Error)
 		}
-		if _, err := a.cfg.Store.RepublishService(ctx, rec.Namespace, rec.Service); err != nil && !store.HasCode(err, store.CodeNotFound) {
+		if err := a.republish(ctx, rec.Namespace, rec.Service); err != nil {
 			return nil, err
 		}
 		reply.Detail = "restarted"

@@ -40,11 +40,32 @@ type fixture struct {
 	dir   string
 }
 
+// startAgent starts machine m1's agent in dir, with the control plane's
+// routing republish service answering it.
 func startAgent(t *testing.T, srv *storetest.Server, dir string) *fixture {
+	t.Helper()
+	serveRepublish(t, srv)
+	return startAgentAlone(t, srv, dir)
+}
+
+// serveRepublish answers routing republish requests, as `control server` does.
+func serveRepublish(t *testing.T, srv *storetest.Server) {
+	t.Helper()
+	stop, err := srv.Store.ServeRepublish(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+}
+
+// startAgentAlone starts the agent without anything answering its routing
+// republish requests.
+func startAgentAlone(t *testing.T, srv *storetest.Server, dir string) *fixture {
 	t.Helper()
 	a, err := New(Config{
 		Store: srv.Connect(t), Machine: store.MachineRecord{ID: "m1", Address: "127.0.0.1", State: store.MachineActive},
 		DataDir: dir, Driver: &runtime.Process{PollInterval: 20 * time.Millisecond}, StopGrace: time.Second,
+		RepublishRetry: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +155,51 @@ func TestCrashedInstanceLeavesThePool(t *testing.T) {
 		t.Fatal("failed instance without its error")
 	}
 	storetest.Eventually(t, 5*time.Second, "a routing upsert without the instance", func() bool { return head() > before })
+	msg, err := srv.Store.Routing.GetLastMsgForSubject(ctx, srv.Store.Names.RoutingServiceSubject("shop", "web"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev store.RoutingEvent
+	if err := store.Decode("event", msg.Data, &ev); err != nil || len(ev.Endpoints) != 0 {
+		t.Fatalf("routing after the crash: %+v %v", ev, err)
+	}
+}
+
+// With no control server answering, a crashed instance's routing republish
+// is not lost: the agent asks again until one answers.
+func TestRepublishWaitsForTheControlPlane(t *testing.T) {
+	srv := storetest.Start(t)
+	f := startAgentAlone(t, srv, t.TempDir())
+	ctx := context.Background()
+	commitOne(t, srv.Store, "web-0-a")
+	rec := startReady(t, srv.Store, "web-0-a", nil)
+	info, err := srv.Store.Routing.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := info.State.LastSeq
+	if err := killPID(rec.PID); err != nil {
+		t.Fatal(err)
+	}
+	storetest.Eventually(t, 5*time.Second, "the crash to be recorded", func() bool {
+		var got store.InstanceRecord
+		_, err := store.GetJSON(ctx, srv.Store.Instances, rec.Key(), &got)
+		return err == nil && got.State == store.InstanceFailed
+	})
+	// The request went unanswered and is kept; nothing reached routing.
+	storetest.Eventually(t, 5*time.Second, "the republish to be pending", func() bool {
+		f.agent.mu.Lock()
+		defer f.agent.mu.Unlock()
+		return f.agent.unpublished[serviceRef{"shop", "web"}]
+	})
+	if info, _ := srv.Store.Routing.Info(ctx); info.State.LastSeq != before {
+		t.Fatalf("routing moved without a control plane: %d -> %d", before, info.State.LastSeq)
+	}
+	serveRepublish(t, srv)
+	storetest.Eventually(t, 5*time.Second, "the republish after the control plane came", func() bool {
+		info, err := srv.Store.Routing.Info(ctx)
+		return err == nil && info.State.LastSeq > before
+	})
 	msg, err := srv.Store.Routing.GetLastMsgForSubject(ctx, srv.Store.Names.RoutingServiceSubject("shop", "web"))
 	if err != nil {
 		t.Fatal(err)

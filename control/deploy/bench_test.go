@@ -29,6 +29,11 @@ func BenchmarkApply(b *testing.B) {
 			srv := storetest.Start(b)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			stopRepublish, err := srv.Store.ServeRepublish(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer stopRepublish()
 			done := make(chan struct{}, n)
 			for i := 0; i < n; i++ {
 				id := fmt.Sprintf("m%02d", i)
