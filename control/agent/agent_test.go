@@ -155,14 +155,23 @@ func TestCrashedInstanceLeavesThePool(t *testing.T) {
 		t.Fatal("failed instance without its error")
 	}
 	storetest.Eventually(t, 5*time.Second, "a routing upsert without the instance", func() bool { return head() > before })
-	msg, err := srv.Store.Routing.GetLastMsgForSubject(ctx, srv.Store.Names.RoutingServiceSubject("shop", "web"))
+	if ev := lastWebEvent(t, srv.Store); len(ev.Endpoints) != 0 {
+		t.Fatalf("routing after the crash still has endpoints: %+v", ev)
+	}
+}
+
+// lastWebEvent reads the newest routing event of shop/web.
+func lastWebEvent(t *testing.T, s *store.Store) store.RoutingEvent {
+	t.Helper()
+	msg, err := s.Routing.GetLastMsgForSubject(context.Background(), s.Names.RoutingServiceSubject("shop", "web"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var ev store.RoutingEvent
-	if err := store.Decode("event", msg.Data, &ev); err != nil || len(ev.Endpoints) != 0 {
-		t.Fatalf("routing after the crash: %+v %v", ev, err)
+	if err := store.Decode("event", msg.Data, &ev); err != nil {
+		t.Fatal(err)
 	}
+	return ev
 }
 
 // With no control server answering, a crashed instance's routing republish
@@ -200,13 +209,8 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 		info, err := srv.Store.Routing.Info(ctx)
 		return err == nil && info.State.LastSeq > before
 	})
-	msg, err := srv.Store.Routing.GetLastMsgForSubject(ctx, srv.Store.Names.RoutingServiceSubject("shop", "web"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ev store.RoutingEvent
-	if err := store.Decode("event", msg.Data, &ev); err != nil || len(ev.Endpoints) != 0 {
-		t.Fatalf("routing after the crash: %+v %v", ev, err)
+	if ev := lastWebEvent(t, srv.Store); len(ev.Endpoints) != 0 {
+		t.Fatalf("routing after the crash still has endpoints: %+v", ev)
 	}
 }
 
