@@ -53,6 +53,7 @@ func (n *storageNode) close() {
 	for i := len(n.stops) - 1; i >= 0; i-- {
 		n.stops[i]()
 	}
+	n.stops = nil
 }
 
 func (c *clusterFlags) authOn(listen string) (bool, error) {
@@ -85,8 +86,13 @@ func splitHostPortLoose(a string) (string, string, error) {
 
 // start brings up this box's side of the store: an embedded storage node
 // (alone or clustered), or a client of external/other storage nodes.
-func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen, external, creds string, logs bool, names store.Names) (*storageNode, error) {
+func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen, external, creds string, logs bool, names store.Names) (_ *storageNode, err error) {
 	n := &storageNode{}
+	defer func() {
+		if err != nil {
+			n.close()
+		}
+	}()
 	url := external
 	layout := store.Layout{Replicas: c.replicas}
 	if !c.storage && external == "" {
@@ -96,6 +102,16 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		on, err := c.authOn(listen)
 		if err != nil {
 			return nil, err
+		}
+		release, err := store.LockDataDir(data)
+		if err != nil {
+			return nil, err
+		}
+		n.stops = append(n.stops, release)
+		if c.clusterListen != "" {
+			if err := store.CheckClusterable(data); err != nil {
+				return nil, err
+			}
 		}
 		cfg := store.EmbeddedConfig{DataDir: data, Listen: listen, Logs: logs, ServerName: c.name}
 		if on {
@@ -264,7 +280,7 @@ type storageNodeView struct {
 
 func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
 	if len(args) == 0 {
-		return nil, usagef("want a subcommand: ls, add ID, remove ID")
+		return nil, usagef("want a subcommand: ls, add ID, remove ID, import --from DIR")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlagSet("control storage "+sub, stdout)
@@ -272,6 +288,8 @@ func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, 
 	wait := fs.Duration("wait", time.Second, "how long storage nodes have to answer the status request")
 	catchup := fs.Duration("catchup-timeout", 2*time.Minute, "add/remove: how long new replicas have to catch up")
 	maxR := fs.Int("max-replicas", 5, "add: the replica count never grows beyond this")
+	from := fs.String("from", "", "import: the stopped single box's data dir (its --data) to copy into the cluster")
+	fromAuth := fs.String("from-auth-dir", "", "import: the single box's auth dir, when it required credentials (default FROM/auth)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return nil, err
@@ -300,8 +318,16 @@ func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, 
 			return out, storageAdd(ctx, s, view, pos[0], *maxR, *catchup, out)
 		}
 		return out, storageRemove(ctx, s, view, pos[0], *catchup, out)
+	case "import":
+		if len(pos) != 0 || *from == "" {
+			return out, usagef("want --from DIR (the single box's data dir) and no arguments")
+		}
+		if view.Quorum != nil {
+			return out, view.Quorum
+		}
+		return out, storageImport(ctx, s, *from, *fromAuth, out)
 	}
-	return nil, usagef("unknown subcommand %q: want ls, add or remove", sub)
+	return nil, usagef("unknown subcommand %q: want ls, add, remove or import", sub)
 }
 
 func readStorage(ctx context.Context, s *store.Store, wait time.Duration) (*storageView, error) {

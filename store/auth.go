@@ -67,6 +67,10 @@ const (
 	authClusterFile  = "cluster.secret"
 )
 
+// AccountPublicKey names the account every edgeplane user belongs to; the
+// JetStream store keeps its streams under this name.
+func (a *Auth) AccountPublicKey() string { return a.accountPub }
+
 // LoadAuth reads the auth dir; with create, a missing one is initialised
 // with fresh keys. Every storage node of a cluster must use a copy of the
 // same dir.

@@ -35,6 +35,7 @@ func freePorts(t *testing.T, n int) []int {
 
 type testNode struct {
 	name string
+	dir  string
 	ns   *server.Server
 	nc   *nats.Conn
 }
@@ -55,15 +56,16 @@ func startCluster(t *testing.T, auth *store.Auth) []*testNode {
 	nodes := make([]*testNode, 3)
 	for i := range nodes {
 		name := fmt.Sprintf("s%d", i+1)
+		dir := t.TempDir()
 		ns, err := store.StartEmbedded(store.EmbeddedConfig{
-			DataDir: t.TempDir(), Listen: "127.0.0.1:0", ServerName: name, Auth: auth,
+			DataDir: dir, Listen: "127.0.0.1:0", ServerName: name, Auth: auth,
 			Cluster: &store.ClusterConfig{Name: "edge", Listen: routes[i], Routes: routes, Secret: secret},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-		nodes[i] = &testNode{name: name, ns: ns}
+		nodes[i] = &testNode{name: name, dir: dir, ns: ns}
 	}
 	return nodes
 }

@@ -74,6 +74,13 @@ func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Autho
 // observation with a short bucket TTL, never truth.
 func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
 
+// ObservationBuckets hold live observations (gateway progress, heartbeats,
+// drift reports): never truth, rebuilt by their writers, so never carried
+// from one store to another.
+func (n Names) ObservationBuckets() []string {
+	return []string{n.GatewaysBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket()}
+}
+
 // Subjects.
 
 func (n Names) subjectPrefix() string { return "cp." + n.Authority }

@@ -1,0 +1,130 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// The README's growth path, end to end: a single box with deploys becomes a
+// three-node cluster. Clustering the box's store in place is refused (NATS
+// would delete it as orphaned streams); `control storage import` carries
+// every commit, record and sequence into the fresh cluster instead, and
+// refuses, changing nothing, whenever it could lose something.
+func TestGrowOneBoxToCluster(t *testing.T) {
+	ctx := context.Background()
+	box := newCluster(t)
+	box.join("m1")
+	for _, v := range []string{"1", "2"} {
+		if out, e, code := box.control("deploy", "apply", "-f", writeManifest(t, box.dir, v), "--drain-grace", "10ms", "--gateway-wait", "1s"); code != 0 {
+			t.Fatalf("apply v%s on the box: %d\n%s\n%s", v, code, out, e)
+		}
+	}
+	live, err := box.store.LiveCommit(ctx, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]jetstream.StreamState{}
+	for _, name := range box.store.StreamNames() {
+		st, err := box.store.JS.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[name] = st.CachedInfo().State
+	}
+
+	sc := newStorageCluster(t)
+	importCmd := func() (string, string, int) {
+		return sc.control(1, "storage", "import", "--from", box.serverDir())
+	}
+	// While the box runs, its store is not read: two servers on one store
+	// would corrupt it.
+	if out, e, code := importCmd(); code == 0 || !strings.Contains(e, "in use by another process") {
+		t.Fatalf("import from a running box: %d\n%s\n%s", code, out, e)
+	}
+	box.agents["m1"].stop(syscall.SIGTERM)
+	box.server.stop(syscall.SIGTERM)
+
+	// Clustering the box's own store in place is refused, loudly.
+	routes := freeAddr(t)
+	out, e, code := runControl(t, nil, "server", "--data", box.serverDir(), "--listen", "127.0.0.1:0", "--name", "a",
+		"--cluster-listen", routes, "--routes", routes, "--stun-listen", "")
+	if code == 0 || !strings.Contains(e, "single-box store") || !strings.Contains(e, "control storage import --from") {
+		t.Fatalf("clustering the box's store in place: %d\n%s\n%s", code, out, e)
+	}
+	if l, err := store.ReadStoreLayout(box.serverDir()); err != nil || !l.Standalone() {
+		t.Fatalf("the refused start changed the box's store: %+v %v", l, err)
+	}
+
+	start := time.Now()
+	out, e, code = importCmd()
+	if code != 0 {
+		t.Fatalf("storage import: %d\n%s\n%s", code, out, e)
+	}
+	took := time.Since(start)
+	t.Logf("import took %s:\n%s", took.Round(time.Millisecond), out)
+
+	cs := sc.open(1, sc.creds)
+	got, err := cs.LiveCommit(ctx, "shop")
+	if err != nil || got.ID != live.ID {
+		t.Fatalf("live commit in the cluster: %+v %v, the box had %s", got, err, live.ID)
+	}
+	skipped := map[string]bool{}
+	for _, b := range cs.Names.ObservationBuckets() {
+		skipped["KV_"+b] = true
+	}
+	pl := placementOf(t, cs)
+	for name, w := range want {
+		if skipped[name] || w.LastSeq == 0 {
+			continue // observations, and streams the box never wrote
+		}
+		st, err := cs.JS.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := st.CachedInfo().State
+		if g.Msgs != w.Msgs || g.FirstSeq != w.FirstSeq || g.LastSeq != w.LastSeq {
+			t.Errorf("%s: the cluster has %d messages %d..%d, the box had %d %d..%d", name, g.Msgs, g.FirstSeq, g.LastSeq, w.Msgs, w.FirstSeq, w.LastSeq)
+		}
+		if !strings.HasPrefix(pl[name], "R3 ") {
+			t.Errorf("%s imported as %s, want R3", name, pl[name])
+		}
+	}
+	hist, e, code := sc.control(1, "deploy", "history", "shop")
+	if code != 0 || !strings.Contains(hist, live.ID) {
+		t.Fatalf("deploy history in the cluster: %d\n%s\n%s", code, hist, e)
+	}
+	if ls, _, code := sc.control(1, "machine", "ls"); code != 0 || !strings.Contains(ls, "m1") {
+		t.Fatalf("machine ls in the cluster:\n%s", ls)
+	}
+
+	// Again: everything is already there, nothing changes.
+	if out, e, code := importCmd(); code != 0 || !strings.Contains(out, "already imported") || !strings.Contains(out, "imported 0 streams") {
+		t.Fatalf("a second import: %d\n%s\n%s", code, out, e)
+	}
+	// Once the cluster has data of its own (an invite), an import is
+	// refused before it touches anything.
+	if _, e, code := sc.control(1, "machine", "invite"); code != 0 {
+		t.Fatalf("invite in the cluster: %s", e)
+	}
+	invites, err := cs.JS.Stream(ctx, "KV_"+cs.Names.InvitesBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := invites.CachedInfo().State
+	out, e, code = importCmd()
+	if code == 0 || !strings.Contains(e, "already holds data of its own") || !strings.Contains(e, "Nothing was changed") {
+		t.Fatalf("import over the cluster's own data: %d\n%s\n%s", code, out, e)
+	}
+	info, err := invites.Info(ctx)
+	if err != nil || info.State.LastSeq != before.LastSeq || info.State.Msgs != before.Msgs {
+		t.Fatalf("the refused import changed the invites: %+v -> %+v (%v)", before, info.State, err)
+	}
+	t.Logf("grow: import took %s, streams identical, re-import changed nothing, conflicting import refused", took.Round(time.Millisecond))
+}

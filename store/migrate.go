@@ -1,0 +1,248 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StoreLayout is what a data dir's JetStream store holds on disk.
+type StoreLayout struct {
+	// Dir is the JetStream store directory inside the data dir.
+	Dir string
+	// Accounts names the accounts holding streams ("$G" for a server
+	// without credentials, an account public key with them).
+	Accounts []string
+	// Clustered is true when the store belongs to a storage node of a
+	// JetStream cluster (it holds the meta group's RAFT state).
+	Clustered bool
+}
+
+// Standalone reports whether the store holds streams written by a server
+// that was not clustered: a single box.
+func (l *StoreLayout) Standalone() bool { return !l.Clustered && len(l.Accounts) > 0 }
+
+// ReadStoreLayout inspects the JetStream store StartEmbedded keeps under
+// dataDir without starting a server. A missing store is an empty layout.
+func ReadStoreLayout(dataDir string) (*StoreLayout, error) {
+	// The server keeps its files in a "jetstream" directory inside the
+	// StoreDir we give it (DATA/jetstream).
+	l := &StoreLayout{Dir: filepath.Join(dataDir, "jetstream", "jetstream")}
+	ents, err := os.ReadDir(l.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return l, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading store %s: %w", l.Dir, err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		acc := filepath.Join(l.Dir, e.Name())
+		if _, err := os.Stat(filepath.Join(acc, "_js_", "_meta_")); err == nil {
+			l.Clustered = true
+		}
+		streams, err := os.ReadDir(filepath.Join(acc, "streams"))
+		if err == nil && len(streams) > 0 {
+			l.Accounts = append(l.Accounts, e.Name())
+		}
+	}
+	sort.Strings(l.Accounts)
+	return l, nil
+}
+
+// ErrSingleBoxStore explains why a single box's store cannot become a
+// storage node's store in place.
+var ErrSingleBoxStore = errors.New("holds a single-box store: a clustered server treats its streams as orphans and deletes them")
+
+// CheckClusterable refuses to start a clustered storage node on dataDir when
+// it holds a single box's streams; the operator moves the dir aside and
+// imports it (ImportStream) into the running cluster instead.
+func CheckClusterable(dataDir string) error {
+	l, err := ReadStoreLayout(dataDir)
+	if err != nil {
+		return err
+	}
+	if l.Standalone() {
+		return Errorf(CodeInvalid, "data dir %s %v; move it aside, start this node with an empty --data, and once the cluster is up run `control storage import --from <moved dir>`", dataDir, ErrSingleBoxStore).
+			With("data", dataDir)
+	}
+	return nil
+}
+
+// LockDataDir takes an exclusive lock on dataDir's store for as long as the
+// process holds it (release, or exit). nats-server does not lock its store
+// directory, and two servers on one store corrupt it: a second `control
+// server` on the same --data, or an import from a store still in use.
+func LockDataDir(dataDir string) (release func(), err error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dataDir, "store.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("locking data dir: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, Errorf(CodeBusy, "data dir %s is in use by another process (a running control server?): stop it first", dataDir).
+				With("data", dataDir)
+		}
+		return nil, fmt.Errorf("locking data dir %s: %w", dataDir, err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// StreamImport reports one stream copied by ImportStream.
+type StreamImport struct {
+	Stream   string        `json:"stream"`
+	Messages uint64        `json:"messages"`
+	Bytes    uint64        `json:"bytes"`
+	FirstSeq uint64        `json:"first_seq"`
+	LastSeq  uint64        `json:"last_seq"`
+	Replicas int           `json:"replicas"`
+	Took     time.Duration `json:"took_ns"`
+}
+
+// snapshotChunk is the chunk size asked of the source server; well below
+// every server's max payload.
+const snapshotChunk = 128 << 10
+
+// ImportStream copies stream, with its messages, sequences, headers and
+// durable consumers, from the server behind src into the one behind dst
+// using JetStream's own snapshot and restore, with replicas replicas. The
+// stream must not exist on dst. The source is only read.
+func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, replicas int) (*StreamImport, error) {
+	start := time.Now()
+	deliver := src.NewInbox()
+	chunks, err := src.SubscribeSync(deliver)
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", stream, err)
+	}
+	defer chunks.Unsubscribe()
+	// The source waits for this interest before sending.
+	if err := src.FlushWithContext(ctx); err != nil {
+		return nil, fmt.Errorf("import %s: %w", stream, err)
+	}
+	var snap server.JSApiStreamSnapshotResponse
+	if err := jsAPI(ctx, src, fmt.Sprintf(server.JSApiStreamSnapshotT, stream),
+		server.JSApiStreamSnapshotRequest{DeliverSubject: deliver, ChunkSize: snapshotChunk}, &snap, &snap.ApiResponse); err != nil {
+		return nil, fmt.Errorf("import %s: snapshot: %w", stream, err)
+	}
+	if snap.Config == nil || snap.State == nil {
+		return nil, fmt.Errorf("import %s: snapshot answer without config or state", stream)
+	}
+	cfg := *snap.Config
+	cfg.Replicas = replicas
+	var rest server.JSApiStreamRestoreResponse
+	if err := jsAPI(ctx, dst, fmt.Sprintf(server.JSApiStreamRestoreT, stream),
+		server.JSApiStreamRestoreRequest{Config: cfg, State: *snap.State}, &rest, &rest.ApiResponse); err != nil {
+		return nil, fmt.Errorf("import %s: restore: %w", stream, err)
+	}
+	for {
+		m, err := chunks.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("import %s: waiting for snapshot data: %w", stream, err)
+		}
+		if len(m.Data) == 0 {
+			// The end, with the snapshot's verdict as a status header.
+			if st := m.Header.Get("Status"); st != "" && st != "204" {
+				return nil, fmt.Errorf("import %s: snapshot failed: %s %s", stream, st, m.Header.Get("Description"))
+			}
+			break
+		}
+		// Each chunk goes to the restore and is acknowledged by it before
+		// the snapshot gets its flow-control ack: nothing piles up here.
+		rep, err := dst.RequestWithContext(ctx, rest.DeliverSubject, m.Data)
+		if err != nil {
+			return nil, fmt.Errorf("import %s: sending snapshot data: %w", stream, err)
+		}
+		if len(rep.Data) > 0 {
+			var r server.ApiResponse
+			if json.Unmarshal(rep.Data, &r) == nil && r.Error != nil {
+				return nil, fmt.Errorf("import %s: restore refused data: %w", stream, r.Error)
+			}
+		}
+		if m.Reply != "" {
+			if err := m.Respond(nil); err != nil {
+				return nil, fmt.Errorf("import %s: %w", stream, err)
+			}
+		}
+	}
+	// An empty message ends the restore; the answer is the new stream.
+	var done server.JSApiStreamCreateResponse
+	rep, err := dst.RequestWithContext(ctx, rest.DeliverSubject, nil)
+	if err != nil {
+		return nil, fmt.Errorf("import %s: finishing restore: %w", stream, err)
+	}
+	if err := json.Unmarshal(rep.Data, &done); err != nil {
+		return nil, fmt.Errorf("import %s: undecodable restore answer: %w", stream, err)
+	}
+	if done.Error != nil {
+		return nil, fmt.Errorf("import %s: restore: %w", stream, done.Error)
+	}
+	if done.StreamInfo == nil {
+		return nil, fmt.Errorf("import %s: restore answer without stream info", stream)
+	}
+	st := done.StreamInfo.State
+	if st.Msgs != snap.State.Msgs || st.LastSeq != snap.State.LastSeq {
+		return nil, fmt.Errorf("import %s: restored %d messages up to sequence %d, the source had %d up to %d",
+			stream, st.Msgs, st.LastSeq, snap.State.Msgs, snap.State.LastSeq)
+	}
+	// Restored is not yet usable: a replicated stream elects its leader
+	// after the restore answers, and a read before that fails.
+	js, err := jetstream.New(dst)
+	if err != nil {
+		return nil, fmt.Errorf("import %s: %w", stream, err)
+	}
+	for {
+		info, err := js.Stream(ctx, stream)
+		if err == nil {
+			ci := info.CachedInfo().Cluster
+			if ci == nil || ci.Leader != "" {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("import %s: restored, but no leader before the deadline: %w", stream, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return &StreamImport{Stream: stream, Messages: st.Msgs, Bytes: st.Bytes, FirstSeq: st.FirstSeq, LastSeq: st.LastSeq,
+		Replicas: done.StreamInfo.Config.Replicas, Took: time.Since(start)}, nil
+}
+
+// jsAPI sends a JetStream API request and decodes the answer into resp,
+// whose embedded ApiResponse is api.
+func jsAPI(ctx context.Context, nc *nats.Conn, subject string, req, resp any, api *server.ApiResponse) error {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	m, err := nc.RequestWithContext(ctx, subject, b)
+	if err != nil {
+		return classify(err)
+	}
+	if err := json.Unmarshal(m.Data, resp); err != nil {
+		return fmt.Errorf("undecodable answer: %w", err)
+	}
+	if api.Error != nil {
+		return api.Error
+	}
+	return nil
+}
