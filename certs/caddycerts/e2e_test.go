@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func TestCaddyGatewaysShareACME(t *testing.T) {
 	backend := listenBackend(t)
 	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
 		"web": {
-			Routes:    []store.Route{{Hosts: []string{"shop.example.com", "www.budget.example.org"}}},
+			Routes:    []store.Route{{Hosts: []string{"shop.example.com", "www.budget.example.org", "kill.example.com"}}},
 			Instances: []projectiontest.Instance{{ID: "web-1", Machine: "m1", Address: "127.0.0.1", Port: backend}},
 		},
 	})
@@ -207,6 +208,47 @@ func TestCaddyGatewaysShareACME(t *testing.T) {
 		}
 		if n := pb.Orders() - before; n != 0 {
 			t.Fatalf("pebble saw %d orders past the budget", n)
+		}
+	})
+
+	// Last: it kills gw1.
+	t.Run("the issuing gateway killed mid-order, another finishes after the lease expires", func(t *testing.T) {
+		const host = "kill.example.com"
+		before := pb.Orders()
+		fr.hold()
+		gw1done := make(chan error, 1)
+		go func() {
+			_, err := gws[0].handshake(host)
+			gw1done <- err
+		}()
+		select {
+		case <-fr.held: // Pebble is validating gw1's order right now
+		case <-time.After(60 * time.Second):
+			t.Fatal("no validation reached the challenge port")
+		}
+		if pid := issueLockHolderPID(srv.Store, host); pid != gws[0].pid {
+			t.Fatalf("issue lock of %s held by pid %d, want gw1 (%d)", host, pid, gws[0].pid)
+		}
+		if err := gws[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-gws[0].exited
+		killed := time.Now()
+		fr.remove(gws[0])
+		fr.release() // the held validation fails: its gateway is gone
+		if err := <-gw1done; err == nil {
+			t.Fatal("gw1's handshake succeeded though gw1 was killed")
+		}
+		leaf, err := gws[1].handshake(host)
+		if err != nil {
+			t.Fatalf("gw2 after gw1 was killed holding the lock: %v", err)
+		}
+		t.Logf("gw2 served %s %s after gw1 was killed holding its issue lock (lock ttl 2s)", host, time.Since(killed).Round(time.Millisecond))
+		if l, err := gws[2].handshake(host); err != nil || !bytes.Equal(l.Raw, leaf.Raw) {
+			t.Fatalf("gw3 does not serve gw2's certificate: %v", err)
+		}
+		if n := pb.Orders() - before; n != 2 {
+			t.Fatalf("pebble saw %d orders, want 2 (the abandoned one and the finished one)", n)
 		}
 	})
 	t.Logf("end to end wall time %s", time.Since(start).Round(time.Millisecond))
@@ -423,6 +465,55 @@ type front struct {
 	gws     []*caddyGateway
 	next    int
 	crossed atomic.Int32
+	// In "hold" mode a validation is held until release: held is closed
+	// when the first one arrives.
+	held, released chan struct{}
+	heldOnce       *sync.Once
+}
+
+// hold makes the next validations wait for release, and then fail.
+func (f *front) hold() {
+	f.mu.Lock()
+	f.held, f.released, f.heldOnce = make(chan struct{}), make(chan struct{}), &sync.Once{}
+	f.mu.Unlock()
+	f.mode.Store("hold")
+}
+
+// release ends hold mode: held validations fail, new ones are forwarded.
+func (f *front) release() {
+	f.mode.Store("forward")
+	f.mu.Lock()
+	close(f.released)
+	f.mu.Unlock()
+}
+
+// remove stops forwarding to g.
+func (f *front) remove(g *caddyGateway) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, x := range f.gws {
+		if x == g {
+			f.gws = append(f.gws[:i], f.gws[i+1:]...)
+			return
+		}
+	}
+}
+
+// issueLockHolderPID is the PID in the holder of host's issue lock, 0 when
+// nobody holds it.
+func issueLockHolderPID(st *store.Store, host string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var h store.LeaseHolder
+	if _, err := store.GetJSON(ctx, st.Locks, store.CertLockKey(host), &h); err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(h.Holder, ':')
+	if i < 0 {
+		return 0
+	}
+	pid, _ := strconv.Atoi(h.Holder[i+1:])
+	return pid
 }
 
 func startFront(t *testing.T, st *store.Store) *front {
@@ -463,15 +554,15 @@ func (f *front) handle(c net.Conn) {
 	if err != nil {
 		return
 	}
-	holderPID := 0
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	var h store.LeaseHolder
-	if _, err := store.GetJSON(ctx, f.st.Locks, store.CertLockKey(strings.Split(req.Host, ":")[0]), &h); err == nil {
-		if i := strings.LastIndexByte(h.Holder, ':'); i >= 0 {
-			holderPID, _ = strconv.Atoi(h.Holder[i+1:])
-		}
+	if f.mode.Load() == "hold" {
+		f.mu.Lock()
+		held, released, once := f.held, f.released, f.heldOnce
+		f.mu.Unlock()
+		once.Do(func() { close(held) })
+		<-released
+		return
 	}
-	cancel()
+	holderPID := issueLockHolderPID(f.st, strings.Split(req.Host, ":")[0])
 	f.mu.Lock()
 	var target *caddyGateway
 	for range f.gws {
