@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,6 +243,26 @@ func TestGatewayServesDeploysWithoutFailures(t *testing.T) {
 		}
 	}
 
+	// The same under wrk, which keeps its connections alive across the
+	// switch: not one non-2xx answer nor socket error.
+	w := startWrk(t, gw.http, "shop.example.com")
+	c.mustControl("deploy", "apply", "-f", c.manifest("v3.yaml", strings.Replace(gwV1, `VERSION: "1"`, `VERSION: "3"`, 1)), "--drain-grace", "300ms")
+	res := w.stop(t)
+	t.Logf("redeploy under wrk: %s", res)
+	if res.requests < 100 || res.non2xx != 0 || res.socketErrors != 0 {
+		t.Fatalf("redeploy under wrk: %s\n%s", res, res.out)
+	}
+	prev := map[string]bool{}
+	for _, in := range v2 {
+		prev[in.ID] = true
+	}
+	v2 = c.instances("shop")
+	for _, in := range v2 {
+		if prev[in.ID] || want[in.ID] {
+			t.Fatalf("old instance %s survived the redeploy", in.ID)
+		}
+	}
+
 	// A draining instance leaves the pool at once.
 	drained := v2[0]
 	if err := c.store.Call(context.Background(), drained.Machine, store.CmdDrainInstance,
@@ -272,6 +294,68 @@ func TestGatewayServesDeploysWithoutFailures(t *testing.T) {
 			t.Errorf("metrics lack %s", m)
 		}
 	}
+}
+
+// wrkRun is a wrk process putting steady load on one host until stopped.
+type wrkRun struct {
+	p *proc
+}
+
+type wrkResult struct {
+	requests, non2xx, socketErrors int
+	out                            string
+}
+
+func (r wrkResult) String() string {
+	return fmt.Sprintf("%d requests, %d non-2xx, %d socket errors", r.requests, r.non2xx, r.socketErrors)
+}
+
+// startWrk starts wrk against addr with host as the Host header; it runs
+// until stop (wrk reports when interrupted).
+func startWrk(t *testing.T, addr, host string) *wrkRun {
+	t.Helper()
+	bin, err := exec.LookPath("wrk")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("wrk is not installed; scripts/test-deps.sh installs it")
+		}
+		t.Skip("wrk is not installed (scripts/test-deps.sh installs it as root)")
+	}
+	// wrk says it is running just before it connects (line-buffered by
+	// stdbuf: its stdout is a pipe); the deploy that follows takes far
+	// longer than connecting on loopback.
+	w := &wrkRun{p: start(t, "wrk", nil, "stdbuf", "-oL", bin, "-t1", "-c8", "-d120s", "--timeout", "5s",
+		"-H", "Host: "+host, "http://"+addr+"/")}
+	w.p.waitOutput(t, `threads and \d+ connections`, 10*time.Second)
+	return w
+}
+
+var (
+	wrkRequestsRe = regexp.MustCompile(`(\d+) requests in`)
+	wrkNon2xxRe   = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
+	wrkSocketRe   = regexp.MustCompile(`Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
+)
+
+// stop interrupts wrk and reads its report.
+func (w *wrkRun) stop(t *testing.T) wrkResult {
+	t.Helper()
+	w.p.stop(syscall.SIGINT)
+	r := wrkResult{out: w.p.output()}
+	m := wrkRequestsRe.FindStringSubmatch(r.out)
+	if m == nil {
+		t.Fatalf("no wrk report:\n%s", r.out)
+	}
+	r.requests, _ = strconv.Atoi(m[1])
+	if m := wrkNon2xxRe.FindStringSubmatch(r.out); m != nil {
+		r.non2xx, _ = strconv.Atoi(m[1])
+	}
+	if m := wrkSocketRe.FindStringSubmatch(r.out); m != nil {
+		for _, v := range m[1:] {
+			n, _ := strconv.Atoi(v)
+			r.socketErrors += n
+		}
+	}
+	return r
 }
 
 func waitApplied(t *testing.T, gw *gateway, seq uint64) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real peers the test suite drives: dig (DNS tests), curl (the
-# README demo), wg and ip
-# (mesh tests), ping, and Pebble (the ACME test server). Safe to run again.
+# README demo), wg and ip (mesh tests), ping, wrk (load during a redeploy),
+# and Pebble (the ACME test server). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v wg >/dev/null || need+=(wireguard-tools)
 command -v ping >/dev/null || need+=(iputils-ping)
 command -v ip >/dev/null || need+=(iproute2)
+command -v wrk >/dev/null || need+=(wrk)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "installing ${need[*]}"
