@@ -180,6 +180,6 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 		if len(view.Skipped) > 0 {
 			fmt.Fprintf(w, "not carried over (live observations their writers rebuild): %s\n", strings.Join(view.Skipped, ", "))
 		}
-		fmt.Fprintf(w, "imported %d streams and buckets from %s; restart every storage node's `control server` so its watchers bind to them\n", len(view.Imported), from)
+		fmt.Fprintf(w, "imported %d streams and buckets from %s; point agents, gateways and meshd at the cluster now\n", len(view.Imported), from)
 	})
 }

@@ -62,12 +62,12 @@ func TestGrowOneBoxToCluster(t *testing.T) {
 		t.Fatalf("the refused start changed the box's store: %+v %v", l, err)
 	}
 
-	start := time.Now()
+	began := time.Now()
 	out, e, code = importCmd()
 	if code != 0 {
 		t.Fatalf("storage import: %d\n%s\n%s", code, out, e)
 	}
-	took := time.Since(start)
+	took := time.Since(began)
 	t.Logf("import took %s:\n%s", took.Round(time.Millisecond), out)
 
 	cs := sc.open(1, sc.creds)
@@ -108,23 +108,39 @@ func TestGrowOneBoxToCluster(t *testing.T) {
 	if out, e, code := importCmd(); code != 0 || !strings.Contains(out, "already imported") || !strings.Contains(out, "imported 0 streams") {
 		t.Fatalf("a second import: %d\n%s\n%s", code, out, e)
 	}
-	// Once the cluster has data of its own (an invite), an import is
-	// refused before it touches anything.
-	if _, e, code := sc.control(1, "machine", "invite"); code != 0 {
-		t.Fatalf("invite in the cluster: %s", e)
+	// The box's agent carries on against the cluster with its own role's
+	// credentials (its instances kept running), and the next deploy
+	// continues the box's history.
+	agentCreds := sc.issue(store.CredsRequest{Role: store.RoleAgent, Machine: "m1"})
+	agent := start(t, "agent m1 (cluster)", []string{"EDGEPLANE_NATS=" + sc.url(1), "EDGEPLANE_NATS_CREDS=" + agentCreds},
+		bins.control, "agent", "--data", box.agentDir("m1"), "--stop-grace", "2s")
+	agent.waitOutput(t, `agent serving`, 15*time.Second)
+	if out, e, code := sc.control(1, "deploy", "apply", "-f", writeManifest(t, box.dir, "3"), "--drain-grace", "10ms", "--gateway-wait", "1s"); code != 0 {
+		t.Fatalf("apply v3 on the cluster: %d\n%s\n%s", code, out, e)
 	}
-	invites, err := cs.JS.Stream(ctx, "KV_"+cs.Names.InvitesBucket())
+	next, err := cs.LiveCommit(ctx, "shop")
+	if err != nil || next.Revision != live.Revision+1 {
+		t.Fatalf("the cluster's first deploy: %+v %v; the box ended at revision %d", next, err, live.Revision)
+	}
+
+	// Now the cluster has data of its own (that deploy): an import is
+	// refused before it touches anything.
+	commits, err := cs.JS.Stream(ctx, cs.Names.DeployCommitsStream())
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := invites.CachedInfo().State
+	before := commits.CachedInfo().State
 	out, e, code = importCmd()
 	if code == 0 || !strings.Contains(e, "already holds data of its own") || !strings.Contains(e, "Nothing was changed") {
 		t.Fatalf("import over the cluster's own data: %d\n%s\n%s", code, out, e)
 	}
-	info, err := invites.Info(ctx)
+	info, err := commits.Info(ctx)
 	if err != nil || info.State.LastSeq != before.LastSeq || info.State.Msgs != before.Msgs {
-		t.Fatalf("the refused import changed the invites: %+v -> %+v (%v)", before, info.State, err)
+		t.Fatalf("the refused import changed the commits: %+v -> %+v (%v)", before, info.State, err)
 	}
-	t.Logf("grow: import took %s, streams identical, re-import changed nothing, conflicting import refused", took.Round(time.Millisecond))
+	if got, err := cs.LiveCommit(ctx, "shop"); err != nil || got.ID != next.ID {
+		t.Fatalf("live commit after the refused import: %+v %v", got, err)
+	}
+	t.Logf("grow: import took %s, streams identical, re-import changed nothing, the box's agent deployed revision %d through the cluster, a conflicting import was refused",
+		took.Round(time.Millisecond), next.Revision)
 }
