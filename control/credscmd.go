@@ -16,9 +16,12 @@ import (
 // signing needs the account key in the auth dir, which only storage nodes
 // hold. Credentials are self-contained JWTs, so every storage node accepts
 // them at once and nothing is written to the store.
-func cmdCreds(_ context.Context, args []string, stdout io.Writer) (*output, error) {
+func cmdCreds(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
+	if len(args) > 0 && args[0] == "revoke" {
+		return credsRevoke(ctx, args[1:], stdout)
+	}
 	if len(args) == 0 || args[0] != "issue" {
-		return nil, usagef("want: issue --role ROLE [--machine ID] -o FILE")
+		return nil, usagef("want: issue --role ROLE [--machine ID] -o FILE, or revoke --user-creds FILE | --user UKEY")
 	}
 	fs := newFlagSet("control creds issue", stdout)
 	role := fs.String("role", "", "role: "+strings.Join(store.Roles, ", ")+" (required)")
@@ -80,4 +83,48 @@ func cmdCreds(_ context.Context, args []string, stdout io.Writer) (*output, erro
 	}
 	fmt.Fprintf(stdout, "wrote %s credentials to %s (expires %s)\n", who, *file, exp)
 	return nil, nil
+}
+
+// credsRevoke refuses one user's credentials from now on, on every storage
+// node: it records the revocation in the store, which each node applies and
+// which closes the user's open connections.
+func credsRevoke(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
+	fs := newFlagSet("control creds revoke", stdout)
+	c := addClientFlags(fs, true)
+	userCreds := fs.String("user-creds", "", "the credentials file to revoke")
+	user := fs.String("user", "", "or the user public key (U...) to revoke")
+	reason := fs.String("reason", "", "why, recorded with the revocation")
+	if _, err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	out := c.output(stdout)
+	if (*userCreds == "") == (*user == "") {
+		return out, usagef("give exactly one of --user-creds FILE or --user UKEY")
+	}
+	rev := &store.Revocation{User: *user}
+	if *userCreds != "" {
+		b, err := os.ReadFile(*userCreds)
+		if err != nil {
+			return out, fmt.Errorf("reading %s: %w", *userCreds, err)
+		}
+		if rev, err = store.UserOfCreds(b); err != nil {
+			return out, err
+		}
+	}
+	rev.Reason = *reason
+	s, err := c.open(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer s.NC.Close()
+	if err := s.RevokeUser(ctx, rev); err != nil {
+		return out, err
+	}
+	return out, out.emit(rev, func(w io.Writer) {
+		who := rev.Name
+		if who == "" {
+			who = rev.User
+		}
+		fmt.Fprintf(w, "revoked %s (%s) at %s: storage nodes refuse it and close its connections\n", who, rev.User, rev.At.Format(time.RFC3339))
+	})
 }

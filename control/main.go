@@ -7,7 +7,7 @@
 //	control instances [--namespace NS]
 //	control certs
 //	control storage ls|add|remove|import
-//	control creds issue
+//	control creds issue|revoke
 //
 // Run `control help` or `control COMMAND -h` for the flags.
 package main
@@ -39,7 +39,7 @@ Usage:
   control instances [--namespace NS]
   control certs    # certificates: issuer, expiry, last renewal attempt and error
   control storage  ls | add NODE | remove NODE | import --from DIR   # storage nodes, quorum, placement; a single box's store into the cluster
-  control creds    issue --role control|gateway|agent|mesh [--machine ID] --data DIR -o FILE
+  control creds    issue --role control|gateway|agent|mesh [--machine ID] --data DIR -o FILE | revoke --user-creds FILE
 
 Cluster: storage nodes run 'control server --name N --cluster-listen HOST:PORT --routes A,B,C'
 (three or five of them); other boxes run 'control server --storage=false --nats URL' or only

@@ -95,6 +95,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 	}()
 	url := external
 	layout := store.Layout{Replicas: c.replicas}
+	var auth *store.Auth // the embedded server's keys, when it requires credentials
 	if !c.storage && external == "" {
 		return nil, usagef("--storage=false holds no replicated state: give --nats URL of the storage nodes")
 	}
@@ -123,7 +124,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 			if err != nil {
 				return nil, err
 			}
-			cfg.Auth = a
+			cfg.Auth, auth = a, a
 			b, err := a.IssueCreds(store.CredsRequest{Role: store.RoleControl, Names: names, Name: "control-server"})
 			if err != nil {
 				return nil, err
@@ -239,6 +240,17 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		stop, err := store.ServeStorageStatus(ctx, nc, names, n.ns)
 		if err != nil {
 			n.close()
+			return nil, err
+		}
+		n.stops = append(n.stops, stop)
+	}
+	if n.ns != nil && auth != nil {
+		// Revoked credentials are refused here from the bucket's history
+		// on, and their connections closed as revocations arrive.
+		stop, err := store.WatchRevocations(ctx, n.store, n.ns, auth, func(err error) {
+			fmt.Fprintf(stdout, "warning: revocations: %v\n", err)
+		})
+		if err != nil {
 			return nil, err
 		}
 		n.stops = append(n.stops, stop)

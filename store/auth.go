@@ -160,18 +160,34 @@ func (a *Auth) encodeClaims() error {
 	if a.operatorJWT, err = oc.Encode(a.operatorKP); err != nil {
 		return fmt.Errorf("encoding operator: %w", err)
 	}
-	ac := jwt.NewAccountClaims(a.accountPub)
-	ac.Name = "edgeplane"
-	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
-	if a.accountJWT, err = ac.Encode(a.operatorKP); err != nil {
+	if a.accountJWT, err = a.accountClaims(nil).Encode(a.operatorKP); err != nil {
 		return fmt.Errorf("encoding account: %w", err)
 	}
-	sc := jwt.NewAccountClaims(a.sysPub)
-	sc.Name = "SYS"
-	if a.sysJWT, err = sc.Encode(a.operatorKP); err != nil {
+	if a.sysJWT, err = a.systemClaims(nil).Encode(a.operatorKP); err != nil {
 		return fmt.Errorf("encoding system account: %w", err)
 	}
 	return nil
+}
+
+// accountClaims is the edgeplane account, with revoked users (public key
+// to the time of revocation) refused.
+func (a *Auth) accountClaims(revoked map[string]time.Time) *jwt.AccountClaims {
+	ac := jwt.NewAccountClaims(a.accountPub)
+	ac.Name = "edgeplane"
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	for user, at := range revoked {
+		ac.RevokeAt(user, at)
+	}
+	return ac
+}
+
+func (a *Auth) systemClaims(revoked map[string]time.Time) *jwt.AccountClaims {
+	sc := jwt.NewAccountClaims(a.sysPub)
+	sc.Name = "SYS"
+	for user, at := range revoked {
+		sc.RevokeAt(user, at)
+	}
+	return sc
 }
 
 func (a *Auth) configure(opts *server.Options) error {

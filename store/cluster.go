@@ -489,7 +489,7 @@ func (s *Store) StreamNames() []string {
 	n := s.Names
 	out := []string{n.DeployCommitsStream(), n.RoutingEventsStream(), n.CertRenewalsStream()}
 	for _, kv := range []jetstream.KeyValue{s.Status, s.Phases, s.Instances, s.Machines, s.Locks, s.Invites, s.Certs,
-		s.CertStatus, s.AcmeBudget, s.MeshPeers, s.MeshBeats, s.MeshIPs, s.MeshDrift, s.Gateways} {
+		s.CertStatus, s.AcmeBudget, s.MeshPeers, s.MeshBeats, s.MeshIPs, s.MeshDrift, s.Gateways, s.Revocations} {
 		if kv != nil {
 			out = append(out, "KV_"+kv.Bucket())
 		}

@@ -70,6 +70,9 @@ func (n Names) MeshHeartbeatsBucket() string { return "cp_mesh_heartbeats_" + n.
 func (n Names) MeshIPsBucket() string        { return "cp_mesh_ips_" + n.Authority }
 func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Authority }
 
+// RevocationsBucket lists refused credentials, by user public key.
+func (n Names) RevocationsBucket() string { return "cp_revocations_" + n.Authority }
+
 // GatewaysBucket holds each gateway's applied routing sequence: a live
 // observation with a short bucket TTL, never truth.
 func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }

@@ -112,6 +112,8 @@ type Store struct {
 	MeshIPs    jetstream.KeyValue
 	MeshDrift  jetstream.KeyValue
 	Gateways   jetstream.KeyValue
+	// Revocations lists refused credentials (RevokeUser); control role only.
+	Revocations jetstream.KeyValue
 }
 
 // GatewayObservationTTL is how long a gateway's report lives without refresh.
@@ -174,6 +176,7 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		{&s.MeshIPs, jetstream.KeyValueConfig{Bucket: names.MeshIPsBucket(), History: 1, LimitMarkerTTL: time.Minute}},
 		{&s.MeshDrift, jetstream.KeyValueConfig{Bucket: names.MeshDriftBucket(), History: 1}},
 		{&s.Gateways, jetstream.KeyValueConfig{Bucket: names.GatewaysBucket(), History: 1, TTL: GatewayObservationTTL}},
+		{&s.Revocations, jetstream.KeyValueConfig{Bucket: names.RevocationsBucket(), History: 1}},
 	}
 	for _, b := range buckets {
 		b.cfg.Replicas = r
@@ -225,6 +228,7 @@ func Open(ctx context.Context, nc *nats.Conn, names Names) (*Store, error) {
 		{&s.MeshIPs, names.MeshIPsBucket()},
 		{&s.MeshDrift, names.MeshDriftBucket()},
 		{&s.Gateways, names.GatewaysBucket()},
+		{&s.Revocations, names.RevocationsBucket()},
 	} {
 		kv, err := s.JS.KeyValue(ctx, b.name)
 		if err != nil {

@@ -1,0 +1,180 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+)
+
+// Revocation records that a user's credentials are refused from At on.
+// Credentials are self-contained JWTs, so refusing one takes a list every
+// storage node applies: the revocations bucket, replicated like every other,
+// read again from its history when a node restarts.
+type Revocation struct {
+	Version int `json:"version"`
+	// User is the credentials' public user key (U...).
+	User    string    `json:"user"`
+	Name    string    `json:"name,omitempty"`
+	Role    string    `json:"role,omitempty"`
+	Machine string    `json:"machine,omitempty"`
+	At      time.Time `json:"at"`
+	Reason  string    `json:"reason,omitempty"`
+}
+
+func (r *Revocation) version() int { return r.Version }
+
+// UserOfCreds reads whom a credentials file names, as a Revocation to fill
+// in.
+func UserOfCreds(creds []byte) (*Revocation, error) {
+	token, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return nil, Errorf(CodeInvalid, "reading credentials: %v", err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return nil, Errorf(CodeInvalid, "reading credentials: %v", err)
+	}
+	r := &Revocation{User: uc.Subject, Name: uc.Name}
+	for _, tag := range uc.Tags {
+		if k, v, ok := strings.Cut(tag, ":"); ok {
+			switch k {
+			case "role":
+				r.Role = v
+			case "machine":
+				r.Machine = v
+			}
+		}
+	}
+	return r, nil
+}
+
+// RevokeUser records rev (At defaults to now). Storage nodes then refuse the
+// user's credentials and close its connections.
+func (s *Store) RevokeUser(ctx context.Context, rev *Revocation) error {
+	if !nkeys.IsValidPublicUserKey(rev.User) {
+		return Errorf(CodeInvalid, "%q is not a user public key (U...)", rev.User).With("user", rev.User)
+	}
+	if err := s.RequireQuorum(ctx); err != nil {
+		return err
+	}
+	rev.Version = RecordVersion
+	if rev.At.IsZero() {
+		rev.At = time.Now().UTC()
+	}
+	_, err := PutJSON(ctx, s.Revocations, rev.User, rev)
+	return err
+}
+
+// ApplyRevocations makes ns refuse every user in revoked (public key to the
+// time from which its credentials are refused) and close their connections.
+func (a *Auth) ApplyRevocations(ns *server.Server, revoked map[string]time.Time) error {
+	res := ns.AccountResolver()
+	for _, c := range []*jwt.AccountClaims{a.accountClaims(revoked), a.systemClaims(revoked)} {
+		enc, err := c.Encode(a.operatorKP)
+		if err != nil {
+			return fmt.Errorf("encoding account %s: %w", c.Name, err)
+		}
+		dec, err := jwt.DecodeAccountClaims(enc)
+		if err != nil {
+			return fmt.Errorf("decoding account %s: %w", c.Name, err)
+		}
+		acc, err := ns.LookupAccount(c.Subject)
+		if err != nil {
+			return fmt.Errorf("account %s: %w", c.Name, err)
+		}
+		// The resolver too, so a later fetch of the account keeps them.
+		if res != nil {
+			if err := res.Store(c.Subject, enc); err != nil {
+				return fmt.Errorf("storing account %s: %w", c.Name, err)
+			}
+		}
+		ns.UpdateAccountClaims(acc, dec)
+	}
+	return nil
+}
+
+// WatchRevocations applies the revocations bucket to ns: its whole content
+// before it returns, so a node refuses revoked credentials from the moment
+// it reports ready, then every change until ctx ends or stop is called.
+// Errors of later changes go to report; the watch goes on.
+func WatchRevocations(ctx context.Context, s *Store, ns *server.Server, a *Auth, report func(error)) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	w, err := s.Revocations.WatchAll(ctx)
+	if err != nil {
+		cancel()
+		return nil, classify(fmt.Errorf("watching revocations: %w", err))
+	}
+	revoked := map[string]time.Time{}
+	// take folds one entry into revoked.
+	take := func(ent jetstream.KeyValueEntry) error {
+		if ent.Operation() != jetstream.KeyValuePut {
+			delete(revoked, ent.Key())
+			return nil
+		}
+		var r Revocation
+		if err := Decode("revocation", ent.Value(), &r); err != nil {
+			return err
+		}
+		revoked[r.User] = r.At
+		return nil
+	}
+	fail := func(err error) (func(), error) {
+		w.Stop()
+		cancel()
+		return nil, err
+	}
+	for caughtUp := false; !caughtUp; {
+		select {
+		case <-ctx.Done():
+			return fail(classify(fmt.Errorf("reading revocations: %w", ctx.Err())))
+		case ent, ok := <-w.Updates():
+			switch {
+			case !ok:
+				return fail(fmt.Errorf("reading revocations: watcher closed"))
+			case ent == nil:
+				caughtUp = true
+			default:
+				if err := take(ent); err != nil {
+					return fail(err)
+				}
+			}
+		}
+	}
+	if len(revoked) > 0 {
+		if err := a.ApplyRevocations(ns, revoked); err != nil {
+			return fail(fmt.Errorf("applying %d revocations: %w", len(revoked), err))
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ent, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if ent == nil {
+					continue
+				}
+				if err := take(ent); err != nil {
+					report(err)
+					continue
+				}
+				if err := a.ApplyRevocations(ns, revoked); err != nil {
+					report(fmt.Errorf("applying %d revocations: %w", len(revoked), err))
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }, nil
+}
