@@ -37,7 +37,7 @@ func FuzzDecodeRecords(f *testing.F) {
 		recs := []record{
 			&DeployCommit{}, &DeployStatus{}, &PhaseRecord{}, &InstanceRecord{}, &MachineRecord{}, &Invite{},
 			&RoutingEvent{}, &GatewayObservation{}, &LeaseHolder{}, &MeshPeerRecord{}, &MeshHeartbeat{},
-			&MeshDriftReport{}, &MeshIPAllocation{}, &MeshIPCooldown{}, &StorageNodeStatus{},
+			&MeshDriftReport{}, &MeshIPAllocation{}, &MeshIPCooldown{}, &StorageNodeStatus{}, &Revocation{},
 		}
 		for _, r := range recs {
 			err := Decode("fuzz", data, r)
@@ -63,6 +63,8 @@ func FuzzDecodeRecords(f *testing.F) {
 		if hb := (&MeshHeartbeat{}); Decode("heartbeat", data, hb) == nil {
 			_ = hb.Liveness(time.Now())
 		}
+		// Credentials files come from operators' disks.
+		_, _ = UserOfCreds(data)
 	})
 }
 
