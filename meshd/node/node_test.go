@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ type runningNode struct {
 }
 
 // join registers a netstack node bound to loopback and runs it.
-func (c *cluster) join(t *testing.T, machine string) *runningNode {
+func (c *cluster) join(t *testing.T, machine string, opts ...func(*node.Config)) *runningNode {
 	t.Helper()
 	ctx := context.Background()
 	tok, _, err := c.srv.Store.CreateInvite(ctx, "test", nil, time.Minute)
@@ -71,13 +72,17 @@ func (c *cluster) join(t *testing.T, machine string) *runningNode {
 	if !netip.MustParsePrefix(store.MeshSubnet).Contains(netip.MustParseAddr(st.MeshIP)) {
 		t.Fatalf("mesh ip %s outside %s", st.MeshIP, store.MeshSubnet)
 	}
-	return startNode(t, dir)
+	return startNode(t, dir, opts...)
 }
 
-func startNode(t *testing.T, dir string) *runningNode {
+func startNode(t *testing.T, dir string, opts ...func(*node.Config)) *runningNode {
 	t.Helper()
-	n, err := node.New(node.Config{DataDir: dir, HeartbeatInterval: 200 * time.Millisecond,
-		ReconcileInterval: 300 * time.Millisecond, STUNInterval: time.Second})
+	cfg := node.Config{DataDir: dir, HeartbeatInterval: 200 * time.Millisecond,
+		ReconcileInterval: 300 * time.Millisecond, STUNInterval: time.Second}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	n, err := node.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +128,8 @@ func (r *runningNode) peer(t *testing.T, machine string) (node.PeerStatus, bool)
 func TestNetstackMesh(t *testing.T) {
 	c := startCluster(t)
 	a := c.join(t, "alpha")
-	b := c.join(t, "beta")
+	metricsAddr := freeLoopbackAddr(t)
+	b := c.join(t, "beta", func(cfg *node.Config) { cfg.MetricsAddr = metricsAddr })
 	ipA := netip.MustParseAddr(a.State().MeshIP)
 	if a.State().MeshIP == b.State().MeshIP {
 		t.Fatalf("both nodes got %s", a.State().MeshIP)
@@ -170,6 +176,20 @@ func TestNetstackMesh(t *testing.T) {
 	p, ok := b.peer(t, "alpha")
 	if !ok || !p.Active || p.Liveness != store.LivenessAlive || p.LastHandshake.IsZero() {
 		t.Fatalf("beta's view of alpha: %+v (found %v)", p, ok)
+	}
+	// Beta's Prometheus metrics tell the same.
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, re := range []string{`meshd_peers\{state="active"\} 1\n`, `meshd_heartbeats_total\{result="ok"\} [1-9]`,
+		`meshd_reconciles_total [1-9]`, `meshd_peer_handshake_age_seconds\{peer="alpha"\} `, `meshd_peer_rx_bytes\{peer="alpha"\} [1-9]`,
+		`meshd_watch_restarts_total 0\n`, `meshd_full_state_polls_total 0\n`} {
+		if !regexp.MustCompile(re).Match(metrics) {
+			t.Errorf("beta's metrics lack %s:\n%s", re, metrics)
+		}
 	}
 
 	// Leave: alpha's record goes, beta drops it from its device.
@@ -279,4 +299,14 @@ func pongs(ctx context.Context, from *runningNode, ip netip.Addr) bool {
 	defer conn.Close()
 	buf, _ := io.ReadAll(conn)
 	return string(buf) == "pong"
+}
+
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
