@@ -100,6 +100,7 @@ func New(cfg Config) (*Agent, error) {
 // Run adopts persisted instances, then answers RPCs until ctx ends. Instances
 // keep running after Run returns.
 func (a *Agent) Run(ctx context.Context) error {
+	a.loadUnpublished()
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -226,10 +227,11 @@ func (a *Agent) republish(ctx context.Context, ns, service string) error {
 	_, err := a.cfg.Store.RequestRepublish(ctx, a.cfg.Machine.ID, ns, service)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	was := a.unpublished[ref]
 	switch {
 	case err == nil || store.HasCode(err, store.CodeNotFound):
 		delete(a.unpublished, ref)
-		return nil
+		err = nil
 	case store.HasCode(err, store.CodeRPCFailure), store.HasCode(err, store.CodeUnavailable),
 		store.HasCode(err, store.CodeQuorumUnavailable), store.HasCode(err, store.CodeInternal):
 		// The control plane or its store is away: worth asking again.
@@ -238,7 +240,70 @@ func (a *Agent) republish(ctx context.Context, ns, service string) error {
 		// A refusal (invalid, say) stays one; asking again changes nothing.
 		delete(a.unpublished, ref)
 	}
-	return fmt.Errorf("republishing %s/%s: %w", ns, service, err)
+	if a.unpublished[ref] != was {
+		if perr := a.persistUnpublished(); perr != nil {
+			a.log.Error("persisting pending routing republishes", "err", perr)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("republishing %s/%s: %w", ns, service, err)
+	}
+	return nil
+}
+
+// pendingRepublish is the agent data dir's record of republishes the
+// control plane has not taken, so an agent restarted meanwhile still asks.
+type pendingRepublish struct {
+	Namespace string `json:"namespace"`
+	Service   string `json:"service"`
+}
+
+func (a *Agent) unpublishedPath() string {
+	return filepath.Join(a.cfg.DataDir, "republish-pending.json")
+}
+
+// persistUnpublished writes the pending set; a.mu is held.
+func (a *Agent) persistUnpublished() error {
+	if len(a.unpublished) == 0 {
+		if err := os.Remove(a.unpublishedPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	list := make([]pendingRepublish, 0, len(a.unpublished))
+	for ref := range a.unpublished {
+		list = append(list, pendingRepublish{ref.namespace, ref.service})
+	}
+	b, err := json.Marshal(list)
+	if err != nil {
+		return err
+	}
+	tmp := a.unpublishedPath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, a.unpublishedPath())
+}
+
+// loadUnpublished reads what a previous agent had not got republished.
+func (a *Agent) loadUnpublished() {
+	b, err := os.ReadFile(a.unpublishedPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	var list []pendingRepublish
+	if err == nil {
+		err = json.Unmarshal(b, &list)
+	}
+	if err != nil {
+		a.log.Warn("ignoring unreadable pending republishes", "file", a.unpublishedPath(), "err", err)
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, p := range list {
+		a.unpublished[serviceRef{p.Namespace, p.Service}] = true
+	}
 }
 
 // retryRepublish asks again for every republish the control plane has not

@@ -175,7 +175,8 @@ func lastWebEvent(t *testing.T, s *store.Store) store.RoutingEvent {
 }
 
 // With no control server answering, a crashed instance's routing republish
-// is not lost: the agent asks again until one answers.
+// is not lost, not even across an agent restart: the agent asks again until
+// one answers.
 func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	srv := storetest.Start(t)
 	f := startAgentAlone(t, srv, t.TempDir())
@@ -204,10 +205,25 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	if info, _ := srv.Store.Routing.Info(ctx); info.State.LastSeq != before {
 		t.Fatalf("routing moved without a control plane: %d -> %d", before, info.State.LastSeq)
 	}
+	// The agent restarts meanwhile: the pending request survives in its
+	// data dir.
+	f.stop()
+	<-f.done
+	f = startAgentAlone(t, srv, f.dir)
+	f.agent.mu.Lock()
+	pending := f.agent.unpublished[serviceRef{"shop", "web"}]
+	f.agent.mu.Unlock()
+	if !pending {
+		t.Fatal("the restarted agent forgot the pending republish")
+	}
 	serveRepublish(t, srv)
 	storetest.Eventually(t, 5*time.Second, "the republish after the control plane came", func() bool {
 		info, err := srv.Store.Routing.Info(ctx)
 		return err == nil && info.State.LastSeq > before
+	})
+	storetest.Eventually(t, 5*time.Second, "the pending record to go", func() bool {
+		_, err := os.Stat(filepath.Join(f.dir, "republish-pending.json"))
+		return os.IsNotExist(err)
 	})
 	if ev := lastWebEvent(t, srv.Store); len(ev.Endpoints) != 0 {
 		t.Fatalf("routing after the crash still has endpoints: %+v", ev)
