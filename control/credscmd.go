@@ -31,7 +31,7 @@ func cmdCreds(ctx context.Context, args []string, stdout io.Writer) (*output, er
 	authDir := fs.String("auth-dir", "", "auth dir (overrides --data)")
 	file := fs.String("o", "", "write the credentials here, mode 0600 (required; - for stdout)")
 	ttl := fs.Duration("ttl", 0, "expire the credentials after this long (default: no expiry)")
-	system := fs.Bool("system", false, "a system-account user, for server operations NATS reserves to it (e.g. taking a server out of the JetStream meta group by hand; `control storage remove` does not need it)")
+	system := fs.Bool("system", false, "a system-account user, for server operations NATS reserves to it (`control storage forget` issues its own)")
 	inst := fs.String("installation", store.DefaultInstallation, "installation scope of every name")
 	auth := fs.String("authority", store.DefaultAuthority, "authority scope of every name")
 	if _, err := parse(fs, args[1:]); err != nil {

@@ -6,7 +6,7 @@
 //	control deploy preview|apply|status|history|rollback
 //	control instances [--namespace NS]
 //	control certs
-//	control storage ls|add|remove|import
+//	control storage ls|add|remove|forget|import
 //	control creds issue|revoke
 //
 // Run `control help` or `control COMMAND -h` for the flags.
@@ -38,7 +38,7 @@ Usage:
   control deploy   preview -f FILE | apply -f FILE | status [NS] | history NS | rollback NS [--to COMMIT]
   control instances [--namespace NS]
   control certs    # certificates: issuer, expiry, last renewal attempt and error
-  control storage  ls | add NODE | remove NODE | import --from DIR   # storage nodes, quorum, placement; a single box's store into the cluster
+  control storage  ls | add NODE | remove NODE | forget NODE | import --from DIR   # storage nodes, quorum, placement
   control creds    issue --role control|gateway|agent|mesh [--machine ID] --data DIR -o FILE | revoke --user-creds FILE
 
 Cluster: storage nodes run 'control server --name N --cluster-listen HOST:PORT --routes A,B,C'

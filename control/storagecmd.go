@@ -292,7 +292,7 @@ type storageNodeView struct {
 
 func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
 	if len(args) == 0 {
-		return nil, usagef("want a subcommand: ls, add ID, remove ID, import --from DIR")
+		return nil, usagef("want a subcommand: ls, add ID, remove ID, forget ID, import --from DIR")
 	}
 	sub, args := args[0], args[1:]
 	fs := newFlagSet("control storage "+sub, stdout)
@@ -302,6 +302,8 @@ func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, 
 	maxR := fs.Int("max-replicas", 5, "add: the replica count never grows beyond this")
 	from := fs.String("from", "", "import: the stopped single box's data dir (its --data) to copy into the cluster")
 	fromAuth := fs.String("from-auth-dir", "", "import: the single box's auth dir, when it required credentials (default FROM/auth)")
+	authDir := fs.String("auth-dir", "", "forget: this storage node's auth dir (system-account keys; default DATA/auth)")
+	data := fs.String("data", "", "forget: this storage node's data dir, for its auth dir")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return nil, err
@@ -330,6 +332,21 @@ func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, 
 			return out, storageAdd(ctx, s, view, pos[0], *maxR, *catchup, out)
 		}
 		return out, storageRemove(ctx, s, view, pos[0], *catchup, out)
+	case "forget":
+		if len(pos) != 1 {
+			return out, usagef("want exactly one storage node name")
+		}
+		if view.Quorum != nil {
+			return out, view.Quorum
+		}
+		dir := *authDir
+		if dir == "" {
+			if *data == "" {
+				return out, usagef("--data DIR or --auth-dir DIR is required: taking a server out of the meta group needs the system account's keys (run this on a storage node)")
+			}
+			dir = filepath.Join(*data, "auth")
+		}
+		return out, storageForget(ctx, s, c.nats, dir, view, pos[0], *wait, out)
 	case "import":
 		if len(pos) != 0 || *from == "" {
 			return out, usagef("want --from DIR (the single box's data dir) and no arguments")
@@ -339,7 +356,7 @@ func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, 
 		}
 		return out, storageImport(ctx, s, *from, *fromAuth, out)
 	}
-	return nil, usagef("unknown subcommand %q: want ls, add, remove or import", sub)
+	return nil, usagef("unknown subcommand %q: want ls, add, remove, forget or import", sub)
 }
 
 func readStorage(ctx context.Context, s *store.Store, wait time.Duration) (*storageView, error) {
@@ -558,8 +575,9 @@ func storageRemove(ctx context.Context, s *store.Store, v *storageView, id strin
 		return err
 	}
 	return out.emit(map[string]any{"node": id, "replicas": target, "placement": pl}, func(w io.Writer) {
-		fmt.Fprintf(w, "storage node %s removed from every stream and bucket (replicas %d); stop its `control server` now. "+
-			"It keeps a copy of the store in its data dir: treat that like a backup (it holds private keys).\n", id, target)
+		fmt.Fprintf(w, "storage node %s removed from every stream and bucket (replicas %d); stop its `control server` now, "+
+			"then `control storage forget %s` takes it out of the JetStream meta group (or start it again and `storage add` it). "+
+			"It keeps a copy of the store in its data dir: treat that like a backup (it holds private keys).\n", id, target, id)
 	})
 }
 

@@ -183,13 +183,19 @@ func newStorageCluster(t *testing.T) *storageCluster {
 // dir, when it ran before) without waiting for it.
 func (sc *storageCluster) startNode(i int, label string) *proc {
 	sc.t.Helper()
+	return sc.startNodeNamed(i, fmt.Sprintf("s%d", i), label)
+}
+
+// startNodeNamed is startNode with the server named name (data dir DIR/name).
+func (sc *storageCluster) startNodeNamed(i int, name, label string) *proc {
+	sc.t.Helper()
 	var routes []string
 	for j := 1; j <= len(sc.lab.ns); j++ {
 		routes = append(routes, sc.lab.addr(j)+":6222")
 	}
-	return start(sc.t, fmt.Sprintf("storage node s%d%s", i, label), nil, "ip", "netns", "exec", sc.lab.ns[i-1], bins.control, "server",
-		"--data", filepath.Join(sc.dir, fmt.Sprintf("s%d", i)), "--listen", sc.lab.addr(i)+":4222",
-		"--name", fmt.Sprintf("s%d", i), "--cluster-name", "edge", "--cluster-listen", sc.lab.addr(i)+":6222",
+	return start(sc.t, fmt.Sprintf("storage node %s%s", name, label), nil, "ip", "netns", "exec", sc.lab.ns[i-1], bins.control, "server",
+		"--data", filepath.Join(sc.dir, name), "--listen", sc.lab.addr(i)+":4222",
+		"--name", name, "--cluster-name", "edge", "--cluster-listen", sc.lab.addr(i)+":6222",
 		"--routes", strings.Join(routes, ","), "--auth", "on", "--auth-dir", filepath.Join(sc.dir, "auth"),
 		"--stun-listen", "")
 }

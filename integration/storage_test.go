@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -257,4 +258,69 @@ func TestStorageRemoveAndAddKeepEveryCommit(t *testing.T) {
 	t.Logf("remove s3 took %s, add s3 took %s; commits acknowledged: %d; write attempts refused and retried, by code: %v; "+
 		"storage operations refused: %d; commits lost: %d; commit replicas: %s",
 		removeTook.Round(time.Millisecond), addTook.Round(time.Millisecond), len(acked), failed, refused, lost, strings.Join(replicas, "; "))
+}
+
+// `control storage forget` takes a removed, stopped node out of the
+// JetStream meta group (with the system account's keys from the auth dir),
+// refusing while the node still answers or holds replicas; a machine that
+// comes back under that name with an empty data dir is added again.
+func TestStorageForgetLeavesTheMetaGroup(t *testing.T) {
+	sc := newStorageCluster(t)
+	s1 := sc.open(1, sc.creds)
+	authDir := filepath.Join(sc.dir, "auth")
+	forget := func(node string) (string, string, int) {
+		return sc.control(1, "storage", "forget", node, "--auth-dir", authDir)
+	}
+	if out, e, code := forget("s3"); code == 0 || !strings.Contains(e, "still answers") {
+		t.Fatalf("forgetting an answering node: %d\n%s\n%s", code, out, e)
+	}
+	if out, e, code := sc.control(1, "storage", "remove", "s3"); code != 0 {
+		t.Fatalf("storage remove s3: %d\n%s\n%s", code, out, e)
+	}
+	sc.servers[2].stop(syscall.SIGTERM)
+	out, e, code := forget("s3")
+	if code != 0 || !strings.Contains(out, "now 2 members") {
+		t.Fatalf("storage forget s3: %d\n%s\n%s", code, out, e)
+	}
+	if out, e, code := forget("s3"); code == 0 || !strings.Contains(e, "no storage node s3") {
+		t.Fatalf("forgetting s3 twice: %d\n%s\n%s", code, out, e)
+	}
+	if _, _, err := s1.CreateInvite(context.Background(), "", nil, time.Minute); err != nil {
+		t.Fatalf("a write after forgetting s3: %v", err)
+	}
+	ls, _, _ := sc.control(1, "storage", "ls")
+	if strings.Contains(ls, "s3") {
+		t.Fatalf("storage ls still lists s3:\n%s", ls)
+	}
+
+	// The machine returns under a new name (a forgotten name stays out of
+	// the meta group) and is added: every stream is back at R3.
+	sc.servers[2] = sc.startNodeNamed(3, "s4", " (replacing s3)")
+	sc.servers[2].waitOutput(t, `control server ready`, 60*time.Second)
+	eventually(t, 60*time.Second, "storage add s4 to succeed", func() bool {
+		out, e, code = sc.control(1, "storage", "add", "s4")
+		if code != 0 && !strings.Contains(e, "not a current member") && !strings.Contains(e, "did not answer") {
+			t.Fatalf("storage add s4: exit %d\n%s\n%s", code, out, e)
+		}
+		return code == 0
+	})
+	for stream, p := range placementOf(t, s1) {
+		if !strings.HasPrefix(p, "R3 ") || !strings.Contains(p, "s4") {
+			t.Fatalf("after adding s4, stream %s is %s", stream, p)
+		}
+	}
+	for _, a := range storageAnswers(t, s1) {
+		if a.ClusterSize != 3 {
+			t.Fatalf("%s sees a meta group of %d, want 3 (s1, s2, s4)", a.Server, a.ClusterSize)
+		}
+	}
+}
+
+func storageAnswers(t *testing.T, s *store.Store) []store.StorageNodeStatus {
+	t.Helper()
+	answers, err := store.GatherStorageStatus(context.Background(), s.NC, s.Names, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answers
 }
