@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"time"
 
@@ -42,23 +41,12 @@ func storageForget(ctx context.Context, s *store.Store, url, authDir string, v *
 	if err != nil {
 		return err
 	}
-	b, err := a.IssueCreds(store.CredsRequest{Role: store.RoleControl, System: true, Name: "storage-forget", Names: s.Names, TTL: 10 * time.Minute})
+	file, remove, err := issueTempCreds(a, store.CredsRequest{Role: store.RoleControl, System: true, Name: "storage-forget", Names: s.Names, TTL: 10 * time.Minute})
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp("", "edgeplane-system-*.creds")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("writing system credentials: %w", err)
-	}
-	sys, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: f.Name(), Name: "control storage forget"})
+	defer remove()
+	sys, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: file, Name: "control storage forget"})
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -69,23 +68,12 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 				With("auth_dir", dir)
 		}
 		cfg.Auth = a
-		b, err := a.IssueCreds(store.CredsRequest{Role: store.RoleControl, Names: s.Names, Name: "storage-import", TTL: time.Hour})
+		file, remove, err := issueTempCreds(a, store.CredsRequest{Role: store.RoleControl, Names: s.Names, Name: "storage-import", TTL: time.Hour})
 		if err != nil {
 			return err
 		}
-		f, err := os.CreateTemp("", "edgeplane-import-*.creds")
-		if err != nil {
-			return err
-		}
-		defer os.Remove(f.Name())
-		_, err = f.Write(b)
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("writing import credentials: %w", err)
-		}
-		creds = f.Name()
+		defer remove()
+		creds = file
 	}
 	ns, err := store.StartEmbedded(cfg)
 	if err != nil {
