@@ -18,8 +18,14 @@ import (
 // every commit, record and sequence into the fresh cluster instead, and
 // refuses, changing nothing, whenever it could lose something.
 func TestGrowOneBoxToCluster(t *testing.T) {
+	t.Run("box without credentials", func(t *testing.T) { growOneBox(t, newCluster(t)) })
+	// Its store is under the account of its own auth dir (DATA/auth), which
+	// the import reads.
+	t.Run("box with --auth on", func(t *testing.T) { growOneBox(t, newAuthCluster(t)) })
+}
+
+func growOneBox(t *testing.T, box *cluster) {
 	ctx := context.Background()
-	box := newCluster(t)
 	box.join("m1")
 	for _, v := range []string{"1", "2"} {
 		if out, e, code := box.control("deploy", "apply", "-f", writeManifest(t, box.dir, v), "--drain-grace", "10ms", "--gateway-wait", "1s"); code != 0 {

@@ -167,7 +167,7 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 		}
 		// Each chunk goes to the restore and is acknowledged by it before
 		// the snapshot gets its flow-control ack: nothing piles up here.
-		rep, err := dst.RequestWithContext(ctx, rest.DeliverSubject, m.Data)
+		rep, err := restoreRequest(ctx, dst, rest.DeliverSubject, m.Data)
 		if err != nil {
 			return nil, fmt.Errorf("import %s: sending snapshot data: %w", stream, err)
 		}
@@ -185,7 +185,7 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 	}
 	// An empty message ends the restore; the answer is the new stream.
 	var done server.JSApiStreamCreateResponse
-	rep, err := dst.RequestWithContext(ctx, rest.DeliverSubject, nil)
+	rep, err := restoreRequest(ctx, dst, rest.DeliverSubject, nil)
 	if err != nil {
 		return nil, fmt.Errorf("import %s: finishing restore: %w", stream, err)
 	}
@@ -211,11 +211,8 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 	}
 	for {
 		info, err := js.Stream(ctx, stream)
-		if err == nil {
-			ci := info.CachedInfo().Cluster
-			if ci == nil || ci.Leader != "" {
-				break
-			}
+		if err == nil && settled(info.CachedInfo().Cluster, replicas) {
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -225,6 +222,43 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 	}
 	return &StreamImport{Stream: stream, Messages: st.Msgs, Bytes: st.Bytes, FirstSeq: st.FirstSeq, LastSeq: st.LastSeq,
 		Replicas: done.StreamInfo.Config.Replicas, Took: time.Since(start)}, nil
+}
+
+// settled reports whether a stream has a leader and every other replica is
+// current.
+func settled(ci *jetstream.ClusterInfo, replicas int) bool {
+	if ci == nil {
+		return true // not clustered
+	}
+	if ci.Leader == "" || len(ci.Replicas) < replicas-1 {
+		return false
+	}
+	for _, r := range ci.Replicas {
+		if !r.Current {
+			return false
+		}
+	}
+	return true
+}
+
+// restoreRequest sends one restore message. In a cluster the restore's
+// subscription lives on the stream leader's server and its interest reaches
+// the server we are connected to a moment after the restore request was
+// answered: until then there is "no responder", and the message was not
+// delivered, so it is sent again.
+func restoreRequest(ctx context.Context, nc *nats.Conn, subject string, data []byte) (*nats.Msg, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, err := nc.RequestWithContext(ctx, subject, data)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			return m, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // jsAPI sends a JetStream API request and decodes the answer into resp,
