@@ -100,7 +100,6 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 	type plan struct {
 		stream   string
 		replicas int
-		exists   bool
 	}
 	var todo []plan
 	var conflicts []string
@@ -135,7 +134,7 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 		case st.Msgs == oldState.Msgs && st.FirstSeq == oldState.FirstSeq && st.LastSeq == oldState.LastSeq:
 			view.Already = append(view.Already, name)
 		case st.Msgs == 0 && st.LastSeq == 0:
-			todo = append(todo, plan{stream: name, replicas: ci.Config.Replicas, exists: true})
+			todo = append(todo, plan{stream: name, replicas: ci.Config.Replicas})
 		default:
 			conflicts = append(conflicts, fmt.Sprintf("%s (%d messages)", name, st.Msgs))
 		}
