@@ -216,12 +216,7 @@ func (r *budgetRecord) prune(before time.Time) {
 }
 
 func isConflict(err error) bool {
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+	return errors.Is(err, jetstream.ErrKeyExists) || store.IsWrongLastSequence(err)
 }
 
 // BudgetIssuer wraps a certmagic.Issuer so that every order it would place

@@ -143,9 +143,7 @@ func (l *Lease) Renew(ctx context.Context) error {
 	ack, err := l.js.Publish(ctx, l.subj, data,
 		jetstream.WithMsgTTL(l.ttl), jetstream.WithExpectLastSequencePerSubject(l.token))
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if IsWrongLastSequence(err) {
 			l.lost = &Error{Code: CodeLeaseLost, Message: fmt.Sprintf("lease %s expired or was taken over", l.key),
 				Detail: map[string]string{"key": l.key, "token": fmt.Sprint(l.token)}}
 			return l.lost
@@ -227,13 +225,19 @@ func (l *Lease) Release(ctx context.Context) error {
 	l.lost = &Error{Code: CodeLeaseLost, Message: fmt.Sprintf("lease %s released", l.key)}
 	err := l.kv.Delete(ctx, l.key, jetstream.LastRevision(l.token))
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.Is(err, jetstream.ErrKeyNotFound) || (errors.As(err, &apiErr) &&
-			(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-				apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)) {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || IsWrongLastSequence(err) {
 			return nil
 		}
 		return classify(fmt.Errorf("releasing lease %s: %w", l.key, err))
 	}
 	return nil
+}
+
+// IsWrongLastSequence reports whether err is JetStream refusing a write whose
+// expected last sequence (a KV revision, a lease's fencing token) no longer
+// holds: someone else wrote first.
+func IsWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }

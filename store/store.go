@@ -253,10 +253,7 @@ func classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == 10008 || apiErr.ErrorCode == 10118 || apiErr.Code == 503) {
-		// JetStream cluster not available / stream offline: no RAFT leader
-		// can be reached, so nothing can be committed.
+	if leaderUnreachable(err) {
 		return &Error{Code: CodeQuorumUnavailable, Message: err.Error() + "; storage nodes are missing (see `control storage ls`)"}
 	}
 	switch {
@@ -266,6 +263,14 @@ func classify(err error) error {
 		return &Error{Code: CodeUnavailable, Message: err.Error()}
 	}
 	return err
+}
+
+// leaderUnreachable reports whether err is JetStream saying its cluster is
+// not available or a stream is offline: no RAFT leader can be reached, so
+// nothing can be committed.
+func leaderUnreachable(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == 10008 || apiErr.ErrorCode == 10118 || apiErr.Code == 503)
 }
 
 // Classify is classify for other packages: JetStream transport failures
