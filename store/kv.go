@@ -65,8 +65,10 @@ func ListJSON[T any, P interface {
 				return nil
 			}
 			v := new(T)
-			if err := Decode(kv.Bucket()+"/"+ent.Key(), ent.Value(), P(v)); err != nil {
-				return err
+			if err := json.Unmarshal(ent.Value(), v); err != nil || P(v).version() > RecordVersion {
+				// Name the entry only for a refusal: a listing of a large
+				// bucket (100k instances at a gateway's start) decodes many.
+				return Decode(kv.Bucket()+"/"+ent.Key(), ent.Value(), P(v))
 			}
 			if err := fn(ent.Key(), v); err != nil {
 				return err

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -126,37 +125,20 @@ type instanceFields struct {
 	Error     string `json:"error"`
 }
 
+func (f *instanceFields) version() int { return f.Version }
+
 // eachInstance calls fn with every instance record and the namespace its
 // key ("<namespace>.<machine>.<id>") is under.
 func eachInstance(ctx context.Context, s *Store, fn func(ns string, r *InstanceRecord)) error {
-	w, err := s.Instances.Watch(ctx, NamespaceInstancesFilter("*"), jetstream.IgnoreDeletes())
+	err := ListJSON(ctx, s.Instances, NamespaceInstancesFilter("*"), func(key string, f *instanceFields) error {
+		ns, _, _ := strings.Cut(key, ".")
+		fn(ns, &InstanceRecord{Version: f.Version, ID: f.ID, Namespace: f.Namespace, Service: f.Service,
+			Slot: f.Slot, Revision: f.Revision, Machine: f.Machine, Address: f.Address, Port: f.Port,
+			State: f.State, Error: f.Error})
+		return nil
+	})
 	if err != nil {
-		return Classify(fmt.Errorf("loading instances: %w", err))
+		return fmt.Errorf("loading instances: %w", err)
 	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return Classify(fmt.Errorf("loading instances: %w", ctx.Err()))
-		case ent, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("loading instances: watcher closed")
-			}
-			if ent == nil {
-				return nil
-			}
-			var f instanceFields
-			if err := json.Unmarshal(ent.Value(), &f); err != nil {
-				return fmt.Errorf("loading instance %s: decoding: %w", ent.Key(), err)
-			}
-			if f.Version > RecordVersion {
-				return fmt.Errorf("loading instance %s: record version %d is newer than this build understands (%d)",
-					ent.Key(), f.Version, RecordVersion)
-			}
-			ns, _, _ := strings.Cut(ent.Key(), ".")
-			fn(ns, &InstanceRecord{Version: f.Version, ID: f.ID, Namespace: f.Namespace, Service: f.Service,
-				Slot: f.Slot, Revision: f.Revision, Machine: f.Machine, Address: f.Address, Port: f.Port,
-				State: f.State, Error: f.Error})
-		}
-	}
+	return nil
 }
