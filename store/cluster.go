@@ -486,13 +486,13 @@ func quorumError(live, missing []string, need, size int, seen string) *Error {
 // StreamNames lists every stream of the store (buckets as their KV_
 // streams), for operations that act on all of them.
 func (s *Store) StreamNames() []string {
-	n := s.Names
-	out := []string{n.DeployCommitsStream(), n.RoutingEventsStream(), n.CertRenewalsStream()}
-	for _, kv := range []jetstream.KeyValue{s.Status, s.Phases, s.Instances, s.Machines, s.Locks, s.Invites, s.Certs,
-		s.CertStatus, s.AcmeBudget, s.MeshPeers, s.MeshBeats, s.MeshIPs, s.MeshDrift, s.Gateways, s.Revocations} {
-		if kv != nil {
-			out = append(out, "KV_"+kv.Bucket())
-		}
+	streams, buckets := s.layout()
+	out := make([]string, 0, len(streams)+len(buckets))
+	for _, st := range streams {
+		out = append(out, st.cfg.Name)
+	}
+	for _, b := range buckets {
+		out = append(out, "KV_"+b.cfg.Bucket)
 	}
 	return out
 }

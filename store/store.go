@@ -119,49 +119,40 @@ type Store struct {
 // GatewayObservationTTL is how long a gateway's report lives without refresh.
 const GatewayObservationTTL = 15 * time.Second
 
-// Provision creates (or updates to the current definition) every stream and
-// bucket, then opens them. It is idempotent and safe to run from every server
-// at start.
-func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (*Store, error) {
-	s, err := newStore(nc, names)
-	if err != nil {
-		return nil, err
-	}
-	r := layout.Replicas
-	if r == 0 {
-		r = 1
-	}
-	streams := []struct {
-		dst *jetstream.Stream
-		cfg jetstream.StreamConfig
-	}{
+// streamSpec and bucketSpec are one stream or bucket of the layout and the
+// Store field it binds to.
+type streamSpec struct {
+	dst *jetstream.Stream
+	cfg jetstream.StreamConfig
+}
+
+type bucketSpec struct {
+	dst *jetstream.KeyValue
+	cfg jetstream.KeyValueConfig
+}
+
+// layout is every stream and bucket of s's authority, in one place for
+// Provision, Open and StreamNames. Replicas are left for Provision to set.
+func (s *Store) layout() ([]streamSpec, []bucketSpec) {
+	names := s.Names
+	streams := []streamSpec{
 		{&s.Commits, jetstream.StreamConfig{
 			Name: names.DeployCommitsStream(), Subjects: []string{names.DeployCommitsWildcard()},
 			Description: "immutable deploy commits (durable intent)",
-			DenyDelete:  true, DenyPurge: true, Replicas: r, Duplicates: 10 * time.Minute,
+			DenyDelete:  true, DenyPurge: true, Duplicates: 10 * time.Minute,
 		}},
 		{&s.Routing, jetstream.StreamConfig{
 			Name: names.RoutingEventsStream(), Subjects: []string{names.RoutingWildcard()},
 			Description: "ordered routing events the gateway and DNS projections consume",
-			MaxAge:      7 * 24 * time.Hour, Replicas: r, Duplicates: 10 * time.Minute,
+			MaxAge:      7 * 24 * time.Hour, Duplicates: 10 * time.Minute,
 		}},
 		{&s.Renewals, jetstream.StreamConfig{
 			Name: names.CertRenewalsStream(), Subjects: []string{names.CertRenewalsWildcard()},
 			Description:       "scheduled certificate renewal work",
-			AllowMsgSchedules: true, AllowMsgTTL: true, Replicas: r,
+			AllowMsgSchedules: true, AllowMsgTTL: true,
 		}},
 	}
-	for _, st := range streams {
-		str, err := createOrUpdateStream(ctx, s.JS, st.cfg)
-		if err != nil {
-			return nil, classify(fmt.Errorf("provisioning stream %s: %w", st.cfg.Name, err))
-		}
-		*st.dst = str
-	}
-	buckets := []struct {
-		dst *jetstream.KeyValue
-		cfg jetstream.KeyValueConfig
-	}{
+	buckets := []bucketSpec{
 		{&s.Status, jetstream.KeyValueConfig{Bucket: names.DeployStatusBucket(), History: 1}},
 		{&s.Phases, jetstream.KeyValueConfig{Bucket: names.DeployPhasesBucket(), History: 1}},
 		{&s.Instances, jetstream.KeyValueConfig{Bucket: names.InstancesBucket(), History: 1}},
@@ -177,6 +168,30 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		{&s.MeshDrift, jetstream.KeyValueConfig{Bucket: names.MeshDriftBucket(), History: 1}},
 		{&s.Gateways, jetstream.KeyValueConfig{Bucket: names.GatewaysBucket(), History: 1, TTL: GatewayObservationTTL}},
 		{&s.Revocations, jetstream.KeyValueConfig{Bucket: names.RevocationsBucket(), History: 1}},
+	}
+	return streams, buckets
+}
+
+// Provision creates (or updates to the current definition) every stream and
+// bucket, then opens them. It is idempotent and safe to run from every server
+// at start.
+func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (*Store, error) {
+	s, err := newStore(nc, names)
+	if err != nil {
+		return nil, err
+	}
+	r := layout.Replicas
+	if r == 0 {
+		r = 1
+	}
+	streams, buckets := s.layout()
+	for _, st := range streams {
+		st.cfg.Replicas = r
+		str, err := createOrUpdateStream(ctx, s.JS, st.cfg)
+		if err != nil {
+			return nil, classify(fmt.Errorf("provisioning stream %s: %w", st.cfg.Name, err))
+		}
+		*st.dst = str
 	}
 	for _, b := range buckets {
 		b.cfg.Replicas = r
@@ -196,43 +211,18 @@ func Open(ctx context.Context, nc *nats.Conn, names Names) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, st := range []struct {
-		dst  *jetstream.Stream
-		name string
-	}{
-		{&s.Commits, names.DeployCommitsStream()},
-		{&s.Routing, names.RoutingEventsStream()},
-		{&s.Renewals, names.CertRenewalsStream()},
-	} {
-		str, err := s.JS.Stream(ctx, st.name)
+	streams, buckets := s.layout()
+	for _, st := range streams {
+		str, err := s.JS.Stream(ctx, st.cfg.Name)
 		if err != nil {
-			return nil, classify(fmt.Errorf("opening stream %s (has `control server` provisioned this authority?): %w", st.name, err))
+			return nil, classify(fmt.Errorf("opening stream %s (has `control server` provisioned this authority?): %w", st.cfg.Name, err))
 		}
 		*st.dst = str
 	}
-	for _, b := range []struct {
-		dst  *jetstream.KeyValue
-		name string
-	}{
-		{&s.Status, names.DeployStatusBucket()},
-		{&s.Phases, names.DeployPhasesBucket()},
-		{&s.Instances, names.InstancesBucket()},
-		{&s.Machines, names.MachinesBucket()},
-		{&s.Locks, names.LocksBucket()},
-		{&s.Invites, names.InvitesBucket()},
-		{&s.Certs, names.CertsBucket()},
-		{&s.CertStatus, names.CertStatusBucket()},
-		{&s.AcmeBudget, names.AcmeBudgetBucket()},
-		{&s.MeshPeers, names.MeshPeersBucket()},
-		{&s.MeshBeats, names.MeshHeartbeatsBucket()},
-		{&s.MeshIPs, names.MeshIPsBucket()},
-		{&s.MeshDrift, names.MeshDriftBucket()},
-		{&s.Gateways, names.GatewaysBucket()},
-		{&s.Revocations, names.RevocationsBucket()},
-	} {
-		kv, err := s.JS.KeyValue(ctx, b.name)
+	for _, b := range buckets {
+		kv, err := s.JS.KeyValue(ctx, b.cfg.Bucket)
 		if err != nil {
-			return nil, classify(fmt.Errorf("opening bucket %s (has `control server` provisioned this authority?): %w", b.name, err))
+			return nil, classify(fmt.Errorf("opening bucket %s (has `control server` provisioned this authority?): %w", b.cfg.Bucket, err))
 		}
 		*b.dst = kv
 	}
