@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -109,7 +111,7 @@ func cmdDeploy(ctx context.Context, args []string, stdout io.Writer) (*output, e
 					note = "rollback to " + h.RollbackOf
 				}
 				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", h.ID, h.Revision, h.CreatedAt.Format(time.RFC3339),
-					strings.Join(serviceNames(h.Manifest), ","), len(h.Slots), note)
+					strings.Join(slices.Sorted(maps.Keys(h.Manifest.Services)), ","), len(h.Slots), note)
 			}
 			tw.Flush()
 		})
@@ -149,15 +151,6 @@ func printPlan(w io.Writer, p *deploy.Plan) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", a.Action, a.Service, a.Slot, inst, dash(a.Machine), a.Reason)
 	}
 	tw.Flush()
-}
-
-func serviceNames(m store.Manifest) []string {
-	var names []string
-	for n := range m.Services {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // statusView is one namespace's status for `control deploy status`.

@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -116,17 +117,8 @@ func labelsText(l map[string]string) string {
 		return "-"
 	}
 	var parts []string
-	for _, k := range sortedKeys(l) {
+	for _, k := range slices.Sorted(maps.Keys(l)) {
 		parts = append(parts, k+"="+l[k])
 	}
 	return strings.Join(parts, ",")
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

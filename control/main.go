@@ -19,9 +19,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -125,12 +126,7 @@ func printError(w io.Writer, err error, asJSON bool) {
 		return
 	}
 	fmt.Fprintf(w, "error: %s: %s\n", se.Code, se.Message)
-	keys := make([]string, 0, len(se.Detail))
-	for k := range se.Detail {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(se.Detail)) {
 		fmt.Fprintf(w, "  %s: %s\n", k, se.Detail[k])
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -84,7 +86,7 @@ func buildPlan(m *store.Manifest, live *store.DeployCommit, insts map[string]*st
 		}
 	}
 	claimed := map[string]bool{}
-	for _, name := range sortedServices(m) {
+	for _, name := range slices.Sorted(maps.Keys(m.Services)) {
 		spec := m.Services[name]
 		hash := manifest.SpecHash(spec)
 		for slot := 0; slot < spec.ReplicaCount(); slot++ {
@@ -213,15 +215,6 @@ func eligible(m store.MachineRecord, pl store.Placement) bool {
 		}
 	}
 	return true
-}
-
-func sortedServices(m *store.Manifest) []string {
-	names := make([]string, 0, len(m.Services))
-	for n := range m.Services {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 func randHex(n int) string {

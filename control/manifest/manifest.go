@@ -11,9 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -136,7 +137,7 @@ func Validate(m *store.Manifest) error {
 	// owner maps host+prefix to the service that routes it, to catch two
 	// services claiming the same traffic.
 	owner := map[string]string{}
-	for _, name := range sortedKeys(m.Services) {
+	for _, name := range slices.Sorted(maps.Keys(m.Services)) {
 		s := m.Services[name]
 		p := "services." + name
 		if !labelRe.MatchString(name) {
@@ -156,7 +157,7 @@ func Validate(m *store.Manifest) error {
 		if s.Port < 0 || s.Port > 65535 {
 			add(p+".port", "must be between 1 and 65535, or 0 to let the agent choose")
 		}
-		for _, k := range sortedKeys(s.Env) {
+		for _, k := range slices.Sorted(maps.Keys(s.Env)) {
 			switch {
 			case !envKeyRe.MatchString(k):
 				add(p+".env."+k, "not a valid environment variable name")
@@ -208,7 +209,7 @@ func Validate(m *store.Manifest) error {
 				add(p+".placement.regions", "region %q is not a DNS label", reg)
 			}
 		}
-		for _, k := range sortedKeys(s.Placement.Labels) {
+		for _, k := range slices.Sorted(maps.Keys(s.Placement.Labels)) {
 			if !lblKeyRe.MatchString(k) {
 				add(p+".placement.labels."+k, "not a valid label key")
 			}
@@ -268,13 +269,4 @@ func ReadinessTimeout(s store.ServiceSpec) time.Duration {
 		return t
 	}
 	return DefaultReadiness
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,12 +88,7 @@ func (p *Process) Start(ctx context.Context, spec Spec) (Handle, error) {
 
 func instanceEnv(spec Spec) []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
-	keys := make([]string, 0, len(spec.Env))
-	for k := range spec.Env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		env = append(env, k+"="+spec.Env[k])
 	}
 	return append(env, "HOST="+spec.Host, "PORT="+strconv.Itoa(spec.Port), "EDGEPLANE_INSTANCE="+spec.ID)
