@@ -180,7 +180,6 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 	}
 	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: "control server", ReconnectForever: true})
 	if err != nil {
-		n.close()
 		return nil, err
 	}
 	n.nc = nc
@@ -188,7 +187,6 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := store.WaitForJetStream(wctx, nc); err != nil {
-		n.close()
 		return nil, err
 	}
 	if !c.storage {
@@ -196,7 +194,6 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		var s *store.Store
 		err = retry(wctx, func() error { s, err = store.Open(wctx, nc, names); return err })
 		if err != nil {
-			n.close()
 			return nil, err
 		}
 		n.store = s
@@ -226,7 +223,6 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 			return err
 		})
 		if err != nil {
-			n.close()
 			return nil, err
 		}
 		n.store = s
@@ -239,7 +235,6 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 	if n.ns != nil {
 		stop, err := store.ServeStorageStatus(ctx, nc, names, n.ns)
 		if err != nil {
-			n.close()
 			return nil, err
 		}
 		n.stops = append(n.stops, stop)
@@ -314,6 +309,16 @@ func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, 
 		return out, err
 	}
 	defer s.NC.Close()
+	if sub == "import" {
+		// Needs write quorum, not the nodes' views and placement.
+		if len(pos) != 0 || *from == "" {
+			return out, usagef("want --from DIR (the single box's data dir) and no arguments")
+		}
+		if err := s.RequireQuorum(ctx); err != nil {
+			return out, err
+		}
+		return out, storageImport(ctx, s, *from, *fromAuth, out)
+	}
 	view, err := readStorage(ctx, s, *wait)
 	if err != nil {
 		return out, err
@@ -347,16 +352,17 @@ func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, 
 			dir = filepath.Join(*data, "auth")
 		}
 		return out, storageForget(ctx, s, c.nats, dir, view, pos[0], *wait, out)
-	case "import":
-		if len(pos) != 0 || *from == "" {
-			return out, usagef("want --from DIR (the single box's data dir) and no arguments")
-		}
-		if view.Quorum != nil {
-			return out, view.Quorum
-		}
-		return out, storageImport(ctx, s, *from, *fromAuth, out)
 	}
 	return nil, usagef("unknown subcommand %q: want ls, add, remove, forget or import", sub)
+}
+
+// replicas is the largest replica count of any stream (at least 1).
+func (v *storageView) replicas() int {
+	have := 1
+	for _, p := range v.Placement {
+		have = max(have, p.Replicas)
+	}
+	return have
 }
 
 func readStorage(ctx context.Context, s *store.Store, wait time.Duration) (*storageView, error) {
@@ -468,12 +474,7 @@ func storageAdd(ctx context.Context, s *store.Store, v *storageView, id string, 
 	if target%2 == 0 {
 		target--
 	}
-	have := 1
-	for _, p := range v.Placement {
-		if p.Replicas > have {
-			have = p.Replicas
-		}
-	}
+	have := v.replicas()
 	if target <= have {
 		return out.emit(map[string]any{"node": id, "replicas": have, "changed": false}, func(w io.Writer) {
 			fmt.Fprintf(w, "storage node %s is a current cluster member; replicas stay at %d (an odd count of at most %d), so it holds no replicas yet: add another node to grow to %d\n",
@@ -513,12 +514,7 @@ func storageRemove(ctx context.Context, s *store.Store, v *storageView, id strin
 	if !found {
 		return store.Errorf(store.CodeNotFound, "no storage node %s", id).With("node", id)
 	}
-	have := 1
-	for _, p := range v.Placement {
-		if p.Replicas > have {
-			have = p.Replicas
-		}
-	}
+	have := v.replicas()
 	target := have
 	if len(live) < target {
 		target = len(live)

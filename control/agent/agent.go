@@ -360,7 +360,7 @@ func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, e
 		if err := decode(command, data, &req); err != nil {
 			return nil, err
 		}
-		return nil, a.drain(ctx, req.Namespace, req.InstanceID)
+		return nil, a.drain(ctx, req.InstanceID)
 	case store.CmdStopInstance:
 		var req store.InstanceRequest
 		if err := decode(command, data, &req); err != nil {
@@ -537,7 +537,7 @@ func readinessProbe(host string, port int, path string) func(context.Context) er
 
 // drain marks the instance draining, which makes it unroutable, and
 // republishes its service so gateways drop it now.
-func (a *Agent) drain(ctx context.Context, ns, id string) error {
+func (a *Agent) drain(ctx context.Context, id string) error {
 	inst, ok := a.lookup(id)
 	if !ok {
 		return store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", id, a.cfg.Machine.ID)
@@ -626,7 +626,7 @@ func (a *Agent) leased(ctx context.Context, command string, req store.LeasedComm
 			return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, a.cfg.Machine.ID)
 		}
 		rec, spec := inst.Record, inst.Spec
-		if err := a.drain(ctx, rec.Namespace, rec.ID); err != nil {
+		if err := a.drain(ctx, rec.ID); err != nil {
 			return nil, err
 		}
 		if err := a.stop(ctx, store.InstanceRequest{InstanceID: rec.ID, Namespace: rec.Namespace, Grace: req.Grace}); err != nil {

@@ -42,7 +42,6 @@ type Plan struct {
 	LiveID    string          `json:"live_deploy,omitempty"`
 	Actions   []SlotAction    `json:"actions"`
 	Manifest  *store.Manifest `json:"-"`
-	live      *store.DeployCommit
 }
 
 // Counts returns how many slots start, keep and stop.
@@ -74,7 +73,7 @@ type candidate struct {
 // stored machines.
 func buildPlan(m *store.Manifest, live *store.DeployCommit, insts map[string]*store.InstanceRecord,
 	machines map[string]store.MachineRecord) *Plan {
-	p := &Plan{Namespace: m.Namespace, Revision: 1, Manifest: m, live: live}
+	p := &Plan{Namespace: m.Namespace, Revision: 1, Manifest: m}
 	if live != nil {
 		p.Revision = live.Revision + 1
 		p.LiveID = live.ID
