@@ -275,6 +275,12 @@ func (r *Renewer) Record(ctx context.Context, item RenewalItem, res RenewResult,
 	if err != nil && !store.HasCode(err, store.CodeNotFound) {
 		return err
 	}
+	return r.record(ctx, host, item, res, renewErr, prev)
+}
+
+// record is Record for a normalized host whose stored status is prev.
+func (r *Renewer) record(ctx context.Context, host string, item RenewalItem, res RenewResult, renewErr error, prev Status) error {
+	st := r.cfg.Store
 	now := time.Now()
 	s := prev
 	s.Version, s.Host, s.Gateway, s.LastAttempt = store.RecordVersion, host, r.cfg.Name, now
@@ -370,7 +376,7 @@ func (r *Renewer) recordFailure(ctx context.Context, host string, failure error,
 		return err
 	}
 	if renewal {
-		return r.Record(ctx, RenewalItem{Host: h, Attempt: prev.Failures, Reason: "retry"}, RenewResult{}, failure)
+		return r.record(ctx, h, RenewalItem{Host: h, Attempt: prev.Failures, Reason: "retry"}, RenewResult{}, failure, prev)
 	}
 	s := prev
 	s.Version, s.Host, s.Gateway, s.LastAttempt = store.RecordVersion, h, r.cfg.Name, time.Now()

@@ -119,17 +119,6 @@ func (s *Storage) CertMagicStorage() (certmagic.Storage, error) {
 	return cs, nil
 }
 
-// Store returns the open store, if CertMagicStorage has connected (for
-// other edgeplane modules in the same process, e.g. a budget issuer).
-func (s *Storage) Store() (*certs.Storage, bool) {
-	if s.conn == nil {
-		return nil, false
-	}
-	s.conn.mu.Lock()
-	defer s.conn.mu.Unlock()
-	return s.conn.storage, s.conn.storage != nil
-}
-
 // Cleanup closes the NATS connection. Locks still held are left to expire.
 func (s *Storage) Cleanup() error {
 	if s.conn == nil {
