@@ -267,7 +267,6 @@ func (n *Node) reconcile(ctx context.Context, report bool) {
 		n.log.Error("reading device peers", zap.Error(err))
 		return
 	}
-	want, have := ds.hash(), actualHash(actual)
 	p := diff(ds, actual, applied, n.nameOf)
 	if p.uapi.Len() > 0 {
 		if err := n.dev.dev.IpcSet(p.uapi.String()); err != nil {
@@ -291,9 +290,10 @@ func (n *Node) reconcile(ctx context.Context, report bool) {
 	n.mu.Unlock()
 	n.met.observeReconcile(p, len(ds.Peers), len(ds.Dropped))
 	changed := len(p.added)+len(p.removed)+len(p.updated)+p.endpointsChanged > 0
-	if changed && source != "cache" {
+	if changed && source != "cache" && !report {
 		// The cache follows every change, so a restart without the
-		// control plane comes back with the latest peers.
+		// control plane comes back with the latest peers (a report saves
+		// it below in any case).
 		n.saveCache()
 	}
 	if len(p.added)+len(p.removed)+len(p.updated) > 0 {
@@ -303,6 +303,9 @@ func (n *Node) reconcile(ctx context.Context, report bool) {
 	if !report {
 		return
 	}
+	// Hashes of the desired set and of the device as it was before this
+	// correction: only the drift report needs them.
+	want, have := ds.hash(), actualHash(actual)
 	rep := &store.MeshDriftReport{
 		Version: store.RecordVersion, Machine: n.st.Machine, At: time.Now().UTC(), Source: source,
 		DesiredHash: want, ActualHash: have, InSync: want == have,
