@@ -97,9 +97,9 @@ func (b *builder) removeService(key string) {
 	b.v.numEndpoints -= len(old.Endpoints)
 	for _, hp := range routeEntries(old) {
 		if hp.wild {
-			b.dropHost(&b.v.wild, &b.ownWild, hp.host, key)
+			b.dropHost(&b.v.wild, &b.ownWild, hp.host, old)
 		} else {
-			b.dropHost(&b.v.exact, &b.ownExact, hp.host, key)
+			b.dropHost(&b.v.exact, &b.ownExact, hp.host, old)
 		}
 	}
 	b.changed = true
@@ -131,7 +131,9 @@ func (b *builder) addHost(idx *shards[[]hostRoute], own *[nShards]bool, host str
 	m[host] = rs
 }
 
-func (b *builder) dropHost(idx *shards[[]hostRoute], own *[nShards]bool, host, svcKey string) {
+// dropHost removes svc's routes for host. Route entries point at the very
+// *Service the services index holds, so identity decides.
+func (b *builder) dropHost(idx *shards[[]hostRoute], own *[nShards]bool, host string, svc *Service) {
 	cur, ok := idx.get(host)
 	if !ok {
 		return
@@ -139,7 +141,7 @@ func (b *builder) dropHost(idx *shards[[]hostRoute], own *[nShards]bool, host, s
 	m := cowShard(idx, own, host, 0)
 	rs := make([]hostRoute, 0, len(cur))
 	for _, r := range cur {
-		if r.Service.Namespace+"/"+r.Service.Name != svcKey {
+		if r.Service != svc {
 			rs = append(rs, r)
 		}
 	}
