@@ -17,7 +17,6 @@ import (
 
 	"github.com/edgeplane/edgeplane/caddymodule/projection"
 	"github.com/edgeplane/edgeplane/dnsproj"
-	"github.com/edgeplane/edgeplane/store"
 )
 
 func init() {
@@ -127,7 +126,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("app %s (%T) does not provide a routing projection", GatewayAppID, gw)
 	}
-	a.srv, err = dnsproj.New(cfg, &gatewaySource{pp: pp})
+	a.srv, err = dnsproj.New(cfg, dnsproj.ProjectionSource(pp.Projection()))
 	if err != nil {
 		return fmt.Errorf("provisioning dns server: %w", err)
 	}
@@ -264,27 +263,6 @@ func (a *App) Stop() error {
 	}
 	a.held = nil
 	return nil
-}
-
-// gatewaySource reads the gateway's projection on each query; the gateway
-// may create its projection after this app is provisioned.
-type gatewaySource struct{ pp projectionProvider }
-
-// noView is served until the gateway has a projection.
-var noView = &emptyView{}
-
-type emptyView struct{}
-
-func (*emptyView) Services() []*projection.Service { return nil }
-func (*emptyView) Machines() []store.MachineRecord { return nil }
-
-func (s *gatewaySource) Current() (dnsproj.View, uint64, bool) {
-	p := s.pp.Projection()
-	if p == nil {
-		return noView, 0, true
-	}
-	v := p.View()
-	return v, v.Seq, v.Stale
 }
 
 // Interface guards
