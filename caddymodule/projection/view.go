@@ -102,7 +102,10 @@ type lazyLists struct {
 	once     sync.Once
 	services []*Service
 	machines []store.MachineRecord
-	hosts    []string
+	// The host list has its own once: the DNS index and the snapshot list
+	// every new view's services and machines, nothing in them its hosts.
+	hostsOnce sync.Once
+	hosts     []string
 }
 
 // emptyView is what a projection serves before anything is known.
@@ -194,7 +197,24 @@ func (v *View) Machines() []store.MachineRecord { v.fillLists(); return v.lists.
 
 // Hosts lists every routed host as configured ("*.suffix" for wildcards),
 // normalised and sorted.
-func (v *View) Hosts() []string { v.fillLists(); return v.lists.hosts }
+func (v *View) Hosts() []string {
+	v.lists.hostsOnce.Do(func() {
+		var hosts []string
+		for _, m := range v.exact {
+			for h := range m {
+				hosts = append(hosts, h)
+			}
+		}
+		for _, m := range v.wild {
+			for h := range m {
+				hosts = append(hosts, "*"+h)
+			}
+		}
+		sort.Strings(hosts)
+		v.lists.hosts = hosts
+	})
+	return v.lists.hosts
+}
 
 // Counts returns the number of services, routable endpoints and machines.
 func (v *View) Counts() (services, endpoints, machines int) {
@@ -254,19 +274,7 @@ func (v *View) fillLists() {
 			}
 		}
 		sort.Slice(ms, func(i, j int) bool { return ms[i].ID < ms[j].ID })
-		var hosts []string
-		for _, m := range v.exact {
-			for h := range m {
-				hosts = append(hosts, h)
-			}
-		}
-		for _, m := range v.wild {
-			for h := range m {
-				hosts = append(hosts, "*"+h)
-			}
-		}
-		sort.Strings(hosts)
-		v.lists.services, v.lists.machines, v.lists.hosts = svcs, ms, hosts
+		v.lists.services, v.lists.machines = svcs, ms
 	})
 }
 
