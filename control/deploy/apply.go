@@ -66,12 +66,14 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	}()
 	d.step(2, "holding %s (token %d)", lease.Key(), lease.Token())
 	failpoint.Hit("after_lease")
-	// Finish what an interrupted operation on this namespace left, then plan
-	// again: the state may have moved between the preview and the lease.
-	if err := d.complete(ctx, r.ns, lease); err != nil {
+	// Read the state again (it may have moved between the preview and the
+	// lease), finish what an interrupted operation on this namespace left,
+	// then plan. Finishing writes statuses and routing only, none of what
+	// was read.
+	if r.st, err = d.load(ctx, r.ns); err != nil {
 		return nil, err
 	}
-	if r.st, err = d.load(ctx, r.ns); err != nil {
+	if err := d.complete(ctx, r.ns, lease, r.st.live); err != nil {
 		return nil, err
 	}
 	r.plan = buildPlan(m, r.st.live, r.st.insts, r.st.machines)
@@ -136,7 +138,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	d.step(7, "committed %s revision %d at sequence %d; this deploy is live", commit.ID, commit.Revision, seq)
 
 	// 8. Routing events derived from the commit.
-	if err := d.publish(ctx, r.status, commit); err != nil {
+	if err := d.publish(ctx, r.status, commit, r.st.live); err != nil {
 		// The deploy is live; the next operation on the namespace finishes
 		// publishing. Say so rather than pretend it failed.
 		r.status.Warnings = append(r.status.Warnings, "routing events not yet published: "+err.Error())

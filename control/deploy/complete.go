@@ -8,17 +8,10 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// publish derives the routing events of commit from stored state and
-// appends them, idempotently per commit, then records that on st.
-func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit *store.DeployCommit) error {
-	var prev *store.DeployCommit
-	if commit.ReplacesSeq != 0 {
-		p, err := d.s.CommitAt(ctx, commit.ReplacesSeq)
-		if err != nil {
-			return err
-		}
-		prev = p
-	}
+// publish derives the routing events of commit, which replaced prev (nil
+// for a namespace's first), from stored state and appends them, idempotently
+// per commit, then records that on st.
+func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit, prev *store.DeployCommit) error {
 	insts, err := d.s.NamespaceInstances(ctx, commit.Namespace)
 	if err != nil {
 		return err
@@ -36,13 +29,10 @@ func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit *
 // orchestrator. A deploy whose final commit exists is committed, whatever
 // its status says, and its routing events are published; one without is
 // recorded as abandoned. Its candidates are leftovers the next plan stops.
-func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease) error {
+// live is the namespace's live commit as read under the lease (nil if none).
+func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, live *store.DeployCommit) error {
 	sts, err := d.Statuses(ctx, ns)
 	if err != nil {
-		return err
-	}
-	live, err := d.s.LiveCommit(ctx, ns)
-	if err != nil && !store.HasCode(err, store.CodeNotFound) {
 		return err
 	}
 	for i := range sts {
@@ -66,7 +56,13 @@ func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease) 
 				continue
 			}
 			st.Warnings = append(st.Warnings, "routing events published by a later operation after the orchestrator stopped")
-			if err := d.publish(ctx, st, live); err != nil {
+			var prev *store.DeployCommit
+			if live.ReplacesSeq != 0 {
+				if prev, err = d.s.CommitAt(ctx, live.ReplacesSeq); err != nil {
+					return fmt.Errorf("completing committed deploy %s: %w", st.DeployID, err)
+				}
+			}
+			if err := d.publish(ctx, st, live, prev); err != nil {
 				return fmt.Errorf("completing committed deploy %s: %w", st.DeployID, err)
 			}
 			d.printf("completed committed deploy %s of %s: published its routing events (up to sequence %d)", st.DeployID, ns, st.RoutingSeq)
@@ -113,7 +109,13 @@ func (d *Deployer) CompleteAll(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		err = d.complete(ctx, ns, lease)
+		live, err := d.s.LiveCommit(ctx, ns)
+		if store.HasCode(err, store.CodeNotFound) {
+			live, err = nil, nil
+		}
+		if err == nil {
+			err = d.complete(ctx, ns, lease, live)
+		}
 		_ = lease.Release(ctx)
 		if err != nil {
 			return err
