@@ -23,6 +23,7 @@ func cmdDeploy(ctx context.Context, args []string, stdout io.Writer) (*output, e
 	sub, args := args[0], args[1:]
 	fs := newFlagSet("control deploy "+sub, stdout)
 	c := addClientFlags(fs, true)
+	c.mutating = sub == "apply" || sub == "rollback"
 	var opts deploy.Options
 	var file, to *string
 	switch sub {

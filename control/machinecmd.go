@@ -23,6 +23,7 @@ func cmdMachine(ctx context.Context, args []string, stdout io.Writer) (*output, 
 	switch sub {
 	case "invite":
 		c := addClientFlags(fs, true)
+		c.mutating = true
 		region := fs.String("region", "", "region of the machine that redeems the invite")
 		labels := labelFlags{}
 		fs.Var(labels, "label", "label k=v of the machine (repeatable)")
@@ -73,6 +74,7 @@ func cmdMachine(ctx context.Context, args []string, stdout io.Writer) (*output, 
 		})
 	case "drain", "disable", "enable":
 		c := addClientFlags(fs, true)
+		c.mutating = true
 		pos, err := parse(fs, args)
 		if err != nil {
 			return nil, err

@@ -74,13 +74,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "agent":
 		err = cmdAgent(ctx, rest, stdout, stderr)
 	case "machine", "machines":
-		if out, err = preflight(ctx, cmd, rest); err == nil {
-			out, err = cmdMachine(ctx, rest, stdout)
-		}
+		out, err = cmdMachine(ctx, rest, stdout)
 	case "deploy":
-		if out, err = preflight(ctx, cmd, rest); err == nil {
-			out, err = cmdDeploy(ctx, rest, stdout)
-		}
+		out, err = cmdDeploy(ctx, rest, stdout)
 	case "storage":
 		out, err = cmdStorage(ctx, rest, stdout)
 	case "creds":
@@ -138,6 +134,10 @@ type clientFlags struct {
 	// longRunning keeps reconnecting when NATS goes away (the agent)
 	// instead of failing the command.
 	longRunning bool
+	// mutating makes open check write quorum first, so a command that
+	// writes refuses before its first read or write rather than timing out
+	// halfway.
+	mutating bool
 }
 
 func addClientFlags(fs *flag.FlagSet, reads bool) *clientFlags {
@@ -165,6 +165,12 @@ func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 	nc, err := store.Connect(store.ConnectOptions{URL: c.nats, CredsFile: c.creds, Name: "control cli", Timeout: c.timeout, ReconnectForever: c.longRunning})
 	if err != nil {
 		return nil, err
+	}
+	if c.mutating {
+		if err := store.CheckQuorum(ctx, nc, names); err != nil {
+			nc.Close()
+			return nil, err
+		}
 	}
 	octx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
