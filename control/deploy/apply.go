@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/store"
@@ -451,36 +453,68 @@ func (r *run) drainOld(ctx context.Context) {
 	d.step(9, "%d gateways of %d serving revision %d; old instances: %s", serving, total, r.status.Revision, detail)
 }
 
-// waitGateways polls the gateways' observations until every live gateway
-// has applied seq or GatewayWait passes. It returns who is serving, how many
+// waitGateways watches the gateways' observations until every live gateway
+// has applied seq or GatewayWait passes (the reports present at the start
+// are always read in full). It returns who is serving, how many
 // gateways report at all, and the names of those that lag.
 func (d *Deployer) waitGateways(ctx context.Context, seq uint64) (serving, total int, laggards []string) {
-	deadline := time.Now().Add(d.opts.GatewayWait)
-	for {
-		obs := map[string]uint64{}
-		_ = store.ListJSON(ctx, d.s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
+	obs := map[string]store.GatewayObservation{} // by key
+	judge := func() bool {
+		serving, total, laggards = 0, 0, nil
+		for _, g := range obs {
 			// A gateway whose report aged out is not live; the bucket TTL
 			// removes it, this check covers the time until then.
-			if time.Since(g.At) < store.GatewayObservationTTL {
-				obs[g.Gateway] = g.AppliedSeq
+			if time.Since(g.At) >= store.GatewayObservationTTL {
+				continue
 			}
-			return nil
-		})
-		serving, total, laggards = 0, len(obs), nil
-		for name, applied := range obs {
-			if applied >= seq {
+			total++
+			if g.AppliedSeq >= seq {
 				serving++
 			} else {
-				laggards = append(laggards, name)
+				laggards = append(laggards, g.Gateway)
 			}
 		}
 		sort.Strings(laggards)
-		if len(laggards) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			return
-		}
+		return len(laggards) == 0
+	}
+	// One watch for the whole wait: the current reports, then each new one.
+	w, err := d.s.Gateways.Watch(ctx, ">")
+	if err != nil {
+		judge()
+		return
+	}
+	defer w.Stop()
+	caughtUp, expired := false, false
+	deadline := time.NewTimer(d.opts.GatewayWait)
+	defer deadline.Stop()
+	aging := time.NewTicker(time.Second) // reports age out without an update
+	defer aging.Stop()
+	for {
 		select {
-		case <-time.After(50 * time.Millisecond):
 		case <-ctx.Done():
+			judge()
+			return
+		case <-deadline.C:
+			expired = true
+		case <-aging.C:
+		case ent, ok := <-w.Updates():
+			switch {
+			case !ok:
+				judge()
+				return
+			case ent == nil:
+				caughtUp = true
+			case ent.Operation() != jetstream.KeyValuePut:
+				delete(obs, ent.Key())
+			default:
+				var g store.GatewayObservation
+				if store.Decode("gateway observation", ent.Value(), &g) == nil {
+					obs[ent.Key()] = g
+				}
+			}
+		}
+		if caughtUp && (judge() || expired) {
+			return
 		}
 	}
 }
