@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/control/failpoint"
+	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -193,32 +194,18 @@ func (r *run) probeAndPlace(ctx context.Context) error {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	replies := make([]*store.CapacityReply, len(ids))
-	errs := make([]error, len(ids))
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pctx, cancel := context.WithTimeout(ctx, d.opts.ProbeTimeout)
-			defer cancel()
-			var rep store.CapacityReply
-			if errs[i] = d.s.Call(pctx, id, store.CmdCapacity, store.CapacityRequest{}, &rep); errs[i] == nil {
-				replies[i] = &rep
-			}
-		}()
-	}
-	wg.Wait()
+	probed := machines.Probe(ctx, d.s, ids, d.opts.ProbeTimeout)
 	alive := map[string]bool{}
 	var cands []*candidate
 	var down []string
 	for i, id := range ids {
-		if errs[i] != nil {
-			down = append(down, fmt.Sprintf("%s (%v)", id, errs[i]))
+		if probed[i].Err != nil {
+			down = append(down, fmt.Sprintf("%s (%v)", id, probed[i].Err))
 			continue
 		}
 		alive[id] = true
-		cands = append(cands, &candidate{rec: r.st.machines[id], free: replies[i].Free, load: replies[i].Instances, perService: map[string]int{}})
+		rep := probed[i].Reply
+		cands = append(cands, &candidate{rec: r.st.machines[id], free: rep.Free, load: rep.Instances, perService: map[string]int{}})
 	}
 	// A machine that runs a kept instance is required: without it the new
 	// commit would route to a machine nobody can vouch for.
@@ -226,7 +213,7 @@ func (r *run) probeAndPlace(ctx context.Context) error {
 		if a.Action == ActionKeep && !alive[a.Machine] {
 			for i, id := range ids {
 				if id == a.Machine {
-					return errs[i]
+					return probed[i].Err
 				}
 			}
 		}

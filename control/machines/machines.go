@@ -155,8 +155,34 @@ func List(ctx context.Context, s *store.Store, timeout time.Duration) ([]Listed,
 		return nil, err
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	var wg sync.WaitGroup
+	ids := make([]string, len(out))
 	for i := range out {
+		ids[i] = out[i].ID
+	}
+	for i, p := range Probe(ctx, s, ids, timeout) {
+		if p.Err != nil {
+			out[i].Problem = p.Err.Error()
+			continue
+		}
+		out[i].Reachable, out[i].RTT, out[i].Instances = true, p.RTT.Round(10*time.Microsecond).String(), p.Reply.Instances
+	}
+	return out, nil
+}
+
+// Probed is one machine's answer to a capacity probe: its reply and the
+// round trip, or why it did not answer.
+type Probed struct {
+	Reply *store.CapacityReply
+	RTT   time.Duration
+	Err   error
+}
+
+// Probe asks every machine of ids for its live capacity at once, each
+// within timeout; result i is ids[i]'s.
+func Probe(ctx context.Context, s *store.Store, ids []string, timeout time.Duration) []Probed {
+	out := make([]Probed, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -164,13 +190,11 @@ func List(ctx context.Context, s *store.Store, timeout time.Duration) ([]Listed,
 			defer cancel()
 			start := time.Now()
 			var rep store.CapacityReply
-			if err := s.Call(pctx, out[i].ID, store.CmdCapacity, store.CapacityRequest{}, &rep); err != nil {
-				out[i].Problem = err.Error()
-				return
+			if out[i].Err = s.Call(pctx, id, store.CmdCapacity, store.CapacityRequest{}, &rep); out[i].Err == nil {
+				out[i].Reply, out[i].RTT = &rep, time.Since(start)
 			}
-			out[i].Reachable, out[i].RTT, out[i].Instances = true, time.Since(start).Round(10*time.Microsecond).String(), rep.Instances
 		}()
 	}
 	wg.Wait()
-	return out, nil
+	return out
 }
