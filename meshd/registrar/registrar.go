@@ -376,12 +376,9 @@ func (r *Registrar) Leave(ctx context.Context, req store.MeshLeaveRequest) (*sto
 		defer cancel()
 		_ = lease.Release(rctx)
 	}()
-	var alloc store.MeshIPAllocation
 	var ip netip.Addr
-	var rev uint64
 	err = store.ListJSON(ctx, r.st.MeshIPs, "ip.>", func(key string, a *store.MeshIPAllocation) error {
 		if a.Machine == req.Machine {
-			alloc = *a
 			ip, _ = netip.ParseAddr(a.IP)
 		}
 		return nil
@@ -392,12 +389,15 @@ func (r *Registrar) Leave(ctx context.Context, req store.MeshLeaveRequest) (*sto
 	if !ip.IsValid() {
 		return nil, store.Errorf(store.CodeNotFound, "machine %s is not a mesh member", req.Machine).With("machine", req.Machine)
 	}
-	if alloc.SecretHash == "" || !secretMatches(req.Secret, alloc.SecretHash) {
+	// The allocation again, with the revision its release is fenced on.
+	var alloc store.MeshIPAllocation
+	rev, err := store.GetJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), &alloc)
+	if err != nil {
+		return nil, err
+	}
+	if alloc.Machine != req.Machine || alloc.SecretHash == "" || !secretMatches(req.Secret, alloc.SecretHash) {
 		return nil, store.Errorf(store.CodeInvalid, "node secret does not match machine %s's registration", req.Machine).
 			With("machine", req.Machine)
-	}
-	if ent, err := r.st.MeshIPs.Get(ctx, store.MeshIPKey(ip)); err == nil {
-		rev = ent.Revision()
 	}
 	now := time.Now().UTC()
 	cool := store.MeshIPCooldown{Version: store.RecordVersion, IP: ip.String(), Machine: req.Machine,
