@@ -55,6 +55,29 @@ type Config struct {
 	Logger *zap.Logger
 }
 
+// NSAddrs parses the addresses published for ns.<zone>: explicit, or when
+// none are given the listen hosts that are specific IPs (an unspecified
+// address says nothing a client can reach). A bad one is named in the error.
+func NSAddrs(explicit, listenHosts []string) ([]netip.Addr, error) {
+	ns := explicit
+	if len(ns) == 0 {
+		for _, h := range listenHosts {
+			if ip, err := netip.ParseAddr(h); err == nil && !ip.IsUnspecified() {
+				ns = append(ns, h)
+			}
+		}
+	}
+	var out []netip.Addr
+	for _, s := range ns {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", s, err)
+		}
+		out = append(out, ip)
+	}
+	return out, nil
+}
+
 // Server is the DNS server: a query chain served on any number of UDP and
 // TCP sockets. It is safe for concurrent use.
 type Server struct {

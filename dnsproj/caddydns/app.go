@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/netip"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -139,20 +138,13 @@ func (a *App) config(addrs []caddy.NetworkAddress) (dnsproj.Config, error) {
 		Zone: a.Zone, TTL: time.Duration(a.TTL),
 		MaxUDPSize: a.MaxUDPSize, MaxQuerySize: a.MaxQuerySize,
 	}
-	nsAddrs := a.NSAddresses
-	if len(nsAddrs) == 0 {
-		for _, na := range addrs {
-			if ip, err := netip.ParseAddr(na.Host); err == nil && !ip.IsUnspecified() {
-				nsAddrs = append(nsAddrs, na.Host)
-			}
-		}
+	hosts := make([]string, len(addrs))
+	for i, na := range addrs {
+		hosts[i] = na.Host
 	}
-	for _, s := range nsAddrs {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			return cfg, fmt.Errorf("ns address %q: %w", s, err)
-		}
-		cfg.NSAddrs = append(cfg.NSAddrs, ip)
+	var err error
+	if cfg.NSAddrs, err = dnsproj.NSAddrs(a.NSAddresses, hosts); err != nil {
+		return cfg, fmt.Errorf("ns address %w", err)
 	}
 	if f := a.Forward; f != nil {
 		cfg.Forward = dnsproj.ForwardConfig{

@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -80,20 +79,13 @@ func (o *options) dnsConfig() (dnsproj.Config, error) {
 	cfg := dnsproj.Config{Zone: o.zone, TTL: o.ttl, MaxUDPSize: o.maxUDP}
 	cfg.Forward.Upstreams = splitList(o.forward)
 	cfg.Cache.Disabled = o.noCache
-	ns := splitList(o.nsAddrs)
-	if len(ns) == 0 {
-		if host, _, err := splitHostPort(o.listen); err == nil {
-			if ip, err := netip.ParseAddr(host); err == nil && !ip.IsUnspecified() {
-				ns = []string{host}
-			}
-		}
+	var hosts []string
+	if host, _, err := splitHostPort(o.listen); err == nil {
+		hosts = []string{host}
 	}
-	for _, s := range ns {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			return cfg, fmt.Errorf("--ns-address %q: %w", s, err)
-		}
-		cfg.NSAddrs = append(cfg.NSAddrs, ip)
+	var err error
+	if cfg.NSAddrs, err = dnsproj.NSAddrs(splitList(o.nsAddrs), hosts); err != nil {
+		return cfg, fmt.Errorf("--ns-address %w", err)
 	}
 	return cfg, cfg.Validate()
 }
