@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -66,6 +67,24 @@ func growOneBox(t *testing.T, box *cluster) {
 	}
 	if l, err := store.ReadStoreLayout(box.serverDir()); err != nil || !l.Standalone() {
 		t.Fatalf("the refused start changed the box's store: %+v %v", l, err)
+	}
+
+	// Wrong sources are refused before anything is read or changed: a
+	// storage node's own store, a dir without a store, keys of another
+	// account.
+	for _, tc := range []struct{ from, says string }{
+		{filepath.Join(sc.dir, "s1"), "storage node's store of a cluster"},
+		{t.TempDir(), "holds no JetStream store"},
+	} {
+		if out, e, code := sc.control(1, "storage", "import", "--from", tc.from); code == 0 || !strings.Contains(e, tc.says) {
+			t.Fatalf("import from %s: %d\n%s\n%s", tc.from, code, out, e)
+		}
+	}
+	if box.creds != "" {
+		out, e, code := sc.control(1, "storage", "import", "--from", box.serverDir(), "--from-auth-dir", filepath.Join(sc.dir, "auth"))
+		if code == 0 || !strings.Contains(e, "is for account") {
+			t.Fatalf("import with another installation's keys: %d\n%s\n%s", code, out, e)
+		}
 	}
 
 	began := time.Now()

@@ -274,10 +274,14 @@ func TestStorageForgetLeavesTheMetaGroup(t *testing.T) {
 	if out, e, code := forget("s3"); code == 0 || !strings.Contains(e, "still answers") {
 		t.Fatalf("forgetting an answering node: %d\n%s\n%s", code, out, e)
 	}
-	if out, e, code := sc.control(1, "storage", "remove", "s3"); code != 0 {
-		t.Fatalf("storage remove s3: %d\n%s\n%s", code, out, e)
-	}
+	// Stopped but still holding replicas: refused too.
 	sc.servers[2].stop(syscall.SIGTERM)
+	if out, e, code := forget("s3"); code == 0 || !strings.Contains(e, "still holds") {
+		t.Fatalf("forgetting a node that holds replicas: %d\n%s\n%s", code, out, e)
+	}
+	if out, e, code := sc.control(1, "storage", "remove", "s3"); code != 0 {
+		t.Fatalf("storage remove s3 (stopped): %d\n%s\n%s", code, out, e)
+	}
 	out, e, code := forget("s3")
 	if code != 0 || !strings.Contains(out, "now 2 members") {
 		t.Fatalf("storage forget s3: %d\n%s\n%s", code, out, e)
