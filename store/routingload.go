@@ -79,7 +79,9 @@ func liveCommits(ctx context.Context, s *Store) (map[string]*DeployCommit, error
 	// Stop at the last message the consumer had pending when it started
 	// (NumPending 0): namespaces committed meanwhile come in with events.
 	for {
-		batch, err := cons.Fetch(max(want-len(out), 1), jetstream.FetchMaxWait(5*time.Second))
+		batch, err := PullFresh(ctx, func() (jetstream.MessageBatch, error) {
+			return cons.Fetch(max(want-len(out), 1), jetstream.FetchMaxWait(5*time.Second))
+		})
 		if err != nil {
 			return nil, Classify(fmt.Errorf("loading live commits: %w", err))
 		}

@@ -255,6 +255,26 @@ func classify(err error) error {
 	return err
 }
 
+// PullFresh runs a pull from a consumer created just before (Fetch, Next)
+// again while JetStream answers "no responders", for up to 5s. In a
+// cluster the consumer's pull subscription lives on the server that hosts
+// it, while the answer to its creation can come from another (the meta
+// leader) and reach us before that subscription's interest does.
+func PullFresh[T any](ctx context.Context, pull func() (T, error)) (T, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		v, err := pull()
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // leaderUnreachable reports whether err is JetStream saying its cluster is
 // not available or a stream is offline: no RAFT leader can be reached, so
 // nothing can be committed.

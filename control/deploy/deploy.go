@@ -197,7 +197,7 @@ func (d *Deployer) History(ctx context.Context, ns string) ([]store.DeployCommit
 	}
 	var out []store.DeployCommit
 	for uint64(len(out)) < total {
-		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		msg, err := store.PullFresh(ctx, func() (jetstream.Msg, error) { return cons.Next(jetstream.FetchMaxWait(5 * time.Second)) })
 		if err != nil {
 			return nil, store.Classify(fmt.Errorf("reading history of %s: %w", ns, err))
 		}
