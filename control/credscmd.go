@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // cmdCreds issues role-scoped NATS credentials. It runs on a storage node:
@@ -24,7 +25,7 @@ func cmdCreds(ctx context.Context, args []string, stdout io.Writer) (*output, er
 		return nil, usagef("want: issue --role ROLE [--machine ID] -o FILE, or revoke --user-creds FILE | --user UKEY")
 	}
 	fs := newFlagSet("control creds issue", stdout)
-	role := fs.String("role", "", "role: "+strings.Join(store.Roles, ", ")+" (required)")
+	role := fs.String("role", "", "role: "+strings.Join(storagenode.Roles, ", ")+" (required)")
 	machine := fs.String("machine", "", "machine ID, required for the agent and mesh roles")
 	name := fs.String("name", "", "user name shown in server monitoring (default role-machine)")
 	data := fs.String("data", "", "the storage node's data dir (its auth dir is DATA/auth)")
@@ -38,7 +39,7 @@ func cmdCreds(ctx context.Context, args []string, stdout io.Writer) (*output, er
 		return nil, err
 	}
 	if *role == "" && !*system {
-		return nil, usagef("--role is required (%s)", strings.Join(store.Roles, ", "))
+		return nil, usagef("--role is required (%s)", strings.Join(storagenode.Roles, ", "))
 	}
 	if *file == "" {
 		return nil, usagef("-o FILE is required")
@@ -54,15 +55,15 @@ func cmdCreds(ctx context.Context, args []string, stdout io.Writer) (*output, er
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
-	a, err := store.LoadAuth(dir, false)
+	a, err := storagenode.LoadAuth(dir, false)
 	if err != nil {
 		return nil, err
 	}
 	r := *role
 	if *system && r == "" {
-		r = store.RoleControl
+		r = storagenode.RoleControl
 	}
-	b, err := a.IssueCreds(store.CredsRequest{Role: r, Machine: *machine, Name: *name, Names: names, TTL: *ttl, System: *system})
+	b, err := a.IssueCreds(storagenode.CredsRequest{Role: r, Machine: *machine, Name: *name, Names: names, TTL: *ttl, System: *system})
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +132,7 @@ func credsRevoke(ctx context.Context, args []string, stdout io.Writer) (*output,
 
 // issueTempCreds issues short-lived credentials for a command's own
 // connection into a private temporary file; remove deletes it.
-func issueTempCreds(a *store.Auth, r store.CredsRequest) (file string, remove func(), err error) {
+func issueTempCreds(a *storagenode.Auth, r storagenode.CredsRequest) (file string, remove func(), err error) {
 	b, err := a.IssueCreds(r)
 	if err != nil {
 		return "", nil, err

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // storageForget takes a stopped storage node out of the JetStream meta
@@ -37,11 +38,11 @@ func storageForget(ctx context.Context, s *store.Store, url, authDir string, v *
 	if !member {
 		return store.Errorf(store.CodeNotFound, "no storage node %s in the JetStream meta group", id).With("node", id)
 	}
-	a, err := store.LoadAuth(authDir, false)
+	a, err := storagenode.LoadAuth(authDir, false)
 	if err != nil {
 		return err
 	}
-	file, remove, err := issueTempCreds(a, store.CredsRequest{Role: store.RoleControl, System: true, Name: "storage-forget", Names: s.Names, TTL: 10 * time.Minute})
+	file, remove, err := issueTempCreds(a, storagenode.CredsRequest{Role: storagenode.RoleControl, System: true, Name: "storage-forget", Names: s.Names, TTL: 10 * time.Minute})
 	if err != nil {
 		return err
 	}

@@ -12,12 +12,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // importView is `control storage import`'s answer.
 type importView struct {
-	From     string               `json:"from"`
-	Imported []store.StreamImport `json:"imported"`
+	From     string                     `json:"from"`
+	Imported []storagenode.StreamImport `json:"imported"`
 	// Already holds streams a previous run imported (same messages and
 	// sequences on both sides), left as they are.
 	Already []string `json:"already_imported,omitempty"`
@@ -32,7 +33,7 @@ type importView struct {
 // refuses before changing anything when a cluster stream already holds data
 // of its own, and reading the box's store changes nothing there.
 func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string, out *output) error {
-	layout, err := store.ReadStoreLayout(from)
+	layout, err := storagenode.ReadStoreLayout(from)
 	if err != nil {
 		return err
 	}
@@ -44,7 +45,7 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 	case len(layout.Accounts) > 1:
 		return store.Errorf(store.CodeInvalid, "%s holds streams of %d accounts (%s); edgeplane writes one", from, len(layout.Accounts), strings.Join(layout.Accounts, ", ")).With("from", from)
 	}
-	release, err := store.LockDataDir(from)
+	release, err := storagenode.LockDataDir(from)
 	if err != nil {
 		return err
 	}
@@ -52,14 +53,14 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 
 	// Serve the box's store read-only in spirit: a private server on a
 	// random loopback port, with the box's own keys when it had them.
-	cfg := store.EmbeddedConfig{DataDir: from, Listen: "127.0.0.1:0", ServerName: "edgeplane-import"}
+	cfg := storagenode.Config{DataDir: from, Listen: "127.0.0.1:0", ServerName: "edgeplane-import"}
 	var creds string
 	if acct := layout.Accounts[0]; acct != "$G" {
 		dir := fromAuthDir
 		if dir == "" {
 			dir = filepath.Join(from, "auth")
 		}
-		a, err := store.LoadAuth(dir, false)
+		a, err := storagenode.LoadAuth(dir, false)
 		if err != nil {
 			return fmt.Errorf("the single box required credentials: %w", err)
 		}
@@ -68,14 +69,14 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 				With("auth_dir", dir)
 		}
 		cfg.Auth = a
-		file, remove, err := issueTempCreds(a, store.CredsRequest{Role: store.RoleControl, Names: s.Names, Name: "storage-import", TTL: time.Hour})
+		file, remove, err := issueTempCreds(a, storagenode.CredsRequest{Role: storagenode.RoleControl, Names: s.Names, Name: "storage-import", TTL: time.Hour})
 		if err != nil {
 			return err
 		}
 		defer remove()
 		creds = file
 	}
-	ns, err := store.StartEmbedded(cfg)
+	ns, err := storagenode.Start(cfg)
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", from, err)
 	}
@@ -149,7 +150,7 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 			return store.Classify(fmt.Errorf("replacing the cluster's empty %s: %w", p.stream, err))
 		}
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		imp, err := store.ImportStream(ictx, src, s.NC, p.stream, p.replicas)
+		imp, err := storagenode.ImportStream(ictx, src, s.NC, p.stream, p.replicas)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("%w (imported so far: %d of %d; %s is unchanged, run the import again to finish)", err, len(view.Imported), len(todo), from)

@@ -19,12 +19,13 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("control server", stderr)
 	data := fs.String("data", "", "data dir: the JetStream store and, with --agent, the local agent (required)")
-	listen := fs.String("listen", store.DefaultListen, "client address of the embedded NATS server")
+	listen := fs.String("listen", storagenode.DefaultListen, "client address of the embedded NATS server")
 	external := fs.String("nats", "", "use this external NATS (cluster) URL instead of the embedded server")
 	creds := fs.String("creds", "", "credentials file for --nats")
 	inst := fs.String("installation", store.DefaultInstallation, "installation scope of every name")

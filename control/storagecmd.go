@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // clusterFlags are `control server`'s storage and cluster flags.
@@ -67,7 +68,7 @@ func (c *clusterFlags) authOn(listen string) (bool, error) {
 			if a == "" {
 				continue
 			}
-			if h, _, err := splitHostPortLoose(a); err == nil && !store.IsLoopback(h) {
+			if h, _, err := splitHostPortLoose(a); err == nil && !storagenode.IsLoopback(h) {
 				return true, nil
 			}
 		}
@@ -95,7 +96,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 	}()
 	url := external
 	layout := store.Layout{Replicas: c.replicas}
-	var auth *store.Auth // the embedded server's keys, when it requires credentials
+	var auth *storagenode.Auth // the embedded server's keys, when it requires credentials
 	if !c.storage && external == "" {
 		return nil, usagef("--storage=false holds no replicated state: give --nats URL of the storage nodes")
 	}
@@ -104,28 +105,28 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		if err != nil {
 			return nil, err
 		}
-		release, err := store.LockDataDir(data)
+		release, err := storagenode.LockDataDir(data)
 		if err != nil {
 			return nil, err
 		}
 		n.stops = append(n.stops, release)
 		if c.clusterListen != "" {
-			if err := store.CheckClusterable(data); err != nil {
+			if err := storagenode.CheckClusterable(data); err != nil {
 				return nil, err
 			}
 		}
-		cfg := store.EmbeddedConfig{DataDir: data, Listen: listen, Logs: logs, ServerName: c.name}
+		cfg := storagenode.Config{DataDir: data, Listen: listen, Logs: logs, ServerName: c.name}
 		if on {
 			dir := c.authDir
 			if dir == "" {
 				dir = filepath.Join(data, "auth")
 			}
-			a, err := store.LoadAuth(dir, true)
+			a, err := storagenode.LoadAuth(dir, true)
 			if err != nil {
 				return nil, err
 			}
 			cfg.Auth, auth = a, a
-			b, err := a.IssueCreds(store.CredsRequest{Role: store.RoleControl, Names: names, Name: "control-server"})
+			b, err := a.IssueCreds(storagenode.CredsRequest{Role: storagenode.RoleControl, Names: names, Name: "control-server"})
 			if err != nil {
 				return nil, err
 			}
@@ -151,7 +152,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 				}
 				cfg.ServerName = h
 			}
-			cc := &store.ClusterConfig{Name: c.clusterName, Listen: c.clusterListen}
+			cc := &storagenode.ClusterConfig{Name: c.clusterName, Listen: c.clusterListen}
 			for _, r := range strings.Split(c.routes, ",") {
 				if r = strings.TrimSpace(r); r != "" {
 					cc.Routes = append(cc.Routes, r)
@@ -165,7 +166,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 				layout.Replicas = 3
 			}
 		}
-		ns, err := store.StartEmbedded(cfg)
+		ns, err := storagenode.Start(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -233,7 +234,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		fmt.Fprintf(stdout, "provisioned streams and buckets for installation %s, authority %s (replicas %d)\n", names.Installation, names.Authority, r)
 	}
 	if n.ns != nil {
-		stop, err := store.ServeStorageStatus(ctx, nc, names, n.ns)
+		stop, err := storagenode.ServeStatus(ctx, nc, names, n.ns)
 		if err != nil {
 			return nil, err
 		}
@@ -242,7 +243,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 	if n.ns != nil && auth != nil {
 		// Revoked credentials are refused here from the bucket's history
 		// on, and their connections closed as revocations arrive.
-		stop, err := store.WatchRevocations(ctx, n.store, n.ns, auth, func(err error) {
+		stop, err := storagenode.WatchRevocations(ctx, n.store, n.ns, auth, func(err error) {
 			fmt.Fprintf(stdout, "warning: revocations: %v\n", err)
 		})
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // extraBins are binaries only some tests need, built on first use.
@@ -153,7 +154,7 @@ type storageCluster struct {
 	t       *testing.T
 	lab     *netLab
 	dir     string
-	auth    *store.Auth
+	auth    *storagenode.Auth
 	creds   string // control role
 	servers []*proc
 	names   store.Names
@@ -166,10 +167,10 @@ func newStorageCluster(t *testing.T) *storageCluster {
 	sc.names, _ = store.NewNames("", "")
 	var err error
 	// One auth dir, as an operator copies it to every storage node.
-	if sc.auth, err = store.LoadAuth(filepath.Join(sc.dir, "auth"), true); err != nil {
+	if sc.auth, err = storagenode.LoadAuth(filepath.Join(sc.dir, "auth"), true); err != nil {
 		t.Fatal(err)
 	}
-	sc.creds = sc.issue(store.CredsRequest{Role: store.RoleControl, Name: "test-operator"})
+	sc.creds = sc.issue(storagenode.CredsRequest{Role: storagenode.RoleControl, Name: "test-operator"})
 	for i := 1; i <= 3; i++ {
 		sc.servers = append(sc.servers, sc.startNode(i, ""))
 	}
@@ -200,7 +201,7 @@ func (sc *storageCluster) startNodeNamed(i int, name, label string) *proc {
 		"--stun-listen", "")
 }
 
-func (sc *storageCluster) issue(r store.CredsRequest) string {
+func (sc *storageCluster) issue(r storagenode.CredsRequest) string {
 	sc.t.Helper()
 	b, err := sc.auth.IssueCreds(r)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 const clusterApp = `
@@ -90,7 +91,7 @@ func TestPartitionMinorityRefusesMajorityCommits(t *testing.T) {
 
 	// An agent in the root namespace with agent-role credentials, a client
 	// of the nodes that will form the majority.
-	agentCreds := sc.issue(store.CredsRequest{Role: store.RoleAgent, Machine: "m1"})
+	agentCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
 	token := ""
 	eventually(t, 30*time.Second, "an invite", func() bool {
 		out, _, code := sc.control(2, "machine", "invite")

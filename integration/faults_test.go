@@ -20,6 +20,7 @@ import (
 	"github.com/edgeplane/edgeplane/certs"
 	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // routingEventsAfter reads every routing event after seq.
@@ -75,7 +76,7 @@ func TestCrashAtEveryApplyStep(t *testing.T) {
 		step := i + 1
 		head := routingHead(t, c)
 		p := start(t, "control deploy apply ("+fp+")",
-			append(c.natsEnv(store.RoleControl, ""), "EDGEPLANE_FAILPOINTS="+fp, "EDGEPLANE_FAILPOINT_ACTION=pause"),
+			append(c.natsEnv(storagenode.RoleControl, ""), "EDGEPLANE_FAILPOINTS="+fp, "EDGEPLANE_FAILPOINT_ACTION=pause"),
 			bins.control, applyArgs(fmt.Sprintf("%d", step))...)
 		p.waitOutput(t, regexp.QuoteMeta(failpoint.PausedMarker+fp), 30*time.Second)
 		p.stop(syscall.SIGKILL)
@@ -287,7 +288,7 @@ func TestGatewayRoleCredentialsServeAndSurviveControlPlaneLoss(t *testing.T) {
 	buildExtra(t)
 	c := newAuthCluster(t)
 	c.join("m1")
-	gwCreds := c.issueCreds(store.RoleGateway, "")
+	gwCreds := c.issueCreds(storagenode.RoleGateway, "")
 
 	gwAddr, adminAddr, dnsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	dir := filepath.Join(c.dir, "gw1")

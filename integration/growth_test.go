@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // The README's growth path, end to end: a single box with deploys becomes a
@@ -65,7 +65,7 @@ func growOneBox(t *testing.T, box *cluster) {
 	if code == 0 || !strings.Contains(e, "single-box store") || !strings.Contains(e, "control storage import --from") {
 		t.Fatalf("clustering the box's store in place: %d\n%s\n%s", code, out, e)
 	}
-	if l, err := store.ReadStoreLayout(box.serverDir()); err != nil || !l.Standalone() {
+	if l, err := storagenode.ReadStoreLayout(box.serverDir()); err != nil || !l.Standalone() {
 		t.Fatalf("the refused start changed the box's store: %+v %v", l, err)
 	}
 
@@ -136,7 +136,7 @@ func growOneBox(t *testing.T, box *cluster) {
 	// The box's agent carries on against the cluster with its own role's
 	// credentials (its instances kept running), and the next deploy
 	// continues the box's history.
-	agentCreds := sc.issue(store.CredsRequest{Role: store.RoleAgent, Machine: "m1"})
+	agentCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
 	agent := start(t, "agent m1 (cluster)", []string{"EDGEPLANE_NATS=" + sc.url(1), "EDGEPLANE_NATS_CREDS=" + agentCreds},
 		bins.control, "agent", "--data", box.agentDir("m1"), "--stop-grace", "2s")
 	agent.waitOutput(t, `agent serving`, 15*time.Second)

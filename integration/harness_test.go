@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // bins holds the binaries TestMain builds once.
@@ -226,7 +227,7 @@ func (c *cluster) natsEnv(role, machine string) []string {
 	env := []string{"EDGEPLANE_NATS=" + c.url}
 	if c.creds != "" {
 		creds := c.creds
-		if role != store.RoleControl {
+		if role != storagenode.RoleControl {
 			creds = c.issueCreds(role, machine)
 		}
 		env = append(env, "EDGEPLANE_NATS_CREDS="+creds)
@@ -244,7 +245,7 @@ func (c *cluster) control(args ...string) (string, string, int) {
 // controlEnv is control with extra environment (failpoints).
 func (c *cluster) controlEnv(env []string, args ...string) (string, string, int) {
 	c.t.Helper()
-	return runControl(c.t, append(c.natsEnv(store.RoleControl, ""), env...), args...)
+	return runControl(c.t, append(c.natsEnv(storagenode.RoleControl, ""), env...), args...)
 }
 
 // runControl runs the control binary with env added to ours and returns
@@ -279,7 +280,7 @@ func (c *cluster) mustControl(args ...string) string {
 func (c *cluster) join(id string, inviteArgs ...string) *proc {
 	c.t.Helper()
 	token := strings.TrimSpace(c.mustControl(append([]string{"machine", "invite"}, inviteArgs...)...))
-	p := start(c.t, "agent "+id, c.natsEnv(store.RoleAgent, id), bins.control,
+	p := start(c.t, "agent "+id, c.natsEnv(storagenode.RoleAgent, id), bins.control,
 		"agent", "--data", c.agentDir(id), "--join", token, "--machine", id, "--stop-grace", "2s")
 	p.waitOutput(c.t, `agent serving`, 15*time.Second)
 	c.agents[id] = p
@@ -289,7 +290,7 @@ func (c *cluster) join(id string, inviteArgs ...string) *proc {
 // restartAgent starts machine id's agent again from its data dir alone.
 func (c *cluster) restartAgent(id string) *proc {
 	c.t.Helper()
-	p := start(c.t, "agent "+id+" (restarted)", c.natsEnv(store.RoleAgent, id), bins.control,
+	p := start(c.t, "agent "+id+" (restarted)", c.natsEnv(storagenode.RoleAgent, id), bins.control,
 		"agent", "--data", c.agentDir(id), "--stop-grace", "2s")
 	p.waitOutput(c.t, `agent serving`, 15*time.Second)
 	c.agents[id] = p

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // `control creds revoke` on one storage node: every storage node closes the
@@ -14,8 +15,8 @@ import (
 // credentials keep working.
 func TestRevokeCredentialsAcrossTheCluster(t *testing.T) {
 	sc := newStorageCluster(t)
-	agentCreds := sc.issue(store.CredsRequest{Role: store.RoleAgent, Machine: "m1"})
-	gwCreds := sc.issue(store.CredsRequest{Role: store.RoleGateway})
+	agentCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
+	gwCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleGateway})
 	connect := func(i int, creds string) error {
 		nc, err := store.Connect(store.ConnectOptions{URL: sc.url(i), CredsFile: creds, Timeout: 2 * time.Second})
 		if err == nil {

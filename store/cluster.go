@@ -5,139 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// Storage nodes are the `control server --storage` boxes: each runs an
-// embedded nats-server with JetStream, and together they form one JetStream
-// cluster whose streams and buckets are RAFT-replicated. Everything here is
-// NATS's own clustering; edgeplane adds only the checks that make a lost
-// quorum loud (RequireQuorum) and the explicit storage operations.
-
-// RouteUser is the user name storage nodes authenticate their cluster
-// routes with; the password is the cluster secret every node shares.
-const RouteUser = "edgeplane-route"
-
-// Route liveness between storage nodes (see ClusterConfig.configure).
-const (
-	RoutePingInterval = 2 * time.Second
-	RouteMaxPingsOut  = 3
-)
-
-// ClusterConfig makes an embedded server one node of a JetStream cluster.
-type ClusterConfig struct {
-	// Name of the cluster; every storage node uses the same one.
-	Name string
-	// Listen is the cluster (route) address, host:port.
-	Listen string
-	// Routes are seed peers' cluster addresses, host:port. A node learns the
-	// rest of the cluster from them.
-	Routes []string
-	// Secret authenticates routes. Required when Listen is not loopback.
-	Secret string
-}
-
-func (c *ClusterConfig) configure(opts *server.Options) error {
-	if c.Name == "" || !ValidToken(c.Name) {
-		return fmt.Errorf("cluster name %q: letters, digits, '-' and '_' only", c.Name)
-	}
-	host, port, err := splitPort(c.Listen)
-	if err != nil {
-		return fmt.Errorf("cluster listen: %w", err)
-	}
-	opts.Cluster.Name = c.Name
-	opts.Cluster.Host = host
-	opts.Cluster.Port = port
-	// A route to a node cut off silently (no RST, packets dropped) stays
-	// up until its pings go unanswered: by default up to a minute and
-	// more, during which the majority keeps routing requests (a bucket's
-	// direct gets, answered by any replica) into the partition, where they
-	// time out. Pinging every RoutePingInterval, a silent route is dropped
-	// after RouteMaxPingsOut missed answers; a route carrying RAFT traffic
-	// (heartbeats every second) sends no pings at all.
-	opts.Cluster.PingInterval = RoutePingInterval
-	opts.Cluster.MaxPingsOut = RouteMaxPingsOut
-	if c.Secret != "" {
-		opts.Cluster.Username = RouteUser
-		opts.Cluster.Password = c.Secret
-	}
-	for _, r := range c.Routes {
-		r = strings.TrimSpace(r)
-		if r == "" {
-			continue
-		}
-		r = strings.TrimPrefix(r, "nats-route://")
-		if _, _, err := net.SplitHostPort(r); err != nil {
-			return fmt.Errorf("route %q: want host:port: %w", r, err)
-		}
-		u := &url.URL{Scheme: "nats-route", Host: r}
-		if c.Secret != "" {
-			u.User = url.UserPassword(RouteUser, c.Secret)
-		}
-		opts.Routes = append(opts.Routes, u)
-	}
-	return nil
-}
-
-func splitPort(hostport string) (string, int, error) {
-	host, portStr, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return "", 0, fmt.Errorf("%q: %w", hostport, err)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return "", 0, fmt.Errorf("%q: bad port: %w", hostport, err)
-	}
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
-	return host, port, nil
-}
-
-// IsLoopback reports whether host (an IP or a name) only reaches this box.
-func IsLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-// checkListeners refuses to expose the store without credentials: a client
-// listener off loopback needs operator-mode auth, a cluster listener off
-// loopback needs the route secret.
-func checkListeners(listen string, c *ClusterConfig, a *Auth) error {
-	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		return fmt.Errorf("listen %q: %w", listen, err)
-	}
-	if !IsLoopback(host) && a == nil {
-		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("refusing to listen on %s without credentials: "+
-			"a non-loopback listener requires --auth (every client then needs a credentials file from `control creds issue`)", listen),
-			Detail: map[string]string{"listen": listen}}
-	}
-	if c != nil {
-		ch, _, err := net.SplitHostPort(c.Listen)
-		if err != nil {
-			return fmt.Errorf("cluster listen %q: %w", c.Listen, err)
-		}
-		if !IsLoopback(ch) && c.Secret == "" {
-			return &Error{Code: CodeInvalid, Message: fmt.Sprintf("refusing to accept cluster routes on %s without the cluster secret: run with --auth "+
-				"(the secret is in the auth dir every storage node shares)", c.Listen),
-				Detail: map[string]string{"cluster_listen": c.Listen}}
-		}
-	}
-	return nil
-}
 
 // WaitForJetStream waits until the JetStream API answers on nc: in a
 // cluster, until a meta leader is elected, without which nothing can be
@@ -208,69 +83,18 @@ type StorageNodeStatus struct {
 
 func (r *StorageNodeStatus) version() int { return r.Version }
 
-// LocalStorageStatus reads ns's own view of the cluster and of its local
-// stream replicas.
-func LocalStorageStatus(ns *server.Server) (*StorageNodeStatus, error) {
-	st := &StorageNodeStatus{Version: RecordVersion, Server: ns.Name(), Cluster: ns.ClusterName(), At: time.Now().UTC()}
-	jsz, err := ns.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
-	if err != nil {
-		return nil, fmt.Errorf("reading jetstream status of %s: %w", ns.Name(), err)
-	}
-	if m := jsz.Meta; m != nil {
-		st.MetaLeader, st.ClusterSize, st.QuorumNeeded = m.Leader, m.Size, m.QuorumNeeded
-		if m.Leader != "" {
-			// The meta group reports peers other than the leader; list the
-			// leader too so a reader sees every member.
-			st.Peers = append(st.Peers, StoragePeer{Name: m.Leader, Current: true})
-		}
-		for _, r := range m.Replicas {
-			if r == nil || r.Name == m.Leader {
-				continue
-			}
-			st.Peers = append(st.Peers, StoragePeer{Name: r.Name, Current: r.Current, Offline: r.Offline, Active: Duration(r.Active), Lag: r.Lag})
-		}
-		if !containsPeer(st.Peers, ns.Name()) {
-			st.Peers = append(st.Peers, StoragePeer{Name: ns.Name(), Current: m.Leader != ""})
-		}
-	} else {
-		st.ClusterSize, st.QuorumNeeded = 1, 1
-		st.MetaLeader = ns.Name()
-		st.Peers = []StoragePeer{{Name: ns.Name(), Current: true}}
-	}
-	sort.Slice(st.Peers, func(i, j int) bool { return st.Peers[i].Name < st.Peers[j].Name })
-	for _, acc := range jsz.AccountDetails {
-		for _, sd := range acc.Streams {
-			r := StreamReplica{Name: sd.Name, Msgs: sd.State.Msgs, Bytes: sd.State.Bytes, FirstSeq: sd.State.FirstSeq, LastSeq: sd.State.LastSeq}
-			if sd.Cluster != nil {
-				r.Leader = sd.Cluster.Leader
-			}
-			st.Streams = append(st.Streams, r)
-		}
-	}
-	sort.Slice(st.Streams, func(i, j int) bool { return st.Streams[i].Name < st.Streams[j].Name })
-	return st, nil
-}
-
-func containsPeer(ps []StoragePeer, name string) bool {
-	for _, p := range ps {
-		if p.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-// ServeStorageStatus answers StorageStatusSubject with ns's view until ctx
-// ends or the returned stop is called.
-func ServeStorageStatus(ctx context.Context, nc *nats.Conn, names Names, ns *server.Server) (func(), error) {
+// ServeStorageStatus answers StorageStatusSubject with what status reports
+// until ctx ends or the returned stop is called. A storage node serves its
+// own view (package storagenode); status returns ok false when this
+// connection must stay silent, say after its server stopped and the client
+// moved to another node.
+func ServeStorageStatus(ctx context.Context, nc *nats.Conn, names Names, status func() (st *StorageNodeStatus, ok bool, err error)) (func(), error) {
 	sub, err := nc.Subscribe(names.StorageStatusSubject(), func(m *nats.Msg) {
-		// Only a node's own view counts: after its server stopped, this
-		// connection may have moved to another node and must stay silent.
-		if !ns.Running() || nc.ConnectedServerName() != ns.Name() {
+		st, ok, err := status()
+		if !ok {
 			return
 		}
 		var rep rpcReply
-		st, err := LocalStorageStatus(ns)
 		if err != nil {
 			rep.Error = AsError(err)
 		} else {

@@ -1,16 +1,12 @@
 package store
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 )
 
 // Every wire record decoder takes untrusted bytes from the store or the
@@ -84,56 +80,6 @@ func FuzzKeySafe(f *testing.F) {
 		// Arbitrary input to the decoder: an error, never a panic.
 		_, _ = DecodeKeySafe(s)
 		_, _ = MeshIPFromKey(s)
-	})
-}
-
-// FuzzRPCReply drives Call with arbitrary reply bytes from a real responder
-// on a real embedded server: undecodable replies are rpc_failure errors.
-func FuzzRPCReply(f *testing.F) {
-	for _, s := range []string{``, `{}`, `null`, `{"result":1}`, `{"result":{"machine":"m1","free":3}}`, `{"result":"x"}`,
-		`{"error":{"code":"busy","message":"held"}}`, `{"error":null,"result":null}`, `{"error":"x"}`, `[1,2]`, "\x00\xff"} {
-		f.Add([]byte(s))
-	}
-	dir := f.TempDir()
-	ns, err := StartEmbedded(EmbeddedConfig{DataDir: dir, Listen: "127.0.0.1:0"})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-	nc, err := Connect(ConnectOptions{URL: ns.ClientURL()})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer nc.Close()
-	var mu sync.Mutex
-	var reply []byte
-	sub, err := nc.Subscribe("fuzz.rpc", func(m *nats.Msg) {
-		mu.Lock()
-		defer mu.Unlock()
-		_ = m.Respond(reply)
-	})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	f.Fuzz(func(t *testing.T, data []byte) {
-		mu.Lock()
-		reply = data
-		mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		var rep CapacityReply
-		err := Call(ctx, nc, "fuzz.rpc", "m1", CmdCapacity, CapacityRequest{}, &rep)
-		if err == nil {
-			return
-		}
-		se := AsError(err)
-		if se.Code == "" || se.Message == "" {
-			t.Fatalf("unstructured error %v", err)
-		}
-		if HasCode(err, CodeRPCFailure) && !strings.Contains(err.Error(), "m1") {
-			t.Fatalf("rpc failure does not name the machine: %v", err)
-		}
 	})
 }
 

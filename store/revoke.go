@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 )
@@ -71,39 +70,12 @@ func (s *Store) RevokeUser(ctx context.Context, rev *Revocation) error {
 	return err
 }
 
-// ApplyRevocations makes ns refuse every user in revoked (public key to the
-// time from which its credentials are refused) and close their connections.
-func (a *Auth) ApplyRevocations(ns *server.Server, revoked map[string]time.Time) error {
-	res := ns.AccountResolver()
-	for _, c := range []*jwt.AccountClaims{a.accountClaims(revoked), a.systemClaims(revoked)} {
-		enc, err := c.Encode(a.operatorKP)
-		if err != nil {
-			return fmt.Errorf("encoding account %s: %w", c.Name, err)
-		}
-		dec, err := jwt.DecodeAccountClaims(enc)
-		if err != nil {
-			return fmt.Errorf("decoding account %s: %w", c.Name, err)
-		}
-		acc, err := ns.LookupAccount(c.Subject)
-		if err != nil {
-			return fmt.Errorf("account %s: %w", c.Name, err)
-		}
-		// The resolver too, so a later fetch of the account keeps them.
-		if res != nil {
-			if err := res.Store(c.Subject, enc); err != nil {
-				return fmt.Errorf("storing account %s: %w", c.Name, err)
-			}
-		}
-		ns.UpdateAccountClaims(acc, dec)
-	}
-	return nil
-}
-
-// WatchRevocations applies the revocations bucket to ns: its whole content
-// before it returns, so a node refuses revoked credentials from the moment
-// it reports ready, then every change until ctx ends or stop is called.
-// Errors of later changes go to report; the watch goes on.
-func WatchRevocations(ctx context.Context, s *Store, ns *server.Server, a *Auth, report func(error)) (stop func(), err error) {
+// WatchRevocations hands the revocations bucket to apply (public key to the
+// time from which its credentials are refused): its whole content before it
+// returns, so a storage node refuses revoked credentials from the moment it
+// reports ready, then the whole list again on every change until ctx ends or
+// stop is called. Errors of later changes go to report; the watch goes on.
+func WatchRevocations(ctx context.Context, s *Store, apply func(revoked map[string]time.Time) error, report func(error)) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	w, err := s.Revocations.WatchAll(ctx)
 	if err != nil {
@@ -147,7 +119,7 @@ func WatchRevocations(ctx context.Context, s *Store, ns *server.Server, a *Auth,
 		}
 	}
 	if len(revoked) > 0 {
-		if err := a.ApplyRevocations(ns, revoked); err != nil {
+		if err := apply(revoked); err != nil {
 			return fail(fmt.Errorf("applying %d revocations: %w", len(revoked), err))
 		}
 	}
@@ -170,7 +142,7 @@ func WatchRevocations(ctx context.Context, s *Store, ns *server.Server, a *Auth,
 					report(err)
 					continue
 				}
-				if err := a.ApplyRevocations(ns, revoked); err != nil {
+				if err := apply(revoked); err != nil {
 					report(fmt.Errorf("applying %d revocations: %w", len(revoked), err))
 				}
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -23,7 +24,7 @@ import (
 // `control server --auth` does: every client needs credentials.
 type authCluster struct {
 	url  string
-	auth *store.Auth
+	auth *storagenode.Auth
 	st   *store.Store // control credentials
 	dir  string
 	stun []string
@@ -32,17 +33,17 @@ type authCluster struct {
 func startAuthCluster(t *testing.T) *authCluster {
 	t.Helper()
 	dir := t.TempDir()
-	auth, err := store.LoadAuth(filepath.Join(dir, "auth"), true)
+	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
+	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	c := &authCluster{url: ns.ClientURL(), auth: auth, dir: dir}
-	c.st = c.open(t, c.creds(t, store.RoleControl, ""), true)
+	c.st = c.open(t, c.creds(t, storagenode.RoleControl, ""), true)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	for range 2 {
@@ -64,7 +65,7 @@ func startAuthCluster(t *testing.T) *authCluster {
 // creds writes credentials for role (and machine) and returns the file.
 func (c *authCluster) creds(t *testing.T, role, machine string) string {
 	t.Helper()
-	b, err := c.auth.IssueCreds(store.CredsRequest{Role: role, Machine: machine})
+	b, err := c.auth.IssueCreds(storagenode.CredsRequest{Role: role, Machine: machine})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestMeshCredentials(t *testing.T) {
 	c := startAuthCluster(t)
 	ctx := context.Background()
 	base := t.TempDir()
-	credsA, credsB := c.creds(t, store.RoleMesh, "alpha"), c.creds(t, store.RoleMesh, "beta")
+	credsA, credsB := c.creds(t, storagenode.RoleMesh, "alpha"), c.creds(t, storagenode.RoleMesh, "beta")
 
 	dirA, dirB := filepath.Join(base, "alpha"), filepath.Join(base, "beta")
 	stA, err := c.join("alpha", dirA, c.invite(t), credsA)
@@ -204,7 +205,7 @@ func TestMeshCredentials(t *testing.T) {
 	if _, err := c.st.MeshPeer(ctx, "gamma"); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("refused joins wrote gamma's peer record: %v", err)
 	}
-	if _, err := c.join("gamma", dirG, tok, c.creds(t, store.RoleMesh, "gamma")); err != nil {
+	if _, err := c.join("gamma", dirG, tok, c.creds(t, storagenode.RoleMesh, "gamma")); err != nil {
 		t.Fatalf("join gamma with its own credentials and the same invite: %v", err)
 	}
 

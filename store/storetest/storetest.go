@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // Server is a running test server and a provisioned store on it.
@@ -33,7 +34,7 @@ func Start(t testing.TB) *Server {
 // fixed port to restart a server at the same address).
 func StartIn(t testing.TB, dir, listen string) *Server {
 	t.Helper()
-	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: dir, Listen: listen})
+	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: listen})
 	if err != nil {
 		t.Fatalf("starting nats: %v", err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 func main() {
@@ -42,7 +43,7 @@ func run() error {
 	}
 	z := strings.TrimSuffix(strings.ToLower(*zone), ".") + "."
 
-	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: filepath.Join(*dir, "nats"), Listen: *listen})
+	ns, err := storagenode.Start(storagenode.Config{DataDir: filepath.Join(*dir, "nats"), Listen: *listen})
 	if err != nil {
 		return err
 	}

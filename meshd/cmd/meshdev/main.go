@@ -34,6 +34,7 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 func main() {
@@ -56,16 +57,16 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	auth, err := store.LoadAuth(filepath.Join(*data, "auth"), true)
+	auth, err := storagenode.LoadAuth(filepath.Join(*data, "auth"), true)
 	if err != nil {
 		return err
 	}
 	names, _ := store.NewNames("", "")
 	ctlCreds := filepath.Join(*data, "control.creds")
-	if err := writeCreds(auth, store.CredsRequest{Role: store.RoleControl, Name: "meshdev", Names: names}, ctlCreds); err != nil {
+	if err := writeCreds(auth, storagenode.CredsRequest{Role: storagenode.RoleControl, Name: "meshdev", Names: names}, ctlCreds); err != nil {
 		return err
 	}
-	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: *data, Listen: net.JoinHostPort(*host, strconv.Itoa(*natsPort)), Auth: auth})
+	ns, err := storagenode.Start(storagenode.Config{DataDir: *data, Listen: net.JoinHostPort(*host, strconv.Itoa(*natsPort)), Auth: auth})
 	if err != nil {
 		return err
 	}
@@ -123,12 +124,12 @@ func run() error {
 	}
 }
 
-func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, auth *store.Auth, f []string) string {
+func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, auth *storagenode.Auth, f []string) string {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	switch {
 	case len(f) == 3 && f[0] == "creds":
-		if err := writeCreds(auth, store.CredsRequest{Role: store.RoleMesh, Machine: f[1], Names: st.Names}, f[2]); err != nil {
+		if err := writeCreds(auth, storagenode.CredsRequest{Role: storagenode.RoleMesh, Machine: f[1], Names: st.Names}, f[2]); err != nil {
 			return "ERR " + err.Error()
 		}
 		return "CREDS " + f[2]
@@ -156,7 +157,7 @@ func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, auth
 }
 
 // writeCreds issues credentials for r into file (mode 0600).
-func writeCreds(auth *store.Auth, r store.CredsRequest, file string) error {
+func writeCreds(auth *storagenode.Auth, r storagenode.CredsRequest, file string) error {
 	b, err := auth.IssueCreds(r)
 	if err != nil {
 		return err

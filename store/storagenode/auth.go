@@ -1,4 +1,4 @@
-package store
+package storagenode
 
 import (
 	"crypto/rand"
@@ -12,8 +12,9 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // Role-scoped credentials. A storage node runs its embedded server in NATS
@@ -85,7 +86,7 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 			return nil, err
 		}
 	case errors.Is(err, os.ErrNotExist):
-		return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("auth dir %s has no keys: run `control server --auth` once (it creates them) or copy the dir from a storage node", dir),
+		return nil, &store.Error{Code: store.CodeNotFound, Message: fmt.Sprintf("auth dir %s has no keys: run `control server --auth` once (it creates them) or copy the dir from a storage node", dir),
 			Detail: map[string]string{"dir": dir}}
 	case err != nil:
 		return nil, fmt.Errorf("auth dir: %w", err)
@@ -221,7 +222,7 @@ type CredsRequest struct {
 	Machine string
 	// Name labels the user (default role[-machine]).
 	Name  string
-	Names Names
+	Names store.Names
 	// TTL, if set, makes the credentials expire.
 	TTL time.Duration
 	// System issues a system-account user (storage operations that NATS
@@ -232,7 +233,7 @@ type CredsRequest struct {
 // IssueCreds returns a credentials file for r.
 func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 	if r.Names.Authority == "" {
-		r.Names, _ = NewNames("", "")
+		r.Names, _ = store.NewNames("", "")
 	}
 	perms, err := RolePermissions(r.Role, r.Machine, r.Names)
 	if err != nil {
@@ -265,7 +266,7 @@ func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 	} else {
 		uc.Permissions = perms
 		if r.Role != RoleControl {
-			uc.Permissions.Sub.Allow.Add(InboxPrefix(upub) + ".>")
+			uc.Permissions.Sub.Allow.Add(store.InboxPrefix(upub) + ".>")
 		}
 	}
 	ujwt, err := uc.Encode(signer)
@@ -276,20 +277,15 @@ func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 	return jwt.FormatUserConfig(ujwt, seed)
 }
 
-// InboxPrefix is the reply-subject prefix a user may subscribe to: every
-// client connecting with credentials uses it, so one role cannot read the
-// replies (certificate values, say) meant for another.
-func InboxPrefix(userPub string) string { return "_INBOX." + userPub }
-
 // RolePermissions are the subject permissions of role.
-func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
+func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, error) {
 	var p jwt.Permissions
 	needMachine := role == RoleAgent || role == RoleMesh
-	if needMachine && !ValidToken(machine) {
-		return p, &Error{Code: CodeInvalid, Message: fmt.Sprintf("role %s needs --machine ID (letters, digits, '-', '_'), got %q", role, machine)}
+	if needMachine && !store.ValidToken(machine) {
+		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("role %s needs --machine ID (letters, digits, '-', '_'), got %q", role, machine)}
 	}
 	if !needMachine && machine != "" && role != RoleGateway {
-		return p, &Error{Code: CodeInvalid, Message: fmt.Sprintf("role %s is not bound to a machine", role)}
+		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("role %s is not bound to a machine", role)}
 	}
 	// readStream lets a role read one stream (bucket streams are "KV_<bucket>").
 	readStream := func(stream string) {
@@ -357,15 +353,15 @@ func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
 			readKV(b)
 		}
 		// Only its own machine's instance records: the key names the
-		// machine (InstanceKey), so one agent cannot mark another
+		// machine (store.InstanceKey), so one agent cannot mark another
 		// machine's instances ready, failed or gone.
-		writeKV(n.InstancesBucket(), InstanceKey("*", machine, "*"))
+		writeKV(n.InstancesBucket(), store.InstanceKey("*", machine, "*"))
 		writeKV(n.InvitesBucket(), "invite.*")
 		writeKV(n.MachinesBucket(), machine)
 		// Its own mesh peer record only (a KV get is a direct get naming
 		// the key): the agent advertises the machine's mesh IP.
 		peers := n.MeshPeersBucket()
-		p.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + peers + ".$KV." + peers + "." + MeshPeerKey(machine))
+		p.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + peers + ".$KV." + peers + "." + store.MeshPeerKey(machine))
 		// No routing events of services: after one of its instances
 		// drains, fails or restarts the agent asks the control plane to
 		// republish the service from stored state, on its own machine's
@@ -378,33 +374,15 @@ func RolePermissions(role, machine string, n Names) (jwt.Permissions, error) {
 		for _, b := range []string{n.MeshPeersBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachinesBucket()} {
 			readKV(b)
 		}
-		writeKV(n.MeshHeartbeatsBucket(), MeshBeatKey(machine))
-		writeKV(n.MeshDriftBucket(), MeshDriftKey(machine))
+		writeKV(n.MeshHeartbeatsBucket(), store.MeshBeatKey(machine))
+		writeKV(n.MeshDriftBucket(), store.MeshDriftKey(machine))
 		// Only its own machine's registrar subjects: credentials for one
 		// machine cannot register (or remove) another.
 		p.Pub.Allow.Add(n.RegistrarSubject("register."+machine), n.RegistrarSubject("leave."+machine))
 	default:
-		return p, &Error{Code: CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
+		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}
-	// Replies to this user's own requests only (see InboxPrefix); the
+	// Replies to this user's own requests only (see store.InboxPrefix); the
 	// user's key is not known yet, so the prefix is added when signing.
 	return p, nil
-}
-
-// credsOptions are the connect options for a credentials file: the user
-// JWT and seed, and the user's own inbox prefix.
-func credsOptions(file string) ([]nats.Option, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("reading credentials %s: %w", file, err)
-	}
-	tok, err := jwt.ParseDecoratedJWT(b)
-	if err != nil {
-		return nil, fmt.Errorf("credentials %s: %w", file, err)
-	}
-	uc, err := jwt.DecodeUserClaims(tok)
-	if err != nil {
-		return nil, fmt.Errorf("credentials %s: not a user JWT: %w", file, err)
-	}
-	return []nats.Option{nats.UserCredentials(file), nats.CustomInboxPrefix(InboxPrefix(uc.Subject))}, nil
 }

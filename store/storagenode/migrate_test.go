@@ -1,4 +1,4 @@
-package store_test
+package storagenode_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -23,7 +24,7 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	// The single box, with history: superseded commits, deleted and
 	// expiring keys.
 	boxDir := t.TempDir()
-	box, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: boxDir, Listen: "127.0.0.1:0", ServerName: "box"})
+	box, err := storagenode.Start(storagenode.Config{DataDir: boxDir, Listen: "127.0.0.1:0", ServerName: "box"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,11 +70,11 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	box.Shutdown()
 	box.WaitForShutdown()
 
-	l, err := store.ReadStoreLayout(boxDir)
+	l, err := storagenode.ReadStoreLayout(boxDir)
 	if err != nil || !l.Standalone() || len(l.Accounts) != 1 || l.Accounts[0] != "$G" {
 		t.Fatalf("layout of the box's store: %+v %v", l, err)
 	}
-	if err := store.CheckClusterable(boxDir); !store.HasCode(err, store.CodeInvalid) {
+	if err := storagenode.CheckClusterable(boxDir); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("clustering a single box's store in place must be refused, got %v", err)
 	}
 
@@ -88,20 +89,20 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		if err := store.CheckClusterable(n.dir); err != nil {
+		if err := storagenode.CheckClusterable(n.dir); err != nil {
 			t.Fatalf("a storage node's own store: %v", err)
 		}
 	}
 
 	// The box's store served again, alone, and copied over.
-	release, err := store.LockDataDir(boxDir)
+	release, err := storagenode.LockDataDir(boxDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.LockDataDir(boxDir); !store.HasCode(err, store.CodeBusy) {
+	if _, err := storagenode.LockDataDir(boxDir); !store.HasCode(err, store.CodeBusy) {
 		t.Fatalf("a second lock on a data dir in use: want busy, got %v", err)
 	}
-	src, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: boxDir, Listen: "127.0.0.1:0", ServerName: "import"})
+	src, err := storagenode.Start(storagenode.Config{DataDir: boxDir, Listen: "127.0.0.1:0", ServerName: "import"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,9 +116,9 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{names.DeployCommitsStream(), "KV_" + names.CertsBucket(), "KV_" + names.InvitesBucket()} {
-		var imp *store.StreamImport
+		var imp *storagenode.StreamImport
 		storetest.Eventually(t, 30*time.Second, "importing "+name, func() bool {
-			imp, err = store.ImportStream(ctx, snc, cnc, name, 3)
+			imp, err = storagenode.ImportStream(ctx, snc, cnc, name, 3)
 			if err != nil {
 				t.Logf("import %s: %v", name, err)
 			}
@@ -129,7 +130,7 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 		}
 	}
 	// Importing onto an existing stream is refused and changes nothing.
-	if _, err := store.ImportStream(ctx, snc, cnc, names.DeployCommitsStream(), 3); err == nil {
+	if _, err := storagenode.ImportStream(ctx, snc, cnc, names.DeployCommitsStream(), 3); err == nil {
 		t.Fatal("import over an existing stream succeeded")
 	}
 

@@ -1,4 +1,4 @@
-package store_test
+package storagenode_test
 
 import (
 	"context"
@@ -10,28 +10,29 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // A revoked user is disconnected at once and refused from then on, also by
 // a storage node that restarts; other users are not touched.
 func TestRevokedCredentialsAreRefused(t *testing.T) {
 	dir := t.TempDir()
-	auth, err := store.LoadAuth(filepath.Join(dir, "auth"), true)
+	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	names, _ := store.NewNames("", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ctlCreds := writeCreds(t, auth, store.CredsRequest{Role: store.RoleControl})
-	agentCreds := writeCreds(t, auth, store.CredsRequest{Role: store.RoleAgent, Machine: "m1"})
-	gwCreds := writeCreds(t, auth, store.CredsRequest{Role: store.RoleGateway})
+	ctlCreds := writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleControl})
+	agentCreds := writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
+	gwCreds := writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway})
 
 	// start runs the storage node as `control server` does: the server,
 	// the store, and the revocations watch.
 	start := func(listen string) (string, *store.Store, func()) {
 		t.Helper()
-		ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: dir, Listen: listen, Auth: auth})
+		ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: listen, Auth: auth})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +44,7 @@ func TestRevokedCredentialsAreRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stop, err := store.WatchRevocations(ctx, s, ns, auth, func(err error) { t.Errorf("revocations: %v", err) })
+		stop, err := storagenode.WatchRevocations(ctx, s, ns, auth, func(err error) { t.Errorf("revocations: %v", err) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,7 +74,7 @@ func TestRevokedCredentialsAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev, err := store.UserOfCreds(b)
-	if err != nil || rev.Role != store.RoleAgent || rev.Machine != "m1" {
+	if err != nil || rev.Role != storagenode.RoleAgent || rev.Machine != "m1" {
 		t.Fatalf("reading the agent's credentials: %+v %v", rev, err)
 	}
 	if err := s.RevokeUser(ctx, &store.Revocation{User: "not-a-key"}); !store.HasCode(err, store.CodeInvalid) {

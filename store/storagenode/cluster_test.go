@@ -1,4 +1,4 @@
-package store_test
+package storagenode_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -42,7 +43,7 @@ type testNode struct {
 
 // startCluster starts three clustered storage nodes in this process, each
 // answering the storage status subject as `control server` does.
-func startCluster(t *testing.T, auth *store.Auth) []*testNode {
+func startCluster(t *testing.T, auth *storagenode.Auth) []*testNode {
 	t.Helper()
 	ports := freePorts(t, 3)
 	var routes []string
@@ -57,9 +58,9 @@ func startCluster(t *testing.T, auth *store.Auth) []*testNode {
 	for i := range nodes {
 		name := fmt.Sprintf("s%d", i+1)
 		dir := t.TempDir()
-		ns, err := store.StartEmbedded(store.EmbeddedConfig{
+		ns, err := storagenode.Start(storagenode.Config{
 			DataDir: dir, Listen: "127.0.0.1:0", ServerName: name, Auth: auth,
-			Cluster: &store.ClusterConfig{Name: "edge", Listen: routes[i], Routes: routes, Secret: secret},
+			Cluster: &storagenode.ClusterConfig{Name: "edge", Listen: routes[i], Routes: routes, Secret: secret},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -82,7 +83,7 @@ func TestClusterQuorumLossNamesMissingNodes(t *testing.T) {
 		}
 		t.Cleanup(nc.Close)
 		n.nc = nc
-		stop, err := store.ServeStorageStatus(ctx, nc, names, n.ns)
+		stop, err := storagenode.ServeStatus(ctx, nc, names, n.ns)
 		if err != nil {
 			t.Fatal(err)
 		}

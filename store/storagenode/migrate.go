@@ -1,4 +1,4 @@
-package store
+package storagenode
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // StoreLayout is what a data dir's JetStream store holds on disk.
@@ -75,7 +77,7 @@ func CheckClusterable(dataDir string) error {
 		return err
 	}
 	if l.Standalone() {
-		return Errorf(CodeInvalid, "data dir %s %v; move it aside, start this node with an empty --data, and once the cluster is up run `control storage import --from <moved dir>`", dataDir, ErrSingleBoxStore).
+		return store.Errorf(store.CodeInvalid, "data dir %s %v; move it aside, start this node with an empty --data, and once the cluster is up run `control storage import --from <moved dir>`", dataDir, ErrSingleBoxStore).
 			With("data", dataDir)
 	}
 	return nil
@@ -96,7 +98,7 @@ func LockDataDir(dataDir string) (release func(), err error) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, Errorf(CodeBusy, "data dir %s is in use by another process (a running control server?): stop it first", dataDir).
+			return nil, store.Errorf(store.CodeBusy, "data dir %s is in use by another process (a running control server?): stop it first", dataDir).
 				With("data", dataDir)
 		}
 		return nil, fmt.Errorf("locking data dir %s: %w", dataDir, err)
@@ -270,7 +272,7 @@ func jsAPI(ctx context.Context, nc *nats.Conn, subject string, req, resp any, ap
 	}
 	m, err := nc.RequestWithContext(ctx, subject, b)
 	if err != nil {
-		return classify(err)
+		return store.Classify(err)
 	}
 	if err := json.Unmarshal(m.Data, resp); err != nil {
 		return fmt.Errorf("undecodable answer: %w", err)

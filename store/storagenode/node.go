@@ -1,4 +1,13 @@
-package store
+// Package storagenode runs a storage node: the embedded nats-server with
+// JetStream that holds the edgeplane store, alone on one box or as one node of
+// a RAFT-replicated JetStream cluster, with operator-mode credentials, the
+// revocation list, the storage status it answers and the import of a single
+// box's store into a cluster.
+//
+// Only `control server` and the storage commands of `control` run a storage
+// node, so only they link nats-server: the gateway, edgeplane-dns and meshd
+// are clients of package store alone.
+package storagenode
 
 import (
 	"fmt"
@@ -13,8 +22,8 @@ import (
 // DefaultListen is where an embedded server listens unless told otherwise.
 const DefaultListen = "127.0.0.1:4222"
 
-// EmbeddedConfig configures an in-process nats-server with JetStream.
-type EmbeddedConfig struct {
+// Config configures an in-process nats-server with JetStream.
+type Config struct {
 	// DataDir holds the JetStream store under DataDir/jetstream.
 	DataDir string
 	// Listen is the client address, host:port; default DefaultListen. Port 0
@@ -37,9 +46,9 @@ type EmbeddedConfig struct {
 	Auth *Auth
 }
 
-// StartEmbedded starts a nats-server with JetStream and waits until it
+// Start starts a nats-server with JetStream and waits until it
 // accepts connections.
-func StartEmbedded(cfg EmbeddedConfig) (*server.Server, error) {
+func Start(cfg Config) (*server.Server, error) {
 	if cfg.DataDir == "" {
 		return nil, fmt.Errorf("starting embedded nats: a data dir is required")
 	}

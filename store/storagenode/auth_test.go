@@ -1,4 +1,4 @@
-package store_test
+package storagenode_test
 
 import (
 	"context"
@@ -12,9 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
-func writeCreds(t *testing.T, a *store.Auth, r store.CredsRequest) string {
+func writeCreds(t *testing.T, a *storagenode.Auth, r storagenode.CredsRequest) string {
 	t.Helper()
 	b, err := a.IssueCreds(r)
 	if err != nil {
@@ -28,37 +29,37 @@ func writeCreds(t *testing.T, a *store.Auth, r store.CredsRequest) string {
 }
 
 func TestNonLoopbackListenerNeedsCredentials(t *testing.T) {
-	_, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: t.TempDir(), Listen: "0.0.0.0:0"})
+	_, err := storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "0.0.0.0:0"})
 	if err == nil || !strings.Contains(err.Error(), "without credentials") {
 		t.Fatalf("want a refusal, got %v", err)
 	}
-	_, err = store.StartEmbedded(store.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0",
-		Cluster: &store.ClusterConfig{Name: "c", Listen: "0.0.0.0:0"}})
+	_, err = storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0",
+		Cluster: &storagenode.ClusterConfig{Name: "c", Listen: "0.0.0.0:0"}})
 	if err == nil || !strings.Contains(err.Error(), "cluster secret") {
 		t.Fatalf("want a refusal of the open cluster port, got %v", err)
 	}
-	if _, err := store.LoadAuth(t.TempDir(), false); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := storagenode.LoadAuth(t.TempDir(), false); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("empty auth dir: %v", err)
 	}
-	if _, err := store.RolePermissions(store.RoleAgent, "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
+	if _, err := storagenode.RolePermissions(storagenode.RoleAgent, "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("agent creds without a machine: %v", err)
 	}
-	if _, err := store.RolePermissions("root", "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
+	if _, err := storagenode.RolePermissions("root", "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("unknown role: %v", err)
 	}
 }
 
 func TestRoleScopedCredentials(t *testing.T) {
 	dir := t.TempDir()
-	auth, err := store.LoadAuth(filepath.Join(dir, "auth"), true)
+	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Reloading the same dir yields the same trust.
-	if _, err := store.LoadAuth(filepath.Join(dir, "auth"), false); err != nil {
+	if _, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), false); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := store.StartEmbedded(store.EmbeddedConfig{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
+	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	ctl := connect(writeCreds(t, auth, store.CredsRequest{Role: store.RoleControl}))
+	ctl := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleControl}))
 	cs, err := store.Provision(ctx, ctl, names, store.Layout{})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +90,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	agentNC := connect(writeCreds(t, auth, store.CredsRequest{Role: store.RoleAgent, Machine: "m1"}))
+	agentNC := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"}))
 	as, err := store.Open(ctx, agentNC, names)
 	if err != nil {
 		t.Fatalf("agent binds the store: %v", err)
@@ -307,7 +308,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 
 	// The gateway role reads certificates and takes certificate locks, but
 	// no deploy or subnet lock.
-	gwNC := connect(writeCreds(t, auth, store.CredsRequest{Role: store.RoleGateway}))
+	gwNC := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway}))
 	gwViolations := make(chan error, 16)
 	gwNC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
@@ -336,7 +337,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 		})
 	}
 	// Mesh credentials write only their own heartbeat.
-	ms, err := store.Open(ctx, connect(writeCreds(t, auth, store.CredsRequest{Role: store.RoleMesh, Machine: "m1"})), names)
+	ms, err := store.Open(ctx, connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleMesh, Machine: "m1"})), names)
 	if err != nil {
 		t.Fatal(err)
 	}
