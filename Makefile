@@ -42,7 +42,7 @@ bench-apply:
 	$(GO) test -run '^$$' -bench Apply -benchtime 10x ./control/deploy/
 
 bench-gateway:
-	$(GO) test -run '^$$' -bench . ./caddymodule/ ./caddymodule/projection/
+	$(GO) test -run '^$$' -bench . ./caddymodule/ ./projection/
 
 bench-dns:
 	dnsproj/bench/bench.sh

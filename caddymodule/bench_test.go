@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/projection/projectiontest"
 )
 
 // loadRun drives GETs at url with Host host from workers for d and returns

@@ -8,7 +8,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/encode/gzip"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 
-	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
+	"github.com/edgeplane/edgeplane/internal/adapttest"
 )
 
 // TestCaddyfileAdapt compares testdata/adapt/<name>.caddyfile adapted to

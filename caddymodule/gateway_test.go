@@ -16,8 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddytls"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/edgeplane/edgeplane/caddymodule/projection"
-	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )

@@ -11,9 +11,9 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
 	"github.com/edgeplane/edgeplane/certs/caddycerts"
 	_ "github.com/edgeplane/edgeplane/certs/caddystorage"
+	"github.com/edgeplane/edgeplane/internal/adapttest"
 )
 
 func adapt(t *testing.T, caddyfile string) ([]byte, error) {

@@ -22,10 +22,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/caddymodule/projection"
-	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/certs"
 	"github.com/edgeplane/edgeplane/certs/internal/pebbletest"
+	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )

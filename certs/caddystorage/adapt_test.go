@@ -10,8 +10,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
 	"github.com/edgeplane/edgeplane/certs/caddystorage"
+	"github.com/edgeplane/edgeplane/internal/adapttest"
 )
 
 func adapt(t *testing.T, caddyfile string) ([]byte, error) {

@@ -14,8 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
-	"github.com/edgeplane/edgeplane/caddymodule/projection"
 	"github.com/edgeplane/edgeplane/dnsproj"
+	"github.com/edgeplane/edgeplane/projection"
 )
 
 func init() {

@@ -16,7 +16,7 @@ import (
 	"github.com/miekg/dns"
 
 	_ "github.com/edgeplane/edgeplane/caddymodule" // the gateway app, "edgeplane"
-	"github.com/edgeplane/edgeplane/caddymodule/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
-	"github.com/edgeplane/edgeplane/caddymodule/adapttest"
+	"github.com/edgeplane/edgeplane/internal/adapttest"
 )
 
 // TestCaddyfileAdapt compares each testdata/<name>.caddyfile, adapted, with

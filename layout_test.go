@@ -1,0 +1,74 @@
+package edgeplane_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/edgeplane/edgeplane"
+
+// goList runs `go list` with args in the module and returns its lines.
+func goList(t *testing.T, args ...string) []string {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go not on PATH: the layout checks read the package graph with `go list`")
+	}
+	out, err := exec.Command("go", append([]string{"list"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+// The binaries that run on every edge box are clients of the store: running
+// a NATS server is a storage node's job (store/storagenode, control only).
+func TestEdgeBinariesLinkNoNATSServer(t *testing.T) {
+	for _, bin := range []string{"./caddymodule/cmd/caddy", "./meshd", "./dnsproj/cmd/edgeplane-dns"} {
+		for _, dep := range goList(t, "-deps", bin) {
+			if strings.HasPrefix(dep, "github.com/nats-io/nats-server/") || dep == module+"/store/storagenode" {
+				t.Errorf("%s links %s", bin, dep)
+			}
+		}
+	}
+}
+
+// adapterPart returns the part a Caddy adapter package belongs to (its top
+// folder), or "" when pkg is not an adapter: adapters are the gateway's
+// caddymodule/ and the caddy* packages under a part's folder.
+func adapterPart(pkg string) string {
+	rel, ok := strings.CutPrefix(pkg, module+"/")
+	if !ok {
+		return ""
+	}
+	elems := strings.Split(rel, "/")
+	for _, e := range elems {
+		if strings.HasPrefix(e, "caddy") {
+			return elems[0]
+		}
+	}
+	return ""
+}
+
+// The rule of the README's layout table: a part's core is Caddy-free; its
+// Caddy modules are adapters over cores (and store), and no adapter imports
+// another part's adapter. Only the root package, which registers them all,
+// and the custom Caddy's main bring adapters of several parts together.
+func TestCoresAreCaddyFreeAndAdaptersStayApart(t *testing.T) {
+	for _, line := range goList(t, "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./...") {
+		fields := strings.Fields(line)
+		pkg, imports := fields[0], fields[1:]
+		if pkg == module || pkg == module+"/caddymodule/cmd/caddy" {
+			continue
+		}
+		part := adapterPart(pkg)
+		for _, imp := range imports {
+			if part == "" && strings.HasPrefix(imp, "github.com/caddyserver/caddy/") && pkg != module+"/internal/adapttest" {
+				t.Errorf("%s imports %s: Caddy belongs in an adapter (caddymodule/ or a caddy* package)", pkg, imp)
+			}
+			if p := adapterPart(imp); p != "" && p != part {
+				t.Errorf("%s imports %s, the Caddy adapter of another part: depend on its core instead", pkg, imp)
+			}
+		}
+	}
+}
