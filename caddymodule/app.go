@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -32,15 +31,9 @@ func init() {
 // with the same connection settings share one projection through a usage
 // pool, so a reload neither reconnects nor rebuilds.
 type App struct {
-	// NATSURL is the NATS server of the control plane. Default:
-	// $EDGEPLANE_NATS, else nats://127.0.0.1:4222.
-	NATSURL string `json:"nats_url,omitempty"`
-	// CredsFile is a NATS credentials file; default none.
-	CredsFile string `json:"creds_file,omitempty"`
-	// Installation scopes NATS names; default "local".
-	Installation string `json:"installation,omitempty"`
-	// Authority scopes NATS names; default "default".
-	Authority string `json:"authority,omitempty"`
+	// The control plane to follow: nats_url, creds_file, installation and
+	// authority, as in every edgeplane module.
+	store.Config
 	// SnapshotPath is where the last good routing view is persisted, to
 	// serve from when the gateway starts while NATS is unreachable.
 	// Default: <caddy data dir>/edgeplane/routing-<installation>-<authority>.json.
@@ -72,20 +65,12 @@ var current atomic.Pointer[App]
 // Provision fills defaults and attaches to (or creates) the shared projection.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
-	if a.NATSURL == "" {
-		a.NATSURL = store.URLFromEnv()
-	}
-	names, err := store.NewNames(a.Installation, a.Authority)
+	names, err := a.Resolve()
 	if err != nil {
 		return fmt.Errorf("provisioning edgeplane app: %w", err)
 	}
-	a.Installation, a.Authority = names.Installation, names.Authority
 	if a.GatewayName == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "gateway"
-		}
-		a.GatewayName = host
+		a.GatewayName = store.HostName("gateway")
 	}
 	if a.SnapshotPath == "" {
 		a.SnapshotPath = filepath.Join(caddy.AppDataDir(), "edgeplane",
@@ -97,7 +82,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.key = string(key)
 	val, _, err := pool.LoadOrNew(a.key, func() (caddy.Destructor, error) {
-		return newSharedProjection(a, names)
+		return newSharedProjection(a)
 	})
 	if err != nil {
 		return fmt.Errorf("provisioning edgeplane app: %w", err)
@@ -163,23 +148,17 @@ type sharedProjection struct {
 	conns []*store.Store
 }
 
-func newSharedProjection(a *App, names store.Names) (*sharedProjection, error) {
+func newSharedProjection(a *App) (*sharedProjection, error) {
 	// The process-wide logger, not this config's: the projection outlives
 	// the config that created it.
 	logger := caddy.Log().Named("edgeplane.projection")
 	s := &sharedProjection{logger: logger, done: make(chan struct{})}
-	url, creds, name := a.NATSURL, a.CredsFile, a.GatewayName
+	cfg, name := a.Config, a.GatewayName
 	connect := func(ctx context.Context) (*store.Store, error) {
-		nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: "edgeplane-gateway " + name,
-			Timeout: 2 * time.Second, ReconnectForever: true})
-		if err != nil {
-			return nil, err
-		}
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		st, err := store.Open(octx, nc, names)
+		st, err := cfg.Dial(octx, store.ConnectOptions{Name: "edgeplane-gateway " + name, Timeout: 2 * time.Second, ReconnectForever: true})
 		if err != nil {
-			nc.Close()
 			return nil, err
 		}
 		s.mu.Lock()

@@ -46,21 +46,14 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for d.NextBlock(0) {
 		sub := d.Val()
-		var dst *string
+		dst := a.Setting(sub)
 		switch sub {
-		case "nats_url":
-			dst = &a.NATSURL
-		case "creds_file":
-			dst = &a.CredsFile
-		case "installation":
-			dst = &a.Installation
-		case "authority":
-			dst = &a.Authority
 		case "snapshot_path":
 			dst = &a.SnapshotPath
 		case "gateway_name":
 			dst = &a.GatewayName
-		default:
+		}
+		if dst == nil {
 			return d.Errf("unrecognized edgeplane option %q", sub)
 		}
 		if *dst != "" {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -65,8 +64,7 @@ func New(s *store.Store, o Options) (*Storage, error) {
 		return nil, fmt.Errorf("creating certificate storage: lock ttl %s below the minimum %s", o.LockTTL, store.MinLeaseTTL)
 	}
 	if o.Holder == "" {
-		h, _ := os.Hostname()
-		o.Holder = fmt.Sprintf("%s:%d", h, os.Getpid())
+		o.Holder = store.DefaultHolder()
 	}
 	if o.LockPollMax <= 0 {
 		o.LockPollMax = time.Second

@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/store"
+	"go.uber.org/zap"
 )
 
 // agentIdentity is what `control agent --join` saves so that later starts
@@ -28,34 +28,32 @@ type agentIdentity struct {
 
 func identityPath(dir string) string { return filepath.Join(dir, "agent.json") }
 
-func cmdAgent(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("control agent", stderr)
-	c := addClientFlags(fs, false)
-	c.longRunning = true
+func setupAgent(fs *flag.FlagSet) func(*call) error {
 	data := fs.String("data", "", "agent data dir: identity, instance state and logs (required)")
-	join := fs.String("join", "", "invite token from `control machine invite`; needed once")
+	join := fs.String("join", "", "invite `TOKEN` from 'control machine invite'; needed once")
 	machine := fs.String("machine", "", "machine ID (default: the hostname)")
 	advertise := fs.String("advertise", "", "IP instances listen on and are reached at (default: the saved one, else this machine's mesh IP, else 127.0.0.1)")
 	maxInst := fs.Int("max-instances", 256, "instances this machine accepts")
 	grace := fs.Duration("stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace when stopping instances")
-	if _, err := parse(fs, args); err != nil {
-		return err
+	lf := addLogFlags(fs)
+	return func(c *call) error {
+		if *data == "" {
+			return usagef("--data is required")
+		}
+		logger, err := lf.logger(c)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = logger.Sync() }()
+		return c.withStore(func(s *store.Store) error {
+			rec, err := agentMachine(c.ctx, s, *data, *join, *machine, *advertise)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.stdout, "agent for machine %s (%s) serving; instances survive this process\n", rec.ID, rec.Address)
+			return runAgent(c.ctx, s, rec, *data, *maxInst, *grace, logger)
+		})
 	}
-	if *data == "" {
-		return usagef("--data is required")
-	}
-	s, err := c.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer s.NC.Close()
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	rec, err := agentMachine(ctx, s, *data, *join, *machine, *advertise)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "agent for machine %s (%s) serving; instances survive this process\n", rec.ID, rec.Address)
-	return runAgent(ctx, s, rec, *data, *maxInst, *grace, logger)
 }
 
 // agentMachine resolves the machine this agent serves: joining with a token
@@ -96,11 +94,7 @@ func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise
 		id = ident.Machine
 	}
 	if id == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("machine id: %w", err)
-		}
-		id = h
+		id = store.DefaultMachineID()
 	}
 	addr, err := advertiseAddr(advertise, ident.Address, meshIP(ctx, s, id))
 	if err != nil {
@@ -141,7 +135,7 @@ func advertiseAddr(flagVal, saved, mesh string) (string, error) {
 	return v, nil
 }
 
-func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, dir string, maxInst int, grace time.Duration, logger *slog.Logger) error {
+func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, dir string, maxInst int, grace time.Duration, logger *zap.Logger) error {
 	a, err := agent.New(agent.Config{
 		Store: s, Machine: *rec, DataDir: dir, Driver: &runtime.Process{},
 		Logger: logger, MaxInstances: maxInst, StopGrace: grace,

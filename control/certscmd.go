@@ -2,34 +2,31 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/store"
 )
 
-func cmdCerts(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
-	fs := newFlagSet("control certs", stdout)
-	c := addClientFlags(fs, true)
-	if _, err := parse(fs, args); err != nil {
-		return nil, err
+func setupCerts(*flag.FlagSet) func(*call) error {
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error { return listCerts(c.ctx, s, c.out) })
 	}
-	out := c.output(stdout)
-	s, err := c.open(ctx)
-	if err != nil {
-		return out, err
-	}
-	defer s.NC.Close()
+}
+
+func listCerts(ctx context.Context, s *store.Store, out *output) error {
 	list, err := certs.ListStatus(ctx, s)
 	if err != nil {
-		return out, err
+		return err
 	}
 	if list == nil {
 		list = []certs.Status{}
 	}
-	return out, out.emit(list, func(w io.Writer) {
+	return out.emit(list, func(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "HOST\tISSUER\tEXPIRES\tLAST ATTEMPT\tNEXT ATTEMPT\tFAILURES\tLAST ERROR")
 		for _, st := range list {

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,18 +13,11 @@ import (
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
-// cmdCreds issues role-scoped NATS credentials. It runs on a storage node:
-// signing needs the account key in the auth dir, which only storage nodes
-// hold. Credentials are self-contained JWTs, so every storage node accepts
-// them at once and nothing is written to the store.
-func cmdCreds(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
-	if len(args) > 0 && args[0] == "revoke" {
-		return credsRevoke(ctx, args[1:], stdout)
-	}
-	if len(args) == 0 || args[0] != "issue" {
-		return nil, usagef("want: issue --role ROLE [--machine ID] -o FILE, or revoke --user-creds FILE | --user UKEY")
-	}
-	fs := newFlagSet("control creds issue", stdout)
+// setupCredsIssue issues role-scoped NATS credentials. It runs on a
+// storage node: signing needs the account key in the auth dir, which only
+// storage nodes hold. Credentials are self-contained JWTs, so every storage
+// node accepts them at once and nothing is written to the store.
+func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 	role := fs.String("role", "", "role: "+strings.Join(storagenode.Roles, ", ")+" (required)")
 	machine := fs.String("machine", "", "machine ID, required for the agent and mesh roles")
 	name := fs.String("name", "", "user name shown in server monitoring (default role-machine)")
@@ -32,102 +25,92 @@ func cmdCreds(ctx context.Context, args []string, stdout io.Writer) (*output, er
 	authDir := fs.String("auth-dir", "", "auth dir (overrides --data)")
 	file := fs.String("o", "", "write the credentials here, mode 0600 (required; - for stdout)")
 	ttl := fs.Duration("ttl", 0, "expire the credentials after this long (default: no expiry)")
-	system := fs.Bool("system", false, "a system-account user, for server operations NATS reserves to it (`control storage forget` issues its own)")
+	system := fs.Bool("system", false, "a system-account user, for server operations NATS reserves to it ('control storage forget' issues its own)")
 	inst := fs.String("installation", store.DefaultInstallation, "installation scope of every name")
 	auth := fs.String("authority", store.DefaultAuthority, "authority scope of every name")
-	if _, err := parse(fs, args[1:]); err != nil {
-		return nil, err
-	}
-	if *role == "" && !*system {
-		return nil, usagef("--role is required (%s)", strings.Join(storagenode.Roles, ", "))
-	}
-	if *file == "" {
-		return nil, usagef("-o FILE is required")
-	}
-	dir := *authDir
-	if dir == "" {
-		if *data == "" {
-			return nil, usagef("--data DIR or --auth-dir DIR is required (run this on a storage node)")
+	return func(c *call) error {
+		if *role == "" && !*system {
+			return usagef("--role is required (%s)", strings.Join(storagenode.Roles, ", "))
 		}
-		dir = filepath.Join(*data, "auth")
+		if *file == "" {
+			return usagef("-o FILE is required")
+		}
+		dir := *authDir
+		if dir == "" {
+			if *data == "" {
+				return usagef("--data DIR or --auth-dir DIR is required (run this on a storage node)")
+			}
+			dir = filepath.Join(*data, "auth")
+		}
+		names, err := store.NewNames(*inst, *auth)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		a, err := storagenode.LoadAuth(dir, false)
+		if err != nil {
+			return err
+		}
+		r := *role
+		if *system && r == "" {
+			r = storagenode.RoleControl
+		}
+		b, err := a.IssueCreds(storagenode.CredsRequest{Role: r, Machine: *machine, Name: *name, Names: names, TTL: *ttl, System: *system})
+		if err != nil {
+			return err
+		}
+		if *file == "-" {
+			_, err = c.stdout.Write(b)
+			return err
+		}
+		if err := os.WriteFile(*file, b, 0o600); err != nil {
+			return fmt.Errorf("writing credentials: %w", err)
+		}
+		exp := "never"
+		if *ttl > 0 {
+			exp = time.Now().Add(*ttl).UTC().Format(time.RFC3339)
+		}
+		who := r
+		if *machine != "" {
+			who += " for machine " + *machine
+		}
+		fmt.Fprintf(c.stdout, "wrote %s credentials to %s (expires %s)\n", who, *file, exp)
+		return nil
 	}
-	names, err := store.NewNames(*inst, *auth)
-	if err != nil {
-		return nil, usagef("%v", err)
-	}
-	a, err := storagenode.LoadAuth(dir, false)
-	if err != nil {
-		return nil, err
-	}
-	r := *role
-	if *system && r == "" {
-		r = storagenode.RoleControl
-	}
-	b, err := a.IssueCreds(storagenode.CredsRequest{Role: r, Machine: *machine, Name: *name, Names: names, TTL: *ttl, System: *system})
-	if err != nil {
-		return nil, err
-	}
-	if *file == "-" {
-		_, err = stdout.Write(b)
-		return nil, err
-	}
-	if err := os.WriteFile(*file, b, 0o600); err != nil {
-		return nil, fmt.Errorf("writing credentials: %w", err)
-	}
-	exp := "never"
-	if *ttl > 0 {
-		exp = time.Now().Add(*ttl).UTC().Format(time.RFC3339)
-	}
-	who := r
-	if *machine != "" {
-		who += " for machine " + *machine
-	}
-	fmt.Fprintf(stdout, "wrote %s credentials to %s (expires %s)\n", who, *file, exp)
-	return nil, nil
 }
 
-// credsRevoke refuses one user's credentials from now on, on every storage
-// node: it records the revocation in the store, which each node applies and
-// which closes the user's open connections.
-func credsRevoke(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
-	fs := newFlagSet("control creds revoke", stdout)
-	c := addClientFlags(fs, true)
+// setupCredsRevoke refuses one user's credentials from now on, on every
+// storage node: it records the revocation in the store, which each node
+// applies and which closes the user's open connections.
+func setupCredsRevoke(fs *flag.FlagSet) func(*call) error {
 	userCreds := fs.String("user-creds", "", "the credentials file to revoke")
 	user := fs.String("user", "", "or the user public key (U...) to revoke")
 	reason := fs.String("reason", "", "why, recorded with the revocation")
-	if _, err := parse(fs, args); err != nil {
-		return nil, err
-	}
-	out := c.output(stdout)
-	if (*userCreds == "") == (*user == "") {
-		return out, usagef("give exactly one of --user-creds FILE or --user UKEY")
-	}
-	rev := &store.Revocation{User: *user}
-	if *userCreds != "" {
-		b, err := os.ReadFile(*userCreds)
-		if err != nil {
-			return out, fmt.Errorf("reading %s: %w", *userCreds, err)
+	return func(c *call) error {
+		if (*userCreds == "") == (*user == "") {
+			return usagef("give exactly one of --user-creds FILE or --user UKEY")
 		}
-		if rev, err = store.UserOfCreds(b); err != nil {
-			return out, err
+		rev := &store.Revocation{User: *user}
+		if *userCreds != "" {
+			b, err := os.ReadFile(*userCreds)
+			if err != nil {
+				return fmt.Errorf("reading %s: %w", *userCreds, err)
+			}
+			if rev, err = store.UserOfCreds(b); err != nil {
+				return err
+			}
 		}
-	}
-	rev.Reason = *reason
-	s, err := c.open(ctx)
-	if err != nil {
-		return out, err
-	}
-	defer s.NC.Close()
-	if err := s.RevokeUser(ctx, rev); err != nil {
-		return out, err
-	}
-	return out, out.emit(rev, func(w io.Writer) {
-		who := rev.Name
-		if who == "" {
-			who = rev.User
+		rev.Reason = *reason
+		if err := c.withStore(func(s *store.Store) error { return s.RevokeUser(c.ctx, rev) }); err != nil {
+			return err
 		}
-		fmt.Fprintf(w, "revoked %s (%s) at %s: storage nodes refuse it and close its connections\n", who, rev.User, rev.At.Format(time.RFC3339))
-	})
+		return c.out.emit(rev, func(w io.Writer) {
+			who := rev.Name
+			if who == "" {
+				who = rev.User
+			}
+			fmt.Fprintf(w, "revoked %s (%s) at %s: storage nodes refuse it and close its connections\n", who, rev.User, rev.At.Format(time.RFC3339))
+		})
+	}
 }
 
 // issueTempCreds issues short-lived credentials for a command's own

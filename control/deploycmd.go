@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -16,108 +17,123 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-func cmdDeploy(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
-	if len(args) == 0 {
-		return nil, usagef("want a subcommand: preview, apply, status, history, rollback")
-	}
-	sub, args := args[0], args[1:]
-	fs := newFlagSet("control deploy "+sub, stdout)
-	c := addClientFlags(fs, true)
-	c.mutating = sub == "apply" || sub == "rollback"
-	var opts deploy.Options
-	var file, to *string
-	switch sub {
-	case "preview", "apply", "rollback":
-		if sub != "rollback" {
-			file = fs.String("f", "", "manifest file, YAML or JSON (required)")
-		} else {
-			to = fs.String("to", "", "deploy ID of the commit to roll back to (default: the one before the live commit)")
-		}
-		if sub != "preview" {
-			fs.DurationVar(&opts.LeaseTTL, "lease-ttl", 10*time.Second, "TTL of the namespace deploy lease (renewed while held)")
-			fs.DurationVar(&opts.ProbeTimeout, "probe-timeout", 2*time.Second, "how long each machine has to answer the capacity probe")
-			fs.DurationVar(&opts.GatewayWait, "gateway-wait", 10*time.Second, "bound on waiting for gateways to apply the new routing")
-			fs.DurationVar(&opts.DrainGrace, "drain-grace", 2*time.Second, "pause before stopping old instances, for requests in flight")
-			fs.DurationVar(&opts.StopGrace, "stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace for old instances")
-		}
-	case "status", "history":
-	default:
-		return nil, usagef("unknown subcommand %q: want preview, apply, status, history or rollback", sub)
-	}
-	pos, err := parse(fs, args)
-	if err != nil {
-		return nil, err
-	}
-	out := c.output(stdout)
-	var m *store.Manifest
-	if file != nil {
+// addApplyFlags registers the flags of the commands that run an apply.
+func addApplyFlags(fs *flag.FlagSet) *deploy.Options {
+	opts := &deploy.Options{}
+	fs.DurationVar(&opts.LeaseTTL, "lease-ttl", 10*time.Second, "TTL of the namespace deploy lease (renewed while held)")
+	fs.DurationVar(&opts.ProbeTimeout, "probe-timeout", 2*time.Second, "how long each machine has to answer the capacity probe")
+	fs.DurationVar(&opts.GatewayWait, "gateway-wait", 10*time.Second, "bound on waiting for gateways to apply the new routing")
+	fs.DurationVar(&opts.DrainGrace, "drain-grace", 2*time.Second, "pause before stopping old instances, for requests in flight")
+	fs.DurationVar(&opts.StopGrace, "stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace for old instances")
+	return opts
+}
+
+// addManifestFlag registers -f; read reads and validates the manifest it
+// names, so that an invalid one fails before anything connects or writes.
+func addManifestFlag(fs *flag.FlagSet) (read func() (*store.Manifest, error)) {
+	file := fs.String("f", "", "manifest file, YAML or JSON (required)")
+	return func() (*store.Manifest, error) {
 		if *file == "" {
-			return out, usagef("-f FILE is required")
+			return nil, usagef("-f FILE is required")
 		}
-		// An invalid manifest fails here, before anything connects or writes.
-		if m, err = manifest.ReadFile(*file); err != nil {
-			if me, ok := err.(*manifest.Error); ok {
-				return out, me.Structured()
-			}
-			return out, err
+		m, err := manifest.ReadFile(*file)
+		if me, ok := err.(*manifest.Error); ok {
+			return nil, me.Structured()
 		}
+		return m, err
 	}
-	s, err := c.open(ctx)
-	if err != nil {
-		return out, err
+}
+
+// withDeployer binds to the store for as long as fn runs, with a Deployer
+// that prints its progress on stdout (unless the output is JSON).
+func (c *call) withDeployer(opts deploy.Options, fn func(*deploy.Deployer) error) error {
+	if !c.out.json {
+		opts.Out = c.stdout
 	}
-	defer s.NC.Close()
-	if !out.json {
-		opts.Out = stdout
-	}
-	d := deploy.New(s, opts)
-	switch sub {
-	case "preview":
-		p, err := d.Preview(ctx, m)
-		if err != nil && p == nil {
-			return out, err
-		}
-		if perr := out.emit(p, func(w io.Writer) { printPlan(w, p) }); perr != nil {
-			return out, perr
-		}
-		return out, err
-	case "apply":
-		st, err := d.Apply(ctx, m)
-		return out, finishApply(out, st, err)
-	case "rollback":
-		if len(pos) != 1 {
-			return out, usagef("want the namespace")
-		}
-		st, err := d.Rollback(ctx, pos[0], *to)
-		return out, finishApply(out, st, err)
-	case "status":
-		return out, deployStatus(ctx, d, out, pos)
-	case "history":
-		if len(pos) != 1 {
-			return out, usagef("want the namespace")
-		}
-		hist, err := d.History(ctx, pos[0])
+	return c.withStore(func(s *store.Store) error { return fn(deploy.New(s, opts)) })
+}
+
+func setupDeployPreview(fs *flag.FlagSet) func(*call) error {
+	read := addManifestFlag(fs)
+	return func(c *call) error {
+		m, err := read()
 		if err != nil {
-			return out, err
+			return err
 		}
-		if hist == nil {
-			hist = []store.DeployCommit{}
-		}
-		return out, out.emit(hist, func(w io.Writer) {
-			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "DEPLOY\tREVISION\tCOMMITTED\tSERVICES\tSLOTS\tNOTE")
-			for _, h := range hist {
-				note := ""
-				if h.RollbackOf != "" {
-					note = "rollback to " + h.RollbackOf
-				}
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", h.ID, h.Revision, h.CreatedAt.Format(time.RFC3339),
-					strings.Join(slices.Sorted(maps.Keys(h.Manifest.Services)), ","), len(h.Slots), note)
+		return c.withDeployer(deploy.Options{}, func(d *deploy.Deployer) error {
+			p, err := d.Preview(c.ctx, m)
+			if err != nil && p == nil {
+				return err
 			}
-			tw.Flush()
+			if perr := c.out.emit(p, func(w io.Writer) { printPlan(w, p) }); perr != nil {
+				return perr
+			}
+			return err
 		})
 	}
-	return out, nil
+}
+
+func setupDeployApply(fs *flag.FlagSet) func(*call) error {
+	read := addManifestFlag(fs)
+	opts := addApplyFlags(fs)
+	return func(c *call) error {
+		m, err := read()
+		if err != nil {
+			return err
+		}
+		return c.withDeployer(*opts, func(d *deploy.Deployer) error {
+			st, err := d.Apply(c.ctx, m)
+			return finishApply(c.out, st, err)
+		})
+	}
+}
+
+func setupDeployRollback(fs *flag.FlagSet) func(*call) error {
+	to := fs.String("to", "", "deploy ID of the commit to roll back to (default: the one before the live commit)")
+	opts := addApplyFlags(fs)
+	return func(c *call) error {
+		return c.withDeployer(*opts, func(d *deploy.Deployer) error {
+			st, err := d.Rollback(c.ctx, c.args[0], *to)
+			return finishApply(c.out, st, err)
+		})
+	}
+}
+
+func setupDeployStatus(*flag.FlagSet) func(*call) error {
+	return func(c *call) error {
+		return c.withDeployer(deploy.Options{}, func(d *deploy.Deployer) error {
+			return deployStatus(c.ctx, d, c.out, c.args)
+		})
+	}
+}
+
+func setupDeployHistory(*flag.FlagSet) func(*call) error {
+	return func(c *call) error {
+		return c.withDeployer(deploy.Options{}, func(d *deploy.Deployer) error {
+			hist, err := d.History(c.ctx, c.args[0])
+			if err != nil {
+				return err
+			}
+			if hist == nil {
+				hist = []store.DeployCommit{}
+			}
+			return c.out.emit(hist, func(w io.Writer) { printHistory(w, hist) })
+		})
+	}
+}
+
+func printHistory(w io.Writer, hist []store.DeployCommit) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEPLOY\tREVISION\tCOMMITTED\tSERVICES\tSLOTS\tNOTE")
+	for _, h := range hist {
+		note := ""
+		if h.RollbackOf != "" {
+			note = "rollback to " + h.RollbackOf
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", h.ID, h.Revision, h.CreatedAt.Format(time.RFC3339),
+			strings.Join(slices.Sorted(maps.Keys(h.Manifest.Services)), ","), len(h.Slots), note)
+	}
+	tw.Flush()
 }
 
 func finishApply(out *output, st *store.DeployStatus, err error) error {
@@ -226,30 +242,25 @@ func deployStatus(ctx context.Context, d *deploy.Deployer, out *output, pos []st
 	})
 }
 
-func cmdInstances(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
-	fs := newFlagSet("control instances", stdout)
-	c := addClientFlags(fs, true)
+func setupInstances(fs *flag.FlagSet) func(*call) error {
 	ns := fs.String("namespace", "", "only this namespace")
-	if _, err := parse(fs, args); err != nil {
-		return nil, err
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error { return listInstances(c.ctx, s, *ns, c.out) })
 	}
-	out := c.output(stdout)
-	s, err := c.open(ctx)
-	if err != nil {
-		return out, err
-	}
-	defer s.NC.Close()
+}
+
+func listInstances(ctx context.Context, s *store.Store, ns string, out *output) error {
 	filter := store.NamespaceInstancesFilter("*")
-	if *ns != "" {
-		filter = store.NamespaceInstancesFilter(*ns)
+	if ns != "" {
+		filter = store.NamespaceInstancesFilter(ns)
 	}
 	list := []store.InstanceRecord{}
-	err = store.ListJSON(ctx, s.Instances, filter, func(_ string, r *store.InstanceRecord) error {
+	err := store.ListJSON(ctx, s.Instances, filter, func(_ string, r *store.InstanceRecord) error {
 		list = append(list, *r)
 		return nil
 	})
 	if err != nil {
-		return out, err
+		return err
 	}
 	sort.Slice(list, func(i, j int) bool {
 		a, b := list[i], list[j]
@@ -264,7 +275,7 @@ func cmdInstances(ctx context.Context, args []string, stdout io.Writer) (*output
 		}
 		return a.ID < b.ID
 	})
-	return out, out.emit(list, func(w io.Writer) {
+	return out.emit(list, func(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tSLOT\tINSTANCE\tREVISION\tMACHINE\tADDRESS\tSTATE\tERROR")
 		for _, r := range list {

@@ -9,7 +9,8 @@
 //	control storage ls|add|remove|forget|import
 //	control creds issue|revoke
 //
-// Run `control help` or `control COMMAND -h` for the flags.
+// Every command is one row of the command table (commands.go), which also
+// writes the usage. Run `control help` or `control COMMAND -h` for flags.
 package main
 
 import (
@@ -27,31 +28,11 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/internal/logging"
 	"github.com/edgeplane/edgeplane/store"
 )
-
-const usage = `control is edgeplane's orchestrator and per-machine agent.
-
-Usage:
-  control server   --data DIR [--listen 127.0.0.1:4222] [--agent] [--installation local] [--authority default]
-  control agent    --data DIR [--join TOKEN] [--machine ID] [--advertise IP]
-  control machine  invite [--region R] [--label k=v]... | ls | drain ID | disable ID | enable ID
-  control deploy   preview -f FILE | apply -f FILE | status [NS] | history NS | rollback NS [--to COMMIT]
-  control instances [--namespace NS]
-  control certs    # certificates: issuer, expiry, last renewal attempt and error
-  control storage  ls | add NODE | remove NODE | forget NODE | import --from DIR   # storage nodes, quorum, placement
-  control creds    issue --role control|gateway|agent|mesh [--machine ID] --data DIR -o FILE | revoke --user-creds FILE
-
-Cluster: storage nodes run 'control server --name N --cluster-listen HOST:PORT --routes A,B,C'
-(three or five of them); other boxes run 'control server --storage=false --nats URL' or only
-agents and gateways. Any non-loopback listener requires --auth (credentials on every connection).
-Mutating commands fail with quorum_unavailable, naming the missing storage nodes, when the
-store cannot commit.
-
-Client commands take --nats URL (default $EDGEPLANE_NATS or nats://127.0.0.1:4222),
---creds FILE, --installation, --authority; read commands take -o json.
-Run 'control COMMAND [SUBCOMMAND] -h' for a command's flags.
-`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -59,52 +40,227 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run dispatches a command line and returns the exit status.
+// clientUse says which shared client flags a command takes and how it
+// binds to the store.
+type clientUse int
+
+const (
+	// noClient: the command takes no client flags (it runs the store, or
+	// works on local files).
+	noClient clientUse = iota
+	// reads: --nats, --creds, --installation, --authority, --timeout and
+	// -o text|json; the command binds to the store.
+	reads
+	// writes: as reads, and the command is refused with
+	// quorum_unavailable before binding when the store cannot commit.
+	writes
+	// serves: the connection flags without -o, for a long-running client
+	// that reconnects forever instead of failing.
+	serves
+)
+
+// command is one row of the command table: its name (the words after
+// `control`), what it takes and what it does. The dispatcher, every flag
+// set and the usage text are made from these rows.
+type command struct {
+	name string
+	// aliases are other full names of the command, e.g. "machine list".
+	aliases []string
+	// synopsis shows the positional arguments and required flags.
+	synopsis string
+	summary  string
+	client   clientUse
+	// minArgs and maxArgs bound the positional arguments (maxArgs -1:
+	// any number).
+	minArgs, maxArgs int
+	// setup registers the command's own flags on fs and returns what runs
+	// once they are parsed.
+	setup func(fs *flag.FlagSet) func(*call) error
+}
+
+// call is one invocation of a command, after its flags were parsed.
+type call struct {
+	ctx            context.Context
+	cmd            *command
+	args           []string
+	stdout, stderr io.Writer
+	client         *clientFlags
+	out            *output
+}
+
+// withStore binds to the store as the command's client flags say, for as
+// long as fn runs.
+func (c *call) withStore(fn func(*store.Store) error) error {
+	s, err := c.client.open(c.ctx)
+	if err != nil {
+		return err
+	}
+	defer s.NC.Close()
+	return fn(s)
+}
+
+// groupAliases are other names of a command group's first word.
+var groupAliases = map[string]string{"machines": "machine"}
+
+// run dispatches a command line and returns the exit status: 0 for success
+// and help, 1 for a failed command, 2 for a command line that is wrong.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
-	cmd, rest := args[0], args[1:]
-	var err error
-	var out *output
-	switch cmd {
-	case "server":
-		err = cmdServer(ctx, rest, stdout, stderr)
-	case "agent":
-		err = cmdAgent(ctx, rest, stdout, stderr)
-	case "machine", "machines":
-		out, err = cmdMachine(ctx, rest, stdout)
-	case "deploy":
-		out, err = cmdDeploy(ctx, rest, stdout)
-	case "storage":
-		out, err = cmdStorage(ctx, rest, stdout)
-	case "creds":
-		out, err = cmdCreds(ctx, rest, stdout)
-	case "instances":
-		out, err = cmdInstances(ctx, rest, stdout)
-	case "certs":
-		out, err = cmdCerts(ctx, rest, stdout)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	default:
-		fmt.Fprintf(stderr, "control: unknown command %q\n\n%s", cmd, usage)
-		return 2
-	}
-	if err == nil {
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage())
 		return 0
 	}
+	if g, ok := groupAliases[args[0]]; ok {
+		args = append([]string{g}, args[1:]...)
+	}
+	cmd, rest := lookup(args)
+	if cmd == nil {
+		return groupUsage(args, stdout, stderr)
+	}
+	c := &call{ctx: ctx, cmd: cmd, stdout: stdout, stderr: stderr}
+	fs := flag.NewFlagSet("control "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { commandUsage(fs, cmd) }
+	if cmd.client != noClient {
+		c.client = addClientFlags(fs, cmd.client)
+	}
+	do := cmd.setup(fs)
+	pos, err := parse(fs, rest)
 	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return 2 // the flag package said what is wrong
+	}
+	c.args = pos
+	c.out = &output{w: stdout}
+	if c.client != nil {
+		if c.client.format != "text" && c.client.format != "json" {
+			fmt.Fprintf(stderr, "control %s: -o %q: want text or json\n", cmd.name, c.client.format)
+			return 2
+		}
+		c.out.json = c.client.format == "json"
+	}
+	if len(pos) < cmd.minArgs || (cmd.maxArgs >= 0 && len(pos) > cmd.maxArgs) {
+		fmt.Fprintf(stderr, "control %s: want %s\n", cmd.name, argsWanted(cmd))
+		return 2
+	}
+	err = do(c)
+	if err == nil {
 		return 0
 	}
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(stderr, "control %s: %s\n", cmd, ue.msg)
+		fmt.Fprintf(stderr, "control %s: %s\n", cmd.name, ue.msg)
 		return 2
 	}
-	printError(stderr, err, out != nil && out.json)
+	printError(stderr, err, c.out.json)
 	return 1
+}
+
+// lookup finds the command args name (one or two words) and returns it
+// with the arguments after its name.
+func lookup(args []string) (*command, []string) {
+	for n := min(2, len(args)); n >= 1; n-- {
+		name := strings.Join(args[:n], " ")
+		for i := range commands {
+			if commands[i].name == name || slices.Contains(commands[i].aliases, name) {
+				return &commands[i], args[n:]
+			}
+		}
+	}
+	return nil, nil
+}
+
+// groupUsage answers a command line that names no command: a group's
+// subcommands for `control GROUP [-h]`, else the whole usage.
+func groupUsage(args []string, stdout, stderr io.Writer) int {
+	group := args[0]
+	var subs []string
+	for _, c := range commands {
+		if g, sub, ok := strings.Cut(c.name, " "); ok && g == group {
+			subs = append(subs, sub)
+		}
+	}
+	if len(subs) == 0 {
+		fmt.Fprintf(stderr, "control: unknown command %q\n\n%s", group, usage())
+		return 2
+	}
+	if len(args) > 1 && (args[1] == "-h" || args[1] == "-help" || args[1] == "--help") {
+		fmt.Fprint(stdout, usageOf(group))
+		return 0
+	}
+	if len(args) > 1 {
+		fmt.Fprintf(stderr, "control %s: unknown subcommand %q: want %s\n\n%s", group, args[1], strings.Join(subs, ", "), usageOf(group))
+		return 2
+	}
+	fmt.Fprintf(stderr, "control %s: want a subcommand: %s\n\n%s", group, strings.Join(subs, ", "), usageOf(group))
+	return 2
+}
+
+const usageHead = "control is edgeplane's orchestrator and per-machine agent.\n\nUsage:\n"
+
+const usageTail = `
+Cluster: storage nodes run 'control server --name N --cluster-listen HOST:PORT --routes A,B,C'
+(three or five of them); other boxes run 'control server --storage=false --nats URL' or only
+agents and gateways. Any non-loopback listener requires --auth (credentials on every connection).
+Mutating commands fail with quorum_unavailable, naming the missing storage nodes, when the
+store cannot commit.
+
+Client commands take --nats URL (default $EDGEPLANE_NATS or nats://127.0.0.1:4222),
+--creds FILE ($EDGEPLANE_NATS_CREDS), --installation, --authority; read commands take -o json.
+Run 'control COMMAND [SUBCOMMAND] -h' for a command's flags.
+`
+
+// usage is the whole usage text, one line per command of the table.
+func usage() string { return usageHead + usageLines("") + usageTail }
+
+// usageOf is the usage of one command group.
+func usageOf(group string) string { return usageHead + usageLines(group) }
+
+func usageLines(group string) string {
+	var b strings.Builder
+	width := 0
+	for _, c := range commands {
+		width = max(width, len(c.name)+1+len(c.synopsis))
+	}
+	for _, c := range commands {
+		if g, _, _ := strings.Cut(c.name, " "); group != "" && g != group {
+			continue
+		}
+		fmt.Fprintf(&b, "  control %-*s  %s\n", width, strings.TrimSpace(c.name+" "+c.synopsis), c.summary)
+	}
+	return b.String()
+}
+
+// commandUsage is what `control COMMAND -h` prints.
+func commandUsage(fs *flag.FlagSet, c *command) {
+	w := fs.Output()
+	fmt.Fprintf(w, "Usage: control %s [flags]\n\n%s.\n", strings.TrimSpace(c.name+" "+c.synopsis), c.summary)
+	if len(c.aliases) > 0 {
+		fmt.Fprintf(w, "Also: control %s\n", strings.Join(c.aliases, ", control "))
+	}
+	fmt.Fprintln(w, "\nFlags:")
+	fs.PrintDefaults()
+}
+
+// argsWanted says, for a usage error, which positional arguments c takes.
+func argsWanted(c *command) string {
+	var words []string
+	for _, f := range strings.Fields(c.synopsis) {
+		if strings.HasPrefix(f, "-") || strings.HasPrefix(f, "[-") {
+			break // flags follow
+		}
+		words = append(words, f)
+	}
+	if c.maxArgs == 0 || len(words) == 0 {
+		return "no arguments"
+	}
+	return strings.Join(words, " ")
 }
 
 type usageError struct{ msg string }
@@ -129,57 +285,33 @@ func printError(w io.Writer, err error, asJSON bool) {
 
 // clientFlags are the flags every client command shares.
 type clientFlags struct {
-	nats, creds, inst, auth, format string
-	timeout                         time.Duration
-	// longRunning keeps reconnecting when NATS goes away (the agent)
-	// instead of failing the command.
-	longRunning bool
-	// mutating makes open check write quorum first, so a command that
-	// writes refuses before its first read or write rather than timing out
-	// halfway.
-	mutating bool
+	store.Config
+	format  string
+	timeout time.Duration
+	use     clientUse
 }
 
-func addClientFlags(fs *flag.FlagSet, reads bool) *clientFlags {
-	c := &clientFlags{}
-	fs.StringVar(&c.nats, "nats", store.URLFromEnv(), "NATS URL of the control plane (env EDGEPLANE_NATS)")
-	fs.StringVar(&c.creds, "creds", os.Getenv("EDGEPLANE_NATS_CREDS"), "NATS credentials file (env EDGEPLANE_NATS_CREDS)")
-	fs.StringVar(&c.inst, "installation", store.DefaultInstallation, "installation scope of every name")
-	fs.StringVar(&c.auth, "authority", store.DefaultAuthority, "authority scope of every name")
+func addClientFlags(fs *flag.FlagSet, use clientUse) *clientFlags {
+	c := &clientFlags{use: use, format: "text"}
+	c.AddFlags(fs)
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for NATS to answer")
-	if reads {
+	if use != serves {
 		fs.StringVar(&c.format, "o", "text", "output format: text or json")
 	}
 	return c
 }
 
-// open connects and binds to the provisioned store.
+// open connects and binds to the provisioned store. A writer is refused
+// before binding when write quorum is lost, so a command that writes fails
+// before its first read or write rather than timing out halfway.
 func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
-	if c.format != "" && c.format != "text" && c.format != "json" {
-		return nil, usagef("-o %q: want text or json", c.format)
+	// The timeout bounds the connect and the binding; the quorum check
+	// bounds itself (store.QuorumCheckTimeout).
+	o := store.ConnectOptions{Name: "control cli", Timeout: c.timeout, ReconnectForever: c.use == serves}
+	if c.use == writes {
+		return c.DialForWrites(ctx, o)
 	}
-	names, err := store.NewNames(c.inst, c.auth)
-	if err != nil {
-		return nil, usagef("%v", err)
-	}
-	nc, err := store.Connect(store.ConnectOptions{URL: c.nats, CredsFile: c.creds, Name: "control cli", Timeout: c.timeout, ReconnectForever: c.longRunning})
-	if err != nil {
-		return nil, err
-	}
-	if c.mutating {
-		if err := store.CheckQuorum(ctx, nc, names); err != nil {
-			nc.Close()
-			return nil, err
-		}
-	}
-	octx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	s, err := store.Open(octx, nc, names)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	return s, nil
+	return c.Dial(ctx, o)
 }
 
 // output renders read results as text or JSON.
@@ -187,8 +319,6 @@ type output struct {
 	w    io.Writer
 	json bool
 }
-
-func (c *clientFlags) output(w io.Writer) *output { return &output{w: w, json: c.format == "json"} }
 
 func (o *output) emit(v any, text func(io.Writer)) error {
 	if o.json {
@@ -219,10 +349,22 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func newFlagSet(name string, w io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(w)
-	return fs
+// logFlags are the flags of the long-running commands, which log.
+type logFlags struct{ level string }
+
+func addLogFlags(fs *flag.FlagSet) *logFlags {
+	l := &logFlags{}
+	fs.StringVar(&l.level, "log-level", "info", "debug, info, warn or error; the log is JSON lines on stderr")
+	return l
+}
+
+// logger is the process's one logger, on the call's stderr.
+func (l *logFlags) logger(c *call) (*zap.Logger, error) {
+	log, err := logging.New(c.stderr, l.level)
+	if err != nil {
+		return nil, usagef("--log-level: %v", err)
+	}
+	return log, nil
 }
 
 // labelFlags collects repeated --label k=v.

@@ -2,11 +2,10 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,8 +21,7 @@ import (
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
-func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("control server", stderr)
+func setupServer(fs *flag.FlagSet) func(*call) error {
 	data := fs.String("data", "", "data dir: the JetStream store and, with --agent, the local agent (required)")
 	listen := fs.String("listen", storagenode.DefaultListen, "client address of the embedded NATS server")
 	external := fs.String("nats", "", "use this external NATS (cluster) URL instead of the embedded server")
@@ -33,42 +31,73 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	withAgent := fs.Bool("agent", false, "also run this box's agent, recording it as a machine")
 	machine := fs.String("machine", "", "with --agent: machine ID (default: the hostname)")
 	advertise := fs.String("advertise", "127.0.0.1", "with --agent: IP instances listen on and are reached at")
-	natsLogs := fs.Bool("nats-logs", false, "print the embedded NATS server's logs")
+	natsLogs := fs.Bool("nats-logs", false, "log the embedded NATS server's own lines too")
 	stunListen := fs.String("stun-listen", "127.0.0.1:3478,127.0.0.1:3479", "STUN server addresses for meshd NAT discovery (two ports let nodes classify their NAT); empty disables")
 	stunAdvertise := fs.String("stun-advertise", "", "STUN addresses meshd nodes are told to use (default: --stun-listen; required when listening on 0.0.0.0)")
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
 	cf := addClusterFlags(fs)
-	if _, err := parse(fs, args); err != nil {
-		return err
+	lf := addLogFlags(fs)
+	return func(c *call) error {
+		if *data == "" {
+			return usagef("--data is required")
+		}
+		names, err := store.NewNames(*inst, *auth)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		logger, err := lf.logger(c)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = logger.Sync() }()
+		var natsLogger *zap.Logger
+		if *natsLogs {
+			natsLogger = logger.Named("nats")
+		}
+		return runServer(c.ctx, c.stdout, logger, serverConfig{
+			data: *data, listen: *listen, external: *external, creds: *creds, names: names, cluster: cf, natsLogger: natsLogger,
+			withAgent: *withAgent, machine: *machine, advertise: *advertise,
+			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshCooldown: *meshCooldown, meshSubnet: *meshSubnet,
+		})
 	}
-	if *data == "" {
-		return usagef("--data is required")
-	}
-	names, err := store.NewNames(*inst, *auth)
-	if err != nil {
-		return usagef("%v", err)
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
+}
 
-	sn, err := cf.start(ctx, stdout, *data, *listen, *external, *creds, *natsLogs, names)
+// serverConfig is `control server`'s command line.
+type serverConfig struct {
+	data, listen, external, creds string
+	names                         store.Names
+	cluster                       *clusterFlags
+	natsLogger                    *zap.Logger
+
+	withAgent          bool
+	machine, advertise string
+
+	stunListen, stunAdvertise string
+	meshCooldown              time.Duration
+	meshSubnet                string
+}
+
+// runServer runs the control plane until ctx ends. Progress a person
+// starting it wants to see goes to stdout; everything else is logged.
+func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg serverConfig) error {
+	sn, err := cfg.cluster.start(ctx, stdout, logger, cfg.data, cfg.listen, cfg.external, cfg.creds, cfg.natsLogger, cfg.names)
 	if err != nil {
 		return err
 	}
 	defer sn.close()
 	s := sn.store
 
-	stunAddrs, err := startSTUN(ctx, *stunListen, *stunAdvertise)
+	stunAddrs, err := startSTUN(ctx, cfg.stunListen, cfg.stunAdvertise)
 	if err != nil {
 		return err
 	}
-	zl, _ := zap.NewProduction()
-	stopReg, err := registrar.Serve(ctx, s, registrar.Config{STUN: stunAddrs, Cooldown: *meshCooldown, Subnet: *meshSubnet, Logger: zl})
+	stopReg, err := registrar.Serve(ctx, s, registrar.Config{STUN: stunAddrs, Cooldown: cfg.meshCooldown, Subnet: cfg.meshSubnet, Logger: logger.Named("registrar")})
 	if err != nil {
 		return err
 	}
 	defer stopReg()
-	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s)\n", names.RegistrarSubject(">"), strings.Join(stunAddrs, ","))
+	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s)\n", cfg.names.RegistrarSubject(">"), strings.Join(stunAddrs, ","))
 	// Agents may not publish routing events; they ask here instead.
 	stopRepublish, err := s.ServeRepublish(ctx)
 	if err != nil {
@@ -87,18 +116,16 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		cctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
 		if err := d.CompleteAll(cctx); err != nil && ctx.Err() == nil {
-			fmt.Fprintf(stderr, "warning: completing interrupted deploys: %v\n", err)
+			logger.Warn("completing interrupted deploys", zap.Error(err))
 		}
 	}()
 	errc := make(chan error, 1)
-	if *withAgent {
-		id := *machine
+	if cfg.withAgent {
+		id := cfg.machine
 		if id == "" {
-			if id, err = os.Hostname(); err != nil {
-				return fmt.Errorf("machine id: %w", err)
-			}
+			id = store.DefaultMachineID()
 		}
-		rec, err := machines.Register(ctx, s, id, *advertise)
+		rec, err := machines.Register(ctx, s, id, cfg.advertise)
 		if err != nil {
 			return err
 		}
@@ -106,7 +133,7 @@ func cmdServer(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := runAgent(ctx, s, rec, filepath.Join(*data, "agent"), 256, 10*time.Second, logger); err != nil {
+			if err := runAgent(ctx, s, rec, filepath.Join(cfg.data, "agent"), 256, 10*time.Second, logger); err != nil {
 				errc <- err
 			}
 		}()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -35,7 +36,7 @@ func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
 	fs.StringVar(&c.clusterName, "cluster-name", "edgeplane", "JetStream cluster name; the same on every storage node")
 	fs.StringVar(&c.clusterListen, "cluster-listen", "", "cluster route address host:port; set it to run as a storage node of a cluster")
 	fs.StringVar(&c.routes, "routes", "", "comma-separated seed peers' cluster addresses host:port (may include this node)")
-	fs.IntVar(&c.replicas, "replicas", 0, "replicas of every stream and bucket when first created (default 1, or 3 when clustered); change later with `control storage add|remove`")
+	fs.IntVar(&c.replicas, "replicas", 0, "replicas of every stream and bucket when first created (default 1, or 3 when clustered); change later with 'control storage add|remove'")
 	fs.StringVar(&c.authMode, "auth", "auto", "require credentials: on, off, or auto (on when any listener is not loopback)")
 	fs.StringVar(&c.authDir, "auth-dir", "", "operator and account keys plus the cluster secret (default DATA/auth; copy it to every storage node)")
 	return c
@@ -87,7 +88,7 @@ func splitHostPortLoose(a string) (string, string, error) {
 
 // start brings up this box's side of the store: an embedded storage node
 // (alone or clustered), or a client of external/other storage nodes.
-func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen, external, creds string, logs bool, names store.Names) (_ *storageNode, err error) {
+func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.Logger, data, listen, external, creds string, natsLogger *zap.Logger, names store.Names) (_ *storageNode, err error) {
 	n := &storageNode{}
 	defer func() {
 		if err != nil {
@@ -115,7 +116,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 				return nil, err
 			}
 		}
-		cfg := storagenode.Config{DataDir: data, Listen: listen, Logs: logs, ServerName: c.name}
+		cfg := storagenode.Config{DataDir: data, Listen: listen, Logger: natsLogger, ServerName: c.name}
 		if on {
 			dir := c.authDir
 			if dir == "" {
@@ -146,11 +147,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		}
 		if c.clusterListen != "" {
 			if cfg.ServerName == "" {
-				h, err := os.Hostname()
-				if err != nil {
-					return nil, fmt.Errorf("server name: %w", err)
-				}
-				cfg.ServerName = h
+				cfg.ServerName = store.HostName("edgeplane")
 			}
 			cc := &storagenode.ClusterConfig{Name: c.clusterName, Listen: c.clusterListen}
 			for _, r := range strings.Split(c.routes, ",") {
@@ -244,7 +241,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, data, listen
 		// Revoked credentials are refused here from the bucket's history
 		// on, and their connections closed as revocations arrive.
 		stop, err := storagenode.WatchRevocations(ctx, n.store, n.ns, auth, func(err error) {
-			fmt.Fprintf(stdout, "warning: revocations: %v\n", err)
+			logger.Warn("applying revocations", zap.Error(err))
 		})
 		if err != nil {
 			return nil, err
@@ -286,75 +283,93 @@ type storageNodeView struct {
 	Lagging    int    `json:"lagging"`
 }
 
-func cmdStorage(ctx context.Context, args []string, stdout io.Writer) (*output, error) {
-	if len(args) == 0 {
-		return nil, usagef("want a subcommand: ls, add ID, remove ID, forget ID, import --from DIR")
+// storageFlags are flags several storage commands share.
+type storageFlags struct {
+	wait, catchup time.Duration
+}
+
+func addStorageFlags(fs *flag.FlagSet, catchup bool) *storageFlags {
+	f := &storageFlags{}
+	fs.DurationVar(&f.wait, "wait", time.Second, "how long storage nodes have to answer the status request")
+	if catchup {
+		fs.DurationVar(&f.catchup, "catchup-timeout", 2*time.Minute, "how long new replicas have to catch up")
 	}
-	sub, args := args[0], args[1:]
-	fs := newFlagSet("control storage "+sub, stdout)
-	c := addClientFlags(fs, true)
-	wait := fs.Duration("wait", time.Second, "how long storage nodes have to answer the status request")
-	catchup := fs.Duration("catchup-timeout", 2*time.Minute, "add/remove: how long new replicas have to catch up")
-	maxR := fs.Int("max-replicas", 5, "add: the replica count never grows beyond this")
-	from := fs.String("from", "", "import: the stopped single box's data dir (its --data) to copy into the cluster")
-	fromAuth := fs.String("from-auth-dir", "", "import: the single box's auth dir, when it required credentials (default FROM/auth)")
-	authDir := fs.String("auth-dir", "", "forget: this storage node's auth dir (system-account keys; default DATA/auth)")
-	data := fs.String("data", "", "forget: this storage node's data dir, for its auth dir")
-	pos, err := parse(fs, args)
-	if err != nil {
-		return nil, err
+	return f
+}
+
+// withView binds to the store for as long as fn runs, with the storage
+// nodes' views and the replica placement. A command that changes placement
+// (change) is refused without write quorum.
+func (f *storageFlags) withView(c *call, change bool, fn func(*store.Store, *storageView) error) error {
+	return c.withStore(func(s *store.Store) error {
+		view, err := readStorage(c.ctx, s, f.wait)
+		if err != nil {
+			return err
+		}
+		if change && view.Quorum != nil {
+			return view.Quorum
+		}
+		return fn(s, view)
+	})
+}
+
+func setupStorageList(fs *flag.FlagSet) func(*call) error {
+	f := addStorageFlags(fs, false)
+	return func(c *call) error {
+		return f.withView(c, false, func(_ *store.Store, view *storageView) error {
+			return c.out.emit(view, func(w io.Writer) { printStorage(w, view) })
+		})
 	}
-	out := c.output(stdout)
-	s, err := c.open(ctx)
-	if err != nil {
-		return out, err
+}
+
+func setupStorageAdd(fs *flag.FlagSet) func(*call) error {
+	f := addStorageFlags(fs, true)
+	maxR := fs.Int("max-replicas", 5, "the replica count never grows beyond this")
+	return func(c *call) error {
+		return f.withView(c, true, func(s *store.Store, view *storageView) error {
+			return storageAdd(c.ctx, s, view, c.args[0], *maxR, f.catchup, c.out)
+		})
 	}
-	defer s.NC.Close()
-	if sub == "import" {
-		// Needs write quorum, not the nodes' views and placement.
-		if len(pos) != 0 || *from == "" {
-			return out, usagef("want --from DIR (the single box's data dir) and no arguments")
-		}
-		if err := s.RequireQuorum(ctx); err != nil {
-			return out, err
-		}
-		return out, storageImport(ctx, s, *from, *fromAuth, out)
+}
+
+func setupStorageRemove(fs *flag.FlagSet) func(*call) error {
+	f := addStorageFlags(fs, true)
+	return func(c *call) error {
+		return f.withView(c, true, func(s *store.Store, view *storageView) error {
+			return storageRemove(c.ctx, s, view, c.args[0], f.catchup, c.out)
+		})
 	}
-	view, err := readStorage(ctx, s, *wait)
-	if err != nil {
-		return out, err
-	}
-	switch sub {
-	case "ls", "list":
-		return out, out.emit(view, func(w io.Writer) { printStorage(w, view) })
-	case "add", "remove":
-		if len(pos) != 1 {
-			return out, usagef("want exactly one storage node name")
-		}
-		if view.Quorum != nil {
-			return out, view.Quorum
-		}
-		if sub == "add" {
-			return out, storageAdd(ctx, s, view, pos[0], *maxR, *catchup, out)
-		}
-		return out, storageRemove(ctx, s, view, pos[0], *catchup, out)
-	case "forget":
-		if len(pos) != 1 {
-			return out, usagef("want exactly one storage node name")
-		}
-		if view.Quorum != nil {
-			return out, view.Quorum
-		}
+}
+
+func setupStorageForget(fs *flag.FlagSet) func(*call) error {
+	f := addStorageFlags(fs, false)
+	authDir := fs.String("auth-dir", "", "this storage node's auth dir (system-account keys; default DATA/auth)")
+	data := fs.String("data", "", "this storage node's data dir, for its auth dir")
+	return func(c *call) error {
 		dir := *authDir
 		if dir == "" {
 			if *data == "" {
-				return out, usagef("--data DIR or --auth-dir DIR is required: taking a server out of the meta group needs the system account's keys (run this on a storage node)")
+				return usagef("--data DIR or --auth-dir DIR is required: taking a server out of the meta group needs the system account's keys (run this on a storage node)")
 			}
 			dir = filepath.Join(*data, "auth")
 		}
-		return out, storageForget(ctx, s, c.nats, dir, view, pos[0], *wait, out)
+		return f.withView(c, true, func(s *store.Store, view *storageView) error {
+			return storageForget(c.ctx, s, c.client.NATSURL, dir, view, c.args[0], f.wait, c.out)
+		})
 	}
-	return nil, usagef("unknown subcommand %q: want ls, add, remove, forget or import", sub)
+}
+
+func setupStorageImport(fs *flag.FlagSet) func(*call) error {
+	from := fs.String("from", "", "the stopped single box's data dir (its --data) to copy into the cluster (required)")
+	fromAuth := fs.String("from-auth-dir", "", "the single box's auth dir, when it required credentials (default FROM/auth)")
+	return func(c *call) error {
+		if *from == "" {
+			return usagef("--from DIR (the single box's data dir) is required")
+		}
+		// A writer's open has checked write quorum; the import needs
+		// nothing else of the cluster's state.
+		return c.withStore(func(s *store.Store) error { return storageImport(c.ctx, s, *from, *fromAuth, c.out) })
+	}
 }
 
 // replicas is the largest replica count of any stream (at least 1).

@@ -297,7 +297,7 @@ func TestGatewayRoleCredentialsServeAndSurviveControlPlaneLoss(t *testing.T) {
 	}
 	cfg := map[string]any{
 		"admin":   map[string]any{"listen": adminAddr},
-		"storage": map[string]any{"module": "edgeplane", "nats": c.url, "creds": gwCreds},
+		"storage": map[string]any{"module": "edgeplane", "nats_url": c.url, "creds_file": gwCreds},
 		"apps": map[string]any{
 			"edgeplane": map[string]any{"nats_url": c.url, "creds_file": gwCreds, "gateway_name": "gw1",
 				"snapshot_path": filepath.Join(dir, "routing.json")},

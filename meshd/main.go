@@ -18,8 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"go.uber.org/zap"
-
+	"github.com/edgeplane/edgeplane/internal/logging"
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -39,10 +38,17 @@ run and leave reuse it unless given their own.
 `
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "meshd:", err)
-		os.Exit(1)
+	os.Exit(exitCode(run(os.Args[1:], os.Stdout, os.Stderr), os.Stderr))
+}
+
+// exitCode reports err on stderr and returns the process's exit status: 0
+// for success and for --help, 1 for any failure.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintln(stderr, "meshd:", err)
+	return 1
 }
 
 func run(args []string, stdout, stderr io.Writer) error {
@@ -54,13 +60,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	switch args[0] {
 	case "join":
-		return cmdJoin(ctx, args[1:], stdout)
+		return cmdJoin(ctx, args[1:], stdout, stderr)
 	case "run":
-		return cmdRun(ctx, args[1:])
+		return cmdRun(ctx, args[1:], stderr)
 	case "status":
-		return cmdStatus(ctx, args[1:], stdout)
+		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "leave":
-		return cmdLeave(ctx, args[1:], stdout)
+		return cmdLeave(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -69,19 +75,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("unknown command %q", args[0])
 }
 
-func newFlags(name string) *flag.FlagSet {
+// newFlags is a command's flag set; its usage and parse errors go to w.
+func newFlags(name string, w io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("meshd "+name, flag.ContinueOnError)
+	fs.SetOutput(w)
 	return fs
 }
 
-func cmdJoin(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlags("join")
+func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("join", stderr)
 	var o node.JoinOptions
-	fs.StringVar(&o.Token, "token", "", "invite token from `control machine invite` (required)")
+	fs.StringVar(&o.Token, "token", "", "invite `TOKEN` from 'control machine invite' (required)")
 	fs.StringVar(&o.DataDir, "data", "", "data dir for keys and state (required)")
 	fs.StringVar(&o.NATSURL, "nats", store.URLFromEnv(), "control plane NATS URL")
 	fs.StringVar(&o.CredsFile, "creds", "", "NATS credentials file: mesh credentials for this machine (saved for run and leave)")
-	fs.StringVar(&o.Machine, "machine", node.DefaultMachine(), "machine ID")
+	fs.StringVar(&o.Machine, "machine", store.DefaultMachineID(), "machine ID")
 	fs.IntVar(&o.ListenPort, "listen-port", node.DefaultListenPort, "WireGuard UDP port (0 picks a free one and keeps it)")
 	fs.StringVar(&o.Bind, "bind", "", "local IP to listen on (default: all addresses)")
 	fs.StringVar(&o.Mode, "mode", node.ModeTUN, "tun (kernel TUN interface) or netstack (userspace)")
@@ -103,11 +111,11 @@ func cmdJoin(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
-func cmdRun(ctx context.Context, args []string) error {
-	fs := newFlags("run")
+func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlags("run", stderr)
 	var c node.Config
 	var stun, logLevel string
-	fs.StringVar(&c.DataDir, "data", "", "data dir written by `meshd join` (required)")
+	fs.StringVar(&c.DataDir, "data", "", "data dir written by 'meshd join' (required)")
 	fs.StringVar(&c.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")
 	fs.StringVar(&c.CredsFile, "creds", "", "NATS credentials file (default: the one used at join)")
 	fs.StringVar(&stun, "stun", "", "comma-separated STUN servers (default: those the registrar announced)")
@@ -131,14 +139,9 @@ func cmdRun(ctx context.Context, args []string) error {
 	if stun != "" {
 		c.STUN = strings.Split(stun, ",")
 	}
-	zc := zap.NewProductionConfig()
-	if err := zc.Level.UnmarshalText([]byte(logLevel)); err != nil {
-		return fmt.Errorf("run: --log-level: %w", err)
-	}
-	zc.Sampling = nil
-	log, err := zc.Build()
+	log, err := logging.New(stderr, logLevel)
 	if err != nil {
-		return err
+		return fmt.Errorf("run: --log-level: %w", err)
 	}
 	defer func() { _ = log.Sync() }()
 	c.Logger = log
@@ -149,8 +152,8 @@ func cmdRun(ctx context.Context, args []string) error {
 	return n.Run(ctx)
 }
 
-func cmdStatus(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlags("status")
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("status", stderr)
 	var dir, out string
 	fs.StringVar(&dir, "data", "", "data dir (required)")
 	fs.StringVar(&out, "o", "table", "output: table or json")
@@ -191,8 +194,8 @@ func cmdStatus(ctx context.Context, args []string, stdout io.Writer) error {
 	return tw.Flush()
 }
 
-func cmdLeave(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlags("leave")
+func cmdLeave(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("leave", stderr)
 	var o node.LeaveOptions
 	fs.StringVar(&o.DataDir, "data", "", "data dir (required)")
 	fs.StringVar(&o.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")

@@ -55,6 +55,23 @@ func TestCLIBadInput(t *testing.T) {
 	}
 }
 
+// --help prints a command's flags and succeeds, for every command.
+func TestCLIHelpSucceeds(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"join", "--help"}, {"run", "-h"}, {"status", "--help"}, {"leave", "-help"}} {
+		var out, errb bytes.Buffer
+		if code := exitCode(run(args, &out, &errb), &errb); code != 0 {
+			t.Errorf("meshd %s: exit %d, want 0\n%s", strings.Join(args, " "), code, errb.String())
+		}
+		if !strings.Contains(out.String()+errb.String(), "Usage") && !strings.Contains(out.String(), "usage") {
+			t.Errorf("meshd %s printed no usage:\n%s%s", strings.Join(args, " "), out.String(), errb.String())
+		}
+	}
+	var errb bytes.Buffer
+	if code := exitCode(run([]string{"join", "--token"}, &bytes.Buffer{}, &errb), &errb); code != 1 {
+		t.Errorf("meshd join --token (no value): exit %d, want 1", code)
+	}
+}
+
 // Join and leave need the control plane: with NATS unreachable they fail
 // and change nothing.
 func TestJoinLeaveControlPlaneDown(t *testing.T) {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +22,10 @@ func URLFromEnv() string {
 	}
 	return DefaultURL
 }
+
+// defaultConnectTimeout bounds a connect, and Dial's binding, unless told
+// otherwise.
+const defaultConnectTimeout = 5 * time.Second
 
 // ConnectOptions says how to reach NATS.
 type ConnectOptions struct {
@@ -48,10 +53,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	if url == "" {
 		url = DefaultURL
 	}
-	timeout := o.Timeout
-	if timeout == 0 {
-		timeout = 5 * time.Second
-	}
+	timeout := cmp.Or(o.Timeout, defaultConnectTimeout)
 	opts := []nats.Option{nats.Name(o.Name), nats.Timeout(timeout)}
 	if o.CredsFile != "" {
 		co, err := credsOptions(o.CredsFile)

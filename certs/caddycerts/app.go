@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/store"
 )
 
 func init() {
@@ -81,11 +81,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.storage = cs
 	if a.GatewayName == "" {
-		if h, err := os.Hostname(); err == nil && h != "" {
-			a.GatewayName = h
-		} else {
-			a.GatewayName = "gateway"
-		}
+		a.GatewayName = store.HostName("gateway")
 	}
 	if a.RetryBackoff == 0 {
 		a.RetryBackoff = caddy.Duration(time.Minute)

@@ -325,7 +325,7 @@ func startCaddy(t *testing.T, bin, name, natsURL, dirURL, caRoot string) *caddyG
 	cfg := map[string]any{
 		"admin":   map[string]any{"disabled": true},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "INFO"}}},
-		"storage": map[string]any{"module": "edgeplane", "nats": natsURL, "lock_ttl": "2s"},
+		"storage": map[string]any{"module": "edgeplane", "nats_url": natsURL, "lock_ttl": "2s"},
 		"apps": map[string]any{
 			"edgeplane": map[string]any{"nats_url": natsURL, "gateway_name": name,
 				"snapshot_path": filepath.Join(dir, "routing.json")},

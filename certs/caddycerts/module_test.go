@@ -47,7 +47,7 @@ func config(t *testing.T, storage, app map[string]any, issuer map[string]any) *c
 // edgeplane storage, without any events configuration.
 func TestProvisionOnEdgeplaneStorage(t *testing.T) {
 	srv := storetest.Start(t)
-	storage := map[string]any{"module": "edgeplane", "nats": srv.URL}
+	storage := map[string]any{"module": "edgeplane", "nats_url": srv.URL}
 	if err := caddy.Validate(config(t, storage, nil, nil)); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestProvisionOnEdgeplaneStorage(t *testing.T) {
 
 func TestProvisionBadConfig(t *testing.T) {
 	srv := storetest.Start(t)
-	storage := map[string]any{"module": "edgeplane", "nats": srv.URL}
+	storage := map[string]any{"module": "edgeplane", "nats_url": srv.URL}
 	for _, tc := range []struct {
 		name             string
 		storage, app, is map[string]any

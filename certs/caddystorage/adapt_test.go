@@ -33,7 +33,7 @@ func TestCaddyfileAdaptGolden(t *testing.T) {
 	if err := json.Unmarshal(out, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Storage.NATS != "nats://10.100.0.1:4222" || cfg.Storage.Authority != "prod" || cfg.Storage.Creds != "/etc/edgeplane/gateway.creds" {
+	if cfg.Storage.NATSURL != "nats://10.100.0.1:4222" || cfg.Storage.Authority != "prod" || cfg.Storage.CredsFile != "/etc/edgeplane/gateway.creds" {
 		t.Fatalf("decoded storage %+v", cfg.Storage)
 	}
 }
@@ -41,7 +41,8 @@ func TestCaddyfileAdaptGolden(t *testing.T) {
 func TestCaddyfileBadInput(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"{\n storage edgeplane {\n  bogus x\n }\n}\n", `unrecognized edgeplane storage option "bogus"`},
-		{"{\n storage edgeplane {\n  nats\n }\n}\n", "wrong argument count"},
+		{"{\n storage edgeplane {\n  nats_url\n }\n}\n", "wrong argument count"},
+		{"{\n storage edgeplane {\n  nats_url a b\n }\n}\n", "wrong argument count"},
 		{"{\n storage edgeplane {\n  nats a b\n }\n}\n", "wrong argument count"},
 		{"{\n storage edgeplane {\n  lock_ttl soon\n }\n}\n", "parsing lock_ttl"},
 		{"{\n storage edgeplane {\n  lock_ttl 100ms\n }\n}\n", "below the minimum"},

@@ -10,12 +10,14 @@ import (
 // UnmarshalCaddyfile sets up the storage from Caddyfile tokens:
 //
 //	storage edgeplane {
-//		nats         <url>
-//		creds        <file>
+//		nats_url     <url>
+//		creds_file   <file>
 //		installation <name>
 //		authority    <name>
 //		lock_ttl     <duration>
 //	}
+//
+// The former spellings nats and creds are read as nats_url and creds_file.
 func (s *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the module name
 	if d.NextArg() {
@@ -37,17 +39,14 @@ func (s *Storage) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			continue
 		}
-		var dst *string
+		dst := s.Setting(opt)
 		switch opt {
 		case "nats":
-			dst = &s.NATS
+			dst = s.Setting("nats_url")
 		case "creds":
-			dst = &s.Creds
-		case "installation":
-			dst = &s.Installation
-		case "authority":
-			dst = &s.Authority
-		default:
+			dst = s.Setting("creds_file")
+		}
+		if dst == nil {
 			return d.Errf("unrecognized edgeplane storage option %q", opt)
 		}
 		if !d.NextArg() {

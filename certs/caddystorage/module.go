@@ -29,21 +29,22 @@ func init() {
 // places each ACME order and any gateway can answer its HTTP-01 challenge.
 // The buckets must already exist: `control server` provisions them.
 type Storage struct {
-	// NATS is the NATS URL. Default: $EDGEPLANE_NATS, else
-	// nats://127.0.0.1:4222.
+	// The control plane's store: nats_url, creds_file, installation and
+	// authority, as in every edgeplane module.
+	store.Config
+	// NATS is the former spelling of nats_url.
+	//
+	// Deprecated: use nats_url; it is read as such, with a warning.
 	NATS string `json:"nats,omitempty"`
-	// Creds is a NATS credentials file. Default: none.
+	// Creds is the former spelling of creds_file.
+	//
+	// Deprecated: use creds_file; it is read as such, with a warning.
 	Creds string `json:"creds,omitempty"`
-	// Installation scopes RPC names. Default: "local".
-	Installation string `json:"installation,omitempty"`
-	// Authority scopes every stream and bucket name. Default: "default".
-	Authority string `json:"authority,omitempty"`
 	// LockTTL is how long a lock outlives a gateway that died holding it;
 	// live holders renew every third of it. Default: 20s; minimum 1s.
 	LockTTL caddy.Duration `json:"lock_ttl,omitempty"`
 
 	logger *zap.Logger
-	names  store.Names
 
 	conn *conn
 }
@@ -67,14 +68,21 @@ func (Storage) CaddyModule() caddy.ModuleInfo {
 // Provision fills defaults.
 func (s *Storage) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
-	if s.NATS == "" {
-		s.NATS = store.URLFromEnv()
+	for _, old := range []struct{ name, value, setting string }{{"nats", s.NATS, "nats_url"}, {"creds", s.Creds, "creds_file"}} {
+		if old.value == "" {
+			continue
+		}
+		dst := s.Setting(old.setting)
+		if *dst != "" && *dst != old.value {
+			return fmt.Errorf("provisioning edgeplane storage: %s and %s disagree (%q, %q): keep %s", old.name, old.setting, old.value, *dst, old.setting)
+		}
+		*dst = old.value
+		s.logger.Warn("deprecated storage setting: rename it", zap.String("setting", old.name), zap.String("use", old.setting))
 	}
-	names, err := store.NewNames(s.Installation, s.Authority)
-	if err != nil {
+	s.NATS, s.Creds = "", ""
+	if _, err := s.Resolve(); err != nil {
 		return fmt.Errorf("provisioning edgeplane storage: %w", err)
 	}
-	s.names = names
 	s.conn = new(conn)
 	return nil
 }
@@ -99,23 +107,18 @@ func (s *Storage) CertMagicStorage() (certmagic.Storage, error) {
 	if c.storage != nil {
 		return c.storage, nil
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: s.NATS, CredsFile: s.Creds, Name: "caddy.storage.edgeplane", ReconnectForever: true})
-	if err != nil {
-		return nil, fmt.Errorf("opening edgeplane storage: %w", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := store.Open(ctx, nc, s.names)
+	st, err := s.Dial(ctx, store.ConnectOptions{Name: "caddy.storage.edgeplane", ReconnectForever: true})
 	if err != nil {
-		nc.Close()
 		return nil, fmt.Errorf("opening edgeplane storage: %w", err)
 	}
 	cs, err := certs.New(st, certs.Options{LockTTL: time.Duration(s.LockTTL), Logger: s.logger})
 	if err != nil {
-		nc.Close()
+		st.NC.Close()
 		return nil, fmt.Errorf("opening edgeplane storage: %w", err)
 	}
-	c.nc, c.storage = nc, cs
+	c.nc, c.storage = st.NC, cs
 	return cs, nil
 }
 

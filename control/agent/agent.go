@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -22,6 +21,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/store"
+	"go.uber.org/zap"
 )
 
 // Config configures an agent.
@@ -31,7 +31,7 @@ type Config struct {
 	// DataDir holds instance state (instances/) and logs (logs/).
 	DataDir string
 	Driver  runtime.Driver
-	Logger  *slog.Logger
+	Logger  *zap.Logger
 	// MaxInstances bounds what the machine accepts; default 256.
 	MaxInstances int
 	// StopGrace is the default SIGTERM-to-SIGKILL grace; default 10s.
@@ -44,7 +44,7 @@ type Config struct {
 // Agent serves one machine.
 type Agent struct {
 	cfg Config
-	log *slog.Logger
+	log *zap.Logger
 
 	mu        sync.Mutex
 	instances map[string]*instance
@@ -74,7 +74,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, errors.New("agent: store, driver, data dir and machine are required")
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+		cfg.Logger = zap.NewNop()
 	}
 	if cfg.MaxInstances == 0 {
 		cfg.MaxInstances = 256
@@ -91,7 +91,7 @@ func New(cfg Config) (*Agent, error) {
 		}
 	}
 	return &Agent{
-		cfg: cfg, log: cfg.Logger.With("machine", cfg.Machine.ID),
+		cfg: cfg, log: cfg.Logger.With(zap.String("machine", cfg.Machine.ID)),
 		instances: map[string]*instance{}, attempts: map[string]int{}, unpublished: map[serviceRef]bool{},
 		quit: make(chan struct{}),
 	}, nil
@@ -113,7 +113,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent %s: %w", a.cfg.Machine.ID, err)
 	}
-	a.log.Info("agent serving", "subject", names.NodeListenSubject(a.cfg.Machine.ID), "instances", a.count())
+	a.log.Info("agent serving", zap.String("subject", names.NodeListenSubject(a.cfg.Machine.ID)), zap.Int("instances", a.count()))
 	<-ctx.Done()
 	stop()
 	close(a.quit)
@@ -154,12 +154,12 @@ func (a *Agent) adopt(ctx context.Context) {
 		}
 		var inst instance
 		if err := json.Unmarshal(b, &inst); err != nil {
-			a.log.Warn("ignoring unreadable instance state", "file", f, "err", err)
+			a.log.Warn("ignoring unreadable instance state", zap.String("file", f), zap.Error(err))
 			continue
 		}
 		h, err := a.cfg.Driver.Adopt(ctx, inst.Runtime)
 		if err != nil {
-			a.log.Warn("instance did not survive the agent restart", "instance", inst.Record.ID, "err", err)
+			a.log.Warn("instance did not survive the agent restart", zap.String("instance", inst.Record.ID), zap.Error(err))
 			_ = os.Remove(f)
 			a.markFailed(ctx, &inst, "not running after agent restart")
 			continue
@@ -169,7 +169,7 @@ func (a *Agent) adopt(ctx context.Context) {
 		a.instances[inst.Record.ID] = &inst
 		a.mu.Unlock()
 		a.watch(&inst)
-		a.log.Info("adopted instance", "instance", inst.Record.ID, "pid", inst.Runtime.PID)
+		a.log.Info("adopted instance", zap.String("instance", inst.Record.ID), zap.Int("pid", inst.Runtime.PID))
 	}
 }
 
@@ -203,13 +203,13 @@ func (a *Agent) watch(inst *instance) {
 func (a *Agent) markFailed(ctx context.Context, inst *instance, reason string) {
 	rec := inst.Record
 	rec.State, rec.Error, rec.UpdatedAt = store.InstanceFailed, reason, time.Now().UTC()
-	a.log.Warn("instance failed", "instance", rec.ID, "reason", reason)
+	a.log.Warn("instance failed", zap.String("instance", rec.ID), zap.String("reason", reason))
 	if err := a.writeRecord(ctx, &rec); err != nil {
-		a.log.Error("recording instance failure", "instance", rec.ID, "err", err)
+		a.log.Error("recording instance failure", zap.String("instance", rec.ID), zap.Error(err))
 		return
 	}
 	if err := a.republish(ctx, rec.Namespace, rec.Service); err != nil {
-		a.log.Error("republishing routing after failure", "instance", rec.ID, "err", err)
+		a.log.Error("republishing routing after failure", zap.String("instance", rec.ID), zap.Error(err))
 	}
 }
 
@@ -242,7 +242,7 @@ func (a *Agent) republish(ctx context.Context, ns, service string) error {
 	}
 	if a.unpublished[ref] != was {
 		if perr := a.persistUnpublished(); perr != nil {
-			a.log.Error("persisting pending routing republishes", "err", perr)
+			a.log.Error("persisting pending routing republishes", zap.Error(perr))
 		}
 	}
 	if err != nil {
@@ -296,7 +296,7 @@ func (a *Agent) loadUnpublished() {
 		err = json.Unmarshal(b, &list)
 	}
 	if err != nil {
-		a.log.Warn("ignoring unreadable pending republishes", "file", a.unpublishedPath(), "err", err)
+		a.log.Warn("ignoring unreadable pending republishes", zap.String("file", a.unpublishedPath()), zap.Error(err))
 		return
 	}
 	a.mu.Lock()
@@ -325,9 +325,9 @@ func (a *Agent) retryRepublish(ctx context.Context) {
 		a.mu.Unlock()
 		for _, ref := range refs {
 			if err := a.republish(ctx, ref.namespace, ref.service); err != nil {
-				a.log.Warn("routing republish still not taken", "namespace", ref.namespace, "service", ref.service, "err", err)
+				a.log.Warn("routing republish still not taken", zap.String("namespace", ref.namespace), zap.String("service", ref.service), zap.Error(err))
 			} else {
-				a.log.Info("routing republished after retry", "namespace", ref.namespace, "service", ref.service)
+				a.log.Info("routing republished after retry", zap.String("namespace", ref.namespace), zap.String("service", ref.service))
 			}
 		}
 	}
@@ -451,7 +451,7 @@ func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.Start
 		return nil, err
 	}
 	a.setRecord(inst, rec)
-	a.log.Info("started instance", "instance", rec.ID, "pid", rec.PID, "port", port)
+	a.log.Info("started instance", zap.String("instance", rec.ID), zap.Int("pid", rec.PID), zap.Int("port", port))
 	return &store.StartReply{Instance: rec}, nil
 }
 
@@ -574,7 +574,7 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 		delete(a.instances, req.InstanceID)
 		a.mu.Unlock()
 		_ = os.Remove(a.statePath(req.InstanceID))
-		a.log.Info("stopped instance", "instance", req.InstanceID)
+		a.log.Info("stopped instance", zap.String("instance", req.InstanceID))
 	}
 	// Stopping what is already gone succeeds: the caller wants it not running.
 	// The orchestrator asks the machine an instance runs on, so the record

@@ -51,7 +51,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	}
 	p := buildPlan(m, st.live, st.insts, st.machines)
 	start, keep, stop := p.Counts()
-	d.step(1, "deploy %s of %s, revision %d: %d to start, %d to keep, %d to stop", r.id, r.ns, p.Revision, start, keep, stop)
+	d.step(StepPreview, "deploy %s of %s, revision %d: %d to start, %d to keep, %d to stop", r.id, r.ns, p.Revision, start, keep, stop)
 	failpoint.Hit("after_preview")
 
 	// 2. The namespace deploy lease; a second apply fails here at once.
@@ -67,7 +67,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 		defer cancel()
 		_ = lease.Release(rctx)
 	}()
-	d.step(2, "holding %s (token %d)", lease.Key(), lease.Token())
+	d.step(StepLease, "holding %s (token %d)", lease.Key(), lease.Token())
 	failpoint.Hit("after_lease")
 	// Read the state again (it may have moved between the preview and the
 	// lease), finish what an interrupted operation on this namespace left,
@@ -95,21 +95,21 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	now := time.Now().UTC()
 	r.status = &store.DeployStatus{
 		Namespace: r.ns, DeployID: r.id, Revision: r.plan.Revision, State: store.DeployApplying,
-		Phase: Steps[3], RollbackOf: rollbackOf, StartedAt: now,
+		Phase: StepStatus.Name(), RollbackOf: rollbackOf, StartedAt: now,
 	}
 	if err := d.putStatus(ctx, r.status); err != nil {
 		return nil, err
 	}
-	for i := range Steps {
+	for s := StepPreview; s <= StepDrainOld; s++ {
 		state := store.PhasePending
-		if i < 4 {
+		if s <= StepStatus {
 			state = store.PhaseDone
 		}
-		if err := d.putPhase(ctx, r.ns, r.id, i+1, state, "", 0); err != nil {
+		if err := d.putPhase(ctx, r.ns, r.id, s, state, "", 0); err != nil {
 			return nil, err
 		}
 	}
-	d.step(4, "status applying, %d phase records pending", len(Steps)-4)
+	d.step(StepStatus, "status applying, %d phase records pending", NumSteps-int(StepStatus))
 	failpoint.Hit("after_status")
 
 	// 5. Start candidates and wait for readiness. Any failure aborts.
@@ -120,12 +120,12 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 
 	// 6. Checkpoint commits belong to intermediate phases (volume moves);
 	// an apply without them has nothing to checkpoint.
-	r.phase(ctx, 6, store.PhaseSkipped, "no intermediate phases", 0)
-	d.step(6, "no intermediate phases; nothing to checkpoint")
+	r.phase(ctx, StepCheckpoint, store.PhaseSkipped, "no intermediate phases", 0)
+	d.step(StepCheckpoint, "no intermediate phases; nothing to checkpoint")
 	failpoint.Hit("after_checkpoint")
 
 	// 7. The final commit: the point of no return.
-	r.status.Phase = Steps[6]
+	r.status.Phase = StepFinalCommit.Name()
 	if err := lease.Check(ctx); err != nil {
 		return r.abort(err)
 	}
@@ -135,10 +135,10 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 		return r.abort(err)
 	}
 	failpoint.Hit("after_final_commit")
-	r.status.State, r.status.CommitSeq, r.status.Phase = store.DeployCommitted, seq, Steps[6]
+	r.status.State, r.status.CommitSeq, r.status.Phase = store.DeployCommitted, seq, StepFinalCommit.Name()
 	r.writeStatus(ctx)
-	r.phase(ctx, 7, store.PhaseDone, "commit "+commit.ID, seq)
-	d.step(7, "committed %s revision %d at sequence %d; this deploy is live", commit.ID, commit.Revision, seq)
+	r.phase(ctx, StepFinalCommit, store.PhaseDone, "commit "+commit.ID, seq)
+	d.step(StepFinalCommit, "committed %s revision %d at sequence %d; this deploy is live", commit.ID, commit.Revision, seq)
 
 	// 8. Routing events derived from the commit.
 	if err := d.publish(ctx, r.status, commit, r.st.live); err != nil {
@@ -151,22 +151,22 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 			r.id, err, r.ns).With("deploy", r.id)
 	}
 	failpoint.Hit("after_publish")
-	r.phase(ctx, 8, store.PhaseDone, fmt.Sprintf("routing sequence %d", r.status.RoutingSeq), 0)
-	d.step(8, "published routing events up to sequence %d", r.status.RoutingSeq)
+	r.phase(ctx, StepPublishRouting, store.PhaseDone, fmt.Sprintf("routing sequence %d", r.status.RoutingSeq), 0)
+	d.step(StepPublishRouting, "published routing events up to sequence %d", r.status.RoutingSeq)
 
 	// 9. Wait for gateways, let in-flight requests finish, stop the old.
 	r.drainOld(ctx)
 	failpoint.Hit("after_drain")
-	r.status.Phase = Steps[8]
+	r.status.Phase = StepDrainOld.Name()
 	r.writeStatus(ctx)
 	return r.status, nil
 }
 
 // phase writes a phase record; after the final commit a failed status write
 // is reported but cannot undo the commit.
-func (r *run) phase(ctx context.Context, i int, state, detail string, seq uint64) {
-	if err := r.d.putPhase(ctx, r.ns, r.id, i, state, detail, seq); err != nil {
-		r.d.printf("warning: recording phase %s: %v", Steps[i-1], err)
+func (r *run) phase(ctx context.Context, s Step, state, detail string, seq uint64) {
+	if err := r.d.putPhase(ctx, r.ns, r.id, s, state, detail, seq); err != nil {
+		r.d.printf("warning: recording phase %s: %v", s, err)
 	}
 }
 
@@ -228,7 +228,7 @@ func (r *run) probeAndPlace(ctx context.Context) error {
 	if len(down) > 0 {
 		msg += "; not used: " + strings.Join(down, "; ")
 	}
-	d.step(3, "%s", msg)
+	d.step(StepProbe, "%s", msg)
 	return nil
 }
 
@@ -239,9 +239,9 @@ type candResult struct {
 
 func (r *run) startCandidates(ctx context.Context) error {
 	d := r.d
-	r.status.Phase = Steps[4]
+	r.status.Phase = StepStartCandidates.Name()
 	r.writeStatus(ctx)
-	r.phase(ctx, 5, store.PhaseRunning, "", 0)
+	r.phase(ctx, StepStartCandidates, store.PhaseRunning, "", 0)
 	var starts []SlotAction
 	for _, a := range r.plan.Actions {
 		if a.Action == ActionStart {
@@ -249,8 +249,8 @@ func (r *run) startCandidates(ctx context.Context) error {
 		}
 	}
 	if len(starts) == 0 {
-		r.phase(ctx, 5, store.PhaseDone, "no candidates", 0)
-		d.step(5, "no candidates to start")
+		r.phase(ctx, StepStartCandidates, store.PhaseDone, "no candidates", 0)
+		d.step(StepStartCandidates, "no candidates to start")
 		return nil
 	}
 	results := make([]candResult, len(starts))
@@ -286,14 +286,14 @@ func (r *run) startCandidates(ctx context.Context) error {
 	if first != nil {
 		e := store.AsError(first)
 		out := &store.Error{Code: e.Code, Message: fmt.Sprintf("%d of %d candidates failed: %s", len(failed), len(starts), strings.Join(failed, "; ")),
-			Detail: map[string]string{"phase": Steps[4]}}
+			Detail: map[string]string{"phase": StepStartCandidates.Name()}}
 		for k, v := range e.Detail {
 			out.Detail[k] = v
 		}
 		return out
 	}
-	r.phase(ctx, 5, store.PhaseDone, fmt.Sprintf("%d candidates ready", len(starts)), 0)
-	d.step(5, "%d candidates started and ready", len(starts))
+	r.phase(ctx, StepStartCandidates, store.PhaseDone, fmt.Sprintf("%d candidates ready", len(starts)), 0)
+	d.step(StepStartCandidates, "%d candidates started and ready", len(starts))
 	return nil
 }
 
@@ -352,12 +352,12 @@ func (r *run) abort(cause error) (*store.DeployStatus, error) {
 	se := store.AsError(cause)
 	r.status.State, r.status.Error = store.DeployFailed, se
 	r.writeStatus(ctx)
-	for i := 5; i <= len(Steps); i++ {
+	for s := StepStartCandidates; s <= StepDrainOld; s++ {
 		state := store.PhaseSkipped
-		if Steps[i-1] == r.status.Phase {
+		if s.Name() == r.status.Phase {
 			state = store.PhaseFailed
 		}
-		r.phase(ctx, i, state, "", 0)
+		r.phase(ctx, s, state, "", 0)
 	}
 	d.printf("deploy %s failed before the final commit; %d candidates stopped; nothing was routed, the previous revision keeps serving",
 		r.id, len(r.started))
@@ -389,7 +389,7 @@ func (r *run) finalCommit() *store.DeployCommit {
 // are recoverable status, never a revert.
 func (r *run) drainOld(ctx context.Context) {
 	d := r.d
-	r.phase(ctx, 9, store.PhaseRunning, "", 0)
+	r.phase(ctx, StepDrainOld, store.PhaseRunning, "", 0)
 	serving, total, laggards := d.waitGateways(ctx, r.status.RoutingSeq)
 	r.status.Gateways = fmt.Sprintf("%d/%d", serving, total)
 	d.printf("       %d/%d gateways serving revision %d", serving, total, r.status.Revision)
@@ -436,8 +436,8 @@ func (r *run) drainOld(ctx context.Context) {
 			d.printf("warning: could not stop old instance %s on %s: %s", c.InstanceID, c.Machine, c.Error)
 		}
 	}
-	r.phase(ctx, 9, store.PhaseDone, detail, 0)
-	d.step(9, "%d gateways of %d serving revision %d; old instances: %s", serving, total, r.status.Revision, detail)
+	r.phase(ctx, StepDrainOld, store.PhaseDone, detail, 0)
+	d.step(StepDrainOld, "%d gateways of %d serving revision %d; old instances: %s", serving, total, r.status.Revision, detail)
 }
 
 // waitGateways watches the gateways' observations until every live gateway

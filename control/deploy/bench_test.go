@@ -3,8 +3,6 @@ package deploy
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +13,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
+	"go.uber.org/zap"
 )
 
 // BenchmarkApply measures an apply that replaces one instance on each of N
@@ -42,7 +41,7 @@ func BenchmarkApply(b *testing.B) {
 					b.Fatal(err)
 				}
 				a, err := agent.New(agent.Config{Store: srv.Connect(b), Machine: rec, DataDir: b.TempDir(),
-					Driver: &runtime.Process{}, StopGrace: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+					Driver: &runtime.Process{}, StopGrace: time.Second, Logger: zap.NewNop()})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -50,11 +49,11 @@ func BenchmarkApply(b *testing.B) {
 			}
 			var candidates, drain time.Duration
 			d := New(srv.Store, Options{DrainGrace: time.Millisecond, GatewayWait: time.Millisecond, StopGrace: time.Second,
-				OnStep: func(_ int, name string, took time.Duration) {
-					switch name {
-					case "start_candidates":
+				OnStep: func(step Step, took time.Duration) {
+					switch step {
+					case StepStartCandidates:
 						candidates += took
-					case "drain_old":
+					case StepDrainOld:
 						drain += took
 					}
 				}})

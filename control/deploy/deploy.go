@@ -14,7 +14,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -25,11 +24,41 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// Steps of the apply flow, in order; phase records carry these names.
-var Steps = []string{
-	"preview", "lease", "probe", "status", "start_candidates",
-	"checkpoint", "final_commit", "publish_routing", "drain_old",
+// Step is one of the nine steps of the apply flow, numbered from 1 in
+// order; its phase record carries the number as Index and Name as Name.
+type Step int
+
+// The steps of the apply flow, in order.
+const (
+	StepPreview Step = iota + 1
+	StepLease
+	StepProbe
+	StepStatus
+	StepStartCandidates
+	StepCheckpoint
+	StepFinalCommit
+	StepPublishRouting
+	StepDrainOld
+)
+
+// NumSteps is how many steps an apply has.
+const NumSteps = int(StepDrainOld)
+
+var stepNames = [...]string{
+	StepPreview: "preview", StepLease: "lease", StepProbe: "probe", StepStatus: "status",
+	StepStartCandidates: "start_candidates", StepCheckpoint: "checkpoint", StepFinalCommit: "final_commit",
+	StepPublishRouting: "publish_routing", StepDrainOld: "drain_old",
 }
+
+// Name is the step's name in phase records and deploy statuses.
+func (s Step) Name() string {
+	if s < StepPreview || s > StepDrainOld {
+		return fmt.Sprintf("step%d", int(s))
+	}
+	return stepNames[s]
+}
+
+func (s Step) String() string { return s.Name() }
 
 // Options tune a Deployer. Zero values take the defaults given.
 type Options struct {
@@ -54,7 +83,7 @@ type Options struct {
 	// OnStep, if set, is told each step as it completes with the time
 	// since the previous one (benchmarks split control-plane overhead from
 	// readiness waits with it). It assumes one apply at a time.
-	OnStep func(step int, name string, took time.Duration)
+	OnStep func(step Step, took time.Duration)
 }
 
 // Deployer runs deploys against one store.
@@ -69,8 +98,7 @@ type Deployer struct {
 // New returns a Deployer with opts' defaults filled in.
 func New(s *store.Store, opts Options) *Deployer {
 	if opts.Holder == "" {
-		h, _ := os.Hostname()
-		opts.Holder = fmt.Sprintf("%s:%d", h, os.Getpid())
+		opts.Holder = store.DefaultHolder()
 	}
 	if opts.Out == nil {
 		opts.Out = io.Discard
@@ -93,16 +121,16 @@ func (d *Deployer) printf(format string, args ...any) {
 	fmt.Fprintf(d.opts.Out, format+"\n", args...)
 }
 
-func (d *Deployer) step(i int, format string, args ...any) {
+func (d *Deployer) step(s Step, format string, args ...any) {
 	if d.opts.OnStep != nil {
 		d.mu.Lock()
 		now := time.Now()
 		took := now.Sub(d.lastStep)
 		d.lastStep = now
 		d.mu.Unlock()
-		d.opts.OnStep(i, Steps[i-1], took)
+		d.opts.OnStep(s, took)
 	}
-	d.printf("[%d/%d] %s: %s", i, len(Steps), Steps[i-1], fmt.Sprintf(format, args...))
+	d.printf("[%d/%d] %s: %s", s, NumSteps, s.Name(), fmt.Sprintf(format, args...))
 }
 
 // state is what a plan is computed from.
@@ -260,9 +288,9 @@ func (d *Deployer) putStatus(ctx context.Context, st *store.DeployStatus) error 
 	return err
 }
 
-func (d *Deployer) putPhase(ctx context.Context, ns, id string, i int, state, detail string, commitSeq uint64) error {
-	_, err := store.PutJSON(ctx, d.s.Phases, d.phaseKey(ns, id, i), &store.PhaseRecord{
-		Version: store.RecordVersion, Namespace: ns, DeployID: id, Index: i, Name: Steps[i-1],
+func (d *Deployer) putPhase(ctx context.Context, ns, id string, s Step, state, detail string, commitSeq uint64) error {
+	_, err := store.PutJSON(ctx, d.s.Phases, d.phaseKey(ns, id, int(s)), &store.PhaseRecord{
+		Version: store.RecordVersion, Namespace: ns, DeployID: id, Index: int(s), Name: s.Name(),
 		State: state, Detail: detail, CommitSeq: commitSeq, UpdatedAt: time.Now().UTC(),
 	})
 	return err

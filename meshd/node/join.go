@@ -46,21 +46,6 @@ type JoinOptions struct {
 	Timeout   time.Duration
 }
 
-// DefaultMachine is the host name as a valid machine ID.
-func DefaultMachine() string {
-	h, _ := os.Hostname()
-	h = strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
-		}
-		return '-'
-	}, h)
-	if h == "" {
-		h = "node"
-	}
-	return h
-}
-
 func (o *JoinOptions) validate() error {
 	if o.Token == "" {
 		return fmt.Errorf("--token is required (the output of `control machine invite`)")
@@ -72,7 +57,7 @@ func (o *JoinOptions) validate() error {
 		return fmt.Errorf("--data is required")
 	}
 	if o.Machine == "" {
-		o.Machine = DefaultMachine()
+		o.Machine = store.DefaultMachineID()
 	}
 	if !store.ValidToken(o.Machine) {
 		return fmt.Errorf("--machine %q: letters, digits, '-' and '_' only", o.Machine)

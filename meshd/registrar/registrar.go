@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -78,8 +77,7 @@ func New(st *store.Store, cfg Config) (*Registrar, error) {
 		return nil, fmt.Errorf("registrar: cooldown %s below the store's 1s TTL granularity", cfg.Cooldown)
 	}
 	if cfg.Holder == "" {
-		h, _ := os.Hostname()
-		cfg.Holder = "registrar@" + h
+		cfg.Holder = "registrar@" + store.HostName("localhost")
 	}
 	if cfg.LeaseWait == 0 {
 		cfg.LeaseWait = 5 * time.Second

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
 )
 
 // DefaultListen is where an embedded server listens unless told otherwise.
@@ -31,8 +32,9 @@ type Config struct {
 	Listen string
 	// ServerName names the server in a cluster; default "edgeplane".
 	ServerName string
-	// Logs enables nats-server's own logging to stderr.
-	Logs bool
+	// Logger, if set, receives nats-server's own log lines (notices at
+	// Info); nil keeps the server quiet.
+	Logger *zap.Logger
 	// Configure, if set, may adjust the options before the server starts
 	// (cluster routes, accounts).
 	Configure func(*server.Options) error
@@ -78,7 +80,7 @@ func Start(cfg Config) (*server.Server, error) {
 		JetStream:  true,
 		StoreDir:   filepath.Join(cfg.DataDir, "jetstream"),
 		NoSigs:     true,
-		NoLog:      !cfg.Logs,
+		NoLog:      cfg.Logger == nil,
 		// Routing projections and certificate records can exceed the 1 MiB
 		// default payload limit in large installations.
 		MaxPayload: 8 << 20,
@@ -105,8 +107,8 @@ func Start(cfg Config) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting embedded nats: %w", err)
 	}
-	if cfg.Logs {
-		ns.ConfigureLogger()
+	if cfg.Logger != nil {
+		ns.SetLogger(natsLogger{cfg.Logger.WithOptions(zap.AddCallerSkip(1)).Sugar()}, false, false)
 	}
 	go ns.Start()
 	if !ns.ReadyForConnections(10 * time.Second) {
@@ -115,3 +117,17 @@ func Start(cfg Config) (*server.Server, error) {
 	}
 	return ns, nil
 }
+
+// natsLogger is nats-server's logger interface over zap, so a storage node
+// logs through its process's one logger.
+type natsLogger struct{ s *zap.SugaredLogger }
+
+func (l natsLogger) Noticef(format string, v ...any) { l.s.Infof(format, v...) }
+func (l natsLogger) Warnf(format string, v ...any)   { l.s.Warnf(format, v...) }
+func (l natsLogger) Errorf(format string, v ...any)  { l.s.Errorf(format, v...) }
+func (l natsLogger) Debugf(format string, v ...any)  { l.s.Debugf(format, v...) }
+func (l natsLogger) Tracef(format string, v ...any)  { l.s.Debugf(format, v...) }
+
+// Fatalf is a failure the server cannot go on from; it shuts itself down
+// after saying so, and the process decides whether to exit.
+func (l natsLogger) Fatalf(format string, v ...any) { l.s.Errorf(format, v...) }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/signal"
@@ -23,9 +24,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/edgeplane/edgeplane/dnsproj"
+	"github.com/edgeplane/edgeplane/internal/logging"
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -34,28 +35,32 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], nil)
 	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "edgeplane-dns:", err)
-		os.Exit(1)
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// exitCode reports err on stderr and returns the process's exit status: 0
+// for success and for --help, 1 for any failure.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintln(stderr, "edgeplane-dns:", err)
+	return 1
 }
 
 type options struct {
-	nats, creds, installation, authority string
-	listen, zone, forward, snapshot      string
-	nsAddrs, metrics, logLevel           string
-	ttl                                  time.Duration
-	maxUDP                               int
-	noCache                              bool
+	store                           store.Config
+	listen, zone, forward, snapshot string
+	nsAddrs, metrics, logLevel      string
+	ttl                             time.Duration
+	maxUDP                          int
+	noCache                         bool
 }
 
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
 	fs := flag.NewFlagSet("edgeplane-dns", flag.ContinueOnError)
-	fs.StringVar(&o.nats, "nats", store.URLFromEnv(), "NATS URL of the control plane ($EDGEPLANE_NATS)")
-	fs.StringVar(&o.creds, "creds", "", "NATS credentials file")
-	fs.StringVar(&o.installation, "installation", "", "installation scope of NATS names (default \"local\")")
-	fs.StringVar(&o.authority, "authority", "", "authority scope of NATS names (default \"default\")")
+	o.store.AddFlags(fs)
 	fs.StringVar(&o.listen, "listen", dnsproj.DefaultListen, "address to serve DNS on, UDP and TCP")
 	fs.StringVar(&o.zone, "zone", dnsproj.DefaultZone, "cluster zone answered from the projection")
 	fs.DurationVar(&o.ttl, "ttl", dnsproj.DefaultTTL, "TTL of zone records")
@@ -97,15 +102,9 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 	if err != nil {
 		return err
 	}
-	level, err := zapcore.ParseLevel(o.logLevel)
+	log, err := logging.New(os.Stderr, o.logLevel)
 	if err != nil {
 		return fmt.Errorf("--log-level: %w", err)
-	}
-	zc := zap.NewProductionConfig()
-	zc.Level = zap.NewAtomicLevelAt(level)
-	log, err := zc.Build()
-	if err != nil {
-		return err
 	}
 	defer log.Sync() //nolint:errcheck
 
@@ -113,8 +112,7 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 	if err != nil {
 		return err
 	}
-	names, err := store.NewNames(o.installation, o.authority)
-	if err != nil {
+	if _, err := o.store.Resolve(); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
@@ -126,16 +124,7 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 		SnapshotPath: o.snapshot,
 		Logger:       log.Named("projection"),
 		Connect: func(ctx context.Context) (*store.Store, error) {
-			nc, err := store.Connect(store.ConnectOptions{URL: o.nats, CredsFile: o.creds, Name: "edgeplane-dns", ReconnectForever: true})
-			if err != nil {
-				return nil, err
-			}
-			st, err := store.Open(ctx, nc, names)
-			if err != nil {
-				nc.Close()
-				return nil, err
-			}
-			return st, nil
+			return o.store.Dial(ctx, store.ConnectOptions{Name: "edgeplane-dns", ReconnectForever: true})
 		},
 	})
 	if err != nil {
@@ -162,7 +151,7 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 		return err
 	}
 	log.Info("serving dns", zap.String("listen", addr), zap.String("zone", srv.Zone()),
-		zap.Strings("forward", cfg.Forward.Upstreams), zap.String("nats", o.nats))
+		zap.Strings("forward", cfg.Forward.Upstreams), zap.String("nats", o.store.NATSURL))
 	if started != nil {
 		started <- addr
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"path/filepath"
 	"slices"
@@ -102,5 +103,16 @@ func TestFlagErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want it to mention %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// --help prints the flags and succeeds; a bad flag fails.
+func TestHelpSucceeds(t *testing.T) {
+	var errb bytes.Buffer
+	if code := exitCode(run(context.Background(), []string{"--help"}, nil), &errb); code != 0 {
+		t.Fatalf("--help: exit %d, want 0 (%s)", code, errb.String())
+	}
+	if code := exitCode(run(context.Background(), []string{"--no-such-flag"}, nil), &errb); code != 1 {
+		t.Fatalf("--no-such-flag: exit %d, want 1", code)
 	}
 }

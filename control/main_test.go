@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// Every command of the table answers -h with its usage and flags, and
+// succeeds; the whole usage lists every command.
+func TestEveryCommandHasHelp(t *testing.T) {
+	code, usage, _ := runCLI(t, "help")
+	if code != 0 {
+		t.Fatalf("control help: exit %d", code)
+	}
+	for _, c := range commands {
+		if !strings.Contains(usage, "control "+c.name) {
+			t.Errorf("usage does not list %q:\n%s", c.name, usage)
+		}
+		for _, name := range append([]string{c.name}, c.aliases...) {
+			for _, h := range []string{"-h", "--help"} {
+				args := append(strings.Fields(name), h)
+				code, out, errOut := runCLI(t, args...)
+				if code != 0 {
+					t.Errorf("control %s: exit %d, want 0", strings.Join(args, " "), code)
+				}
+				if !strings.Contains(out+errOut, "Usage: control "+c.name) || !strings.Contains(out+errOut, "Flags:") {
+					t.Errorf("control %s printed no usage:\n%s%s", strings.Join(args, " "), out, errOut)
+				}
+			}
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"deploy", "-h"}, {"machines", "--help"}} {
+		if code, _, _ := runCLI(t, args...); code != 0 {
+			t.Errorf("control %s: exit %d, want 0", strings.Join(args, " "), code)
+		}
+	}
+}
+
+// A wrong command line exits 2 and says what is wrong, before anything
+// connects.
+func TestCommandLineErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Usage:"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"deploy"}, "want a subcommand: preview, apply, status, history, rollback"},
+		{[]string{"deploy", "launch"}, `unknown subcommand "launch"`},
+		{[]string{"machine", "drain"}, "control machine drain: want ID"},
+		{[]string{"machine", "drain", "m1", "m2"}, "control machine drain: want ID"},
+		{[]string{"deploy", "history"}, "control deploy history: want NS"},
+		{[]string{"storage", "import", "x", "--from", "d"}, "control storage import: want no arguments"},
+		{[]string{"storage", "import"}, "--from DIR"},
+		{[]string{"storage", "forget", "s3"}, "--data DIR or --auth-dir DIR is required"},
+		{[]string{"instances", "-o", "yaml"}, `-o "yaml": want text or json`},
+		{[]string{"deploy", "apply"}, "-f FILE is required"},
+		{[]string{"deploy", "apply", "-f", "m.yaml", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"server"}, "--data is required"},
+		{[]string{"server", "--data", "d", "--log-level", "loud"}, "--log-level"},
+		{[]string{"agent"}, "--data is required"},
+		{[]string{"creds", "issue", "--data", "d", "-o", "f"}, "--role is required"},
+		{[]string{"creds", "revoke"}, "exactly one of --user-creds FILE or --user UKEY"},
+	} {
+		code, _, errOut := runCLI(t, tc.args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("control %s: exit %d, stderr %q; want exit 2 and %q", strings.Join(tc.args, " "), code, errOut, tc.want)
+		}
+	}
+}
+
+// A command that fails exits 1 with a structured error: as text, or as JSON
+// with -o json. An invalid manifest fails before anything connects.
+func TestCommandFailuresAreStructured(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("namespace: Bad_NS\nservices: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unreachable := "nats://127.0.0.1:1"
+	code, _, errOut := runCLI(t, "deploy", "apply", "-f", bad, "--nats", unreachable)
+	if code != 1 || !strings.Contains(errOut, "error: invalid:") || !strings.Contains(errOut, "namespace") {
+		t.Fatalf("invalid manifest: exit %d, stderr %q", code, errOut)
+	}
+	code, _, errOut = runCLI(t, "deploy", "status", "--nats", unreachable, "--timeout", "500ms")
+	if code != 1 || !strings.Contains(errOut, "error: unavailable:") {
+		t.Fatalf("unreachable NATS: exit %d, stderr %q", code, errOut)
+	}
+	code, _, errOut = runCLI(t, "machine", "drain", "m1", "--nats", unreachable, "--timeout", "500ms", "-o", "json")
+	var got struct {
+		Error struct{ Code, Message string }
+	}
+	if code != 1 || json.Unmarshal([]byte(errOut), &got) != nil || got.Error.Code != "unavailable" {
+		t.Fatalf("unreachable NATS, -o json: exit %d, stderr %q", code, errOut)
+	}
+}

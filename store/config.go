@@ -1,0 +1,145 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Config is how a part reaches the store: the NATS servers, the
+// credentials it connects with and the scope of every name. The Caddy
+// modules embed it as their JSON config, so `caddy.json` spells the four
+// settings the same way wherever they appear; binaries fill it from flags
+// (AddFlags).
+type Config struct {
+	// NATSURL is the control plane's NATS server, or a comma-separated
+	// list of a cluster's servers. Default: $EDGEPLANE_NATS, else
+	// nats://127.0.0.1:4222.
+	NATSURL string `json:"nats_url,omitempty"`
+	// CredsFile is a NATS credentials file issued by `control creds
+	// issue`. Default: none, which a storage node accepts on loopback only.
+	CredsFile string `json:"creds_file,omitempty"`
+	// Installation scopes RPC subjects. Default: "local".
+	Installation string `json:"installation,omitempty"`
+	// Authority scopes every stream, bucket and subject. Default:
+	// "default".
+	Authority string `json:"authority,omitempty"`
+}
+
+// Resolve fills c's defaults in place and returns the names it scopes, or an
+// error naming the setting that is not a valid name token.
+func (c *Config) Resolve() (Names, error) {
+	if c.NATSURL == "" {
+		c.NATSURL = URLFromEnv()
+	}
+	names, err := NewNames(c.Installation, c.Authority)
+	if err != nil {
+		return Names{}, err
+	}
+	c.Installation, c.Authority = names.Installation, names.Authority
+	return names, nil
+}
+
+// Setting returns the field a config key (nats_url, creds_file,
+// installation, authority) names, or nil for any other key: one spelling for
+// the Caddyfile parsers of every module that embeds a Config.
+func (c *Config) Setting(key string) *string {
+	switch key {
+	case "nats_url":
+		return &c.NATSURL
+	case "creds_file":
+		return &c.CredsFile
+	case "installation":
+		return &c.Installation
+	case "authority":
+		return &c.Authority
+	}
+	return nil
+}
+
+// AddFlags registers c's settings as the flags every client binary takes:
+// --nats (default $EDGEPLANE_NATS, else nats://127.0.0.1:4222), --creds
+// (default $EDGEPLANE_NATS_CREDS), --installation and --authority.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.NATSURL, "nats", URLFromEnv(), "NATS URL of the control plane, comma-separated for a cluster (env EDGEPLANE_NATS)")
+	fs.StringVar(&c.CredsFile, "creds", os.Getenv("EDGEPLANE_NATS_CREDS"), "NATS credentials `FILE` from 'control creds issue' (env EDGEPLANE_NATS_CREDS)")
+	fs.StringVar(&c.Installation, "installation", DefaultInstallation, "installation scope of every name")
+	fs.StringVar(&c.Authority, "authority", DefaultAuthority, "authority scope of every name")
+}
+
+// Dial connects to c and binds to the streams and buckets a storage node
+// provisioned (Open), closing the connection when binding fails. o names the
+// connection and sets its timeout and reconnects; its URL and credentials
+// are c's. ctx bounds the binding; without a deadline of its own, o.Timeout
+// does.
+func (c Config) Dial(ctx context.Context, o ConnectOptions) (*Store, error) {
+	return c.dial(ctx, o, false)
+}
+
+// DialForWrites is Dial for a client about to write: before binding, it
+// checks write quorum (CheckQuorum), so a store that cannot commit refuses
+// the client with quorum_unavailable, naming the missing storage nodes,
+// before it has read or written anything.
+func (c Config) DialForWrites(ctx context.Context, o ConnectOptions) (*Store, error) {
+	return c.dial(ctx, o, true)
+}
+
+func (c Config) dial(ctx context.Context, o ConnectOptions, quorum bool) (*Store, error) {
+	names, err := c.Resolve()
+	if err != nil {
+		return nil, &Error{Code: CodeInvalid, Message: err.Error()}
+	}
+	o.URL, o.CredsFile = c.NATSURL, c.CredsFile
+	nc, err := Connect(o)
+	if err != nil {
+		return nil, err
+	}
+	if quorum {
+		if err := CheckQuorum(ctx, nc, names); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cmp.Or(o.Timeout, defaultConnectTimeout))
+		defer cancel()
+	}
+	s, err := Open(ctx, nc, names)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// HostName is this box's host name, or fallback when the system has none:
+// the default name of a gateway, a machine, a storage node and a lease
+// holder.
+func HostName(fallback string) string {
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
+	}
+	return fallback
+}
+
+// DefaultMachineID is the host name as a machine ID: every character a name
+// token may not hold becomes '-'. The agent and meshd of one box default to
+// the same ID.
+func DefaultMachineID() string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '-'
+	}, HostName("node"))
+}
+
+// DefaultHolder names this process as the holder of a lease: host and PID,
+// so two processes of one box never pass for each other.
+func DefaultHolder() string {
+	return fmt.Sprintf("%s:%d", HostName("localhost"), os.Getpid())
+}
