@@ -194,19 +194,34 @@ func writeServerCert(t testing.TB, dir string) (string, string) {
 	return certPath, keyPath
 }
 
+// listenUDPAndTCP listens on one loopback port over both UDP and TCP:
+// Pebble's resolver may ask over either. The port the kernel picks for UDP
+// can be in use for TCP (by a listener, or as the local port of a
+// connection), so another port is tried until both are free.
+func listenUDPAndTCP(t testing.TB) (net.PacketConn, net.Listener) {
+	t.Helper()
+	var last error
+	for range 50 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tl, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, tl
+		}
+		pc.Close()
+		last = err
+	}
+	t.Fatalf("no loopback port free for both UDP and TCP: %v", last)
+	return nil, nil
+}
+
 // startDNS answers 127.0.0.1 for every A question, so Pebble's VA sends
 // every HTTP-01 validation to the test's port on loopback.
 func startDNS(t testing.TB) string {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Pebble's resolver may ask over TCP: serve both on one port.
-	tl, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, tl := listenUDPAndTCP(t)
 	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
