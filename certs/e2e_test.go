@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/certs"
-	"github.com/edgeplane/edgeplane/certs/internal/pebbletest"
+	"github.com/edgeplane/edgeplane/internal/pebbletest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )

@@ -21,7 +21,7 @@ if [ ${#need[@]} -gt 0 ]; then
 		echo "warning: missing ${need[*]} (install them as root; tests that need them skip and say so)" >&2
 	fi
 fi
-if [ ! -x certs/testdata/pebble/bin/pebble ]; then
-	certs/testdata/pebble/install.sh >/dev/null
+if [ ! -x internal/pebbletest/bin/pebble ]; then
+	internal/pebbletest/install.sh >/dev/null
 fi
 echo "test dependencies ready"

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/certs"
-	"github.com/edgeplane/edgeplane/certs/internal/pebbletest"
+	"github.com/edgeplane/edgeplane/internal/pebbletest"
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"

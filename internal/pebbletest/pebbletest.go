@@ -1,6 +1,7 @@
 // Package pebbletest runs Pebble, Let's Encrypt's ACME test server, on
-// loopback for the end-to-end tests of certs and certs/caddycerts, so that
-// both order certificates from a real ACME server set up the same way.
+// loopback for the end-to-end tests (certs, certs/caddycerts, integration),
+// so that all of them order certificates from a real ACME server set up the
+// same way.
 package pebbletest
 
 import (
@@ -135,12 +136,12 @@ func binary(t testing.TB) string {
 	}
 	out := filepath.Join(t.TempDir(), "pebble")
 	if b, err := exec.Command("go", "build", "-o", out, "github.com/letsencrypt/pebble/v2/cmd/pebble").CombinedOutput(); err != nil {
-		t.Skipf("pebble unavailable (run certs/testdata/pebble/install.sh or set PEBBLE_BIN): go build: %v\n%s", err, b)
+		t.Skipf("pebble unavailable (run internal/pebbletest/install.sh or set PEBBLE_BIN): go build: %v\n%s", err, b)
 	}
 	return out
 }
 
-// installed is where certs/testdata/pebble/install.sh puts Pebble. It is
+// installed is where install.sh, beside this file, puts Pebble. It is
 // found from this file's path, not the working directory, because the tests
 // that use this package each run in their own package's directory.
 func installed() string {
@@ -148,7 +149,7 @@ func installed() string {
 	if !ok {
 		return ""
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "testdata", "pebble", "bin", "pebble")
+	return filepath.Join(filepath.Dir(file), "bin", "pebble")
 }
 
 func fileExists(p string) bool {
