@@ -3,7 +3,6 @@ package projection_test
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -232,19 +231,6 @@ func TestBadEventIsSkippedAndReported(t *testing.T) {
 	}
 }
 
-// freePort reserves a loopback port for a server that must restart at the
-// same address.
-func freePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 func TestSnapshotServesStaleWhenNATSIsDown(t *testing.T) {
 	dir := t.TempDir()
 	snap := filepath.Join(dir, "gw", "routing.json")
@@ -319,7 +305,7 @@ func TestCorruptSnapshotIsSetAside(t *testing.T) {
 }
 
 func TestReconnectContinuousResumesWithoutRebuild(t *testing.T) {
-	dir, addr := t.TempDir(), freePort(t)
+	dir, addr := t.TempDir(), storetest.FreeAddr(t)
 	srv := storetest.StartIn(t, dir, addr)
 	ctx := ctxT(t)
 	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
@@ -355,7 +341,7 @@ func TestReconnectContinuousResumesWithoutRebuild(t *testing.T) {
 }
 
 func TestLostPositionRebuilds(t *testing.T) {
-	dir, addr := t.TempDir(), freePort(t)
+	dir, addr := t.TempDir(), storetest.FreeAddr(t)
 	srv := storetest.StartIn(t, dir, addr)
 	ctx := ctxT(t)
 	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
@@ -370,7 +356,7 @@ func TestLostPositionRebuilds(t *testing.T) {
 
 	// While the gateway is away, the same store (on another port) gets a
 	// redeploy whose events are then purged: the gateway's next event is gone.
-	side := storetest.StartIn(t, dir, freePort(t))
+	side := storetest.StartIn(t, dir, storetest.FreeAddr(t))
 	_, _, err = projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9002, "w2")})
 	if err != nil {
 		t.Fatal(err)
@@ -397,7 +383,7 @@ func TestLostPositionRebuilds(t *testing.T) {
 }
 
 func TestRecreatedStreamRebuilds(t *testing.T) {
-	addr := freePort(t)
+	addr := storetest.FreeAddr(t)
 	srv := storetest.StartIn(t, t.TempDir(), addr)
 	ctx := ctxT(t)
 	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})

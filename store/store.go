@@ -45,6 +45,9 @@ type ConnectOptions struct {
 	// Handlers observe connection state changes; any may be nil.
 	OnDisconnect func(error)
 	OnReconnect  func()
+	// OnClosed is told when the connection is closed for good: by Close,
+	// or by the client giving up (its credentials refused on reconnect).
+	OnClosed func()
 }
 
 // Connect dials NATS.
@@ -74,6 +77,9 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	}
 	if o.OnReconnect != nil {
 		opts = append(opts, nats.ReconnectHandler(func(*nats.Conn) { o.OnReconnect() }))
+	}
+	if o.OnClosed != nil {
+		opts = append(opts, nats.ClosedHandler(func(*nats.Conn) { o.OnClosed() }))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {

@@ -5,6 +5,7 @@ package storetest
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -75,6 +76,19 @@ func (s *Server) Conn(t testing.TB) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// FreeAddr reserves a loopback address for a server that must start, or
+// restart, at a known address.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }
 
 // Eventually polls cond every 10ms until it holds or timeout passes.
