@@ -119,7 +119,7 @@ func BenchmarkLock(b *testing.B) {
 func BenchmarkBudgetCharge(b *testing.B) {
 	srv := storetest.Start(b)
 	ctx := context.Background()
-	budget, err := certs.NewBudget(srv.Store, certs.BudgetOptions{Limit: 1 << 30})
+	budget, err := certs.NewBudget(store.Bound(srv.Store), certs.BudgetOptions{Limit: 1 << 30})
 	if err != nil {
 		b.Fatal(err)
 	}

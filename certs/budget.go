@@ -44,7 +44,7 @@ type BudgetOptions struct {
 // the CA's rate limit instead of each spending it separately. Every order
 // is counted, failed or not: it is the cautious reading of the CA's limits.
 type Budget struct {
-	kv   jetstream.KeyValue
+	link *store.Link
 	opts BudgetOptions
 }
 
@@ -57,10 +57,12 @@ type budgetRecord struct {
 	Hosts   []string    `json:"hosts,omitempty"` // host of each order, same index
 }
 
-// NewBudget returns the budget on s.AcmeBudget.
-func NewBudget(s *store.Store, o BudgetOptions) (*Budget, error) {
-	if s == nil || s.AcmeBudget == nil {
-		return nil, fmt.Errorf("creating acme budget: the store has no acme budget bucket (not provisioned?)")
+// NewBudget returns the budget in the ACME budget bucket of the store l
+// binds. While the store is unreachable every charge fails with
+// store_unavailable: an order nobody counted never reaches the CA.
+func NewBudget(l *store.Link, o BudgetOptions) (*Budget, error) {
+	if l == nil {
+		return nil, fmt.Errorf("creating acme budget: no store link")
 	}
 	if o.Limit == 0 {
 		o.Limit = DefaultBudgetLimit
@@ -77,7 +79,7 @@ func NewBudget(s *store.Store, o BudgetOptions) (*Budget, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Budget{kv: s.AcmeBudget, opts: o}, nil
+	return &Budget{link: l, opts: o}, nil
 }
 
 // RegisteredDomain is the domain a CA's per-domain limit counts against:
@@ -118,9 +120,13 @@ func (b *Budget) Charge(ctx context.Context, host string) (Usage, error) {
 		return Usage{}, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("charging acme budget: %v", err),
 			Detail: map[string]string{"host": host}}
 	}
+	st, err := b.link.Writable(ctx, fmt.Sprintf("charging the acme budget for %s", host))
+	if err != nil {
+		return Usage{}, err
+	}
 	key := store.KeySafe(domain)
 	for attempt := 0; attempt < 20; attempt++ {
-		rec, rev, err := b.load(ctx, key)
+		rec, rev, err := b.load(ctx, st, key)
 		if err != nil {
 			return Usage{}, err
 		}
@@ -147,9 +153,9 @@ func (b *Budget) Charge(ctx context.Context, host string) (Usage, error) {
 		rec.Version = store.RecordVersion
 		data, _ := json.Marshal(rec)
 		if rev == 0 {
-			_, err = b.kv.Create(ctx, key, data)
+			_, err = st.AcmeBudget.Create(ctx, key, data)
 		} else {
-			_, err = b.kv.Update(ctx, key, data, rev)
+			_, err = st.AcmeBudget.Update(ctx, key, data, rev)
 		}
 		if err == nil {
 			u.Used++
@@ -172,7 +178,11 @@ func (b *Budget) Usage(ctx context.Context, host string) (Usage, error) {
 	if err != nil {
 		return Usage{}, err
 	}
-	rec, _, err := b.load(ctx, store.KeySafe(domain))
+	st := b.link.Store()
+	if st == nil {
+		return Usage{}, b.link.Unavailable("reading the acme budget of " + domain)
+	}
+	rec, _, err := b.load(ctx, st, store.KeySafe(domain))
 	if err != nil {
 		return Usage{}, err
 	}
@@ -184,9 +194,9 @@ func (b *Budget) Usage(ctx context.Context, host string) (Usage, error) {
 	return u, nil
 }
 
-func (b *Budget) load(ctx context.Context, key string) (budgetRecord, uint64, error) {
+func (b *Budget) load(ctx context.Context, st *store.Store, key string) (budgetRecord, uint64, error) {
 	var rec budgetRecord
-	ent, err := b.kv.Get(ctx, key)
+	ent, err := st.AcmeBudget.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return rec, 0, nil
 	}

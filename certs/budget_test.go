@@ -34,7 +34,7 @@ func TestBudgetRefusesPastTheLimitAndSlides(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	b, err := certs.NewBudget(srv.Store, certs.BudgetOptions{Limit: 3, Window: time.Hour, Now: func() time.Time { return now }})
+	b, err := certs.NewBudget(store.Bound(srv.Store), certs.BudgetOptions{Limit: 3, Window: time.Hour, Now: func() time.Time { return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestBudgetRefusesPastTheLimitAndSlides(t *testing.T) {
 	if _, err := b.Charge(ctx, "a..b"); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("bad host: %v", err)
 	}
-	if _, err := certs.NewBudget(srv.Store, certs.BudgetOptions{Limit: -1}); err == nil {
+	if _, err := certs.NewBudget(store.Bound(srv.Store), certs.BudgetOptions{Limit: -1}); err == nil {
 		t.Fatal("negative limit accepted")
 	}
 }
@@ -77,7 +77,7 @@ func TestBudgetConcurrentChargesAreAtomic(t *testing.T) {
 	var ok, refused atomic.Int32
 	var wg sync.WaitGroup
 	for g := 0; g < 4; g++ {
-		b, err := certs.NewBudget(srv.Connect(t), certs.BudgetOptions{Limit: 10})
+		b, err := certs.NewBudget(store.Bound(srv.Connect(t)), certs.BudgetOptions{Limit: 10})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,5 +100,41 @@ func TestBudgetConcurrentChargesAreAtomic(t *testing.T) {
 	wg.Wait()
 	if ok.Load() != 10 || refused.Load() != 14 {
 		t.Fatalf("granted %d refused %d, want 10 and 14", ok.Load(), refused.Load())
+	}
+}
+
+// With the store unreachable no order can be counted, so none may be
+// placed: a charge fails at once with store_unavailable and, once the store
+// is back, nothing was counted.
+func TestBudgetRefusesWhileTheStoreIsUnreachable(t *testing.T) {
+	addr, dir := storetest.FreeAddr(t), t.TempDir()
+	l, err := store.NewLink(store.Config{NATSURL: "nats://" + addr}, store.LinkOptions{Backoff: func(int) time.Duration { return 50 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	b, err := certs.NewBudget(l, certs.BudgetOptions{Limit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	start := time.Now()
+	if _, err := b.Charge(ctx, "offline.example.com"); !store.HasCode(err, store.CodeStoreUnavailable) {
+		t.Fatalf("charge with the store unreachable: %v", err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("the refusal took %s", took)
+	}
+	storetest.StartIn(t, dir, addr)
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if _, err := l.Wait(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := b.Usage(ctx, "offline.example.com"); err != nil || u.Used != 0 {
+		t.Fatalf("usage after the outage: %+v, %v; want nothing counted", u, err)
+	}
+	if u, err := b.Charge(ctx, "offline.example.com"); err != nil || u.Used != 1 {
+		t.Fatalf("charge once the store is back: %+v, %v", u, err)
 	}
 }

@@ -296,7 +296,7 @@ func TestEndToEndPebble(t *testing.T) {
 	})
 
 	t.Run("an order past the fleet budget is refused before the CA sees it", func(t *testing.T) {
-		b, err := certs.NewBudget(srv.Store, certs.BudgetOptions{})
+		b, err := certs.NewBudget(store.Bound(srv.Store), certs.BudgetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

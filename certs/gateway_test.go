@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // gatewayMain is one gateway of the end-to-end test: a certmagic.Config on
@@ -39,7 +40,7 @@ func gatewayMain() int {
 		return fail(err)
 	}
 	ttl, _ := time.ParseDuration(os.Getenv("EP_LOCK_TTL"))
-	storage, err := certs.New(st, certs.Options{LockTTL: ttl, Holder: name, Logger: logger})
+	storage, err := certs.New(store.Bound(st), certs.Options{LockTTL: ttl, Holder: name, Logger: logger})
 	if err != nil {
 		return fail(err)
 	}
@@ -82,14 +83,14 @@ func gatewayMain() int {
 		Logger:                  logger,
 	})
 	limit, _ := strconv.Atoi(os.Getenv("EP_BUDGET"))
-	budget, err := certs.NewBudget(st, certs.BudgetOptions{Limit: limit})
+	budget, err := certs.NewBudget(store.Bound(st), certs.BudgetOptions{Limit: limit})
 	if err != nil {
 		return fail(err)
 	}
 	cfg.Issuers = []certmagic.Issuer{certs.BudgetIssuer{Issuer: acme, Budget: budget}}
 	backoff, _ := time.ParseDuration(os.Getenv("EP_BACKOFF"))
 	renewer, err := certs.NewRenewer(certs.RenewerConfig{
-		Store: st, Renew: certs.CertmagicRenew(cfg), Name: name, Logger: logger,
+		Link: store.Bound(st), Renew: certs.CertmagicRenew(cfg), Name: name, Logger: logger,
 		Backoff: func(int) time.Duration { return backoff },
 		AckWait: 30 * time.Second,
 	})

@@ -52,7 +52,7 @@ func lockerMain() int {
 		return 1
 	}
 	ttl, _ := time.ParseDuration(os.Getenv("EP_LOCK_TTL"))
-	s, err := certs.New(st, certs.Options{LockTTL: ttl, Holder: os.Getenv("EP_NAME")})
+	s, err := certs.New(store.Bound(st), certs.Options{LockTTL: ttl, Holder: os.Getenv("EP_NAME")})
 	if err != nil {
 		fmt.Println("ERR", err)
 		return 1

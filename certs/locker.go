@@ -25,7 +25,12 @@ func (s *Storage) Lock(ctx context.Context, name string) error {
 	}()
 	wait := 25 * time.Millisecond
 	for {
-		ok, err := s.tryLock(ctx, name, key)
+		st, err := s.writeStore(ctx, "taking lock "+name)
+		if err != nil {
+			s.logRefused("certificate lock refused: the store is unreachable", name, err)
+			return err
+		}
+		ok, err := s.tryLock(ctx, st, name, key)
 		if err != nil {
 			return err
 		}
@@ -36,7 +41,7 @@ func (s *Storage) Lock(ctx context.Context, name string) error {
 			// Watch the key so a release or expiry wakes us at once; try
 			// again right after the watch exists, in case the holder
 			// released in between. Polling stays as the fallback.
-			if w, err = s.st.Locks.Watch(ctx, key, jetstream.UpdatesOnly()); err != nil {
+			if w, err = st.Locks.Watch(ctx, key, jetstream.UpdatesOnly()); err != nil {
 				s.debug("watching lock failed; polling", zap.String("key", key), zap.Error(err))
 				w = nil
 			} else {
@@ -64,11 +69,16 @@ func (s *Storage) Lock(ctx context.Context, name string) error {
 // A lock held by someone else is (false, nil); only failures to ask are
 // errors.
 func (s *Storage) TryLock(ctx context.Context, name string) (bool, error) {
-	return s.tryLock(ctx, name, LockKey(name))
+	st, err := s.writeStore(ctx, "taking lock "+name)
+	if err != nil {
+		s.logRefused("certificate lock refused: the store is unreachable", name, err)
+		return false, err
+	}
+	return s.tryLock(ctx, st, name, LockKey(name))
 }
 
-func (s *Storage) tryLock(ctx context.Context, name, key string) (bool, error) {
-	l, err := store.AcquireLease(ctx, s.st.JS, s.st.Locks, key, store.LeaseOptions{
+func (s *Storage) tryLock(ctx context.Context, st *store.Store, name, key string) (bool, error) {
+	l, err := store.AcquireLease(ctx, st.JS, st.Locks, key, store.LeaseOptions{
 		TTL: s.opts.LockTTL, Holder: s.opts.Holder, Purpose: name, KeepAlive: true,
 	})
 	if err != nil {
@@ -134,7 +144,11 @@ func (s *Storage) RenewLockLease(ctx context.Context, name string, leaseDuration
 // LockHolder reports who holds the lock for name, if anyone (for status
 // output and tests).
 func (s *Storage) LockHolder(ctx context.Context, name string) (store.LeaseHolder, bool, error) {
-	return lockHolder(ctx, s.st, LockKey(name))
+	st := s.readStore(ctx)
+	if st == nil {
+		return store.LeaseHolder{}, false, s.unavailable("reading lock " + name)
+	}
+	return lockHolder(ctx, st, LockKey(name))
 }
 
 func lockHolder(ctx context.Context, st *store.Store, key string) (store.LeaseHolder, bool, error) {

@@ -120,7 +120,9 @@ func CertmagicRenew(cfg *certmagic.Config) RenewFunc {
 
 // RenewerConfig configures a Renewer.
 type RenewerConfig struct {
-	Store *store.Store
+	// Link is the store the renewal items, schedules and status records
+	// live in. The worker waits for it while it is unreachable.
+	Link  *store.Link
 	Renew RenewFunc
 	// Name is this gateway, recorded in status records.
 	Name   string
@@ -155,8 +157,8 @@ type Renewer struct {
 
 // NewRenewer validates cfg and fills defaults.
 func NewRenewer(cfg RenewerConfig) (*Renewer, error) {
-	if cfg.Store == nil || cfg.Store.Renewals == nil || cfg.Store.CertStatus == nil {
-		return nil, fmt.Errorf("creating renewer: the store has no renewals stream or status bucket (not provisioned?)")
+	if cfg.Link == nil {
+		return nil, fmt.Errorf("creating renewer: no store link")
 	}
 	if cfg.Renew == nil {
 		return nil, fmt.Errorf("creating renewer: no renew function")
@@ -189,9 +191,13 @@ func NewRenewer(cfg RenewerConfig) (*Renewer, error) {
 
 // Run takes renewal items until ctx ends. Each item is worked by exactly one
 // Renewer in the fleet (one shared durable consumer); an item whose worker
-// dies is redelivered after AckWait.
+// dies is redelivered after AckWait. While the store is unreachable it
+// waits for it: renewal is work for a gateway that can reach the fleet.
 func (r *Renewer) Run(ctx context.Context) error {
-	st := r.cfg.Store
+	st, err := r.cfg.Link.Wait(ctx)
+	if err != nil {
+		return nil // ctx ended
+	}
 	cons, err := st.Renewals.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable:       r.cfg.Durable,
 		Description:   "gateways taking certificate renewal work",
@@ -266,8 +272,11 @@ func (r *Renewer) work(ctx context.Context, m jetstream.Msg) {
 // schedules the next item: the next renewal after a success, a retry with
 // backoff after a failure. Callers outside Run (an obtain hook) use it too.
 func (r *Renewer) Record(ctx context.Context, item RenewalItem, res RenewResult, renewErr error) error {
-	st := r.cfg.Store
 	host, err := NormalizeHost(item.Host)
+	if err != nil {
+		return err
+	}
+	st, err := r.cfg.Link.Writable(ctx, "recording the renewal of "+host)
 	if err != nil {
 		return err
 	}
@@ -275,12 +284,11 @@ func (r *Renewer) Record(ctx context.Context, item RenewalItem, res RenewResult,
 	if err != nil && !store.HasCode(err, store.CodeNotFound) {
 		return err
 	}
-	return r.record(ctx, host, item, res, renewErr, prev)
+	return r.record(ctx, st, host, item, res, renewErr, prev)
 }
 
 // record is Record for a normalized host whose stored status is prev.
-func (r *Renewer) record(ctx context.Context, host string, item RenewalItem, res RenewResult, renewErr error, prev Status) error {
-	st := r.cfg.Store
+func (r *Renewer) record(ctx context.Context, st *store.Store, host string, item RenewalItem, res RenewResult, renewErr error, prev Status) error {
 	now := time.Now()
 	s := prev
 	s.Version, s.Host, s.Gateway, s.LastAttempt = store.RecordVersion, host, r.cfg.Name, now
@@ -371,19 +379,23 @@ func (r *Renewer) recordFailure(ctx context.Context, host string, failure error,
 	if err != nil {
 		return err
 	}
-	prev, _, err := getStatus(ctx, r.cfg.Store, h)
+	st, err := r.cfg.Link.Writable(ctx, "recording the failure of "+h)
+	if err != nil {
+		return err
+	}
+	prev, _, err := getStatus(ctx, st, h)
 	if err != nil && !store.HasCode(err, store.CodeNotFound) {
 		return err
 	}
 	if renewal {
-		return r.record(ctx, h, RenewalItem{Host: h, Attempt: prev.Failures, Reason: "retry"}, RenewResult{}, failure, prev)
+		return r.record(ctx, st, h, RenewalItem{Host: h, Attempt: prev.Failures, Reason: "retry"}, RenewResult{}, failure, prev)
 	}
 	s := prev
 	s.Version, s.Host, s.Gateway, s.LastAttempt = store.RecordVersion, h, r.cfg.Name, time.Now()
 	s.LastError, s.LastErrorCode = failure.Error(), errorCode(failure)
 	s.Failures = prev.Failures + 1
 	s.NextAttempt = time.Time{}
-	if err := putStatus(ctx, r.cfg.Store, s); err != nil {
+	if err := putStatus(ctx, st, s); err != nil {
 		return err
 	}
 	r.log.Warn("certificate issuance failed", zap.String("host", h), zap.Int("failures", s.Failures), zap.Error(failure))

@@ -22,7 +22,7 @@ func TestRenewerRecordsFailureThenRetries(t *testing.T) {
 	var calls atomic.Int32
 	expiry := time.Now().Add(90 * 24 * time.Hour).Truncate(time.Second)
 	r, err := certs.NewRenewer(certs.RenewerConfig{
-		Store: srv.Store, Name: "gw-test",
+		Link: store.Bound(srv.Store), Name: "gw-test",
 		Backoff: func(int) time.Duration { return time.Second },
 		Renew: func(ctx context.Context, item certs.RenewalItem) (certs.RenewResult, error) {
 			if calls.Add(1) == 1 {
@@ -75,7 +75,7 @@ func TestScheduleRenewalRejectsBadHost(t *testing.T) {
 	if !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("got %v, want invalid", err)
 	}
-	if _, err := certs.NewRenewer(certs.RenewerConfig{Store: srv.Store}); err == nil {
+	if _, err := certs.NewRenewer(certs.RenewerConfig{Link: store.Bound(srv.Store)}); err == nil {
 		t.Fatal("renewer without a renew function accepted")
 	}
 	if sts, err := certs.ListStatus(context.Background(), srv.Store); err != nil || len(sts) != 0 {
@@ -93,7 +93,7 @@ func TestHandleEventRecordsFailures(t *testing.T) {
 	var r *certs.Renewer
 	renewErr := &store.Error{Code: "acme_error", Message: "validation failed"}
 	r, err := certs.NewRenewer(certs.RenewerConfig{
-		Store: srv.Store, Name: "gw-ev",
+		Link: store.Bound(srv.Store), Name: "gw-ev",
 		Backoff: func(int) time.Duration { return time.Hour },
 		Renew: func(ctx context.Context, item certs.RenewalItem) (certs.RenewResult, error) {
 			// certmagic emits cert_failed from inside the renewal.

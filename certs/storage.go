@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -35,27 +36,50 @@ type Options struct {
 	LockPollMax time.Duration
 	// Logger receives debug logs; default none.
 	Logger *zap.Logger
+	// LocalDir, if set, keeps a node-local copy of the certificates, keys
+	// and OCSP staples this storage loads or stores (files 0600, the same
+	// trust as Caddy's own file storage), from which Load, Stat, Exists and
+	// List answer while the store is unreachable. When the store answers
+	// again the copy yields to it.
+	LocalDir string
 }
 
 // Storage is a certmagic.Storage (with TryLocker and LockLeaseRenewer) on
 // the store's certificates bucket and its leases.
 //
+// It works without the store: reads are answered from the local copy (see
+// Options.LocalDir) while the store is unreachable, and writes and locks
+// fail at once with store_unavailable, so nothing that needs the fleet's
+// agreement (an order, a lock) happens behind its back.
+//
 // It is safe for concurrent use. Every method honours ctx.
 type Storage struct {
-	st       *store.Store
-	kv       jetstream.KeyValue
-	opts     Options
-	maxValue int
-	log      *zap.Logger
+	link  *store.Link
+	local *localCopy // nil without Options.LocalDir
+	opts  Options
+	log   *zap.Logger
 
 	mu   sync.Mutex
 	held map[string]*store.Lease // lock key -> our lease
+	// refusedNames are the locks and issuances refused in this outage,
+	// each logged once.
+	refusedNames map[string]bool
+	// refreshed is told the names whose certificates followStore took
+	// from the store.
+	refreshed func(ctx context.Context, names []string)
+
+	localReads, refused atomic.Uint64
+
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
-// New returns a Storage on s.Certs and s.Locks.
-func New(s *store.Store, o Options) (*Storage, error) {
-	if s == nil || s.Certs == nil || s.Locks == nil {
-		return nil, fmt.Errorf("creating certificate storage: the store has no certificates or locks bucket (not provisioned?)")
+// New returns a Storage on the certificates bucket and the leases of the
+// store l binds. With Options.LocalDir it keeps the local copy in step
+// with the store every time l connects, until Close.
+func New(l *store.Link, o Options) (*Storage, error) {
+	if l == nil {
+		return nil, fmt.Errorf("creating certificate storage: no store link")
 	}
 	if o.LockTTL == 0 {
 		o.LockTTL = DefaultLockTTL
@@ -72,16 +96,163 @@ func New(s *store.Store, o Options) (*Storage, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	max := int(s.NC.MaxPayload())
-	if max <= 0 {
-		max = 1 << 20
+	s := &Storage{link: l, opts: o, log: o.Logger, held: make(map[string]*store.Lease), done: make(chan struct{})}
+	if o.LocalDir == "" {
+		close(s.done)
+		return s, nil
 	}
-	return &Storage{st: s, kv: s.Certs, opts: o, maxValue: max, log: o.Logger, held: make(map[string]*store.Lease)}, nil
+	s.local = &localCopy{fs: &certmagic.FileStorage{Path: o.LocalDir}}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	go s.followStore(ctx)
+	return s, nil
 }
 
+// Close stops keeping the local copy in step with the store. The link is
+// the caller's to close.
+func (s *Storage) Close() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	<-s.done
+}
+
+// followStore brings the local copy in line with the store each time the
+// link connects: what was renewed or removed elsewhere meanwhile wins.
+func (s *Storage) followStore(ctx context.Context) {
+	defer close(s.done)
+	for {
+		changed := s.link.Changed()
+		if st := s.link.Store(); st != nil {
+			s.mu.Lock()
+			s.refusedNames = nil
+			s.mu.Unlock()
+			changed, err := s.local.follow(ctx, st)
+			if err != nil && ctx.Err() == nil {
+				s.log.Warn("bringing the local certificate copy in line with the store", zap.Error(err))
+			}
+			if len(changed) > 0 {
+				s.log.Info("local certificate copy brought in line with the store", zap.Strings("changed", changed))
+				s.tellRefreshed(ctx, changed)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+	}
+}
+
+// SetRefreshed makes fn be told, each time the local copy follows the store,
+// the names whose certificates it took from the store (renewed or removed
+// elsewhere meanwhile), so that whoever serves them can load the store's.
+func (s *Storage) SetRefreshed(fn func(ctx context.Context, names []string)) {
+	s.mu.Lock()
+	s.refreshed = fn
+	s.mu.Unlock()
+}
+
+func (s *Storage) tellRefreshed(ctx context.Context, keys []string) {
+	s.mu.Lock()
+	fn := s.refreshed
+	s.mu.Unlock()
+	var names []string
+	for _, k := range keys {
+		if n := certificateName(k); n != "" {
+			names = append(names, n)
+		}
+	}
+	if fn != nil && len(names) > 0 {
+		fn(ctx, names)
+	}
+}
+
+// readStore is the store for a read: nil while it is unreachable, so the
+// read falls back to the local copy at once (once the first dial has an
+// outcome).
+func (s *Storage) readStore(ctx context.Context) *store.Store {
+	if st := s.link.Store(); st != nil {
+		return st
+	}
+	s.link.Settle(ctx)
+	return s.link.Store()
+}
+
+// writeStore is the store for a write or a lock (store.Link.Writable),
+// counting a refusal.
+func (s *Storage) writeStore(ctx context.Context, op string) (*store.Store, error) {
+	st, err := s.link.Writable(ctx, op)
+	if err != nil {
+		s.refused.Add(1)
+	}
+	return st, err
+}
+
+// logRefused logs, once per name and outage, that a lock or an issuance
+// was refused: one line per host, not one per handshake.
+func (s *Storage) logRefused(msg, name string, err error) {
+	s.mu.Lock()
+	first := !s.refusedNames[name]
+	if first {
+		if s.refusedNames == nil {
+			s.refusedNames = make(map[string]bool)
+		}
+		s.refusedNames[name] = true
+	}
+	s.mu.Unlock()
+	if first {
+		s.log.Warn(msg, zap.String("name", name), zap.Error(err))
+	}
+}
+
+// RefuseIssuance is store_unavailable (logged once per name and outage)
+// for a name whose certificate cannot be had now: the store is unreachable,
+// so there is no lock, no place in the fleet's order budget and no place
+// for a new certificate, and the local copy holds none for name. It is nil
+// while the store answers, and for a name the local copy can serve. Asked
+// before a handshake looks for a certificate, it fails the handshake at
+// once and keeps every order of an outage away from the CA.
+func (s *Storage) RefuseIssuance(ctx context.Context, name string) error {
+	if s.readStore(ctx) != nil || s.local.holdsCertificate(ctx, name) {
+		return nil
+	}
+	s.refused.Add(1)
+	err := s.unavailable("issuing a certificate for " + name)
+	s.logRefused("certificate issuance refused: the store is unreachable and the local copy holds no certificate for this name", name, err)
+	return err
+}
+
+// unavailable is the store_unavailable error refusing op.
+func (s *Storage) unavailable(op string) error { return s.link.Unavailable(op) }
+
+// LocalReads counts the reads answered from the local copy because the
+// store was unreachable.
+func (s *Storage) LocalReads() uint64 { return s.localReads.Load() }
+
+// Refused counts the writes and locks refused because the store was
+// unreachable.
+func (s *Storage) Refused() uint64 { return s.refused.Load() }
+
+// Connected reports whether the store answers now.
+func (s *Storage) Connected() bool { return s.link.Store() != nil }
+
 // MaxValueSize is the largest value Store accepts: the NATS server's max
-// payload as announced to this connection.
-func (s *Storage) MaxValueSize() int { return s.maxValue }
+// payload as announced to this connection; 0 while the store is
+// unreachable.
+func (s *Storage) MaxValueSize() int {
+	if st := s.link.Store(); st != nil {
+		return maxValue(st)
+	}
+	return 0
+}
+
+func maxValue(st *store.Store) int {
+	if m := int(st.NC.MaxPayload()); m > 0 {
+		return m
+	}
+	return 1 << 20
+}
 
 func (s *Storage) debug(msg string, fields ...zap.Field) {
 	if c := s.log.Check(zapcore.DebugLevel, msg); c != nil {
@@ -98,17 +269,22 @@ func (s *Storage) Store(ctx context.Context, key string, value []byte) error {
 	if err != nil {
 		return fmt.Errorf("storing: %w", err)
 	}
-	if len(value) > s.maxValue {
+	st, err := s.writeStore(ctx, "storing "+key)
+	if err != nil {
+		return err
+	}
+	if max := maxValue(st); len(value) > max {
 		return &store.Error{Code: store.CodeInvalid,
-			Message: fmt.Sprintf("storing %s: value of %d bytes exceeds the NATS max payload of %d bytes", key, len(value), s.maxValue),
-			Detail:  map[string]string{"key": key, "size": fmt.Sprint(len(value)), "max": fmt.Sprint(s.maxValue)}}
+			Message: fmt.Sprintf("storing %s: value of %d bytes exceeds the NATS max payload of %d bytes", key, len(value), max),
+			Detail:  map[string]string{"key": key, "size": fmt.Sprint(len(value)), "max": fmt.Sprint(max)}}
 	}
 	if err := s.fence(ctx, key); err != nil {
 		return fmt.Errorf("storing %s: %w", key, err)
 	}
-	if _, err := s.kv.Put(ctx, enc, value); err != nil {
+	if _, err := st.Certs.Put(ctx, enc, value); err != nil {
 		return store.Classify(fmt.Errorf("storing %s: %w", key, err))
 	}
+	s.local.keep(ctx, key, value, time.Now())
 	s.debug("stored", zap.String("key", key), zap.Int("size", len(value)))
 	return nil
 }
@@ -138,14 +314,33 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading: %w", err)
 	}
-	ent, err := s.kv.Get(ctx, enc)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, fmt.Errorf("loading %s: %w", key, fs.ErrNotExist)
-		}
-		return nil, store.Classify(fmt.Errorf("loading %s: %w", key, err))
+	st := s.readStore(ctx)
+	if st == nil {
+		return s.localLoad(ctx, key)
 	}
-	return ent.Value(), nil
+	ent, err := st.Certs.Get(ctx, enc)
+	switch {
+	case err == nil:
+		s.local.keep(ctx, key, ent.Value(), ent.Created())
+		return ent.Value(), nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		s.local.forget(ctx, key)
+		return nil, fmt.Errorf("loading %s: %w", key, fs.ErrNotExist)
+	case store.HasCode(store.Classify(err), store.CodeUnavailable):
+		// The store went away under us: the local copy answers.
+		return s.localLoad(ctx, key)
+	}
+	return nil, store.Classify(fmt.Errorf("loading %s: %w", key, err))
+}
+
+// localLoad answers Load from the local copy; a key it does not hold is
+// store_unavailable, not "does not exist": the store may well have it.
+func (s *Storage) localLoad(ctx context.Context, key string) ([]byte, error) {
+	if v, ok := s.local.load(ctx, key); ok {
+		s.localReads.Add(1)
+		return v, nil
+	}
+	return nil, s.unavailable("loading " + key)
 }
 
 // Delete removes key and, if key is a directory, every key under it. A
@@ -155,22 +350,27 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("deleting: %w", err)
 	}
-	children, err := s.keys(ctx, enc+".>")
+	st, err := s.writeStore(ctx, "deleting "+key)
+	if err != nil {
+		return err
+	}
+	children, err := keys(ctx, st, enc+".>")
 	if err != nil {
 		return fmt.Errorf("deleting %s: %w", key, err)
 	}
 	// Only write a delete marker for a file that exists: markers of keys
 	// that never existed would pile up in the bucket.
-	if _, err := s.kv.Get(ctx, enc); err == nil {
+	if _, err := st.Certs.Get(ctx, enc); err == nil {
 		children = append(children, enc)
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return store.Classify(fmt.Errorf("deleting %s: %w", key, err))
 	}
 	for _, k := range children {
-		if err := s.kv.Delete(ctx, k); err != nil {
+		if err := st.Certs.Delete(ctx, k); err != nil {
 			return store.Classify(fmt.Errorf("deleting %s (at %s): %w", key, k, err))
 		}
 	}
+	s.local.forget(ctx, key)
 	s.debug("deleted", zap.String("key", key), zap.Int("keys", len(children)))
 	return nil
 }
@@ -181,10 +381,15 @@ func (s *Storage) Exists(ctx context.Context, key string) bool {
 	if err != nil {
 		return false
 	}
-	if _, err := s.kv.Get(ctx, enc); err == nil {
+	st := s.readStore(ctx)
+	if st == nil {
+		s.localReads.Add(1)
+		return s.local.exists(ctx, key)
+	}
+	if _, err := st.Certs.Get(ctx, enc); err == nil {
 		return true
 	}
-	ok, err := s.hasChildren(ctx, enc)
+	ok, err := hasChildren(ctx, st, enc)
 	return err == nil && ok
 }
 
@@ -198,11 +403,19 @@ func (s *Storage) List(ctx context.Context, prefix string, recursive bool) ([]st
 	if err != nil {
 		return nil, fmt.Errorf("listing: %w", err)
 	}
+	st := s.readStore(ctx)
+	if st == nil {
+		if list, ok := s.local.list(ctx, prefix, recursive); ok {
+			s.localReads.Add(1)
+			return list, nil
+		}
+		return nil, s.unavailable("listing " + prefix)
+	}
 	filter := ">"
 	if enc != "" {
 		filter = enc + ".>"
 	}
-	keys, err := s.keys(ctx, filter)
+	keys, err := keys(ctx, st, filter)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", prefix, err)
 	}
@@ -252,14 +465,22 @@ func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, erro
 		return certmagic.KeyInfo{}, fmt.Errorf("stat: %w", err)
 	}
 	canon, _ := CanonicalKey(key)
-	ent, err := s.kv.Get(ctx, enc)
+	st := s.readStore(ctx)
+	if st == nil {
+		if info, ok := s.local.stat(ctx, key); ok {
+			s.localReads.Add(1)
+			return info, nil
+		}
+		return certmagic.KeyInfo{}, s.unavailable("stat " + key)
+	}
+	ent, err := st.Certs.Get(ctx, enc)
 	if err == nil {
 		return certmagic.KeyInfo{Key: canon, Modified: ent.Created(), Size: int64(len(ent.Value())), IsTerminal: true}, nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return certmagic.KeyInfo{}, store.Classify(fmt.Errorf("stat %s: %w", key, err))
 	}
-	ok, err := s.hasChildren(ctx, enc)
+	ok, err := hasChildren(ctx, st, enc)
 	if err != nil {
 		return certmagic.KeyInfo{}, fmt.Errorf("stat %s: %w", key, err)
 	}
@@ -269,9 +490,9 @@ func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, erro
 	return certmagic.KeyInfo{Key: canon, IsTerminal: false}, nil
 }
 
-// keys lists the live KV keys matching filter.
-func (s *Storage) keys(ctx context.Context, filter string) ([]string, error) {
-	kl, err := s.kv.ListKeysFiltered(ctx, filter)
+// keys lists the live keys of the certificates bucket matching filter.
+func keys(ctx context.Context, st *store.Store, filter string) ([]string, error) {
+	kl, err := st.Certs.ListKeysFiltered(ctx, filter)
 	if err != nil {
 		return nil, store.Classify(fmt.Errorf("listing keys %s: %w", filter, err))
 	}
@@ -300,18 +521,18 @@ func (s *Storage) keys(ctx context.Context, filter string) ([]string, error) {
 	}
 }
 
-func (s *Storage) hasChildren(ctx context.Context, enc string) (bool, error) {
-	ks, err := s.keys(ctx, enc+".>")
+func hasChildren(ctx context.Context, st *store.Store, enc string) (bool, error) {
+	ks, err := keys(ctx, st, enc+".>")
 	return len(ks) > 0, err
 }
 
-// ControlPlane is the control-plane store this storage writes to, so other
-// edgeplane modules in the same process (the ACME budget, the renewal
+// Link is the link to the control-plane store this storage writes to, so
+// other edgeplane modules in the same process (the ACME budget, the renewal
 // worker) share its connection instead of opening their own.
-func (s *Storage) ControlPlane() *store.Store { return s.st }
+func (s *Storage) Link() *store.Link { return s.link }
 
 // String names the storage in certmagic's and Caddy's logs.
-func (s *Storage) String() string { return "edgeplane:" + s.kv.Bucket() }
+func (s *Storage) String() string { return "edgeplane:" + s.link.Names().CertsBucket() }
 
 // Interface guards.
 var (

@@ -21,7 +21,7 @@ import (
 
 func newStorage(t testing.TB, st *store.Store, o certs.Options) *certs.Storage {
 	t.Helper()
-	s, err := certs.New(st, o)
+	s, err := certs.New(store.Bound(st), o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ var extraBins struct {
 	err       error
 	caddy     string
 	dns       string
+	meshd     string
 	buildTime time.Duration
 }
 
@@ -34,9 +35,11 @@ func buildExtra(t *testing.T) {
 		start := time.Now()
 		extraBins.caddy = filepath.Join(bins.dir, "caddy")
 		extraBins.dns = filepath.Join(bins.dir, "edgeplane-dns")
+		extraBins.meshd = filepath.Join(bins.dir, "meshd")
 		for _, b := range []struct{ out, pkg string }{
 			{extraBins.caddy, "../caddymodule/cmd/caddy"},
 			{extraBins.dns, "../dnsproj/cmd/edgeplane-dns"},
+			{extraBins.meshd, "../meshd"},
 		} {
 			cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
 			var out bytes.Buffer

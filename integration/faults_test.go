@@ -374,7 +374,7 @@ func TestGatewayRoleCredentialsServeAndSurviveControlPlaneLoss(t *testing.T) {
 
 	// The gateway's certificate work is in the store, read back with
 	// control credentials.
-	ctl, err := certs.New(c.store, certs.Options{})
+	ctl, err := certs.New(store.Bound(c.store), certs.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func checkGatewayCertWork(t *testing.T, c *cluster, gwCreds string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	budget, err := certs.NewBudget(gs, certs.BudgetOptions{})
+	budget, err := certs.NewBudget(store.Bound(gs), certs.BudgetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,7 @@ func checkGatewayCertWork(t *testing.T, c *cluster, gwCreds string) {
 	taken := make(chan string, 1)
 	// Its own durable, so that the item comes here and not (only) to the
 	// running gateway's worker.
-	r, err := certs.NewRenewer(certs.RenewerConfig{Store: gs, Name: "probe", Durable: "probe_renewals", MinInterval: time.Second,
+	r, err := certs.NewRenewer(certs.RenewerConfig{Link: store.Bound(gs), Name: "probe", Durable: "probe_renewals", MinInterval: time.Second,
 		NextRenewal: func(certs.RenewResult) time.Time { return time.Now().Add(time.Second) },
 		Renew: func(_ context.Context, item certs.RenewalItem) (certs.RenewResult, error) {
 			select {

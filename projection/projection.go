@@ -74,6 +74,9 @@ type Projection struct {
 	loads         atomic.Uint64
 	head          atomic.Uint64
 	connected     atomic.Bool
+	// downLogged is set once the loss of the store was logged, so that an
+	// outage is one log line, not one per reconnect attempt.
+	downLogged    atomic.Bool
 	lastEventTime atomic.Int64 // publish time of the last applied event (unix ns)
 	behindSince   atomic.Int64 // when the head was first seen past applied (unix ns), 0 if not behind
 	lastError     atomic.Pointer[string]
@@ -299,11 +302,24 @@ func (p *Projection) openStore(ctx context.Context) (*store.Store, error) {
 func (p *Projection) markDisconnected(err error) {
 	if err != nil {
 		p.setError(err.Error())
-		p.log.Warn("routing projection cannot reach the store; serving the last good view", zap.Error(err))
+		p.logDown("routing projection cannot reach the store; serving the last good view", err)
 	}
 	if p.connected.Swap(false) || !p.View().Stale {
 		p.swap(p.View().withStale(true))
 	}
+}
+
+// logDown logs the loss of the store once per outage.
+func (p *Projection) logDown(msg string, err error) {
+	if p.downLogged.CompareAndSwap(false, true) {
+		p.log.Warn(msg, zap.Error(err))
+	}
+}
+
+// markConnected records that the store answers again.
+func (p *Projection) markConnected() {
+	p.connected.Store(true)
+	p.downLogged.Store(false)
 }
 
 // backoff doubles a wait between failed attempts, up to a maximum.

@@ -129,7 +129,7 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 			}
 			if nc.Status() != nats.CONNECTED {
 				if p.connected.Swap(false) {
-					p.log.Warn("lost NATS; serving the last good routing view")
+					p.logDown("lost NATS; serving the last good routing view", nil)
 					p.swap(p.View().withStale(true))
 				}
 				continue
@@ -153,7 +153,8 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 				}
 				p.log.Info("NATS reconnected; routing stream continuous, resuming", zap.Uint64("seq", p.View().Seq))
 			}
-			if !p.connected.Swap(true) || p.View().Stale {
+			if !p.connected.Load() || p.View().Stale {
+				p.markConnected()
 				p.setError("")
 				p.swap(p.View().withStale(false))
 			}
@@ -232,7 +233,7 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	v.StreamCreated = info.Created
 	old := p.View()
 	n := p.loads.Add(1)
-	p.connected.Store(true)
+	p.markConnected()
 	p.setError("")
 	p.noteHead(info.State.LastSeq, v.Seq)
 	p.swap(v)

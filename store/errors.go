@@ -18,8 +18,13 @@ const (
 	CodeLeaseLost         = "lease_lost"
 	CodeUnavailable       = "unavailable"
 	CodeQuorumUnavailable = "quorum_unavailable"
-	CodeStale             = "stale"
-	CodeInternal          = "internal"
+	// CodeStoreUnavailable refuses a write (or a read with no local copy
+	// to answer it) of a part that keeps working without the store: the
+	// store is unreachable, and what the part holds locally keeps being
+	// served.
+	CodeStoreUnavailable = "store_unavailable"
+	CodeStale            = "stale"
+	CodeInternal         = "internal"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and

@@ -51,37 +51,48 @@ func LinkBackoff(attempt int) time.Duration {
 // falls back to what it holds locally at once instead of waiting on a store
 // that is not there.
 type Link struct {
-	cfg  Config
-	opts LinkOptions
+	cfg   Config
+	names Names
+	opts  LinkOptions
 
 	mu      sync.Mutex
 	s       *Store
 	state   LinkState
 	changed chan struct{}
+	// tried is closed once the first dial has an outcome.
+	tried     chan struct{}
+	triedOnce sync.Once
 
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-// NewLink starts dialing cfg in the background. It never fails: a store
-// that cannot be reached is a state, not an error.
-func NewLink(cfg Config, opts LinkOptions) *Link {
+// NewLink starts dialing cfg in the background. It fails only for a config
+// that names no valid scope: a store that cannot be reached is a state, not
+// an error.
+func NewLink(cfg Config, opts LinkOptions) (*Link, error) {
+	names, err := cfg.Resolve()
+	if err != nil {
+		return nil, &Error{Code: CodeInvalid, Message: err.Error()}
+	}
 	if opts.Backoff == nil {
 		opts.Backoff = LinkBackoff
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &Link{cfg: cfg, opts: opts, state: LinkState{Since: time.Now()}, changed: make(chan struct{}),
-		cancel: cancel, done: make(chan struct{})}
+	l := &Link{cfg: cfg, names: names, opts: opts, state: LinkState{Since: time.Now()}, changed: make(chan struct{}),
+		tried: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
 	go l.run(ctx)
-	return l
+	return l, nil
 }
 
 // Bound returns a Link over a store that is already open: for tests and
 // callers that dialed themselves. It reports the connection's state as NATS
 // sees it.
 func Bound(s *Store) *Link {
-	l := &Link{s: s, state: LinkState{Since: time.Now()}, changed: make(chan struct{}), done: make(chan struct{})}
+	l := &Link{s: s, names: s.Names, state: LinkState{Since: time.Now()}, changed: make(chan struct{}),
+		tried: make(chan struct{}), done: make(chan struct{})}
 	close(l.done)
+	close(l.tried)
 	l.state.Connected = s.NC.IsConnected()
 	return l
 }
@@ -133,9 +144,11 @@ func (l *Link) dial(ctx context.Context) (*Store, <-chan struct{}) {
 			l.s = s
 			l.mu.Unlock()
 			l.set(true, nil)
+			l.triedOnce.Do(func() { close(l.tried) })
 			return s, closed
 		}
 		l.failed(err)
+		l.triedOnce.Do(func() { close(l.tried) })
 		t := time.NewTimer(l.opts.Backoff(attempt))
 		select {
 		case <-ctx.Done():
@@ -193,6 +206,18 @@ func (l *Link) Store() *Store {
 	return s
 }
 
+// Names are the names of the store the link binds.
+func (l *Link) Names() Names { return l.names }
+
+// Reached reports whether the link has bound a store since it started: a
+// link that is not connected now but Reached is reconnecting (NATS is on
+// it), one that never Reached has not found the store at all.
+func (l *Link) Reached() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.s != nil
+}
+
 // State reports the link's connection.
 func (l *Link) State() LinkState {
 	l.mu.Lock()
@@ -224,6 +249,59 @@ func (l *Link) Wait(ctx context.Context) (*Store, error) {
 		case <-ch:
 		}
 	}
+}
+
+// ReconnectWait is how long Writable waits for a store the link reached
+// before, while NATS reconnects to it (a storage node failing over).
+const ReconnectWait = 2 * time.Second
+
+// Settle waits, at most ReconnectWait, until the link's first dial has an
+// outcome: a part asked for the store right as the process starts should
+// not take "not dialed yet" for "unreachable".
+func (l *Link) Settle(ctx context.Context) {
+	t := time.NewTimer(ReconnectWait)
+	defer t.Stop()
+	select {
+	case <-l.tried:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// Writable returns the store for a write of op: at once while it answers,
+// after up to ReconnectWait while the first dial runs or NATS reconnects
+// to a store the link reached before, and otherwise a store_unavailable
+// error (Unavailable): never a wait on a store known to be away.
+func (l *Link) Writable(ctx context.Context, op string) (*Store, error) {
+	if s := l.Store(); s != nil {
+		return s, nil
+	}
+	l.Settle(ctx)
+	if s := l.Store(); s != nil {
+		return s, nil
+	}
+	if l.Reached() {
+		wctx, cancel := context.WithTimeout(ctx, ReconnectWait)
+		s, err := l.Wait(wctx)
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+	}
+	return nil, l.Unavailable(op)
+}
+
+// Unavailable is the store_unavailable error refusing op: the store is
+// unreachable, since when, and the last failure.
+func (l *Link) Unavailable(op string) *Error {
+	st := l.State()
+	e := &Error{Code: CodeStoreUnavailable,
+		Message: op + ": the store is unreachable; what is held locally keeps being served, and nothing is written until the store answers",
+		Detail:  map[string]string{"since": st.Since.UTC().Format(time.RFC3339)}}
+	if st.LastError != "" {
+		e.Detail["cause"] = st.LastError
+	}
+	return e
 }
 
 // Close stops dialing and closes the connection.

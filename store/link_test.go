@@ -18,7 +18,7 @@ func TestLinkDialsInTheBackground(t *testing.T) {
 	dir := t.TempDir()
 	var mu sync.Mutex
 	var changes []store.LinkState
-	l := store.NewLink(store.Config{NATSURL: "nats://" + addr}, store.LinkOptions{
+	l, err := store.NewLink(store.Config{NATSURL: "nats://" + addr}, store.LinkOptions{
 		Name:    t.Name(),
 		Backoff: func(int) time.Duration { return 20 * time.Millisecond },
 		OnChange: func(st store.LinkState) {
@@ -27,6 +27,9 @@ func TestLinkDialsInTheBackground(t *testing.T) {
 			mu.Unlock()
 		},
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer l.Close()
 	storetest.Eventually(t, 5*time.Second, "failed dials", func() bool { return l.State().Attempts >= 3 })
 	if l.Store() != nil || l.State().Connected || l.State().LastError == "" {
@@ -39,6 +42,9 @@ func TestLinkDialsInTheBackground(t *testing.T) {
 	s, err := l.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if l.Names().Authority != store.DefaultAuthority {
+		t.Fatalf("link names %+v", l.Names())
 	}
 	if _, err := s.Machines.Status(ctx); err != nil {
 		t.Fatalf("bound store does not answer: %v", err)
@@ -73,12 +79,22 @@ func TestLinkDialsInTheBackground(t *testing.T) {
 
 // Close stops a link that never reached its store.
 func TestLinkCloseWhileDialing(t *testing.T) {
-	l := store.NewLink(store.Config{NATSURL: "nats://" + storetest.FreeAddr(t)}, store.LinkOptions{})
+	l, err := store.NewLink(store.Config{NATSURL: "nats://" + storetest.FreeAddr(t)}, store.LinkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan struct{})
 	go func() { l.Close(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(15 * time.Second):
 		t.Fatal("Close did not return while the link was dialing")
+	}
+}
+
+// A config naming an invalid scope is refused at once.
+func TestLinkRefusesAnInvalidScope(t *testing.T) {
+	if _, err := store.NewLink(store.Config{Authority: "no.dots"}, store.LinkOptions{}); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("invalid authority: %v", err)
 	}
 }

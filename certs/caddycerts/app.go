@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/edgeplane/edgeplane/certs"
 	"github.com/edgeplane/edgeplane/store"
@@ -80,6 +81,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("provisioning edgeplane_certs: %w", err)
 	}
 	a.storage = cs
+	cs.SetRefreshed(a.reload)
 	if a.GatewayName == "" {
 		a.GatewayName = store.HostName("gateway")
 	}
@@ -91,7 +93,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	first, most := time.Duration(a.RetryBackoff), time.Duration(a.RetryBackoffMax)
 	a.renewer, err = certs.NewRenewer(certs.RenewerConfig{
-		Store:   cs.ControlPlane(),
+		Link:    cs.Link(),
 		Renew:   a.renew,
 		Name:    a.GatewayName,
 		Logger:  a.logger,
@@ -196,6 +198,23 @@ func (a *App) register(iss *Issuer) {
 	a.issuers.list = append(a.issuers.list, iss)
 }
 
+// reload loads into memory the certificates the local copy just took from
+// the store (renewed by another gateway while this one could not reach the
+// store), so that the newest is served at once.
+func (a *App) reload(ctx context.Context, names []string) {
+	for _, name := range names {
+		cfg, err := a.configFor(ctx, name)
+		if err != nil {
+			continue // removed elsewhere, or not one of ours
+		}
+		if _, err := cfg.CacheManagedCertificate(ctx, name); err != nil {
+			a.logger.Warn("loading a certificate renewed elsewhere", zap.String("name", name), zap.Error(err))
+			continue
+		}
+		a.logger.Info("loaded a certificate renewed elsewhere while the store was unreachable", zap.String("name", name))
+	}
+}
+
 // errNoCertificate is wrapped when a renewal item names a host that no
 // edgeplane issuer of this gateway holds a certificate for.
 var errNoCertificate = errors.New("no certificate to renew")
@@ -266,7 +285,15 @@ func (h eventHandler) Handle(ctx context.Context, e caddy.Event) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := h.a.renewer.HandleEvent(ctx, h.a.storage, e.Name(), e.Data); err != nil {
+	err := h.a.renewer.HandleEvent(ctx, h.a.storage, e.Name(), e.Data)
+	switch {
+	case store.HasCode(err, store.CodeStoreUnavailable):
+		// The outage itself is logged once, by the storage; a failure it
+		// caused cannot be recorded until the store is back.
+		if c := h.a.logger.Check(zapcore.DebugLevel, "certificate event not recorded: the store is unreachable"); c != nil {
+			c.Write(zap.String("event", e.Name()), zap.Error(err))
+		}
+	case err != nil:
 		h.a.logger.Error("recording certificate event", zap.String("event", e.Name()), zap.Error(err))
 	}
 	return nil

@@ -176,7 +176,7 @@ func TestCaddyGatewaysShareACME(t *testing.T) {
 
 	t.Run("an order past the fleet budget is refused before the CA sees it", func(t *testing.T) {
 		const host = "www.budget.example.org"
-		b, err := certs.NewBudget(srv.Store, certs.BudgetOptions{})
+		b, err := certs.NewBudget(store.Bound(srv.Store), certs.BudgetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

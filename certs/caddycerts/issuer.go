@@ -50,8 +50,9 @@ type Issuer struct {
 	// (7 days).
 	BudgetWindow caddy.Duration `json:"budget_window,omitempty"`
 
-	budget *certs.Budget
-	logger *zap.Logger
+	budget  *certs.Budget
+	storage *certs.Storage
+	logger  *zap.Logger
 	// magic is behind a pointer so the module value stays copyable.
 	magic *configHolder
 }
@@ -60,6 +61,9 @@ type Issuer struct {
 type configHolder struct {
 	mu  sync.Mutex
 	cfg *certmagic.Config
+	// guarded is the on-demand config whose decision already asks the
+	// store (SetConfig may see the same one again).
+	guarded *certmagic.OnDemandConfig
 }
 
 // CaddyModule returns the Caddy module information.
@@ -89,7 +93,8 @@ func (iss *Issuer) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("provisioning edgeplane issuer: %w", err)
 	}
-	iss.budget, err = certs.NewBudget(cs.ControlPlane(), certs.BudgetOptions{
+	iss.storage = cs
+	iss.budget, err = certs.NewBudget(cs.Link(), certs.BudgetOptions{
 		Limit: iss.BudgetLimit, Window: time.Duration(iss.BudgetWindow),
 	})
 	if err != nil {
@@ -116,11 +121,17 @@ func (iss *Issuer) Validate() error {
 
 // SetConfig hands cfg to the ACME issuer (which needs it to solve
 // challenges) and keeps it for renewal work. It also installs subject
-// normalisation on cfg unless something else already transforms subjects.
+// normalisation and newest-certificate selection on cfg unless something
+// else already does them, and makes cfg's on-demand decision refuse a name
+// at once while the store is unreachable and the local copy holds no
+// certificate for it.
 // Caddy calls it again whenever it rebuilds the policy's config.
 func (iss *Issuer) SetConfig(cfg *certmagic.Config) {
 	if cfg.SubjectTransformer == nil {
 		cfg.SubjectTransformer = normalizeSubject
+	}
+	if cfg.CertSelection == nil {
+		cfg.CertSelection = newestCertificate{}
 	}
 	iss.ACMEIssuer.SetConfig(cfg)
 	if iss.magic == nil {
@@ -128,6 +139,20 @@ func (iss *Issuer) SetConfig(cfg *certmagic.Config) {
 	}
 	iss.magic.mu.Lock()
 	iss.magic.cfg = cfg
+	if ond := cfg.OnDemand; ond != nil && ond.DecisionFunc != nil && ond != iss.magic.guarded && iss.storage != nil {
+		// An on-demand issuance the fleet cannot agree on (no lock, no
+		// budget) is refused before certmagic starts it: it fails the
+		// handshake at once, names the host in the log, and no order
+		// reaches the CA.
+		decide, storage := ond.DecisionFunc, iss.storage
+		ond.DecisionFunc = func(ctx context.Context, name string) error {
+			if err := decide(ctx, name); err != nil {
+				return err
+			}
+			return storage.RefuseIssuance(ctx, name)
+		}
+		iss.magic.guarded = ond
+	}
 	iss.magic.mu.Unlock()
 }
 

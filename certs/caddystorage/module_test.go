@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -54,13 +55,50 @@ func TestModuleBadConfig(t *testing.T) {
 	if err := s.Validate(); err == nil {
 		t.Fatal("lock_ttl 1ns accepted")
 	}
-	// Nothing listens here: a clear unavailable error, not a hang.
-	s = caddystorage.Storage{Config: store.Config{NATSURL: "nats://127.0.0.1:1"}}
+}
+
+// With nothing listening the storage still provisions (a config must not
+// fail to load because the store is away); writes are refused at once with
+// store_unavailable, and the metrics say so.
+func TestModuleProvisionsWithoutTheStore(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	s := caddystorage.Storage{Config: store.Config{NATSURL: "nats://127.0.0.1:1"}, LocalDir: t.TempDir()}
 	if err := s.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CertMagicStorage(); err == nil || !strings.Contains(err.Error(), "unavailable") {
-		t.Fatalf("unreachable NATS: %v", err)
+	cm, err := s.CertMagicStorage()
+	if err != nil {
+		t.Fatalf("unreachable NATS made the storage fail: %v", err)
+	}
+	defer s.Cleanup()
+	start := time.Now()
+	if err := cm.Store(ctx, "certificates/iss/a.example.com/a.example.com.crt", []byte("pem")); !store.HasCode(err, store.CodeStoreUnavailable) {
+		t.Fatalf("store while unreachable: %v", err)
+	}
+	if err := cm.Lock(ctx, "issue_cert_a.example.com"); !store.HasCode(err, store.CodeStoreUnavailable) {
+		t.Fatalf("lock while unreachable: %v", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("refusals took %s", took)
+	}
+	mfs, err := ctx.GetMetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if g := m.GetGauge(); g != nil {
+				got[mf.GetName()] = g.GetValue()
+			}
+			if c := m.GetCounter(); c != nil {
+				got[mf.GetName()] = c.GetValue()
+			}
+		}
+	}
+	if v, ok := got["edgeplane_certstore_connected"]; !ok || v != 0 || got["edgeplane_certstore_refused_total"] != 2 {
+		t.Fatalf("metrics %v; want connected 0 and 2 refusals", got)
 	}
 }
 

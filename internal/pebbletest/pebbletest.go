@@ -54,6 +54,13 @@ func (s *Server) Orders() int { return int(s.orders.Load()) }
 // stops when the test ends, and a failed test logs the tail of its log.
 func Start(t testing.TB, httpPort int) *Server {
 	t.Helper()
+	return StartFor(t, httpPort, freePort(t))
+}
+
+// StartFor is Start for a gateway that also answers TLS-ALPN-01 challenges:
+// Pebble validates those at 127.0.0.1:tlsPort.
+func StartFor(t testing.TB, httpPort, tlsPort int) *Server {
+	t.Helper()
 	dnsAddr := startDNS(t)
 	bin := binary(t)
 	dir := t.TempDir()
@@ -65,7 +72,7 @@ func Start(t testing.TB, httpPort int) *Server {
 		"certificate":                    certPath,
 		"privateKey":                     keyPath,
 		"httpPort":                       httpPort,
-		"tlsPort":                        freePort(t),
+		"tlsPort":                        tlsPort,
 		"ocspResponderURL":               "",
 		"externalAccountBindingRequired": false,
 		"retryAfter":                     map[string]int{"authz": 1, "order": 1},

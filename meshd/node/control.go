@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -72,7 +73,14 @@ func (n *Node) controlLoop(ctx context.Context) {
 		})
 		if err != nil {
 			attempt++
-			n.log.Warn("connecting to the control plane", zap.Error(connectErr(err, n.st.CredsFile)), zap.Int("attempt", attempt))
+			// One line per outage; the attempts after it at debug level.
+			level := zapcore.DebugLevel
+			if attempt == 1 {
+				level = zapcore.WarnLevel
+			}
+			if c := n.log.Check(level, "cannot reach the control plane; running from the cached peers"); c != nil {
+				c.Write(zap.Error(connectErr(err, n.st.CredsFile)), zap.Int("attempt", attempt))
+			}
 			if !sleepCtx(ctx, Backoff(attempt)) {
 				return
 			}
