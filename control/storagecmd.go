@@ -292,7 +292,7 @@ func addStorageFlags(fs *flag.FlagSet, catchup bool) *storageFlags {
 	f := &storageFlags{}
 	fs.DurationVar(&f.wait, "wait", time.Second, "how long storage nodes have to answer the status request")
 	if catchup {
-		fs.DurationVar(&f.catchup, "catchup-timeout", 2*time.Minute, "how long new replicas have to catch up")
+		fs.DurationVar(&f.catchup, "catchup-timeout", 2*time.Minute, "how long JetStream has to place new replicas and catch them up")
 	}
 	return f
 }
@@ -498,10 +498,11 @@ func storageAdd(ctx context.Context, s *store.Store, v *storageView, id string, 
 		})
 	}
 	fmt.Fprintf(out.w, "growing every stream and bucket from %d to %d replicas\n", have, target)
-	if err := s.SetReplicas(ctx, target); err != nil {
+	deadline := time.Now().Add(catchup)
+	if err := s.SetReplicas(ctx, target, catchup); err != nil {
 		return err
 	}
-	pl, err := waitCaughtUp(ctx, s, target, catchup)
+	pl, err := waitCaughtUp(ctx, s, target, time.Until(deadline))
 	if err != nil {
 		return err
 	}
@@ -564,7 +565,7 @@ func storageRemove(ctx context.Context, s *store.Store, v *storageView, id strin
 			}
 		}
 		fmt.Fprintf(out.w, "shrinking every stream and bucket from %d to %d replicas (%d storage nodes remain)\n", have, target, len(live))
-		if err := s.SetReplicas(ctx, target); err != nil {
+		if err := s.SetReplicas(ctx, target, time.Until(deadline)); err != nil {
 			return err
 		}
 		if _, err := waitCaughtUp(ctx, s, target, time.Until(deadline)); err != nil {

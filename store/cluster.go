@@ -360,22 +360,57 @@ func (s *Store) Placement(ctx context.Context) ([]StreamPlacement, error) {
 
 // SetReplicas changes the replica count of every stream and bucket. JetStream
 // places new replicas and catches them up; shrinking drops replicas.
-func (s *Store) SetReplicas(ctx context.Context, replicas int) error {
+//
+// A storage node can be a current member of the meta group while the meta
+// leader still refuses to place replicas on it: the leader places only on
+// servers whose statistics report (STATSZ) it holds, and it forgets that
+// report whenever the node's routes to it reconnect, as they do while a node
+// joins. Such a refusal (see placementPending) is asked again until wait has
+// passed, then SetReplicas fails with a structured unavailable error
+// carrying JetStream's reason.
+func (s *Store) SetReplicas(ctx context.Context, replicas int, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
 	for _, name := range s.StreamNames() {
-		str, err := s.JS.Stream(ctx, name)
-		if err != nil {
-			return classify(fmt.Errorf("reading stream %s: %w", name, err))
-		}
-		cfg := str.CachedInfo().Config
-		if cfg.Replicas == replicas {
-			continue
-		}
-		cfg.Replicas = replicas
-		if _, err := s.JS.UpdateStream(ctx, cfg); err != nil {
-			return classify(fmt.Errorf("setting %s to %d replicas: %w", name, replicas, err))
+		for {
+			str, err := s.JS.Stream(ctx, name)
+			if err != nil {
+				return classify(fmt.Errorf("reading stream %s: %w", name, err))
+			}
+			cfg := str.CachedInfo().Config
+			if cfg.Replicas == replicas {
+				break
+			}
+			cfg.Replicas = replicas
+			_, err = s.JS.UpdateStream(ctx, cfg)
+			if err == nil {
+				break
+			}
+			if !placementPending(err) {
+				return classify(fmt.Errorf("setting %s to %d replicas: %w", name, replicas, err))
+			}
+			if time.Now().After(deadline) {
+				return Errorf(CodeUnavailable, "setting %s to %d replicas: the meta leader still cannot place them after %s: %v "+
+					"(a storage node it has not heard a statistics report from counts as offline; see `control storage ls`)",
+					name, replicas, wait, err).With("stream", name).With("replicas", strconv.Itoa(replicas))
+			}
+			select {
+			case <-ctx.Done():
+				return classify(fmt.Errorf("setting %s to %d replicas: %w (last refusal: %v)", name, replicas, ctx.Err(), err))
+			case <-time.After(250 * time.Millisecond):
+			}
 		}
 	}
 	return nil
+}
+
+// placementPending reports whether err is the meta leader refusing to place
+// replicas because a peer counts as offline for placement (JetStream error
+// 10005 "no suitable peers for placement, peer offline"): a node it has no
+// statistics report from yet. Other placement refusals (storage, tags) are
+// not waited out.
+func placementPending(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10005 && strings.Contains(apiErr.Description, "peer offline")
 }
 
 // HasReplicaOn lists the streams of the store with a replica on serverName.
