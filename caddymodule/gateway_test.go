@@ -14,7 +14,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddytls"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/projection/projectiontest"
@@ -164,11 +163,7 @@ func TestKeepsServingWithoutNATSAndRebuildsOnLostPosition(t *testing.T) {
 	if _, _, err := projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, w2)}); err != nil {
 		t.Fatal(err)
 	}
-	info, err := side.Store.Routing.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := side.Store.Routing.Purge(ctx, jetstream.WithPurgeSequence(info.State.LastSeq+1)); err != nil {
+	if err := projectiontest.AgeOutRouting(ctx, side.Store); err != nil {
 		t.Fatal(err)
 	}
 	side.NATS.Shutdown()

@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/certmagic"
@@ -30,6 +31,39 @@ import (
 // works offline needs them. A nil *localCopy holds nothing.
 type localCopy struct {
 	fs *certmagic.FileStorage
+	// mu orders the copy's writes with follow's check of a file, so that
+	// follow neither removes a file being written (FileStorage writes a
+	// temporary file and renames it) nor puts back an older value over
+	// one just stored.
+	mu sync.Mutex
+}
+
+// followFile brings one file in line with st and reports whether it
+// changed.
+func (c *localCopy) followFile(ctx context.Context, st *store.Store, key string) (bool, error) {
+	enc, err := EncodeKey(key)
+	if err != nil || !fileSafe(key) {
+		return false, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	info, err := c.fs.Stat(ctx, key)
+	if err != nil || !info.IsTerminal {
+		return false, nil // gone meanwhile, or a directory
+	}
+	ent, err := st.Certs.Get(ctx, enc)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		_ = c.fs.Delete(ctx, key)
+		return true, nil
+	case err != nil:
+		return false, store.Classify(fmt.Errorf("reading %s: %w", key, err))
+	}
+	if old, _ := c.fs.Load(ctx, key); bytes.Equal(old, ent.Value()) {
+		return false, nil
+	}
+	c.write(ctx, key, ent.Value(), ent.Created())
+	return true, nil
 }
 
 // certificateName is the name a certificate file's key is for
@@ -81,6 +115,12 @@ func (c *localCopy) keep(ctx context.Context, key string, value []byte, modified
 	if canon == "" {
 		return
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.write(ctx, canon, value, modified)
+}
+
+func (c *localCopy) write(ctx context.Context, canon string, value []byte, modified time.Time) {
 	// A copy that cannot be written costs only offline service; the store
 	// already has the value.
 	if err := c.fs.Store(ctx, canon, value); err == nil && !modified.IsZero() {
@@ -91,6 +131,8 @@ func (c *localCopy) keep(ctx context.Context, key string, value []byte, modified
 // forget drops key (and anything under it) from the copy.
 func (c *localCopy) forget(ctx context.Context, key string) {
 	if canon := c.canonical(key); canon != "" {
+		c.mu.Lock()
+		defer c.mu.Unlock()
 		_ = c.fs.Delete(ctx, canon)
 	}
 }
@@ -179,26 +221,12 @@ func (c *localCopy) follow(ctx context.Context, st *store.Store) ([]string, erro
 			return changed, fmt.Errorf("listing the local copy: %w", err)
 		}
 		for _, key := range files {
-			info, err := c.fs.Stat(ctx, key)
-			if err != nil || !info.IsTerminal {
-				continue
-			}
-			enc, err := EncodeKey(key)
+			ch, err := c.followFile(ctx, st, key)
 			if err != nil {
-				continue
+				return changed, err
 			}
-			ent, err := st.Certs.Get(ctx, enc)
-			switch {
-			case errors.Is(err, jetstream.ErrKeyNotFound):
-				c.forget(ctx, key)
+			if ch {
 				changed = append(changed, key)
-			case err != nil:
-				return changed, store.Classify(fmt.Errorf("reading %s: %w", key, err))
-			default:
-				if old, _ := c.fs.Load(ctx, key); !bytes.Equal(old, ent.Value()) {
-					c.keep(ctx, key, ent.Value(), ent.Created())
-					changed = append(changed, key)
-				}
 			}
 		}
 	}

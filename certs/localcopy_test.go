@@ -62,8 +62,11 @@ func TestLocalCopyServesWhileTheStoreIsDown(t *testing.T) {
 	}
 	for _, f := range []string{crt, key, staple} {
 		st, err := os.Stat(filepath.Join(local, filepath.FromSlash(f)))
-		if err != nil || st.Mode().Perm() != 0o600 {
-			t.Fatalf("local copy of %s: %v, mode %v; want a 0600 file", f, err, st.Mode())
+		if err != nil {
+			t.Fatalf("local copy of %s: %v", f, err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Fatalf("local copy of %s has mode %v; want 0600", f, st.Mode())
 		}
 	}
 	if _, err := os.Stat(filepath.Join(local, filepath.FromSlash(account))); !errors.Is(err, fs.ErrNotExist) {

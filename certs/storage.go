@@ -237,9 +237,9 @@ func (s *Storage) Refused() uint64 { return s.refused.Load() }
 // Connected reports whether the store answers now.
 func (s *Storage) Connected() bool { return s.link.Store() != nil }
 
-// MaxValueSize is the largest value Store accepts: the NATS server's max
-// payload as announced to this connection; 0 while the store is
-// unreachable.
+// MaxValueSize is the largest value Store accepts: the certificates
+// bucket's limit, or the NATS server's max payload as announced to this
+// connection if that is smaller; 0 while the store is unreachable.
 func (s *Storage) MaxValueSize() int {
 	if st := s.link.Store(); st != nil {
 		return maxValue(st)
@@ -248,10 +248,10 @@ func (s *Storage) MaxValueSize() int {
 }
 
 func maxValue(st *store.Store) int {
-	if m := int(st.NC.MaxPayload()); m > 0 {
+	if m := int(st.NC.MaxPayload()); m > 0 && m < store.MaxCertValue {
 		return m
 	}
-	return 1 << 20
+	return store.MaxCertValue
 }
 
 func (s *Storage) debug(msg string, fields ...zap.Field) {

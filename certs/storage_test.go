@@ -322,8 +322,8 @@ func TestStorageConformance(t *testing.T) {
 
 	t.Run("values up to the max payload, a clear error beyond", func(t *testing.T) {
 		max := s.MaxValueSize()
-		if max != 8<<20 {
-			t.Fatalf("max value %d, want the embedded server's 8 MiB", max)
+		if max != store.MaxCertValue {
+			t.Fatalf("max value %d, want the certificates bucket's %d", max, store.MaxCertValue)
 		}
 		big := bytes.Repeat([]byte{0xab}, max)
 		if err := s.Store(ctx, "big/exact", big); err != nil {

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/projection"
@@ -355,17 +354,13 @@ func TestLostPositionRebuilds(t *testing.T) {
 	storetest.Eventually(t, wait, "projection to notice NATS is gone", func() bool { return !p.Status().Connected })
 
 	// While the gateway is away, the same store (on another port) gets a
-	// redeploy whose events are then purged: the gateway's next event is gone.
+	// redeploy whose events then age out: the gateway's next event is gone.
 	side := storetest.StartIn(t, dir, storetest.FreeAddr(t))
 	_, _, err = projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9002, "w2")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := side.Store.Routing.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := side.Store.Routing.Purge(ctx, jetstream.WithPurgeSequence(info.State.LastSeq+1)); err != nil {
+	if err := projectiontest.AgeOutRouting(ctx, side.Store); err != nil {
 		t.Fatal(err)
 	}
 	side.NATS.Shutdown()

@@ -90,6 +90,9 @@ func (r *StorageNodeStatus) version() int { return r.Version }
 // moved to another node.
 func ServeStorageStatus(ctx context.Context, nc *nats.Conn, names Names, status func() (st *StorageNodeStatus, ok bool, err error)) (func(), error) {
 	sub, err := nc.Subscribe(names.StorageStatusSubject(), func(m *nats.Msg) {
+		if !ReplyOK(m.Reply) {
+			return
+		}
 		st, ok, err := status()
 		if !ok {
 			return
@@ -524,26 +527,4 @@ func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetst
 	}
 	cfg.Replicas = old.CachedInfo().Config.Replicas
 	return js.UpdateStream(ctx, cfg)
-}
-
-// createOrUpdateKeyValue is createOrUpdateStream for buckets, which keep
-// their replica count the same way.
-func createOrUpdateKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	old, err := js.KeyValue(ctx, cfg.Bucket)
-	switch {
-	case errors.Is(err, jetstream.ErrBucketNotFound):
-		kv, err := js.CreateKeyValue(ctx, cfg)
-		if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return js.UpdateKeyValue(ctx, cfg)
-		}
-		return kv, err
-	case err != nil:
-		return nil, err
-	}
-	st, err := old.Status(ctx)
-	if err != nil {
-		return nil, err
-	}
-	cfg.Replicas = st.Config().Replicas
-	return js.UpdateKeyValue(ctx, cfg)
 }

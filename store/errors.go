@@ -23,8 +23,12 @@ const (
 	// store is unreachable, and what the part holds locally keeps being
 	// served.
 	CodeStoreUnavailable = "store_unavailable"
-	CodeStale            = "stale"
-	CodeInternal         = "internal"
+	// CodeStorageFull refuses a write that JetStream has no room for: a
+	// stream or bucket at its size limit, or a storage node out of disk.
+	// Nothing already stored was dropped to make room.
+	CodeStorageFull = "storage_full"
+	CodeStale       = "stale"
+	CodeInternal    = "internal"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and

@@ -2,11 +2,13 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestKeySafeRoundTripsEveryByte(t *testing.T) {
@@ -95,5 +97,34 @@ func TestDecodeRejectsNewerSchema(t *testing.T) {
 	}
 	if err := store.Decode("instance", []byte(`{not json`), &r); err == nil {
 		t.Fatal("want a decode error")
+	}
+}
+
+// A write JetStream has no room for is a structured storage_full error, and
+// the value already stored is kept.
+func TestFullBucketIsStorageFull(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	kv, err := srv.Store.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "tiny", MaxBytes: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var full error
+	for i := 0; i < 50 && full == nil; i++ {
+		_, full = store.PutJSON(ctx, kv, fmt.Sprintf("k%d", i), map[string]string{"pad": strings.Repeat("x", 64)})
+	}
+	if !store.HasCode(full, store.CodeStorageFull) {
+		t.Fatalf("write into a full bucket: %v; want storage_full", full)
+	}
+	if _, err := kv.Get(ctx, "k0"); err != nil {
+		t.Fatalf("the first value was dropped to make room: %v", err)
+	}
+	// A value past the largest message is invalid, not a full store.
+	big, err := srv.Store.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "small_values", MaxValueSize: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.PutJSON(ctx, big, "k", map[string]string{"pad": strings.Repeat("x", 200)}); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("oversized value: %v; want invalid", err)
 	}
 }

@@ -84,6 +84,11 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 	sem := make(chan struct{}, 64)
 	var wg sync.WaitGroup
 	sub, err := nc.QueueSubscribe(subject, queue, func(m *nats.Msg) {
+		if !ReplyOK(m.Reply) {
+			// Answering would publish, with this responder's permissions,
+			// wherever the requester chose: into a stream or a lock key.
+			return
+		}
 		command := commandOf(m.Subject, prefixToken)
 		wg.Add(1)
 		sem <- struct{}{}
@@ -127,6 +132,14 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 		_ = sub.Unsubscribe()
 	}()
 	return stop, nil
+}
+
+// ReplyOK reports whether a responder may answer on reply: a requester's
+// inbox ("_INBOX." and the per-user "_INBOX.<user>." of credentials), or
+// the reply subject NATS gives a request that came through a service import
+// ("_R_."). Every responder of edgeplane answers nothing else.
+func ReplyOK(reply string) bool {
+	return strings.HasPrefix(reply, "_INBOX.") || strings.HasPrefix(reply, "_R_.")
 }
 
 func safeHandle(ctx context.Context, h Handler, command string, data []byte) (res any, err error) {

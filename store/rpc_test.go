@@ -85,3 +85,38 @@ func TestServeRoundTripAndRemoteError(t *testing.T) {
 		t.Fatalf("panicking handler: %v", err)
 	}
 }
+
+// A responder answers only on inbox-style reply subjects: a request naming
+// a stream subject or a lock key as its reply gets nothing written there.
+func TestServeAnswersOnlyInboxes(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	names := srv.Store.Names
+	stop, err := store.Serve(ctx, srv.Store.NC, names.NodeListenSubject("m1"), names.NodeQueueGroup("m1"), "node.m1",
+		func(context.Context, string, []byte) (any, error) { return map[string]string{"answer": "yes"}, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	nc := srv.Conn(t)
+	forged := "$KV." + names.LocksBucket() + ".cp.lock.deploy.shop"
+	if err := nc.PublishRequest(names.RPCSubject("m1", "capacity"), forged, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	// The same request with a real inbox is answered: the responder ran.
+	if err := srv.Store.Call(ctx, "m1", "capacity", struct{}{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Store.Locks.Get(ctx, "cp.lock.deploy.shop"); err == nil {
+		t.Fatal("a responder wrote its answer into the locks bucket")
+	}
+	for _, tc := range []struct {
+		reply string
+		ok    bool
+	}{{"_INBOX.abc", true}, {"_INBOX.UABC.x", true}, {"_R_.x.y", true}, {forged, false}, {"cp.default.commits.shop.final", false}, {"", false}} {
+		if got := store.ReplyOK(tc.reply); got != tc.ok {
+			t.Errorf("ReplyOK(%q) = %v", tc.reply, got)
+		}
+	}
+}

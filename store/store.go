@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -137,10 +138,29 @@ type streamSpec struct {
 type bucketSpec struct {
 	dst *jetstream.KeyValue
 	cfg jetstream.KeyValueConfig
+	// keyTTLs lets writers give a key its own TTL (leases, invites).
+	keyTTLs bool
 }
+
+// MaxCertValue is the largest value the certificates bucket holds: a
+// certificate chain, key or ACME record is a few KiB.
+const MaxCertValue = 1 << 20
+
+// Size units for the layout's limits.
+const (
+	kib = 1 << 10
+	mib = 1 << 20
+	gib = 1 << 30
+)
 
 // layout is every stream and bucket of s's authority, in one place for
 // Provision, Open and StreamNames. Replicas are left for Provision to set.
+//
+// Every stream and bucket has a size limit and a largest message, so that
+// no writer, however compromised, fills the storage nodes' disks: a write
+// past a limit is refused (storage_full) and nothing already stored is
+// dropped to make room (discard new), except the routing events and
+// observations that age out by design.
 func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 	names := s.Names
 	streams := []streamSpec{
@@ -148,36 +168,73 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 			Name: names.DeployCommitsStream(), Subjects: []string{names.DeployCommitsWildcard()},
 			Description: "immutable deploy commits (durable intent)",
 			DenyDelete:  true, DenyPurge: true, Duplicates: 10 * time.Minute,
+			MaxBytes: 8 * gib, MaxMsgSize: 4 * mib, Discard: jetstream.DiscardNew, AllowDirect: true,
 		}},
 		{&s.Routing, jetstream.StreamConfig{
 			Name: names.RoutingEventsStream(), Subjects: []string{names.RoutingWildcard()},
 			Description: "ordered routing events the gateway and DNS projections consume",
 			MaxAge:      7 * 24 * time.Hour, Duplicates: 10 * time.Minute,
+			DenyDelete: true, DenyPurge: true, MaxBytes: 2 * gib, MaxMsgSize: 4 * mib, AllowDirect: true,
 		}},
 		{&s.Renewals, jetstream.StreamConfig{
 			Name: names.CertRenewalsStream(), Subjects: []string{names.CertRenewalsWildcard()},
 			Description:       "scheduled certificate renewal work",
 			AllowMsgSchedules: true, AllowMsgTTL: true,
+			// Schedules cannot discard new; at the limit the oldest item
+			// goes, and its host is renewed by certmagic's own check.
+			DenyPurge: true, MaxBytes: 256 * mib, MaxMsgSize: 4 * kib,
 		}},
 	}
+	bucket := func(dst *jetstream.KeyValue, name string, history uint8, maxBytes int64, maxValue int32) bucketSpec {
+		return bucketSpec{dst: dst, cfg: jetstream.KeyValueConfig{Bucket: name, History: history, MaxBytes: maxBytes, MaxValueSize: maxValue}}
+	}
 	buckets := []bucketSpec{
-		{&s.Status, jetstream.KeyValueConfig{Bucket: names.DeployStatusBucket(), History: 1}},
-		{&s.Phases, jetstream.KeyValueConfig{Bucket: names.DeployPhasesBucket(), History: 1}},
-		{&s.Instances, jetstream.KeyValueConfig{Bucket: names.InstancesBucket(), History: 1}},
-		{&s.Machines, jetstream.KeyValueConfig{Bucket: names.MachinesBucket(), History: 5}},
-		{&s.Locks, jetstream.KeyValueConfig{Bucket: names.LocksBucket(), History: 1, LimitMarkerTTL: time.Minute}},
-		{&s.Invites, jetstream.KeyValueConfig{Bucket: names.InvitesBucket(), History: 1, LimitMarkerTTL: time.Minute}},
-		{&s.Certs, jetstream.KeyValueConfig{Bucket: names.CertsBucket(), History: 1}},
-		{&s.CertStatus, jetstream.KeyValueConfig{Bucket: names.CertStatusBucket(), History: 1}},
-		{&s.AcmeBudget, jetstream.KeyValueConfig{Bucket: names.AcmeBudgetBucket(), History: 1, LimitMarkerTTL: time.Minute}},
-		{&s.MeshPeers, jetstream.KeyValueConfig{Bucket: names.MeshPeersBucket(), History: 5}},
-		{&s.MeshBeats, jetstream.KeyValueConfig{Bucket: names.MeshHeartbeatsBucket(), History: 1}},
-		{&s.MeshIPs, jetstream.KeyValueConfig{Bucket: names.MeshIPsBucket(), History: 1, LimitMarkerTTL: time.Minute}},
-		{&s.MeshDrift, jetstream.KeyValueConfig{Bucket: names.MeshDriftBucket(), History: 1}},
-		{&s.Gateways, jetstream.KeyValueConfig{Bucket: names.GatewaysBucket(), History: 1, TTL: GatewayObservationTTL}},
-		{&s.Revocations, jetstream.KeyValueConfig{Bucket: names.RevocationsBucket(), History: 1}},
+		bucket(&s.Certs, names.CertsBucket(), 1, 4*gib, MaxCertValue),
+		bucket(&s.Status, names.DeployStatusBucket(), 1, 1*gib, 1*mib),
+		bucket(&s.Phases, names.DeployPhasesBucket(), 1, 256*mib, 16*kib),
+		bucket(&s.Instances, names.InstancesBucket(), 1, 1*gib, 16*kib),
+		bucket(&s.Machines, names.MachinesBucket(), 5, 256*mib, 16*kib),
+		bucket(&s.Locks, names.LocksBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.Invites, names.InvitesBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.CertStatus, names.CertStatusBucket(), 1, 256*mib, 16*kib),
+		bucket(&s.AcmeBudget, names.AcmeBudgetBucket(), 1, 64*mib, 64*kib),
+		bucket(&s.MeshPeers, names.MeshPeersBucket(), 5, 256*mib, 16*kib),
+		bucket(&s.MeshBeats, names.MeshHeartbeatsBucket(), 1, 256*mib, 4*kib),
+		bucket(&s.MeshIPs, names.MeshIPsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.MeshDrift, names.MeshDriftBucket(), 1, 256*mib, 64*kib),
+		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
+	}
+	for i := range buckets {
+		switch buckets[i].dst {
+		case &s.Locks, &s.Invites, &s.AcmeBudget, &s.MeshIPs:
+			buckets[i].keyTTLs = true
+		case &s.Gateways:
+			buckets[i].cfg.TTL = GatewayObservationTTL
+		}
 	}
 	return streams, buckets
+}
+
+// bucketStream is the stream a KV bucket lives in: nats.go's own mapping,
+// except that no message may roll the bucket up and the stream refuses
+// purges. With rollups allowed, permission to write one key would be
+// permission to wipe the whole bucket (a "Nats-Rollup: all" header). Keys
+// with their own TTL (keyTTLs) expire without leaving a delete marker:
+// markers are rollups, and nothing here watches for them.
+func bucketStream(cfg jetstream.KeyValueConfig, keyTTLs bool) jetstream.StreamConfig {
+	dupes := 2 * time.Minute
+	if cfg.TTL > 0 && cfg.TTL < dupes {
+		dupes = cfg.TTL
+	}
+	sc := jetstream.StreamConfig{
+		Name: "KV_" + cfg.Bucket, Subjects: []string{"$KV." + cfg.Bucket + ".>"}, Description: cfg.Description,
+		MaxMsgsPerSubject: int64(max(cfg.History, 1)), MaxBytes: cfg.MaxBytes, MaxAge: cfg.TTL, MaxMsgSize: cfg.MaxValueSize,
+		Replicas: cfg.Replicas, MaxMsgs: -1, MaxConsumers: -1, Duplicates: dupes,
+		AllowRollup: false, DenyDelete: true, DenyPurge: true, AllowDirect: true, Discard: jetstream.DiscardNew,
+	}
+	sc.AllowMsgTTL = keyTTLs
+	return sc
 }
 
 // Provision creates (or updates to the current definition) every stream and
@@ -203,9 +260,12 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 	}
 	for _, b := range buckets {
 		b.cfg.Replicas = r
-		kv, err := createOrUpdateKeyValue(ctx, s.JS, b.cfg)
-		if err != nil {
+		if _, err := createOrUpdateStream(ctx, s.JS, bucketStream(b.cfg, b.keyTTLs)); err != nil {
 			return nil, classify(fmt.Errorf("provisioning bucket %s: %w", b.cfg.Bucket, err))
+		}
+		kv, err := s.JS.KeyValue(ctx, b.cfg.Bucket)
+		if err != nil {
+			return nil, classify(fmt.Errorf("opening bucket %s: %w", b.cfg.Bucket, err))
 		}
 		*b.dst = kv
 	}
@@ -251,6 +311,15 @@ func classify(err error) error {
 	if err == nil {
 		return nil
 	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch {
+		case storageFull(apiErr):
+			return &Error{Code: CodeStorageFull, Message: err.Error() + "; the store refuses new writes until space is freed (see `control storage ls`)"}
+		case apiErr.ErrorCode == 10054: // message size exceeds maximum allowed
+			return &Error{Code: CodeInvalid, Message: err.Error()}
+		}
+	}
 	if leaderUnreachable(err) {
 		return &Error{Code: CodeQuorumUnavailable, Message: err.Error() + "; storage nodes are missing (see `control storage ls`)"}
 	}
@@ -281,6 +350,19 @@ func PullFresh[T any](ctx context.Context, pull func() (T, error)) (T, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// storageFull reports whether JetStream refused a write for want of room:
+// a stream or bucket at its byte or message limit (discard new), or no
+// storage left on the node or in the account.
+func storageFull(e *jetstream.APIError) bool {
+	switch e.ErrorCode {
+	case 10047, 10023, 10002: // insufficient storage, insufficient resources, account limits
+		return true
+	case 10077: // store failed: {err}
+		return strings.Contains(e.Description, "maximum bytes") || strings.Contains(e.Description, "maximum messages")
+	}
+	return false
 }
 
 // leaderUnreachable reports whether err is JetStream saying its cluster is
