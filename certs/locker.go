@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -14,15 +13,11 @@ import (
 // Lock takes the lock for name (see LockKey for how certmagic's names map
 // to lease keys), blocking until it is free or ctx ends. While held, the
 // lease is renewed every TTL/3; if this process dies, the lease expires
-// within the TTL and a waiter elsewhere takes it.
+// within the TTL and a waiter elsewhere takes it. A waiter asks again after
+// 25ms, doubling up to LockPollMax: a gateway may create no consumer, so it
+// cannot watch the key.
 func (s *Storage) Lock(ctx context.Context, name string) error {
 	key := LockKey(name)
-	var w jetstream.KeyWatcher
-	defer func() {
-		if w != nil {
-			_ = w.Stop()
-		}
-	}()
 	wait := 25 * time.Millisecond
 	for {
 		st, err := s.writeStore(ctx, "taking lock "+name)
@@ -37,31 +32,14 @@ func (s *Storage) Lock(ctx context.Context, name string) error {
 		if ok {
 			return nil
 		}
-		if w == nil {
-			// Watch the key so a release or expiry wakes us at once; try
-			// again right after the watch exists, in case the holder
-			// released in between. Polling stays as the fallback.
-			if w, err = st.Locks.Watch(ctx, key, jetstream.UpdatesOnly()); err != nil {
-				s.debug("watching lock failed; polling", zap.String("key", key), zap.Error(err))
-				w = nil
-			} else {
-				continue
-			}
-		}
-		var updates <-chan jetstream.KeyValueEntry
-		if w != nil {
-			updates = w.Updates()
-		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return store.Classify(fmt.Errorf("waiting for lock %s (%s): %w", name, key, ctx.Err()))
-		case <-updates:
 		case <-t.C:
 			wait = min(wait*2, s.opts.LockPollMax)
 		}
-		t.Stop()
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -133,11 +132,15 @@ type RenewerConfig struct {
 	// NextRenewal is when a fresh certificate is due again; default when a
 	// third of its lifetime remains (certmagic's default window).
 	NextRenewal func(RenewResult) time.Time
-	// AckWait bounds one renewal attempt without progress; the worker
-	// signals progress every AckWait/3 while it runs. Default 2m.
-	AckWait time.Duration
-	// Durable names the consumer all gateways share; default "cert_renewals".
+	// Durable names the consumer all gateways share; default
+	// store.RenewalsConsumer, which the control plane provisions (an
+	// untrusted gateway may not create one). A Renewer with control
+	// credentials creates a consumer of another name with AckWait.
 	Durable string
+	// AckWait, for a consumer this Renewer creates, bounds one renewal
+	// attempt without progress. The worker signals progress every third of
+	// its consumer's AckWait while it runs. Default 2m.
+	AckWait time.Duration
 	// MinInterval is the shortest wait before the next scheduled renewal
 	// of a certificate that was just renewed (or found fresh): a renewal
 	// that leaves a certificate already inside its renewal window must not
@@ -178,10 +181,10 @@ func NewRenewer(cfg RenewerConfig) (*Renewer, error) {
 		}
 	}
 	if cfg.AckWait == 0 {
-		cfg.AckWait = 2 * time.Minute
+		cfg.AckWait = store.RenewalsAckWait
 	}
 	if cfg.Durable == "" {
-		cfg.Durable = "cert_renewals"
+		cfg.Durable = store.RenewalsConsumer
 	}
 	if cfg.MinInterval <= 0 {
 		cfg.MinInterval = 10 * time.Minute
@@ -198,23 +201,22 @@ func (r *Renewer) Run(ctx context.Context) error {
 	if err != nil {
 		return nil // ctx ended
 	}
-	cons, err := st.Renewals.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable:       r.cfg.Durable,
-		Description:   "gateways taking certificate renewal work",
-		FilterSubject: renewalWorkFilter(st.Names),
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       r.cfg.AckWait,
-		MaxAckPending: 64,
-	})
-	if err != nil {
-		return store.Classify(fmt.Errorf("creating renewal consumer: %w", err))
+	cons, err := st.Renewals.Consumer(ctx, r.cfg.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) && r.cfg.Durable != store.RenewalsConsumer {
+		cfg := store.RenewalsConsumerConfig(st.Names)
+		cfg.Durable, cfg.AckWait = r.cfg.Durable, r.cfg.AckWait
+		cons, err = st.Renewals.CreateOrUpdateConsumer(ctx, cfg)
 	}
+	if err != nil {
+		return store.Classify(fmt.Errorf("binding renewal consumer %s (does `control server` provision it?): %w", r.cfg.Durable, err))
+	}
+	progress := cons.CachedInfo().Config.AckWait / 3
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		wg.Add(1)
 		defer wg.Done()
-		r.work(ctx, m)
+		r.work(ctx, m, progress)
 	}, jetstream.PullMaxMessages(4))
 	if err != nil {
 		return store.Classify(fmt.Errorf("consuming renewals: %w", err))
@@ -225,7 +227,7 @@ func (r *Renewer) Run(ctx context.Context) error {
 	return nil
 }
 
-func (r *Renewer) work(ctx context.Context, m jetstream.Msg) {
+func (r *Renewer) work(ctx context.Context, m jetstream.Msg, progress time.Duration) {
 	var item RenewalItem
 	if err := json.Unmarshal(m.Data(), &item); err != nil || item.Host == "" || item.Version > store.RecordVersion {
 		r.log.Error("dropping malformed renewal item", zap.String("subject", m.Subject()), zap.ByteString("data", m.Data()), zap.Error(err))
@@ -238,7 +240,7 @@ func (r *Renewer) work(ctx context.Context, m jetstream.Msg) {
 	hb.Add(1)
 	go func() {
 		defer hb.Done()
-		t := time.NewTicker(r.cfg.AckWait / 3)
+		t := time.NewTicker(progress)
 		defer t.Stop()
 		for {
 			select {
@@ -424,14 +426,6 @@ func (r *Renewer) isInflight(host string) bool {
 	return r.inflight[host] > 0
 }
 
-// renewalWorkFilter matches the generated work items
-// (cp.<auth>.certs.renew.<host...>, a host spans several tokens) but not the
-// schedule definitions beside them.
-func renewalWorkFilter(n store.Names) string {
-	const probe = "x"
-	return strings.TrimSuffix(n.CertRenewalSubject(probe), probe) + ">"
-}
-
 func statusKey(host string) string { return store.KeySafe(host) }
 
 func getStatus(ctx context.Context, st *store.Store, host string) (Status, uint64, error) {
@@ -468,31 +462,22 @@ func putStatus(ctx context.Context, st *store.Store, s Status) error {
 }
 
 // ListStatus returns every certificate's status record, sorted by host, for
-// `control certs`.
+// `control certs`. A record that cannot be decoded, or that names another
+// host than its key, is skipped.
 func ListStatus(ctx context.Context, st *store.Store) ([]Status, error) {
-	w, err := st.CertStatus.WatchAll(ctx, jetstream.IgnoreDeletes())
+	entries, err := st.ScanKV(ctx, st.CertStatus, ">")
 	if err != nil {
-		return nil, store.Classify(fmt.Errorf("listing certificate status: %w", err))
+		return nil, fmt.Errorf("listing certificate status: %w", err)
 	}
-	defer w.Stop()
-	var out []Status
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, store.Classify(fmt.Errorf("listing certificate status: %w", ctx.Err()))
-		case ent, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("listing certificate status: watcher closed")
-			}
-			if ent == nil {
-				sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
-				return out, nil
-			}
-			var s Status
-			if err := decodeStatus(ent.Value(), &s); err != nil {
-				return nil, fmt.Errorf("listing certificate status (key %s): %w", ent.Key(), err)
-			}
-			out = append(out, s)
+	out := make([]Status, 0, len(entries))
+	for _, e := range entries {
+		var s Status
+		if err := decodeStatus(e.Value, &s); err != nil || statusKey(s.Host) != e.Key {
+			store.SkippedRecords.Add(1)
+			continue
 		}
+		out = append(out, s)
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+	return out, nil
 }

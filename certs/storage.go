@@ -31,8 +31,8 @@ type Options struct {
 	// Holder names this process in lock records and busy errors; default
 	// "<hostname>:<pid>".
 	Holder string
-	// LockPollMax caps the wait between two attempts to take a busy lock
-	// (a watch on the lock key usually wakes the waiter sooner); default 1s.
+	// LockPollMax caps the wait between two attempts to take a busy lock;
+	// default 1s.
 	LockPollMax time.Duration
 	// Logger receives debug logs; default none.
 	Logger *zap.Logger
@@ -492,33 +492,15 @@ func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, erro
 
 // keys lists the live keys of the certificates bucket matching filter.
 func keys(ctx context.Context, st *store.Store, filter string) ([]string, error) {
-	kl, err := st.Certs.ListKeysFiltered(ctx, filter)
+	entries, err := st.ScanKV(ctx, st.Certs, filter)
 	if err != nil {
-		return nil, store.Classify(fmt.Errorf("listing keys %s: %w", filter, err))
+		return nil, fmt.Errorf("listing keys %s: %w", filter, err)
 	}
-	defer kl.Stop()
-	var out []string
-	seen := make(map[string]struct{})
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, store.Classify(fmt.Errorf("listing keys %s: %w", filter, ctx.Err()))
-		case k, ok := <-kl.Keys():
-			if !ok {
-				// The lister also ends when ctx does: never return a
-				// partial list as if it were complete.
-				if err := ctx.Err(); err != nil {
-					return nil, store.Classify(fmt.Errorf("listing keys %s: %w", filter, err))
-				}
-				return out, nil
-			}
-			// The lister may repeat a key that is written while it runs.
-			if _, dup := seen[k]; !dup {
-				seen[k] = struct{}{}
-				out = append(out, k)
-			}
-		}
+	out := make([]string, len(entries))
+	for i, e := range entries {
+		out[i] = e.Key
 	}
+	return out, nil
 }
 
 func hasChildren(ctx context.Context, st *store.Store, enc string) (bool, error) {

@@ -59,7 +59,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 // agentMachine resolves the machine this agent serves: joining with a token
 // once, then from the identity saved in the data dir.
 func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise string) (*store.MachineRecord, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent data dir: %w", err)
 	}
 	var ident agentIdentity
@@ -84,7 +84,11 @@ func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise
 			return nil, err
 		}
 		if advertise != "" && advertise != rec.Address {
-			if rec, err = machines.Register(ctx, s, rec.ID, advertise); err != nil {
+			if net.ParseIP(advertise) == nil {
+				return nil, usagef("--advertise %q is not an IP address", advertise)
+			}
+			req := machines.AdmissionRequest{Machine: rec.ID, Address: advertise}
+			if rec, err = machines.RequestAdmission(ctx, s, machines.AdmitAddress, req); err != nil {
 				return nil, err
 			}
 		}
@@ -100,7 +104,7 @@ func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise
 	if err != nil {
 		return nil, err
 	}
-	rec, err := machines.Admit(ctx, s, token, id, addr)
+	rec, err := machines.RequestAdmission(ctx, s, machines.AdmitJoin, machines.AdmissionRequest{Machine: id, Token: token, Address: addr})
 	if err != nil {
 		return nil, err
 	}

@@ -255,7 +255,7 @@ func listInstances(ctx context.Context, s *store.Store, ns string, out *output) 
 		filter = store.NamespaceInstancesFilter(ns)
 	}
 	list := []store.InstanceRecord{}
-	err := store.ListJSON(ctx, s.Instances, filter, func(_ string, r *store.InstanceRecord) error {
+	err := store.ListJSON(ctx, s, s.Instances, filter, func(_ string, r *store.InstanceRecord) error {
 		list = append(list, *r)
 		return nil
 	})

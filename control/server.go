@@ -98,6 +98,12 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 	}
 	defer stopReg()
 	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s)\n", cfg.names.RegistrarSubject(">"), strings.Join(stunAddrs, ","))
+	// Agents may not write machine records; they ask here instead.
+	stopAdmission, err := machines.ServeAdmission(ctx, s)
+	if err != nil {
+		return fmt.Errorf("serving admission requests: %w", err)
+	}
+	defer stopAdmission()
 	// Agents may not publish routing events; they ask here instead.
 	stopRepublish, err := s.ServeRepublish(ctx)
 	if err != nil {

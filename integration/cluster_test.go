@@ -345,7 +345,7 @@ func checkAgentCredentials(t *testing.T, sc *storageCluster, agentCreds string) 
 		t.Fatal("agent m1's write of m2's instance record landed")
 	}
 	own := 0
-	if err := store.ListJSON(ctx, ctl.Instances, store.NamespaceInstancesFilter("shop"), func(k string, r *store.InstanceRecord) error {
+	if err := store.ListJSON(ctx, ctl, ctl.Instances, store.NamespaceInstancesFilter("shop"), func(k string, r *store.InstanceRecord) error {
 		if r.Machine == "m1" && k == r.Key() {
 			own++
 		}

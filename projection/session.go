@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -21,104 +20,58 @@ func uncertain(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errUncertain, fmt.Sprintf(format, args...))
 }
 
-// maxBatch bounds how many queued events one View swap absorbs, so a burst
-// costs one copy of the touched shards instead of one per event.
+// maxBatch bounds how many events one View swap absorbs, so a burst costs
+// one copy of the touched shards instead of one per event.
 const maxBatch = 512
 
-// delivered is a message tagged with the consumer generation that got it, so
-// messages of a stopped consumer are told apart from the current one's.
-type delivered struct {
-	gen int
-	msg jetstream.Msg
-}
+// errGap is a batch that does not start right after the applied sequence.
+var errGap = errors.New("routing sequence gap")
 
 // session loads the view from the store, then applies routing events until
 // freshness becomes uncertain (errUncertain), the store fails, or ctx ends.
+//
+// It creates no consumer: it reads the events the routing stream republishes
+// once stored (each with its stream sequence), and reads what it missed,
+// after a reconnect or a gap, with direct gets from its applied sequence.
 func (p *Projection) session(ctx context.Context, st *store.Store) error {
 	nc := st.NC
 	reconnects := nc.Stats().Reconnects
+
+	// Subscribe before loading, so that no event falls between the load
+	// and the first republished one.
+	republished := make(chan *nats.Msg, 4096)
+	sub, err := nc.ChanSubscribe(st.Names.RoutingRepublishedWildcard(), republished)
+	if err != nil {
+		return store.Classify(fmt.Errorf("following routing events: %w", err))
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		return store.Classify(fmt.Errorf("following routing events: %w", err))
+	}
 
 	created, err := p.load(ctx, st)
 	if err != nil {
 		return err
 	}
 
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	msgs := make(chan delivered, 1024)
-	// restart carries the generation of a consumer the server dropped
-	// (deleted, heartbeats lost); the loop recreates it from our position.
-	restart := make(chan int, 1)
-	gen := 0
-	var cc jetstream.ConsumeContext
-	// startConsumer (re)creates an ephemeral, unacknowledged consumer from
-	// the applied sequence + 1: an ordered consumer whose resets we make
-	// ourselves, so every message after one is checked for continuity.
-	startConsumer := func() error {
-		if cc != nil {
-			cc.Stop() // non-blocking; the server drops it after InactiveThreshold
-			cc = nil
-		}
-		gen++
-		g := gen
-		from := p.View().Seq + 1
-		cctx, ccancel := context.WithTimeout(sctx, 5*time.Second)
-		defer ccancel()
-		cons, err := st.JS.CreateConsumer(cctx, st.Names.RoutingEventsStream(), jetstream.ConsumerConfig{
-			Description:       "routing projection of gateway " + p.cfg.Name,
-			DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-			OptStartSeq:       from,
-			AckPolicy:         jetstream.AckNonePolicy,
-			InactiveThreshold: 30 * time.Second,
-			MemoryStorage:     true,
-			Replicas:          1,
-		})
-		if err != nil {
-			return store.Classify(fmt.Errorf("creating routing consumer from sequence %d: %w", from, err))
-		}
-		c, err := cons.Consume(func(m jetstream.Msg) {
-			select {
-			case msgs <- delivered{gen: g, msg: m}:
-			case <-sctx.Done():
-			}
-		}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			if c := p.log.Check(zap.DebugLevel, "routing consumer"); c != nil {
-				c.Write(zap.Error(err))
-			}
-			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
-				errors.Is(err, jetstream.ErrNoHeartbeat) {
-				select {
-				case restart <- g:
-				default:
-				}
-			}
-		}))
-		if err != nil {
-			return store.Classify(fmt.Errorf("consuming routing events from sequence %d: %w", from, err))
-		}
-		cc = c
-		return nil
-	}
-	// A consumer that cannot start (NATS went away right after the load)
-	// is retried from the loop; the loaded view stays.
-	needVerify := false
-	if err := startConsumer(); err != nil {
-		p.setError(err.Error())
-		needVerify = true
-	}
-	defer func() {
-		if cc != nil {
-			cc.Stop()
-		}
-	}()
-
 	connTick := time.NewTicker(100 * time.Millisecond)
 	defer connTick.Stop()
 	infoTick := time.NewTicker(p.cfg.ReportInterval)
 	defer infoTick.Stop()
-	batch := make([]jetstream.Msg, 0, maxBatch)
+	batch := make([]*store.StoredMsg, 0, maxBatch)
+	needCatchUp, needVerify := true, false
 
 	for {
+		if needCatchUp && nc.IsConnected() {
+			switch err := p.catchUp(ctx, st, created); {
+			case errors.Is(err, errUncertain):
+				return err
+			case err != nil:
+				p.setError(err.Error())
+			default:
+				needCatchUp = false
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -145,23 +98,15 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 					needVerify = true
 					continue
 				}
-				reconnects, needVerify = r, false
-				if err := startConsumer(); err != nil {
-					needVerify = true
-					p.setError(err.Error())
-					continue
+				if r != reconnects {
+					p.log.Info("NATS reconnected; routing stream continuous, resuming", zap.Uint64("seq", p.View().Seq))
 				}
-				p.log.Info("NATS reconnected; routing stream continuous, resuming", zap.Uint64("seq", p.View().Seq))
+				reconnects, needVerify, needCatchUp = r, false, true
 			}
 			if !p.connected.Load() || p.View().Stale {
 				p.markConnected()
 				p.setError("")
 				p.swap(p.View().withStale(false))
-			}
-
-		case g := <-restart:
-			if g == gen {
-				needVerify = true
 			}
 
 		case <-infoTick.C:
@@ -173,35 +118,72 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 					return err
 				}
 				p.log.Debug("polling routing stream", zap.Error(err))
-			}
-
-		case d := <-msgs:
-			if d.gen != gen {
 				continue
 			}
-			batch = append(batch[:0], d.msg)
-		drain:
-			for len(batch) < maxBatch {
-				select {
-				case d := <-msgs:
-					if d.gen == gen {
-						batch = append(batch, d.msg)
+			// A republished event lost on the way shows as a head past
+			// the applied sequence: read it.
+			if p.head.Load() > p.View().Seq {
+				needCatchUp = true
+			}
+
+		case m := <-republished:
+			batch = batch[:0]
+			for next := m; next != nil; {
+				sm, err := store.StoredFromMsg(next)
+				if err != nil {
+					p.badEvent(0, next.Subject, err)
+				} else {
+					batch = append(batch, sm)
+				}
+				next = nil
+				if len(batch) < maxBatch {
+					select {
+					case next = <-republished:
+					default:
 					}
-				default:
-					break drain
 				}
 			}
 			if nc.Stats().Reconnects != reconnects {
 				// Verify the reconnect before applying anything more; the
-				// consumer restarts from our position afterwards.
+				// catch-up reads from our position afterwards.
 				needVerify = true
 				continue
 			}
-			if err := p.applyBatch(batch, created); err != nil {
+			switch err := p.applyBatch(batch, created); {
+			case errors.Is(err, errGap):
+				needCatchUp = true // read what the republishing lost
+			case err != nil:
 				return err
 			}
 		}
 	}
+}
+
+// catchUp reads and applies every event after the applied sequence. A gap
+// here is an event the stream no longer holds: freshness is uncertain.
+func (p *Projection) catchUp(ctx context.Context, st *store.Store, created time.Time) error {
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	batch := make([]*store.StoredMsg, 0, maxBatch)
+	flush := func() error {
+		err := p.applyBatch(batch, created)
+		batch = batch[:0]
+		if errors.Is(err, errGap) {
+			return uncertain("%v", err)
+		}
+		return err
+	}
+	_, err := st.ReadFrom(cctx, st.Names.RoutingEventsStream(), p.View().Seq+1, "", func(m *store.StoredMsg) error {
+		batch = append(batch, m)
+		if len(batch) == maxBatch {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
 }
 
 // load builds a complete view from stored state and swaps it in. It returns
@@ -217,6 +199,10 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	rs, err := st.LoadRouting(lctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("loading routing state: %w", err)
+	}
+	for _, why := range rs.Skipped {
+		p.badEvents.Add(1)
+		p.log.Warn("skipping a stored record the routing state cannot use", zap.String("reason", why))
 	}
 	b := newBuilder(emptyView(false))
 	for i := range rs.Services {
@@ -268,50 +254,50 @@ func (p *Projection) verify(ctx context.Context, st *store.Store, created time.T
 	return nil
 }
 
-// applyBatch applies consecutive events and swaps in the resulting view. A
-// sequence gap is errUncertain; an event that cannot be decoded or applied
-// is counted, reported and skipped, leaving that identity as it was.
-func (p *Projection) applyBatch(batch []jetstream.Msg, created time.Time) error {
+// applyBatch applies consecutive events and swaps in the resulting view.
+// Events at or before the applied sequence are skipped; a batch that does
+// not continue from it is errGap. An event that cannot be decoded or
+// applied is counted, reported and skipped, leaving that identity as it
+// was.
+func (p *Projection) applyBatch(batch []*store.StoredMsg, created time.Time) error {
 	cur := p.View()
 	b := newBuilder(cur)
 	applied := cur.Seq
 	var head uint64
 	var lastTS time.Time
 	n := 0
+	var gap error
 	for _, m := range batch {
-		meta, err := m.Metadata()
-		if err != nil {
-			return uncertain("routing message without metadata: %v", err)
-		}
-		seq := meta.Sequence.Stream
-		if seq <= applied {
+		if m.Seq <= applied {
 			continue
 		}
-		if seq != applied+1 {
-			return uncertain("routing sequence gap: expected %d, got %d", applied+1, seq)
+		if m.Seq != applied+1 {
+			// Apply what continues; what follows the gap is read again.
+			gap = fmt.Errorf("%w: expected %d, got %d", errGap, applied+1, m.Seq)
+			break
 		}
 		var ev store.RoutingEvent
-		if err := store.Decode("routing event", m.Data(), &ev); err != nil {
-			p.badEvent(seq, m.Subject(), err)
+		if err := store.Decode("routing event", m.Data, &ev); err != nil {
+			p.badEvent(m.Seq, m.Subject, err)
 		} else if err := b.apply(&ev); err != nil {
-			p.badEvent(seq, m.Subject(), err)
+			p.badEvent(m.Seq, m.Subject, err)
 		}
-		applied = seq
-		head = seq + meta.NumPending
-		lastTS = meta.Timestamp
+		applied = m.Seq
+		head = max(head, m.Seq+m.Pending)
+		lastTS = m.Time
 		n++
 	}
 	if n == 0 {
-		return nil
+		return gap
 	}
 	v := b.finish(applied, !p.connected.Load())
 	v.StreamCreated = created
 	p.swap(v)
 	p.eventsApplied.Add(uint64(n))
 	p.lastEventTime.Store(lastTS.UnixNano())
-	p.noteHead(head, applied)
+	p.noteHead(max(head, p.head.Load()), applied)
 	p.kick()
-	return nil
+	return gap
 }
 
 func (p *Projection) badEvent(seq uint64, subject string, err error) {

@@ -19,9 +19,9 @@ import (
 // created. It returns a structured error naming the last failure if ctx
 // ends first.
 func WaitForJetStream(ctx context.Context, nc *nats.Conn) error {
-	js, err := jetstream.New(nc)
+	js, err := newJetStream(nc)
 	if err != nil {
-		return fmt.Errorf("opening jetstream: %w", err)
+		return err
 	}
 	var last error
 	for {
@@ -191,9 +191,9 @@ func (s *Store) RequireQuorum(ctx context.Context) error {
 // CheckQuorum is RequireQuorum on a bare connection, for a client that has
 // not bound the store yet (binding needs every stream leader to answer).
 func CheckQuorum(ctx context.Context, nc *nats.Conn, names Names) error {
-	js, err := jetstream.New(nc)
+	js, err := newJetStream(nc)
 	if err != nil {
-		return fmt.Errorf("opening jetstream: %w", err)
+		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, QuorumCheckTimeout)
 	defer cancel()

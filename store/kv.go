@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -42,37 +43,78 @@ func PutJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uin
 	return rev, nil
 }
 
+// keyed is a record whose key is derived from its body. A reader takes it
+// only under the key its body names: a writer allowed one key must not be
+// able to pass a record off as another's (an agent's instance record
+// claiming another machine, a heartbeat claiming another node).
+type keyed interface {
+	KeyOK(key string) error
+}
+
+// SkippedRecords counts the records ListJSON skipped, in this process.
+var SkippedRecords atomic.Uint64
+
+// ListOption tunes ListJSON.
+type ListOption func(*listConfig)
+
+type listConfig struct {
+	onSkip func(key string, err error)
+}
+
+// OnSkip makes ListJSON tell fn of each record it skips, with why.
+func OnSkip(fn func(key string, err error)) ListOption {
+	return func(c *listConfig) { c.onSkip = fn }
+}
+
 // ListJSON decodes every value whose key matches filter (a KV key filter such
-// as "ns.>") and calls fn with each; an empty bucket is not an error.
+// as "ns.>") and calls fn with each, in key order; an empty bucket is not an
+// error. A record that cannot be decoded, is of a newer version than this
+// build understands, or whose body disagrees with its key is skipped and
+// counted (OnSkip says which), never fatal: one bad record must not stop
+// every reader.
 func ListJSON[T any, P interface {
 	*T
 	record
-}](ctx context.Context, kv jetstream.KeyValue, filter string, fn func(key string, v *T) error) error {
-	w, err := kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
-	if err != nil {
-		return classify(fmt.Errorf("listing %s: %w", kv.Bucket(), err))
+}](ctx context.Context, s *Store, kv jetstream.KeyValue, filter string, fn func(key string, v *T) error, opts ...ListOption) error {
+	var cfg listConfig
+	for _, o := range opts {
+		o(&cfg)
 	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return classify(fmt.Errorf("listing %s: %w", kv.Bucket(), ctx.Err()))
-		case ent, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("listing %s: watcher closed", kv.Bucket())
+	entries, err := s.ScanKV(ctx, kv, filter)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		v := new(T)
+		if err := DecodeKeyed(kv.Bucket(), e.Key, e.Value, P(v)); err != nil {
+			SkippedRecords.Add(1)
+			if cfg.onSkip != nil {
+				cfg.onSkip(e.Key, err)
 			}
-			if ent == nil {
-				return nil
-			}
-			v := new(T)
-			if err := json.Unmarshal(ent.Value(), v); err != nil || P(v).version() > RecordVersion {
-				// Name the entry only for a refusal: a listing of a large
-				// bucket (100k instances at a gateway's start) decodes many.
-				return Decode(kv.Bucket()+"/"+ent.Key(), ent.Value(), P(v))
-			}
-			if err := fn(ent.Key(), v); err != nil {
-				return err
-			}
+			continue
+		}
+		if err := fn(e.Key, v); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// DecodeKeyed decodes the value of bucket/key into v and, for a keyed record,
+// checks that its body agrees with key. Every reader of a record an
+// untrusted role wrote takes it through here (or ListJSON).
+func DecodeKeyed(bucket, key string, value []byte, v record) error {
+	if err := json.Unmarshal(value, v); err != nil || v.version() > RecordVersion {
+		// Decode names what is wrong (and the entry).
+		if derr := Decode(bucket+"/"+key, value, v); derr != nil {
+			return derr
+		}
+		return fmt.Errorf("%s/%s: %v", bucket, key, err)
+	}
+	if k, ok := v.(keyed); ok {
+		if err := k.KeyOK(key); err != nil {
+			return fmt.Errorf("%s/%s: %w", bucket, key, err)
+		}
+	}
+	return nil
 }

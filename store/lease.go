@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -79,7 +80,7 @@ func AcquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 	now := time.Now()
 	l := &Lease{
 		kv: kv, js: js, key: key, ttl: o.TTL,
-		subj:   "$KV." + kv.Bucket() + "." + key,
+		subj:   kvPutPrefix(js) + "$KV." + kv.Bucket() + "." + key,
 		holder: LeaseHolder{Version: RecordVersion, Holder: o.Holder, Purpose: o.Purpose, Acquired: now, Expires: now.Add(o.TTL)},
 	}
 	data, _ := json.Marshal(l.holder)
@@ -97,6 +98,17 @@ func AcquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 		go l.keepAlive()
 	}
 	return l, nil
+}
+
+// kvPutPrefix is what goes before a KV put's "$KV." subject on js: the API
+// prefix, for a client that reaches JetStream by one (as nats.go's KV puts
+// do).
+func kvPutPrefix(js jetstream.JetStream) string {
+	p := strings.TrimSuffix(js.Options().APIPrefix, ".") + "."
+	if p == "." || p == jetstream.DefaultAPIPrefix {
+		return ""
+	}
+	return p
 }
 
 func busyError(ctx context.Context, kv jetstream.KeyValue, key string) error {

@@ -210,7 +210,7 @@ func (s *Store) MeshPeer(ctx context.Context, machine string) (*MeshPeerRecord, 
 // MeshPeerList returns every peer record, sorted by key order of the bucket.
 func (s *Store) MeshPeerList(ctx context.Context) ([]MeshPeerRecord, error) {
 	var out []MeshPeerRecord
-	err := ListJSON(ctx, s.MeshPeers, "peer.>", func(_ string, r *MeshPeerRecord) error {
+	err := ListJSON(ctx, s, s.MeshPeers, "peer.>", func(_ string, r *MeshPeerRecord) error {
 		out = append(out, *r)
 		return nil
 	})
@@ -220,7 +220,7 @@ func (s *Store) MeshPeerList(ctx context.Context) ([]MeshPeerRecord, error) {
 // MeshHeartbeats returns every heartbeat by machine.
 func (s *Store) MeshHeartbeats(ctx context.Context) (map[string]MeshHeartbeat, error) {
 	out := make(map[string]MeshHeartbeat)
-	err := ListJSON(ctx, s.MeshBeats, "beat.>", func(_ string, r *MeshHeartbeat) error {
+	err := ListJSON(ctx, s, s.MeshBeats, "beat.>", func(_ string, r *MeshHeartbeat) error {
 		out[r.Machine] = *r
 		return nil
 	})

@@ -110,6 +110,15 @@ func (n Names) RoutingMachineSubject(machine string) string {
 // RoutingWildcard matches every routing event subject.
 func (n Names) RoutingWildcard() string { return n.subjectPrefix() + ".routing.>" }
 
+// RoutingRepublishedWildcard is where the routing stream republishes each
+// event once stored, with its sequence: what projections follow, since no
+// untrusted role may have a consumer.
+func (n Names) RoutingRepublishedWildcard() string { return "rp." + n.RoutingWildcard() }
+
+// MeshPeersRepublishedWildcard is where the mesh peers bucket republishes
+// each change once stored: what meshd follows.
+func (n Names) MeshPeersRepublishedWildcard() string { return "rp.kv." + n.MeshPeersBucket() + ".>" }
+
 // CertRenewalSubject is where renewal work for host is scheduled.
 func (n Names) CertRenewalSubject(host string) string {
 	return n.subjectPrefix() + ".certs.renew." + KeySafe(host)
@@ -120,6 +129,10 @@ func (n Names) CertRenewalSubject(host string) string {
 func (n Names) CertRenewalScheduleSubject(host string) string {
 	return n.subjectPrefix() + ".certs.schedule." + KeySafe(host)
 }
+
+// CertRenewalWorkFilter matches every host's renewal work items (not their
+// schedules).
+func (n Names) CertRenewalWorkFilter() string { return n.subjectPrefix() + ".certs.renew.>" }
 
 // CertRenewalsWildcard matches both renewal subjects.
 func (n Names) CertRenewalsWildcard() string { return n.subjectPrefix() + ".certs.>" }
@@ -138,6 +151,14 @@ func (n Names) NodeListenSubject(machine string) string {
 // NodeQueueGroup is the queue group of machine's listeners, so a second agent
 // process for the same machine never runs a command twice.
 func (n Names) NodeQueueGroup(machine string) string { return "node." + machine }
+
+// AdmissionSubject is where machine's agent asks the control plane for
+// verb ("join" with an invite, "address" to move): the control plane writes
+// machine records, never an agent. The machine token lets credentials bind
+// an agent to its own subject.
+func (n Names) AdmissionSubject(verb, machine string) string {
+	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.admission." + verb + "." + machine
+}
 
 // RegistrarSubject is where meshd registers with the control plane.
 func (n Names) RegistrarSubject(command string) string {

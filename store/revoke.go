@@ -74,7 +74,8 @@ func (s *Store) RevokeUser(ctx context.Context, rev *Revocation) error {
 // time from which its credentials are refused): its whole content before it
 // returns, so a storage node refuses revoked credentials from the moment it
 // reports ready, then the whole list again on every change until ctx ends or
-// stop is called. Errors of later changes go to report; the watch goes on.
+// stop is called. A record that cannot be taken, and errors of later
+// changes, go to report; the watch goes on.
 func WatchRevocations(ctx context.Context, s *Store, apply func(revoked map[string]time.Time) error, report func(error)) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	w, err := s.Revocations.WatchAll(ctx)
@@ -83,15 +84,20 @@ func WatchRevocations(ctx context.Context, s *Store, apply func(revoked map[stri
 		return nil, classify(fmt.Errorf("watching revocations: %w", err))
 	}
 	revoked := map[string]time.Time{}
-	// take folds one entry into revoked.
+	// take folds one entry into revoked. A record that is not one user's
+	// revocation under that user's key is skipped and reported: above all
+	// a wildcard user, which NATS reads as "every user".
 	take := func(ent jetstream.KeyValueEntry) error {
 		if ent.Operation() != jetstream.KeyValuePut {
 			delete(revoked, ent.Key())
 			return nil
 		}
 		var r Revocation
-		if err := Decode("revocation", ent.Value(), &r); err != nil {
-			return err
+		if err := DecodeKeyed(s.Revocations.Bucket(), ent.Key(), ent.Value(), &r); err != nil {
+			return fmt.Errorf("skipping revocation: %w", err)
+		}
+		if !nkeys.IsValidPublicUserKey(r.User) {
+			return fmt.Errorf("skipping revocation under %q: %q is not one user's public key", ent.Key(), r.User)
 		}
 		revoked[r.User] = r.At
 		return nil
@@ -113,7 +119,7 @@ func WatchRevocations(ctx context.Context, s *Store, apply func(revoked map[stri
 				caughtUp = true
 			default:
 				if err := take(ent); err != nil {
-					return fail(err)
+					report(err)
 				}
 			}
 		}

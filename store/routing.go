@@ -149,7 +149,7 @@ func CommitEvents(c, prev *DeployCommit, instances map[string]*InstanceRecord) [
 // NamespaceInstances reads every instance record of namespace, keyed by ID.
 func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[string]*InstanceRecord, error) {
 	out := make(map[string]*InstanceRecord)
-	err := ListJSON(ctx, s.Instances, NamespaceInstancesFilter(namespace), func(_ string, r *InstanceRecord) error {
+	err := ListJSON(ctx, s, s.Instances, NamespaceInstancesFilter(namespace), func(_ string, r *InstanceRecord) error {
 		out[r.ID] = r
 		return nil
 	})
@@ -277,4 +277,7 @@ type RoutingState struct {
 	Seq      uint64
 	Services []RoutingEvent
 	Machines []MachineRecord
+	// Skipped says why each record the load could not use was left out
+	// (undecodable, or its body disagreeing with its key or subject).
+	Skipped []string
 }

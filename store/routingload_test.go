@@ -35,7 +35,7 @@ func referenceLoad(ctx context.Context, s *store.Store) (*store.RoutingState, er
 		}
 		st.Services = append(st.Services, store.CommitEvents(c, nil, insts)...)
 	}
-	err = store.ListJSON(ctx, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err = store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
 		st.Machines = append(st.Machines, *m)
 		return nil
 	})

@@ -123,7 +123,20 @@ type Store struct {
 	Gateways   jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
+
+	// apiPrefix is where this connection reaches the JetStream API, with
+	// its trailing dot (see EdgeAPIPrefix).
+	apiPrefix string
 }
+
+// RenewalsConsumer is the durable pull consumer on the renewals stream that
+// every gateway takes renewal work from, so each item is worked once.
+// Gateways may not create consumers: the control plane provisions it.
+const RenewalsConsumer = "cert_renewals"
+
+// RenewalsAckWait is how long a renewal item may go without its worker
+// reporting progress before another gateway gets it.
+const RenewalsAckWait = 2 * time.Minute
 
 // GatewayObservationTTL is how long a gateway's report lives without refresh.
 const GatewayObservationTTL = 15 * time.Second
@@ -175,6 +188,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 			Description: "ordered routing events the gateway and DNS projections consume",
 			MaxAge:      7 * 24 * time.Hour, Duplicates: 10 * time.Minute,
 			DenyDelete: true, DenyPurge: true, MaxBytes: 2 * gib, MaxMsgSize: 4 * mib, AllowDirect: true,
+			RePublish: &jetstream.RePublish{Source: names.RoutingWildcard(), Destination: names.RoutingRepublishedWildcard()},
 		}},
 		{&s.Renewals, jetstream.StreamConfig{
 			Name: names.CertRenewalsStream(), Subjects: []string{names.CertRenewalsWildcard()},
@@ -211,9 +225,25 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 			buckets[i].keyTTLs = true
 		case &s.Gateways:
 			buckets[i].cfg.TTL = GatewayObservationTTL
+		case &s.MeshPeers:
+			buckets[i].cfg.RePublish = &jetstream.RePublish{
+				Source: "$KV." + names.MeshPeersBucket() + ".>", Destination: names.MeshPeersRepublishedWildcard()}
 		}
 	}
 	return streams, buckets
+}
+
+// RenewalsConsumerConfig is the renewal consumer's definition: pull, one
+// item per host worked at a time across the fleet.
+func RenewalsConsumerConfig(names Names) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       RenewalsConsumer,
+		Description:   "gateways taking certificate renewal work",
+		FilterSubject: names.CertRenewalWorkFilter(),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       RenewalsAckWait,
+		MaxAckPending: 64,
+	}
 }
 
 // bucketStream is the stream a KV bucket lives in: nats.go's own mapping,
@@ -232,6 +262,7 @@ func bucketStream(cfg jetstream.KeyValueConfig, keyTTLs bool) jetstream.StreamCo
 		MaxMsgsPerSubject: int64(max(cfg.History, 1)), MaxBytes: cfg.MaxBytes, MaxAge: cfg.TTL, MaxMsgSize: cfg.MaxValueSize,
 		Replicas: cfg.Replicas, MaxMsgs: -1, MaxConsumers: -1, Duplicates: dupes,
 		AllowRollup: false, DenyDelete: true, DenyPurge: true, AllowDirect: true, Discard: jetstream.DiscardNew,
+		RePublish: cfg.RePublish,
 	}
 	sc.AllowMsgTTL = keyTTLs
 	return sc
@@ -257,6 +288,9 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 			return nil, classify(fmt.Errorf("provisioning stream %s: %w", st.cfg.Name, err))
 		}
 		*st.dst = str
+	}
+	if _, err := s.Renewals.CreateOrUpdateConsumer(ctx, RenewalsConsumerConfig(names)); err != nil {
+		return nil, classify(fmt.Errorf("provisioning the renewal consumer: %w", err))
 	}
 	for _, b := range buckets {
 		b.cfg.Replicas = r
@@ -298,11 +332,21 @@ func Open(ctx context.Context, nc *nats.Conn, names Names) (*Store, error) {
 }
 
 func newStore(nc *nats.Conn, names Names) (*Store, error) {
-	js, err := jetstream.New(nc)
+	js, err := newJetStream(nc)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{NC: nc, JS: js, Names: names, apiPrefix: apiPrefixOf(nc)}, nil
+}
+
+// newJetStream is nc's JetStream API, under the prefix its credentials
+// reach it by (apiPrefixOf).
+func newJetStream(nc *nats.Conn) (jetstream.JetStream, error) {
+	js, err := jetstream.NewWithAPIPrefix(nc, strings.TrimSuffix(apiPrefixOf(nc), "."))
 	if err != nil {
 		return nil, fmt.Errorf("opening jetstream: %w", err)
 	}
-	return &Store{NC: nc, JS: js, Names: names}, nil
+	return js, nil
 }
 
 // classify turns transport-level JetStream failures into structured errors so

@@ -47,9 +47,13 @@ type App struct {
 	// RetryBackoffMax caps RetryBackoff. Default: 6h (or RetryBackoff, if
 	// that is longer).
 	RetryBackoffMax caddy.Duration `json:"retry_backoff_max,omitempty"`
-	// AckWait is how long one renewal attempt may go without reporting
-	// progress before another gateway takes the item over (the worker
-	// reports every third of it while it runs). Default: 2m.
+	// AckWait was how long one renewal attempt may go without reporting
+	// progress before another gateway takes the item over.
+	//
+	// Deprecated: the control plane provisions the fleet's renewal
+	// consumer (a gateway may create none) with a 2m ack wait; the worker
+	// reports every third of that. A value here is checked, logged and
+	// otherwise ignored.
 	AckWait caddy.Duration `json:"ack_wait,omitempty"`
 
 	storage *certs.Storage
@@ -82,6 +86,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.storage = cs
 	cs.SetRefreshed(a.reload)
+	if a.AckWait != 0 {
+		a.logger.Warn("edgeplane_certs ack_wait is ignored: the control plane sets the renewal consumer's ack wait",
+			zap.Duration("ack_wait", time.Duration(a.AckWait)), zap.Duration("in_use", store.RenewalsAckWait))
+	}
 	if a.GatewayName == "" {
 		a.GatewayName = store.HostName("gateway")
 	}

@@ -85,8 +85,14 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.RepublishRetry == 0 {
 		cfg.RepublishRetry = 2 * time.Second
 	}
-	for _, d := range []string{"instances", "logs"} {
-		if err := os.MkdirAll(filepath.Join(cfg.DataDir, d), 0o755); err != nil {
+	// Instance state and logs are the box's own: no other user reads them
+	// (a directory made by an older version is tightened too).
+	for _, d := range []string{"", "instances", "logs"} {
+		dir := filepath.Join(cfg.DataDir, d)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("agent data dir: %w", err)
+		}
+		if err := os.Chmod(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("agent data dir: %w", err)
 		}
 	}

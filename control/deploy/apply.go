@@ -494,8 +494,9 @@ func (d *Deployer) waitGateways(ctx context.Context, seq uint64) (serving, total
 			case ent.Operation() != jetstream.KeyValuePut:
 				delete(obs, ent.Key())
 			default:
+				// A report under another gateway's name is not taken.
 				var g store.GatewayObservation
-				if store.Decode("gateway observation", ent.Value(), &g) == nil {
+				if store.DecodeKeyed(d.s.Gateways.Bucket(), ent.Key(), ent.Value(), &g) == nil {
 					obs[ent.Key()] = g
 				}
 			}

@@ -152,7 +152,7 @@ func (d *Deployer) load(ctx context.Context, ns string) (*state, error) {
 	if st.insts, err = d.s.NamespaceInstances(ctx, ns); err != nil {
 		return nil, err
 	}
-	err = store.ListJSON(ctx, d.s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err = store.ListJSON(ctx, d.s, d.s.Machines, ">", func(_ string, m *store.MachineRecord) error {
 		st.machines[m.ID] = *m
 		return nil
 	})
@@ -181,7 +181,7 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 // Statuses returns every deploy status of ns, oldest first.
 func (d *Deployer) Statuses(ctx context.Context, ns string) ([]store.DeployStatus, error) {
 	var out []store.DeployStatus
-	err := store.ListJSON(ctx, d.s.Status, ns+".*", func(_ string, st *store.DeployStatus) error {
+	err := store.ListJSON(ctx, d.s, d.s.Status, ns+".*", func(_ string, st *store.DeployStatus) error {
 		out = append(out, *st)
 		return nil
 	})
@@ -299,7 +299,7 @@ func (d *Deployer) putPhase(ctx context.Context, ns, id string, s Step, state, d
 // Phases returns the phase records of one deploy in step order.
 func (d *Deployer) Phases(ctx context.Context, ns, id string) ([]store.PhaseRecord, error) {
 	var out []store.PhaseRecord
-	err := store.ListJSON(ctx, d.s.Phases, ns+"."+id+".*", func(_ string, p *store.PhaseRecord) error {
+	err := store.ListJSON(ctx, d.s, d.s.Phases, ns+"."+id+".*", func(_ string, p *store.PhaseRecord) error {
 		out = append(out, *p)
 		return nil
 	})

@@ -147,7 +147,7 @@ type Listed struct {
 // List returns every machine, probing each for reachability now.
 func List(ctx context.Context, s *store.Store, timeout time.Duration) ([]Listed, error) {
 	var out []Listed
-	err := store.ListJSON(ctx, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
 		out = append(out, Listed{MachineRecord: *m})
 		return nil
 	})

@@ -58,15 +58,19 @@ func (p *Process) Start(ctx context.Context, spec Spec) (Handle, error) {
 	if len(spec.Command) == 0 {
 		return nil, fmt.Errorf("starting %s: empty command", spec.ID)
 	}
-	if err := os.MkdirAll(spec.LogDir, 0o755); err != nil {
+	if err := os.MkdirAll(spec.LogDir, 0o700); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", spec.ID, err)
 	}
 	logPath := filepath.Join(spec.LogDir, spec.ID+".log")
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("starting %s: opening log: %w", spec.ID, err)
 	}
 	defer logf.Close() // the child holds its own descriptor
+	// A log an older version made readable to all is tightened too.
+	if err := logf.Chmod(0o600); err != nil {
+		return nil, fmt.Errorf("starting %s: log: %w", spec.ID, err)
+	}
 
 	// Not exec.CommandContext: the instance must outlive the request (and
 	// the agent) that started it.

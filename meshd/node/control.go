@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -165,67 +164,88 @@ func (n *Node) session(ctx context.Context, nc *nats.Conn, names store.Names, up
 	}
 }
 
-// watch replays the mesh-peers history into a fresh peer map (so removals
+// watch reads the whole mesh-peers state into a fresh peer map (so removals
 // made while disconnected are seen), swaps it in, reconciles at once, then
-// applies live changes. It returns when the watch or the connection breaks.
+// applies the changes the bucket republishes as they are stored, reading
+// the whole state again every reconcile interval in case one was lost. It
+// returns when the connection breaks. meshd creates no consumer: its
+// credentials allow none.
 func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) (bool, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	w, err := s.MeshPeers.Watch(wctx, "peer.>", jetstream.IncludeHistory())
+	changes := make(chan *nats.Msg, 256)
+	sub, err := s.NC.ChanSubscribe(s.Names.MeshPeersRepublishedWildcard(), changes)
 	if err != nil {
 		return false, store.Classify(err)
 	}
-	defer w.Stop()
-	replay := make(map[string]store.MeshPeerRecord)
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := s.NC.Flush(); err != nil {
+		return false, store.Classify(err)
+	}
+	resync := time.NewTicker(n.cfg.ReconcileInterval)
+	defer resync.Stop()
 	live := false
+	load := func() error {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		list, err := s.MeshPeerList(lctx)
+		if err != nil {
+			return err
+		}
+		peers := make(map[string]store.MeshPeerRecord, len(list))
+		for _, r := range list {
+			peers[r.Machine] = r
+		}
+		n.mu.Lock()
+		n.peers, n.source, n.watchUp, n.lastSync = peers, "watch", true, time.Now()
+		n.watchLostAt = time.Time{}
+		_, n.member = peers[n.st.Machine]
+		n.mu.Unlock()
+		return nil
+	}
+	if err := load(); err != nil {
+		return false, err
+	}
+	live = true
+	if !n.isMember() {
+		n.log.Warn("this node has no peer record: it left or was removed from the mesh")
+	}
+	n.refreshBeats(ctx)
+	n.reconcile(ctx, true)
+	prefix := "$KV." + s.Names.MeshPeersBucket() + ".peer."
 	for {
 		select {
 		case <-ctx.Done():
 			return live, ctx.Err()
 		case <-disc:
 			return live, errDisconnected
-		case ent, ok := <-w.Updates():
-			if !ok {
-				return live, errors.New("peer watch closed")
+		case <-resync.C:
+			if err := load(); err != nil {
+				return live, err
 			}
-			if ent == nil {
-				n.mu.Lock()
-				n.peers, n.source, n.watchUp, n.lastSync = replay, "watch", true, time.Now()
-				n.watchLostAt = time.Time{}
-				_, n.member = replay[n.st.Machine]
-				n.mu.Unlock()
-				live = true
-				if !n.isMember() {
-					n.log.Warn("this node has no peer record: it left or was removed from the mesh")
-				}
-				n.refreshBeats(ctx)
-				n.reconcile(ctx, true)
+			n.requestApply()
+		case m := <-changes:
+			sm, err := store.StoredFromMsg(m)
+			if err != nil || !strings.HasPrefix(sm.Subject, prefix) {
 				continue
 			}
-			machine := strings.TrimPrefix(ent.Key(), "peer.")
-			target := replay
-			if live {
-				n.mu.Lock()
-				target = n.peers
-			}
-			if ent.Operation() == jetstream.KeyValuePut {
+			machine := strings.TrimPrefix(sm.Subject, prefix)
+			n.mu.Lock()
+			switch m.Header.Get("KV-Operation") {
+			case "DEL", "PURGE":
+				delete(n.peers, machine)
+			default:
 				var rec store.MeshPeerRecord
-				if err := store.Decode("mesh peer "+machine, ent.Value(), &rec); err != nil {
-					n.log.Warn("ignoring peer record", zap.String("key", ent.Key()), zap.Error(err))
+				if err := store.DecodeKeyed(s.Names.MeshPeersBucket(), store.MeshPeerKey(machine), sm.Data, &rec); err != nil {
+					n.log.Warn("ignoring peer record", zap.String("machine", machine), zap.Error(err))
 				} else {
-					target[machine] = rec
+					n.peers[machine] = rec
 				}
-			} else {
-				delete(target, machine)
 			}
-			if live {
-				n.lastSync = time.Now()
-				if machine == n.st.Machine {
-					_, n.member = target[machine]
-				}
-				n.mu.Unlock()
-				n.requestApply()
+			n.lastSync = time.Now()
+			if machine == n.st.Machine {
+				_, n.member = n.peers[machine]
 			}
+			n.mu.Unlock()
+			n.requestApply()
 		}
 	}
 }

@@ -306,7 +306,7 @@ func (r *Registrar) lease(ctx context.Context) (*store.Lease, error) {
 func (r *Registrar) scan(ctx context.Context, machine string) (map[netip.Addr]bool, netip.Addr, error) {
 	used := make(map[netip.Addr]bool)
 	var owned netip.Addr
-	err := store.ListJSON(ctx, r.st.MeshIPs, "ip.>", func(_ string, a *store.MeshIPAllocation) error {
+	err := store.ListJSON(ctx, r.st, r.st.MeshIPs, "ip.>", func(_ string, a *store.MeshIPAllocation) error {
 		ip, err := netip.ParseAddr(a.IP)
 		if err != nil {
 			return fmt.Errorf("allocation record %q: %w", a.IP, err)
@@ -321,7 +321,7 @@ func (r *Registrar) scan(ctx context.Context, machine string) (map[netip.Addr]bo
 		return nil, netip.Addr{}, err
 	}
 	now := time.Now()
-	err = store.ListJSON(ctx, r.st.MeshIPs, "cooldown.>", func(_ string, c *store.MeshIPCooldown) error {
+	err = store.ListJSON(ctx, r.st, r.st.MeshIPs, "cooldown.>", func(_ string, c *store.MeshIPCooldown) error {
 		// The TTL marker removes the key; Until guards the gap before the
 		// server gets to it.
 		if ip, err := netip.ParseAddr(c.IP); err == nil && now.Before(c.Until.Add(time.Second)) {
@@ -334,7 +334,7 @@ func (r *Registrar) scan(ctx context.Context, machine string) (map[netip.Addr]bo
 
 func (r *Registrar) keyOwner(ctx context.Context, pub string) (string, error) {
 	owner := ""
-	err := store.ListJSON(ctx, r.st.MeshPeers, "peer.>", func(_ string, p *store.MeshPeerRecord) error {
+	err := store.ListJSON(ctx, r.st, r.st.MeshPeers, "peer.>", func(_ string, p *store.MeshPeerRecord) error {
 		if p.PublicKey == pub {
 			owner = p.Machine
 		}
@@ -375,7 +375,7 @@ func (r *Registrar) Leave(ctx context.Context, req store.MeshLeaveRequest) (*sto
 		_ = lease.Release(rctx)
 	}()
 	var ip netip.Addr
-	err = store.ListJSON(ctx, r.st.MeshIPs, "ip.>", func(key string, a *store.MeshIPAllocation) error {
+	err = store.ListJSON(ctx, r.st, r.st.MeshIPs, "ip.>", func(key string, a *store.MeshIPAllocation) error {
 		if a.Machine == req.Machine {
 			ip, _ = netip.ParseAddr(a.IP)
 		}

@@ -2,6 +2,7 @@ package storagenode
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -18,12 +19,26 @@ import (
 )
 
 // Role-scoped credentials. A storage node runs its embedded server in NATS
-// operator mode: one operator, an application account that holds every
-// stream and bucket, and a system account. A credentials file is a user JWT
-// signed by the application account plus the user's nkey seed; the JWT
-// carries the role's subject permissions, so any storage node accepts it
-// without a user list, and issuing one needs the account key that only
-// storage nodes hold (the auth dir, part of the store trust boundary).
+// operator mode: one operator and three accounts. The control account holds
+// every stream and bucket and the trusted users (control servers, operators'
+// CLI). The edge account holds every untrusted user (agents, meshd,
+// gateways): it has no JetStream of its own, and reaches the control
+// account only through the subjects it imports (see edgeClaims). The system
+// account is NATS's own.
+//
+// Why a second account: in one account, a user's request names any reply
+// subject, and JetStream (or any responder) publishes its answer there with
+// the account's reach, so a stream or a lock key could be written by anyone
+// allowed to ask anything; and a push consumer delivers wherever its
+// creator says. Across the import, an answer always returns to the asker's
+// account, where nothing is stored, and the edge account imports no
+// consumer creation at all.
+//
+// A credentials file is a user JWT signed by its account plus the user's
+// nkey seed; the JWT carries the role's subject permissions and limits, so
+// any storage node accepts it without a user list, and issuing one needs
+// the account keys that only storage nodes hold (the auth dir, part of the
+// store trust boundary).
 
 // Roles credentials are issued for.
 const (
@@ -57,6 +72,9 @@ type Auth struct {
 	sysKP       nkeys.KeyPair
 	sysPub      string
 	sysJWT      string
+	edgeKP      nkeys.KeyPair
+	edgePub     string
+	edgeJWT     string
 	// ClusterSecret authenticates routes between storage nodes.
 	ClusterSecret string
 }
@@ -112,6 +130,9 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 	if a.sysKP, err = read(authSystemSeed); err != nil {
 		return nil, err
 	}
+	if a.edgeKP, err = edgeAccountKey(a.accountKP); err != nil {
+		return nil, err
+	}
 	sec, err := os.ReadFile(filepath.Join(dir, authClusterFile))
 	if err != nil {
 		return nil, fmt.Errorf("auth dir: %w", err)
@@ -147,6 +168,26 @@ func initAuth(dir string) error {
 	return os.WriteFile(filepath.Join(dir, authClusterFile), []byte(base64.RawURLEncoding.EncodeToString(raw[:])+"\n"), 0o600)
 }
 
+// edgeAccountKey derives the edge account's key from the control account's
+// seed: every storage node holding the same auth dir derives the same, and
+// an auth dir made before the edge account existed needs no new file.
+func edgeAccountKey(account nkeys.KeyPair) (nkeys.KeyPair, error) {
+	seed, err := account.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("auth dir: account seed: %w", err)
+	}
+	_, raw, err := nkeys.DecodeSeed(seed)
+	if err != nil {
+		return nil, fmt.Errorf("auth dir: account seed: %w", err)
+	}
+	h := sha256.Sum256(append([]byte("edgeplane edge account\x00"), raw...))
+	kp, err := nkeys.FromRawSeed(nkeys.PrefixByteAccount, h[:])
+	if err != nil {
+		return nil, fmt.Errorf("deriving the edge account: %w", err)
+	}
+	return kp, nil
+}
+
 // encodeClaims derives the operator and account JWTs from the keys. They
 // are deterministic in content, so every node holding the same keys trusts
 // the same accounts.
@@ -154,6 +195,7 @@ func (a *Auth) encodeClaims() error {
 	opub, _ := a.operatorKP.PublicKey()
 	a.accountPub, _ = a.accountKP.PublicKey()
 	a.sysPub, _ = a.sysKP.PublicKey()
+	a.edgePub, _ = a.edgeKP.PublicKey()
 	oc := jwt.NewOperatorClaims(opub)
 	oc.Name = "edgeplane"
 	oc.SystemAccount = a.sysPub
@@ -167,7 +209,86 @@ func (a *Auth) encodeClaims() error {
 	if a.sysJWT, err = a.systemClaims(nil).Encode(a.operatorKP); err != nil {
 		return fmt.Errorf("encoding system account: %w", err)
 	}
+	if a.edgeJWT, err = a.edgeClaims(nil).Encode(a.operatorKP); err != nil {
+		return fmt.Errorf("encoding edge account: %w", err)
+	}
 	return nil
+}
+
+// imported is one subject the edge account imports from the control
+// account: a service (requests into it, one answer or a stream of them)
+// or a stream (messages out of it).
+type imported struct {
+	subject string
+	stream  bool
+	// many answers per request (direct get batches, pulls, every storage
+	// node's status).
+	many bool
+}
+
+// edgeImports is everything the edge account may reach in the control
+// account. What each user of it may use is narrower still: its role's
+// permissions (RolePermissions). The JetStream API and KV writes arrive in
+// the edge account under store.EdgeAPIPrefix, where nats.go's API prefix
+// puts them; other subjects keep their names.
+var edgeImports = []imported{
+	// Binding to streams and buckets, and direct gets: reads whose answers
+	// go back to the asker. No consumer can be created.
+	{subject: "$JS.API.STREAM.INFO.*"},
+	{subject: "$JS.API.DIRECT.GET.>", many: true},
+	// The shared renewal work: pulls from the one durable consumer the
+	// control plane provisions, and the acknowledgements.
+	{subject: "$JS.API.CONSUMER.INFO.*." + store.RenewalsConsumer},
+	{subject: "$JS.API.CONSUMER.MSG.NEXT.*." + store.RenewalsConsumer, many: true},
+	{subject: "$JS.ACK.*." + store.RenewalsConsumer + ".>"},
+	// Writes of keys and of renewal schedules, acknowledged to the writer.
+	{subject: "$KV.>"},
+	{subject: "cp.*.certs.>"},
+	// Requests to the control plane.
+	{subject: "edgeplane.v1.*.*.rpc.registrar.>"},
+	{subject: "edgeplane.v1.*.*.rpc.routing.republish.*"},
+	{subject: "edgeplane.v1.*.*.rpc.admission.>"},
+	{subject: "edgeplane.v1.*.*.storage.status", many: true},
+	// What streams republish once stored: routing events, mesh peers.
+	{subject: "rp.>", stream: true},
+}
+
+// agentRPC is the agents' RPC subject space: the edge account exports it,
+// the control account imports it, so the orchestrator's requests reach the
+// agents and their answers come back.
+const agentRPC = "edgeplane.v1.*.*.rpc.node.>"
+
+// edgeLocal is the subject an import arrives under in the edge account.
+func edgeLocal(subject string) string {
+	if rest, ok := strings.CutPrefix(subject, "$JS.API."); ok {
+		return store.EdgeAPIPrefix + "." + rest
+	}
+	if strings.HasPrefix(subject, "$KV.") {
+		return store.EdgeAPIPrefix + "." + subject
+	}
+	return subject
+}
+
+// edgeClaims is the account of every untrusted user: no JetStream, and only
+// the imports above.
+func (a *Auth) edgeClaims(revoked map[string]time.Time) *jwt.AccountClaims {
+	ec := jwt.NewAccountClaims(a.edgePub)
+	ec.Name = "edgeplane-edge"
+	for _, im := range edgeImports {
+		i := &jwt.Import{Name: im.subject, Subject: jwt.Subject(im.subject), Account: a.accountPub, Type: jwt.Service}
+		if im.stream {
+			i.Type = jwt.Stream
+		}
+		if local := edgeLocal(im.subject); local != im.subject {
+			i.LocalSubject = jwt.RenamingSubject(local)
+		}
+		ec.Imports.Add(i)
+	}
+	ec.Exports.Add(&jwt.Export{Name: "agent rpc", Subject: agentRPC, Type: jwt.Service})
+	for user, at := range revoked {
+		ec.RevokeAt(user, at)
+	}
+	return ec
 }
 
 // accountClaims is the edgeplane account, with revoked users (public key
@@ -176,6 +297,17 @@ func (a *Auth) accountClaims(revoked map[string]time.Time) *jwt.AccountClaims {
 	ac := jwt.NewAccountClaims(a.accountPub)
 	ac.Name = "edgeplane"
 	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1, MaxAckPending: -1}
+	for _, im := range edgeImports {
+		e := &jwt.Export{Name: im.subject, Subject: jwt.Subject(im.subject), Type: jwt.Service}
+		switch {
+		case im.stream:
+			e.Type = jwt.Stream
+		case im.many:
+			e.ResponseType = jwt.ResponseTypeStream
+		}
+		ac.Exports.Add(e)
+	}
+	ac.Imports.Add(&jwt.Import{Name: "agent rpc", Subject: agentRPC, Account: a.edgePub, Type: jwt.Service})
 	for user, at := range revoked {
 		ac.RevokeAt(user, at)
 	}
@@ -201,6 +333,9 @@ func (a *Auth) configure(opts *server.Options) error {
 		return err
 	}
 	if err := res.Store(a.sysPub, a.sysJWT); err != nil {
+		return err
+	}
+	if err := res.Store(a.edgePub, a.edgeJWT); err != nil {
 		return err
 	}
 	// A role's user JWT lists its permissions; the CONNECT line that carries
@@ -260,14 +395,18 @@ func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 		uc.Expires = time.Now().Add(r.TTL).Unix()
 	}
 	signer := a.accountKP
-	if r.System {
+	switch {
+	case r.System:
 		signer = a.sysKP
 		uc.Permissions = jwt.Permissions{}
-	} else {
+	case r.Role == RoleControl:
 		uc.Permissions = perms
-		if r.Role != RoleControl {
-			uc.Permissions.Sub.Allow.Add(store.InboxPrefix(upub) + ".>")
-		}
+	default:
+		// An untrusted role is a user of the edge account.
+		signer = a.edgeKP
+		uc.Permissions = perms
+		uc.Permissions.Sub.Allow.Add(store.InboxPrefix(upub) + ".>")
+		uc.Limits.Payload = roleLimits[r.Role]
 	}
 	ujwt, err := uc.Encode(signer)
 	if err != nil {
@@ -277,7 +416,21 @@ func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 	return jwt.FormatUserConfig(ujwt, seed)
 }
 
-// RolePermissions are the subject permissions of role.
+// roleLimits are the per-user limits of each untrusted role: the largest
+// message it may publish (a certificate chain for a gateway, a record for
+// the others).
+var roleLimits = map[string]int64{
+	RoleGateway: int64(store.MaxCertValue) + 64<<10,
+	RoleAgent:   64 << 10,
+	RoleMesh:    64 << 10,
+}
+
+// RolePermissions are the subject permissions of role. Untrusted roles are
+// users of the edge account: they reach the JetStream API and KV writes
+// under store.EdgeAPIPrefix, read only by stream info and direct gets (no
+// consumer), follow changes on what streams republish, and write only keys
+// their identity names. A gateway bound to a name (machine) reports its
+// routing progress under that name only.
 func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, error) {
 	var p jwt.Permissions
 	needMachine := role == RoleAgent || role == RoleMesh
@@ -287,42 +440,49 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 	if !needMachine && machine != "" && role != RoleGateway {
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("role %s is not bound to a machine", role)}
 	}
-	// readStream lets a role read one stream (bucket streams are "KV_<bucket>").
-	readStream := func(stream string) {
-		p.Pub.Allow.Add(
-			"$JS.API.STREAM.MSG.GET."+stream, "$JS.API.DIRECT.GET."+stream, "$JS.API.DIRECT.GET."+stream+".>",
-			"$JS.API.CONSUMER.CREATE."+stream, "$JS.API.CONSUMER.CREATE."+stream+".>",
-			"$JS.API.CONSUMER.DURABLE.CREATE."+stream+".>",
-			"$JS.API.CONSUMER.DELETE."+stream+".*", "$JS.API.CONSUMER.INFO."+stream+".*",
-			"$JS.API.CONSUMER.MSG.NEXT."+stream+".*", "$JS.ACK."+stream+".>", "$JS.FC."+stream+".>")
-	}
-	readKV := func(bucket string) { readStream("KV_" + bucket) }
-	writeKV := func(bucket, key string) { p.Pub.Allow.Add("$KV." + bucket + "." + key) }
-	common := func() {
-		// Stream info is metadata (config and counts), which every
-		// client's store.Open needs to bind its handles.
-		p.Pub.Allow.Add("$JS.API.INFO", "$JS.API.STREAM.INFO.*")
-		p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
-	}
-	switch role {
-	case RoleControl:
+	if role == RoleControl {
 		p.Pub.Allow.Add(">")
 		p.Sub.Allow.Add(">")
 		return p, nil
+	}
+	api := store.EdgeAPIPrefix + "."
+	// read lets a role read a whole stream by direct gets (bucket streams
+	// are "KV_<bucket>").
+	read := func(stream string) {
+		p.Pub.Allow.Add(api+"DIRECT.GET."+stream, api+"DIRECT.GET."+stream+".>")
+	}
+	readKV := func(bucket string) { read("KV_" + bucket) }
+	// readKey lets a role read only keys matching key of a bucket (the
+	// last-by-subject form of a direct get names the key).
+	readKey := func(bucket, key string) {
+		p.Pub.Allow.Add(api + "DIRECT.GET.KV_" + bucket + ".$KV." + bucket + "." + key)
+	}
+	writeKV := func(bucket, key string) { p.Pub.Allow.Add(api + "$KV." + bucket + "." + key) }
+	// Binding to the store reads every stream's and bucket's info: config
+	// and counts, which store.Open needs.
+	p.Pub.Allow.Add(api + "STREAM.INFO.*")
+	// Answers to this user's own requests only (see InboxPrefix); the
+	// user's key is not known yet, so the prefix is added when signing.
+	p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}
+	switch role {
 	case RoleGateway:
 		// What the custom Caddy (and a standalone edgeplane-dns) does,
 		// as run end to end in integration's gateway-credentials test.
-		common()
-		// Projection load (LoadRouting): every namespace's live commit
-		// through a last-per-subject consumer, then an ephemeral consumer
-		// on the routing stream from the loaded sequence on.
-		readStream(n.DeployCommitsStream())
-		readStream(n.RoutingEventsStream())
-		// Projection load: a watch of every instance and machine record.
+		// Projection load: every namespace's live commit, every instance
+		// and machine record; then the routing events from the loaded
+		// sequence on, as republished and by direct gets.
+		read(n.DeployCommitsStream())
+		read(n.RoutingEventsStream())
 		readKV(n.InstancesBucket())
 		readKV(n.MachinesBucket())
-		// The routing observation `control deploy apply` waits for.
-		writeKV(n.GatewaysBucket(), ">")
+		p.Sub.Allow.Add(n.RoutingRepublishedWildcard())
+		// The routing observation `control deploy apply` waits for, under
+		// the gateway's own name when its credentials name one.
+		gw := ">"
+		if machine != "" {
+			gw = store.KeySafe(machine)
+		}
+		writeKV(n.GatewaysBucket(), gw)
 		// Certificate storage (caddy.storage.edgeplane): certificates,
 		// keys, ACME accounts and challenge tokens are read and written.
 		readKV(n.CertsBucket())
@@ -340,40 +500,34 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 			readKV(b)
 			writeKV(b, ">")
 		}
-		// Renewal work: the shared durable consumer takes items, and a
-		// worker schedules the next one (a message schedule per host).
-		readStream(n.CertRenewalsStream())
+		// Renewal work: pulls from the consumer the control plane
+		// provisions, acknowledgements, and the next item's schedule.
+		renewals := n.CertRenewalsStream()
+		p.Pub.Allow.Add(api+"CONSUMER.INFO."+renewals+"."+store.RenewalsConsumer,
+			api+"CONSUMER.MSG.NEXT."+renewals+"."+store.RenewalsConsumer,
+			"$JS.ACK."+renewals+"."+store.RenewalsConsumer+".>", n.CertRenewalsWildcard())
 		// A lease's quorum check asks the storage nodes which are missing
 		// when no stream leader answers (CheckQuorum).
-		p.Pub.Allow.Add(n.CertRenewalsWildcard(), n.StorageStatusSubject())
+		p.Pub.Allow.Add(n.StorageStatusSubject())
 	case RoleAgent:
-		common()
-		readStream(n.DeployCommitsStream())
-		for _, b := range []string{n.InstancesBucket(), n.MachinesBucket(), n.InvitesBucket()} {
-			readKV(b)
-		}
-		// Only its own machine's instance records: the key names the
-		// machine (store.InstanceKey), so one agent cannot mark another
-		// machine's instances ready, failed or gone.
+		// Only its own machine's instance records, machine record and mesh
+		// peer record: the keys name the machine (InstanceKey), so one
+		// agent cannot read or write another machine's.
+		readKey(n.InstancesBucket(), store.InstanceKey("*", machine, "*"))
 		writeKV(n.InstancesBucket(), store.InstanceKey("*", machine, "*"))
-		writeKV(n.InvitesBucket(), "invite.*")
-		writeKV(n.MachinesBucket(), machine)
-		// Its own mesh peer record only (a KV get is a direct get naming
-		// the key): the agent advertises the machine's mesh IP.
-		peers := n.MeshPeersBucket()
-		p.Pub.Allow.Add("$JS.API.DIRECT.GET.KV_" + peers + ".$KV." + peers + "." + store.MeshPeerKey(machine))
-		// No routing events of services: after one of its instances
-		// drains, fails or restarts the agent asks the control plane to
-		// republish the service from stored state, on its own machine's
-		// subject (RequestRepublish), so it cannot forge where a
-		// service's traffic goes.
-		p.Pub.Allow.Add(n.RoutingRepublishSubject(machine), n.RoutingMachineSubject(machine), n.StorageStatusSubject())
+		readKey(n.MachinesBucket(), machine)
+		readKey(n.MeshPeersBucket(), store.MeshPeerKey(machine))
+		// Its own RPC subject, and requests on its own machine's subjects:
+		// admission (the control plane redeems the invite and writes the
+		// machine record) and routing republish (an agent publishes no
+		// routing event: it asks the control plane to republish a service
+		// from stored state after one of its instances changes).
 		p.Sub.Allow.Add(n.NodeListenSubject(machine))
+		p.Pub.Allow.Add(n.RoutingRepublishSubject(machine), n.AdmissionSubject("*", machine))
 	case RoleMesh:
-		common()
-		for _, b := range []string{n.MeshPeersBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachinesBucket()} {
-			readKV(b)
-		}
+		readKV(n.MeshPeersBucket())
+		readKV(n.MeshHeartbeatsBucket())
+		p.Sub.Allow.Add(n.MeshPeersRepublishedWildcard())
 		writeKV(n.MeshHeartbeatsBucket(), store.MeshBeatKey(machine))
 		writeKV(n.MeshDriftBucket(), store.MeshDriftKey(machine))
 		// Only its own machine's registrar subjects: credentials for one
@@ -382,7 +536,5 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 	default:
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}
-	// Replies to this user's own requests only (see store.InboxPrefix); the
-	// user's key is not known yet, so the prefix is added when signing.
 	return p, nil
 }

@@ -95,18 +95,16 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatalf("agent binds the store: %v", err)
 	}
-	// It writes its own machine's instance records and its own machine
-	// record...
+	// It writes its own machine's instance records...
 	if _, err := as.Instances.Put(ctx, store.InstanceKey("shop", "m1", "i1"), []byte(`{"version":1}`)); err != nil {
 		t.Fatalf("agent instance write: %v", err)
 	}
 	if err := as.Instances.Delete(ctx, store.InstanceKey("shop", "m1", "i1")); err != nil {
 		t.Fatalf("agent instance delete: %v", err)
 	}
-	if _, err := as.Machines.Put(ctx, "m1", []byte(`{"version":1}`)); err != nil {
-		t.Fatalf("agent own machine write: %v", err)
-	}
-	// ...but not another machine's, and never reads certificates.
+	// ...but no machine record, not even its own (admission goes through
+	// the control plane), nor another machine's, and never reads
+	// certificates.
 	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 2*time.Second) }
 	// A refused publish gets no JetStream answer; the server reports the
 	// violation asynchronously, which ends the wait at once.
@@ -145,10 +143,12 @@ func TestRoleScopedCredentials(t *testing.T) {
 		t.Helper()
 		refusedOn(violations, what, key, do)
 	}
-	refusedWrite("write machine m2's record", "m2", func(c context.Context) error {
-		_, err := as.Machines.Put(c, "m2", []byte(`{"version":1}`))
-		return err
-	})
+	for _, m := range []string{"m1", "m2"} {
+		refusedWrite("write machine "+m+"'s record", m, func(c context.Context) error {
+			_, err := as.Machines.Put(c, m, []byte(`{"version":1}`))
+			return err
+		})
+	}
 	// Nor another machine's instance records, nor keys outside the
 	// layout, nor a delete of one (a delete is a write with a header).
 	m2Key := store.InstanceKey("shop", "m2", "i2")

@@ -15,7 +15,7 @@ import (
 // time from which its credentials are refused) and close their connections.
 func (a *Auth) ApplyRevocations(ns *server.Server, revoked map[string]time.Time) error {
 	res := ns.AccountResolver()
-	for _, c := range []*jwt.AccountClaims{a.accountClaims(revoked), a.systemClaims(revoked)} {
+	for _, c := range []*jwt.AccountClaims{a.accountClaims(revoked), a.systemClaims(revoked), a.edgeClaims(revoked)} {
 		enc, err := c.Encode(a.operatorKP)
 		if err != nil {
 			return fmt.Errorf("encoding account %s: %w", c.Name, err)

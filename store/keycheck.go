@@ -1,0 +1,45 @@
+package store
+
+import "fmt"
+
+// Records whose key a reader checks against their body (keyed). Each one
+// is written by a role whose permissions name the key; the body is the
+// writer's word only.
+
+// errKeyMismatch is a record filed under a key its body does not name.
+func errKeyMismatch(key, want string) error {
+	return fmt.Errorf("record under key %q says it belongs under %q: skipped", key, want)
+}
+
+func keyMust(key, want string) error {
+	if key != want {
+		return errKeyMismatch(key, want)
+	}
+	return nil
+}
+
+// KeyOK checks that the record is the one its key names: its namespace,
+// machine and instance.
+func (r *InstanceRecord) KeyOK(key string) error { return keyMust(key, r.Key()) }
+
+func (f *instanceFields) KeyOK(key string) error {
+	return keyMust(key, InstanceKey(f.Namespace, f.Machine, f.ID))
+}
+
+// KeyOK checks that the machine record is filed under its machine's ID.
+func (r *MachineRecord) KeyOK(key string) error { return keyMust(key, r.ID) }
+
+// KeyOK checks that the peer record is filed under its machine.
+func (r *MeshPeerRecord) KeyOK(key string) error { return keyMust(key, MeshPeerKey(r.Machine)) }
+
+// KeyOK checks that the heartbeat is filed under its machine.
+func (r *MeshHeartbeat) KeyOK(key string) error { return keyMust(key, MeshBeatKey(r.Machine)) }
+
+// KeyOK checks that the drift report is filed under its machine.
+func (r *MeshDriftReport) KeyOK(key string) error { return keyMust(key, MeshDriftKey(r.Machine)) }
+
+// KeyOK checks that the observation is filed under its gateway's name.
+func (r *GatewayObservation) KeyOK(key string) error { return keyMust(key, KeySafe(r.Gateway)) }
+
+// KeyOK checks that the revocation is filed under the user it refuses.
+func (r *Revocation) KeyOK(key string) error { return keyMust(key, r.User) }
