@@ -76,7 +76,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.SnapshotPath = filepath.Join(caddy.AppDataDir(), "edgeplane",
 			fmt.Sprintf("routing-%s-%s.json", names.Installation, names.Authority))
 	}
-	key, err := json.Marshal([]string{a.NATSURL, a.CredsFile, names.Installation, names.Authority, a.SnapshotPath, a.GatewayName})
+	// A trust root learned on first contact (no trust_root configured, no
+	// credentials carrying one) is pinned beside the snapshot.
+	a.TrustPinFile = filepath.Join(filepath.Dir(a.SnapshotPath), fmt.Sprintf("trust-root-%s-%s", names.Installation, names.Authority))
+	key, err := json.Marshal([]string{a.NATSURL, a.CredsFile, names.Installation, names.Authority, a.SnapshotPath, a.GatewayName, a.TrustRoot})
 	if err != nil {
 		return fmt.Errorf("provisioning edgeplane app: %w", err)
 	}

@@ -47,6 +47,15 @@ var commands = []command{
 	{name: "storage import", synopsis: "--from DIR", summary: "copy a stopped single box's store into the cluster",
 		client: writes, setup: setupStorageImport},
 
+	{name: "signing ls", aliases: []string{"signing list"}, summary: "the trust root and the signers it certified, active and retired",
+		client: reads, setup: setupSigningList},
+	{name: "signing issue", synopsis: "--name NAME --data DIR -o FILE", summary: "certify a new signer for an operator's CLI (on a storage node)",
+		client: certifies, setup: setupSigningIssue},
+	{name: "signing rotate", synopsis: "--data DIR", summary: "replace a server's signer: a new one now, the old one retired after --grace",
+		client: certifies, setup: setupSigningRotate},
+	{name: "signing retire", synopsis: "KEY --data DIR", summary: "retire a signer: nothing it signs from now on is applied",
+		client: certifies, minArgs: 1, maxArgs: 1, setup: setupSigningRetire},
+
 	{name: "creds issue", synopsis: "--role ROLE --data DIR -o FILE", summary: "issue role-scoped NATS credentials (on a storage node)",
 		setup: setupCredsIssue},
 	{name: "creds revoke", synopsis: "--user-creds FILE | --user UKEY", summary: "refuse a user's credentials on every storage node from now on",

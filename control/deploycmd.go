@@ -110,9 +110,14 @@ func setupDeployStatus(*flag.FlagSet) func(*call) error {
 func setupDeployHistory(*flag.FlagSet) func(*call) error {
 	return func(c *call) error {
 		return c.withDeployer(deploy.Options{}, func(d *deploy.Deployer) error {
-			hist, err := d.History(c.ctx, c.args[0])
+			hist, refused, err := d.History(c.ctx, c.args[0])
 			if err != nil {
 				return err
+			}
+			// Commits nobody trusted signed are not history: say so
+			// beside it.
+			for _, r := range refused {
+				fmt.Fprintf(c.stderr, "warning: left out: %v\n", r)
 			}
 			if hist == nil {
 				hist = []store.DeployCommit{}

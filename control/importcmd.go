@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -25,6 +27,10 @@ type importView struct {
 	// Skipped holds live observations (gateway progress, heartbeats, drift
 	// reports): their writers rebuild them, so they are not carried over.
 	Skipped []string `json:"skipped,omitempty"`
+	// Signers are the box's signing keys, certified under the cluster's
+	// trust root and retired at the box's last sequences: what they signed
+	// on the box verifies in the cluster, nothing they sign later does.
+	Signers []string `json:"signers_adopted,omitempty"`
 }
 
 // storageImport copies a stopped single box's store (its data dir) into the
@@ -32,7 +38,7 @@ type importView struct {
 // restore: every commit, record, certificate and sequence as it was. It
 // refuses before changing anything when a cluster stream already holds data
 // of its own, and reading the box's store changes nothing there.
-func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string, out *output) error {
+func storageImport(ctx context.Context, s *store.Store, root *signing.Key, from, fromAuthDir string, out *output) error {
 	layout, err := storagenode.ReadStoreLayout(from)
 	if err != nil {
 		return err
@@ -55,11 +61,12 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 	// random loopback port, with the box's own keys when it had them.
 	cfg := storagenode.Config{DataDir: from, Listen: "127.0.0.1:0", ServerName: "edgeplane-import"}
 	var creds string
+	boxAuthDir := fromAuthDir
+	if boxAuthDir == "" {
+		boxAuthDir = filepath.Join(from, "auth")
+	}
 	if acct := layout.Accounts[0]; acct != "$G" {
-		dir := fromAuthDir
-		if dir == "" {
-			dir = filepath.Join(from, "auth")
-		}
+		dir := boxAuthDir
 		a, err := storagenode.LoadAuth(dir, false)
 		if err != nil {
 			return fmt.Errorf("the single box required credentials: %w", err)
@@ -98,6 +105,9 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 	for _, b := range s.Names.ObservationBuckets() {
 		observation["KV_"+b] = true
 	}
+	// The cluster keeps its own trust root and signers; the box's are
+	// carried over by certificate (signers.Adopt), not copied.
+	signersStream := "KV_" + s.Names.SignersBucket()
 	type plan struct {
 		stream   string
 		replicas int
@@ -115,6 +125,9 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 		}
 		if observation[name] {
 			view.Skipped = append(view.Skipped, name)
+			continue
+		}
+		if name == signersStream {
 			continue
 		}
 		oldState := old.CachedInfo().State
@@ -161,7 +174,22 @@ func storageImport(ctx context.Context, s *store.Store, from, fromAuthDir string
 				imp.Stream, imp.Messages, imp.FirstSeq, imp.LastSeq, imp.Bytes, imp.Replicas, imp.Took.Round(time.Millisecond))
 		}
 	}
+	boxStore, err := store.Open(ctx, src, s.Names)
+	if err != nil {
+		return fmt.Errorf("reading the box's signers: %w", err)
+	}
+	boxAnchor := store.Anchor{}
+	if boxRoot, err := signing.LoadRoot(boxAuthDir); err == nil && boxRoot != nil {
+		boxAnchor = store.Anchor{Root: boxRoot.PublicKey(), Source: store.TrustFromRootKey}
+	}
+	boxStore.TrustAnchor(boxAnchor)
+	if view.Signers, err = signers.Adopt(ctx, boxStore, s, root, "imported from "+from); err != nil {
+		return fmt.Errorf("carrying the box's signers over (the streams are imported; run the import again to finish): %w", err)
+	}
 	return out.emit(view, func(w io.Writer) {
+		if len(view.Signers) > 0 {
+			fmt.Fprintf(w, "signers of the box certified under the cluster's trust root, retired at the box's last sequences: %s\n", strings.Join(view.Signers, ", "))
+		}
 		if len(view.Already) > 0 {
 			fmt.Fprintf(w, "already imported: %s\n", strings.Join(view.Already, ", "))
 		}

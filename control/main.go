@@ -31,6 +31,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/internal/logging"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -52,8 +53,13 @@ const (
 	// -o text|json; the command binds to the store.
 	reads
 	// writes: as reads, and the command is refused with
-	// quorum_unavailable before binding when the store cannot commit.
+	// quorum_unavailable before binding when the store cannot commit;
+	// --signing-key names the signer of the intent it writes.
 	writes
+	// certifies: as writes without -o (text output), for a command that
+	// signs with the trust root of a storage node's auth dir rather than
+	// with a signer.
+	certifies
 	// serves: the connection flags without -o, for a long-running client
 	// that reconnects forever instead of failing.
 	serves
@@ -286,17 +292,21 @@ func printError(w io.Writer, err error, asJSON bool) {
 // clientFlags are the flags every client command shares.
 type clientFlags struct {
 	store.Config
-	format  string
-	timeout time.Duration
-	use     clientUse
+	format     string
+	timeout    time.Duration
+	use        clientUse
+	signingKey string
 }
 
 func addClientFlags(fs *flag.FlagSet, use clientUse) *clientFlags {
 	c := &clientFlags{use: use, format: "text"}
 	c.AddFlags(fs)
 	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for NATS to answer")
-	if use != serves {
+	if use != serves && use != certifies {
 		fs.StringVar(&c.format, "o", "text", "output format: text or json")
+	}
+	if use == writes {
+		fs.StringVar(&c.signingKey, "signing-key", os.Getenv("EDGEPLANE_SIGNING_KEY"), "signer key `FILE` that signs the intent this writes: commits, routing events (env EDGEPLANE_SIGNING_KEY; control server writes DATA/signer.nk, 'control signing issue' makes more)")
 	}
 	return c
 }
@@ -308,10 +318,28 @@ func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 	// The timeout bounds the connect and the binding; the quorum check
 	// bounds itself (store.QuorumCheckTimeout).
 	o := store.ConnectOptions{Name: "control cli", Timeout: c.timeout, ReconnectForever: c.use == serves}
-	if c.use == writes {
+	switch c.use {
+	case certifies:
 		return c.DialForWrites(ctx, o)
+	case writes:
+	default:
+		return c.Dial(ctx, o)
 	}
-	return c.Dial(ctx, o)
+	var signer *signing.KeyFile
+	if c.signingKey != "" {
+		var err error
+		if signer, err = signing.OpenKeyFile(c.signingKey); err != nil {
+			return nil, &store.Error{Code: store.CodeSigningKeyRequired, Message: err.Error(), Detail: map[string]string{"signing_key": c.signingKey}}
+		}
+	}
+	s, err := c.DialForWrites(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if signer != nil {
+		s.SignWith(signer)
+	}
+	return s, nil
 }
 
 // output renders read results as text or JSON.

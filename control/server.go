@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
@@ -87,6 +88,28 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 	}
 	defer sn.close()
 	s := sn.store
+
+	// Intent this server writes (republished routing, completed deploys,
+	// mesh peer records) is signed; what it reads is verified.
+	authDir := cfg.cluster.authDir
+	if authDir == "" {
+		authDir = filepath.Join(cfg.data, "auth")
+	}
+	name := cfg.cluster.name
+	if name == "" {
+		name = store.HostName("edgeplane")
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	setup, err := signers.Server(sctx, s, authDir, cfg.data, "control server "+name)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("signing keys: %w", err)
+	}
+	key, err := setup.Signer.SigningKey()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "signing intent as %s (%s) under trust root %s\n", key.PublicKey(), setup.Signer.Path(), setup.Trust.Root())
 
 	stunAddrs, err := startSTUN(ctx, cfg.stunListen, cfg.stunAdvertise)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
+	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -361,14 +362,20 @@ func setupStorageForget(fs *flag.FlagSet) func(*call) error {
 
 func setupStorageImport(fs *flag.FlagSet) func(*call) error {
 	from := fs.String("from", "", "the stopped single box's data dir (its --data) to copy into the cluster (required)")
-	fromAuth := fs.String("from-auth-dir", "", "the single box's auth dir, when it required credentials (default FROM/auth)")
+	fromAuth := fs.String("from-auth-dir", "", "the single box's auth dir (default FROM/auth)")
+	data := fs.String("data", "", "a storage node's data dir, for the cluster's trust root in DATA/auth (required unless --auth-dir)")
+	authDir := fs.String("auth-dir", "", "the cluster's auth dir, holding its trust root (overrides --data)")
 	return func(c *call) error {
 		if *from == "" {
 			return usagef("--from DIR (the single box's data dir) is required")
 		}
+		root, err := signers.RootFrom(*authDir, *data)
+		if err != nil {
+			return err
+		}
 		// A writer's open has checked write quorum; the import needs
 		// nothing else of the cluster's state.
-		return c.withStore(func(s *store.Store) error { return storageImport(c.ctx, s, *from, *fromAuth, c.out) })
+		return c.withStore(func(s *store.Store) error { return storageImport(c.ctx, s, root, *from, *fromAuth, c.out) })
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -226,7 +228,8 @@ func (sc *storageCluster) url(i int) string { return fmt.Sprintf("nats://%s:4222
 // control runs a CLI command against node i.
 func (sc *storageCluster) control(i int, args ...string) (string, string, int) {
 	sc.t.Helper()
-	return runControl(sc.t, []string{"EDGEPLANE_NATS=" + sc.url(i), "EDGEPLANE_NATS_CREDS=" + sc.creds}, args...)
+	return runControl(sc.t, []string{"EDGEPLANE_NATS=" + sc.url(i), "EDGEPLANE_NATS_CREDS=" + sc.creds,
+		"EDGEPLANE_SIGNING_KEY=" + filepath.Join(sc.dir, "s1", signers.SignerFile)}, args...)
 }
 
 // open connects a store client to node i with creds.
@@ -243,6 +246,17 @@ func (sc *storageCluster) open(i int, creds string) *store.Store {
 	if err != nil {
 		sc.t.Fatal(err)
 	}
+	anchor, err := store.ResolveAnchor("", creds, "")
+	if err != nil {
+		sc.t.Fatal(err)
+	}
+	s.TrustAnchor(anchor)
+	// Writes as the operator's CLI does, with node s1's signer.
+	signer, err := signing.OpenKeyFile(filepath.Join(sc.dir, "s1", signers.SignerFile))
+	if err != nil {
+		sc.t.Fatal(err)
+	}
+	s.SignWith(signer)
 	return s
 }
 

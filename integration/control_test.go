@@ -385,7 +385,7 @@ func TestAgentAdvertisesMeshIP(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
 	peer := store.MeshPeerRecord{Version: store.RecordVersion, Machine: "m9", PublicKey: "k", MeshIP: "127.0.0.9", RegisteredAt: time.Now()}
-	if _, err := store.PutJSON(ctx, c.store.MeshPeers, store.MeshPeerKey("m9"), &peer); err != nil {
+	if _, err := c.store.PutMeshPeer(ctx, &peer); err != nil {
 		t.Fatal(err)
 	}
 	c.join("m9")

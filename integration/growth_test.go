@@ -48,7 +48,7 @@ func growOneBox(t *testing.T, box *cluster) {
 
 	sc := newStorageCluster(t)
 	importCmd := func() (string, string, int) {
-		return sc.control(1, "storage", "import", "--from", box.serverDir())
+		return sc.control(1, "storage", "import", "--from", box.serverDir(), "--auth-dir", filepath.Join(sc.dir, "auth"))
 	}
 	// While the box runs, its store is not read: two servers on one store
 	// would corrupt it.
@@ -76,12 +76,12 @@ func growOneBox(t *testing.T, box *cluster) {
 		{filepath.Join(sc.dir, "s1"), "storage node's store of a cluster"},
 		{t.TempDir(), "holds no JetStream store"},
 	} {
-		if out, e, code := sc.control(1, "storage", "import", "--from", tc.from); code == 0 || !strings.Contains(e, tc.says) {
+		if out, e, code := sc.control(1, "storage", "import", "--from", tc.from, "--auth-dir", filepath.Join(sc.dir, "auth")); code == 0 || !strings.Contains(e, tc.says) {
 			t.Fatalf("import from %s: %d\n%s\n%s", tc.from, code, out, e)
 		}
 	}
 	if box.creds != "" {
-		out, e, code := sc.control(1, "storage", "import", "--from", box.serverDir(), "--from-auth-dir", filepath.Join(sc.dir, "auth"))
+		out, e, code := sc.control(1, "storage", "import", "--from", box.serverDir(), "--from-auth-dir", filepath.Join(sc.dir, "auth"), "--auth-dir", filepath.Join(sc.dir, "auth"))
 		if code == 0 || !strings.Contains(e, "is for account") {
 			t.Fatalf("import with another installation's keys: %d\n%s\n%s", code, out, e)
 		}
@@ -100,7 +100,14 @@ func growOneBox(t *testing.T, box *cluster) {
 	if err != nil || got.ID != live.ID {
 		t.Fatalf("live commit in the cluster: %+v %v, the box had %s", got, err, live.ID)
 	}
-	skipped := map[string]bool{}
+	// The box's intent verifies in the cluster: its signers were carried
+	// over under the cluster's trust root.
+	rs, err := cs.LoadRouting(ctx)
+	if err != nil || len(rs.Refused) > 0 || len(rs.Services) == 0 {
+		t.Fatalf("routing in the cluster: %v; refused %v", err, rs.Refused)
+	}
+	// Observations are not carried over; the cluster keeps its own signers.
+	skipped := map[string]bool{"KV_" + cs.Names.SignersBucket(): true}
 	for _, b := range cs.Names.ObservationBuckets() {
 		skipped["KV_"+b] = true
 	}

@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -204,7 +206,22 @@ func (c *cluster) startServer(listen string, extraEnv ...string) {
 	if c.store, err = store.Open(ctx, nc, names); err != nil {
 		t.Fatal(err)
 	}
+	// The test writes intent as the server would: signed with its key,
+	// verified under the root its credentials (or the store) name.
+	signer, err := signing.OpenKeyFile(c.signerFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.store.SignWith(signer)
+	anchor, err := store.ResolveAnchor("", c.creds, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.store.TrustAnchor(anchor)
 }
+
+// signerFile is the server's signer key, which the CLI signs with too.
+func (c *cluster) signerFile() string { return filepath.Join(c.serverDir(), signers.SignerFile) }
 
 func (c *cluster) serverDir() string { return filepath.Join(c.dir, "server") }
 
@@ -225,6 +242,9 @@ func (c *cluster) issueCreds(role, machine string) string {
 // URL and, when credentials are required, role's credentials.
 func (c *cluster) natsEnv(role, machine string) []string {
 	env := []string{"EDGEPLANE_NATS=" + c.url}
+	if role == storagenode.RoleControl {
+		env = append(env, "EDGEPLANE_SIGNING_KEY="+c.signerFile())
+	}
 	if c.creds != "" {
 		creds := c.creds
 		if role != storagenode.RoleControl {

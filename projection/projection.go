@@ -71,9 +71,15 @@ type Projection struct {
 	// Counters and gauges for Status; written by the Run goroutines.
 	eventsApplied atomic.Uint64
 	badEvents     atomic.Uint64
-	loads         atomic.Uint64
-	head          atomic.Uint64
-	connected     atomic.Bool
+	// rejected counts events refused for their signature; lastRejection
+	// says why the latest was.
+	rejected      atomic.Uint64
+	lastRejection atomic.Pointer[string]
+	// skipVerify applies events unverified: tests' unsigned baseline only.
+	skipVerify bool
+	loads      atomic.Uint64
+	head       atomic.Uint64
+	connected  atomic.Bool
 	// downLogged is set once the loss of the store was logged, so that an
 	// outage is one log line, not one per reconnect attempt.
 	downLogged    atomic.Bool
@@ -183,6 +189,9 @@ type Status struct {
 	LastEventAgeSeconds float64 `json:"last_event_age_seconds"`
 	EventsApplied       uint64  `json:"events_applied"`
 	BadEvents           uint64  `json:"bad_events"`
+	// Signatures says what routing state must be signed under and how
+	// many events were refused for their signature.
+	Signatures SignatureStatus `json:"signatures"`
 	// Loads counts full loads from the store; Rebuilds those after the
 	// first (freshness became uncertain, or NATS came back).
 	Loads    uint64    `json:"loads"`
@@ -195,6 +204,24 @@ type Status struct {
 	// snapshot), kept until the next success.
 	LastError     string `json:"last_error,omitempty"`
 	SnapshotError string `json:"snapshot_error,omitempty"`
+}
+
+// SignatureStatus is the projection's side of signed intent.
+type SignatureStatus struct {
+	// TrustRoot is the key routing events must be signed under, and
+	// TrustSource where it came from (config, credentials, pinned, first
+	// use); empty until the store was first reached.
+	TrustRoot   string `json:"trust_root,omitempty"`
+	TrustSource string `json:"trust_source,omitempty"`
+	// Signers the projection knows (certified by the root), and how many
+	// of them are retired.
+	Signers        int `json:"signers"`
+	RetiredSigners int `json:"retired_signers"`
+	// Refused counts events not applied because their signature did not
+	// verify: their services kept their last good state. LastRefusal says
+	// why the latest was refused.
+	Refused     uint64 `json:"refused"`
+	LastRefusal string `json:"last_refusal,omitempty"`
 }
 
 // Status reports the projection's counters.
@@ -237,6 +264,16 @@ func (p *Projection) Status() Status {
 	}
 	if e := p.snapshotErr.Load(); e != nil {
 		st.SnapshotError = *e
+	}
+	st.Signatures.Refused = p.rejected.Load()
+	if e := p.lastRejection.Load(); e != nil {
+		st.Signatures.LastRefusal = *e
+	}
+	if s := p.cur.Load(); s != nil {
+		if t, a := s.KnownTrust(); t != nil {
+			st.Signatures.TrustRoot, st.Signatures.TrustSource = a.Root, a.Source
+			st.Signatures.Signers, st.Signatures.RetiredSigners = t.Signers()
+		}
 	}
 	return st
 }

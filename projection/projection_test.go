@@ -2,6 +2,7 @@ package projection_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -187,6 +190,83 @@ func TestDrainingAndErroredInstancesLeaveAtOnce(t *testing.T) {
 	}
 }
 
+// An event the control plane did not sign is not applied: the service
+// keeps its last good state, the projection says so, and signed events
+// after it apply.
+func TestUnsignedEventsAreRefusedAndTheLastGoodViewStays(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := ctxT(t)
+	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+		"web": web("127.0.0.1", 9001, "w1"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	storetest.Eventually(t, wait, "initial load", func() bool { return p.Status().Loads == 1 })
+	subj := srv.Store.Names.RoutingServiceSubject("shop", "web")
+	good := lastSigned(t, ctx, srv.Store, subj)
+	forged := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "shop", Service: "web",
+		Routes:    []store.Route{{Hosts: []string{"shop.example.com", "bank.example.com"}}},
+		Endpoints: []store.Endpoint{{InstanceID: "evil", Machine: "m1", Address: "203.0.113.9", Port: 80}}}
+	body, _ := json.Marshal(forged)
+	stranger, _ := signing.NewSigner()
+	info, _ := srv.Store.Routing.Info(ctx)
+	next := info.State.LastSeq + 1
+	for _, m := range []*nats.Msg{
+		{Subject: subj, Data: body},
+		{Subject: subj, Data: body, Header: nats.Header{signing.Header: {stranger.Sign(signing.Message{Subject: subj, Seq: next + 1, Body: body})}}},
+		{Subject: subj, Data: good.Data, Header: nats.Header{signing.Header: {good.Header.Get(signing.Header)}}},
+	} {
+		if _, err := srv.Store.JS.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "other", map[string]projectiontest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"other.test"}}}, Instances: []projectiontest.Instance{{ID: "o1", Machine: "m1", Address: "127.0.0.1", Port: 9009}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeq(t, p.Projection, seq)
+	st := p.Status()
+	if st.Signatures.Refused != 3 {
+		t.Errorf("refused = %d, want 3", st.Signatures.Refused)
+	}
+	if !strings.Contains(st.Signatures.LastRefusal, "refused routing event") || st.Signatures.TrustRoot == "" || st.Signatures.Signers == 0 {
+		t.Errorf("signature status = %+v", st.Signatures)
+	}
+	if s, ok := p.View().Service("shop", "web"); !ok || endpointIDs(s) != "w1" {
+		t.Errorf("shop/web changed by events nobody signed: %v", s)
+	}
+	if _, ok := p.View().Lookup("bank.example.com", "/"); ok {
+		t.Error("a forged route is served")
+	}
+	if _, ok := p.View().Lookup("other.test", "/"); !ok {
+		t.Error("the signed event after the refused ones was not applied")
+	}
+
+	// A gateway starting now cannot know shop/web's last good state: it
+	// leaves the service out and says why, rather than serve the forgery.
+	q := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	storetest.Eventually(t, wait, "second gateway's load", func() bool { return q.Status().Loads == 1 })
+	if _, ok := q.View().Service("shop", "web"); ok {
+		t.Error("a fresh gateway serves a subject whose last event nobody signed")
+	}
+	if q.Status().Signatures.Refused != 1 {
+		t.Errorf("fresh gateway refused %d, want 1", q.Status().Signatures.Refused)
+	}
+}
+
+// lastSigned reads the last message on subject of the routing stream.
+func lastSigned(t *testing.T, ctx context.Context, s *store.Store, subject string) *store.StoredMsg {
+	t.Helper()
+	var found *store.StoredMsg
+	if err := s.LastOf(ctx, s.Names.RoutingEventsStream(), []string{subject}, func(m *store.StoredMsg) error { found = m; return nil }); err != nil || found == nil {
+		t.Fatalf("reading %s: %v", subject, err)
+	}
+	return found
+}
+
 func TestBadEventIsSkippedAndReported(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
@@ -200,7 +280,9 @@ func TestBadEventIsSkippedAndReported(t *testing.T) {
 	subj := srv.Store.Names.RoutingServiceSubject("shop", "web")
 	for _, data := range []string{`{not json`, `{"version":99,"kind":"service.upsert","namespace":"shop","service":"web"}`,
 		`{"version":1,"kind":"service.explode","namespace":"shop","service":"web"}`} {
-		if _, err := srv.Store.JS.Publish(ctx, subj, []byte(data)); err != nil {
+		// Signed by the control plane, so that they get past the
+		// signature check to the decoder.
+		if _, err := srv.Store.AppendSigned(ctx, srv.Store.Names.RoutingEventsStream(), subj, []byte(data)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -339,7 +421,10 @@ func TestReconnectContinuousResumesWithoutRebuild(t *testing.T) {
 	}
 }
 
-func TestLostPositionRebuilds(t *testing.T) {
+// While a gateway is away, a service is redeployed more often than the
+// stream keeps events per subject: the gateway catches up from its position
+// to the service's latest event without a rebuild, serving all along.
+func TestCatchUpAcrossReplacedEvents(t *testing.T) {
 	dir, addr := t.TempDir(), storetest.FreeAddr(t)
 	srv := storetest.StartIn(t, dir, addr)
 	ctx := ctxT(t)
@@ -353,29 +438,30 @@ func TestLostPositionRebuilds(t *testing.T) {
 	srv.NATS.WaitForShutdown()
 	storetest.Eventually(t, wait, "projection to notice NATS is gone", func() bool { return !p.Status().Connected })
 
-	// While the gateway is away, the same store (on another port) gets a
-	// redeploy whose events then age out: the gateway's next event is gone.
+	// The same store, on another port the gateway does not know.
 	side := storetest.StartIn(t, dir, storetest.FreeAddr(t))
-	_, _, err = projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9002, "w2")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := projectiontest.AgeOutRouting(ctx, side.Store); err != nil {
-		t.Fatal(err)
+	for i := 2; i < 2+2*store.RoutingHistory; i++ {
+		if _, seq, err = projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9000+i, "w"+itoa(i))}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	side.NATS.Shutdown()
 	side.NATS.WaitForShutdown()
-
-	// Serving never paused meanwhile.
 	if s, ok := p.View().Lookup("shop.example.com", "/"); !ok || endpointIDs(s) != "w1" {
 		t.Fatal("view lost while NATS was away")
 	}
 	storetest.StartIn(t, dir, addr)
-	storetest.Eventually(t, wait, "rebuild after the lost position", func() bool { return p.Status().Rebuilds == 1 })
-	if s, _ := p.View().Service("shop", "web"); endpointIDs(s) != "w2" {
-		t.Errorf("after rebuild: %s, want w2", endpointIDs(s))
+	waitSeq(t, p.Projection, seq)
+	last := "w" + itoa(1+2*store.RoutingHistory)
+	if s, _ := p.View().Service("shop", "web"); endpointIDs(s) != last {
+		t.Errorf("after catching up: %s, want %s", endpointIDs(s), last)
+	}
+	if st := p.Status(); st.Rebuilds != 0 || st.Signatures.Refused != 0 {
+		t.Errorf("catching up rebuilt %d times, refused %d events", st.Rebuilds, st.Signatures.Refused)
 	}
 }
+
+func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
 func TestRecreatedStreamRebuilds(t *testing.T) {
 	addr := storetest.FreeAddr(t)
@@ -398,9 +484,12 @@ func TestRecreatedStreamRebuilds(t *testing.T) {
 	srv.NATS.WaitForShutdown()
 	storetest.Eventually(t, wait, "projection to notice NATS is gone", func() bool { return !p.Status().Connected })
 
-	// NATS comes back with an empty store (a new cluster, a lost disk): the
-	// stream restarts at sequence 1 and must not be taken for a continuation.
-	srv2 := storetest.StartIn(t, t.TempDir(), addr)
+	// NATS comes back with an empty store (a new cluster, a lost disk, the
+	// same auth dir): the stream restarts at sequence 1 and must not be
+	// taken for a continuation.
+	dir2 := t.TempDir()
+	storetest.ShareTrustRoot(t, srv, dir2)
+	srv2 := storetest.StartIn(t, dir2, addr)
 	if _, _, err := projectiontest.Deploy(ctx, srv2.Store, "fresh", map[string]projectiontest.Service{
 		"web": {Routes: []store.Route{{Hosts: []string{"fresh.test"}}}, Instances: []projectiontest.Instance{{ID: "f1", Machine: "m1", Address: "127.0.0.1", Port: 9100}}},
 	}); err != nil {

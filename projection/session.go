@@ -45,6 +45,14 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 		return store.Classify(fmt.Errorf("following routing events: %w", err))
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	// Signer certificates as they change: a retired signer stops
+	// verifying at once, a new one is known before its first event.
+	signers := make(chan *nats.Msg, 64)
+	ssub, err := nc.ChanSubscribe(st.Names.SignersRepublishedWildcard(), signers)
+	if err != nil {
+		return store.Classify(fmt.Errorf("following signers: %w", err))
+	}
+	defer func() { _ = ssub.Unsubscribe() }()
 	if err := nc.Flush(); err != nil {
 		return store.Classify(fmt.Errorf("following routing events: %w", err))
 	}
@@ -126,6 +134,13 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 				needCatchUp = true
 			}
 
+		case m := <-signers:
+			if sm, err := store.StoredFromMsg(m); err == nil {
+				if err := st.ApplySignerMsg(ctx, sm); err != nil {
+					p.log.Warn("signer certificate refused", zap.Error(err))
+				}
+			}
+
 		case m := <-republished:
 			batch = batch[:0]
 			for next := m; next != nil; {
@@ -149,7 +164,7 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 				needVerify = true
 				continue
 			}
-			switch err := p.applyBatch(batch, created); {
+			switch err := p.applyBatch(ctx, st, batch, created, true); {
 			case errors.Is(err, errGap):
 				needCatchUp = true // read what the republishing lost
 			case err != nil:
@@ -159,18 +174,17 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 	}
 }
 
-// catchUp reads and applies every event after the applied sequence. A gap
-// here is an event the stream no longer holds: freshness is uncertain.
+// catchUp reads and applies every event after the applied sequence. The
+// stream keeps the last events of every subject, so what it no longer holds
+// past our position was replaced by a later event of the same subject,
+// which this reads: no hole in the sequence is a loss.
 func (p *Projection) catchUp(ctx context.Context, st *store.Store, created time.Time) error {
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	batch := make([]*store.StoredMsg, 0, maxBatch)
 	flush := func() error {
-		err := p.applyBatch(batch, created)
+		err := p.applyBatch(cctx, st, batch, created, false)
 		batch = batch[:0]
-		if errors.Is(err, errGap) {
-			return uncertain("%v", err)
-		}
 		return err
 	}
 	_, err := st.ReadFrom(cctx, st.Names.RoutingEventsStream(), p.View().Seq+1, "", func(m *store.StoredMsg) error {
@@ -200,11 +214,28 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	if err != nil {
 		return time.Time{}, fmt.Errorf("loading routing state: %w", err)
 	}
-	for _, why := range rs.Skipped {
-		p.badEvents.Add(1)
+	for _, why := range rs.Skipped[len(rs.Refused):] {
 		p.log.Warn("skipping a stored record the routing state cannot use", zap.String("reason", why))
 	}
+	old := p.View()
 	b := newBuilder(emptyView(false))
+	// A subject whose last event does not verify keeps what this gateway
+	// served for it (its last good state), if anything.
+	for _, r := range rs.Refused {
+		p.refuse(r.Seq, r.Subject, r.Err)
+		ns, name, ok := st.Names.RoutingSubjectOf(r.Subject)
+		switch {
+		case !ok:
+		case ns == "":
+			if m, ok := old.Machine(name); ok {
+				b.upsertMachine(m)
+			}
+		default:
+			if svc, ok := old.Service(ns, name); ok {
+				b.upsertService(svc.event())
+			}
+		}
+	}
 	for i := range rs.Services {
 		if err := b.apply(&rs.Services[i]); err != nil {
 			p.badEvents.Add(1)
@@ -217,7 +248,6 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	v := b.finish(rs.Seq, false)
 	v.BuiltAt = time.Now()
 	v.StreamCreated = info.Created
-	old := p.View()
 	n := p.loads.Add(1)
 	p.markConnected()
 	p.setError("")
@@ -247,39 +277,60 @@ func (p *Projection) verify(ctx context.Context, st *store.Store, created time.T
 		return uncertain("routing stream was recreated (created %s, loaded from one created %s)", info.Created, created)
 	case info.State.LastSeq < applied:
 		return uncertain("routing stream ends at %d, before the applied sequence %d", info.State.LastSeq, applied)
-	case info.State.FirstSeq > applied+1:
-		return uncertain("routing stream starts at %d, past the applied sequence %d: events were lost", info.State.FirstSeq, applied)
 	}
 	p.noteHead(info.State.LastSeq, applied)
 	return nil
 }
 
-// applyBatch applies consecutive events and swaps in the resulting view.
-// Events at or before the applied sequence are skipped; a batch that does
-// not continue from it is errGap. An event that cannot be decoded or
-// applied is counted, reported and skipped, leaving that identity as it
-// was.
-func (p *Projection) applyBatch(batch []*store.StoredMsg, created time.Time) error {
+// applyBatch verifies and applies events past the applied sequence and
+// swaps in the resulting view. With live (events as the stream republished
+// them, each naming the sequence before it) a batch that does not continue
+// from the applied sequence is errGap; what continues is applied first. An
+// event whose signature does not verify is refused, and one that cannot be
+// decoded or applied is skipped: either way its service keeps its previous
+// state. A signer that could not be looked up stops the batch there (errGap:
+// it is read again).
+func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*store.StoredMsg, created time.Time, live bool) error {
 	cur := p.View()
-	b := newBuilder(cur)
 	applied := cur.Seq
+	var gap error
+	take := make([]*store.StoredMsg, 0, len(batch))
+	last := applied
+	for _, m := range batch {
+		if m.Seq <= last {
+			continue
+		}
+		if live && m.Prev != last {
+			gap = fmt.Errorf("%w: event %d follows %d, applied %d", errGap, m.Seq, m.Prev, last)
+			break
+		}
+		take = append(take, m)
+		last = m.Seq
+	}
+	if len(take) == 0 {
+		return gap
+	}
+	events, errs := p.verifyEvents(ctx, st, take)
+	b := newBuilder(cur)
 	var head uint64
 	var lastTS time.Time
 	n := 0
-	var gap error
-	for _, m := range batch {
-		if m.Seq <= applied {
-			continue
-		}
-		if m.Seq != applied+1 {
-			// Apply what continues; what follows the gap is read again.
-			gap = fmt.Errorf("%w: expected %d, got %d", errGap, applied+1, m.Seq)
+	for i, m := range take {
+		err := errs[i]
+		if err != nil && !store.HasCode(err, store.CodeBadSignature) && !store.HasCode(err, store.CodeInvalid) {
+			// Not a verdict (a signer could not be looked up): this
+			// event and what follows are read again.
+			gap = fmt.Errorf("%w: checking event %d: %v", errGap, m.Seq, err)
 			break
 		}
-		var ev store.RoutingEvent
-		if err := store.Decode("routing event", m.Data, &ev); err != nil {
-			p.badEvent(m.Seq, m.Subject, err)
-		} else if err := b.apply(&ev); err != nil {
+		switch {
+		case err == nil:
+			if err := b.apply(&events[i]); err != nil {
+				p.badEvent(m.Seq, m.Subject, err)
+			}
+		case store.HasCode(err, store.CodeBadSignature):
+			p.refuse(m.Seq, m.Subject, err)
+		default:
 			p.badEvent(m.Seq, m.Subject, err)
 		}
 		applied = m.Seq
@@ -298,6 +349,32 @@ func (p *Projection) applyBatch(batch []*store.StoredMsg, created time.Time) err
 	p.noteHead(max(head, p.head.Load()), applied)
 	p.kick()
 	return gap
+}
+
+// verifyEvents checks and decodes events; without verification (tests'
+// unsigned baseline) it only decodes them.
+func (p *Projection) verifyEvents(ctx context.Context, st *store.Store, msgs []*store.StoredMsg) ([]store.RoutingEvent, []error) {
+	if !p.skipVerify {
+		return st.VerifyEvents(ctx, msgs)
+	}
+	events, errs := make([]store.RoutingEvent, len(msgs)), make([]error, len(msgs))
+	for i, m := range msgs {
+		if err := store.Decode("routing event", m.Data, &events[i]); err != nil {
+			errs[i] = &store.Error{Code: store.CodeInvalid, Message: err.Error()}
+		}
+	}
+	return events, errs
+}
+
+// refuse counts and reports an event whose signature did not verify; its
+// service or machine keeps its last good state.
+func (p *Projection) refuse(seq uint64, subject string, err error) {
+	p.rejected.Add(1)
+	msg := fmt.Sprintf("refused routing event %d on %s: %v", seq, subject, err)
+	p.lastRejection.Store(&msg)
+	p.setError(msg)
+	p.log.Error("refusing a routing event whose signature does not verify; its service keeps its last good state",
+		zap.Uint64("seq", seq), zap.String("subject", subject), zap.Error(err))
 }
 
 func (p *Projection) badEvent(seq uint64, subject string, err error) {

@@ -51,6 +51,12 @@ type Service struct {
 	memo sync.Map
 }
 
+// event is the upsert that makes s again.
+func (s *Service) event() *store.RoutingEvent {
+	return &store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: s.Namespace,
+		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.Endpoints}
+}
+
 // Key is "<namespace>/<name>".
 func (s *Service) Key() string { return s.Namespace + "/" + s.Name }
 

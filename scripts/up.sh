@@ -24,6 +24,9 @@ ADMIN_PORT=${UP_ADMIN_PORT:-2019}
 DNS_PORT=${UP_DNS_PORT:-1053}
 STUN_PORT=${UP_STUN_PORT:-3478}
 export EDGEPLANE_NATS=nats://127.0.0.1:$NATS_PORT
+# Deploys are signed: the CLI signs with the key control server keeps in its
+# data dir (DATA/signer.nk).
+export EDGEPLANE_SIGNING_KEY=$DATA/control/signer.nk
 mode=${1:-}
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -96,6 +99,7 @@ if command -v dig >/dev/null; then
 	log "DNS from the same projection: dig @127.0.0.1 -p $DNS_PORT hello.demo.edgeplane.internal"
 	dig +short @127.0.0.1 -p "$DNS_PORT" hello.demo.edgeplane.internal A || echo "(DNS did not answer)"
 fi
+log "deploy more with EDGEPLANE_NATS=$EDGEPLANE_NATS EDGEPLANE_SIGNING_KEY=$EDGEPLANE_SIGNING_KEY $BIN/control deploy apply -f FILE"
 log "inspect: $BIN/control deploy status | $BIN/control instances | $BIN/control machine ls | curl localhost:$ADMIN_PORT/edgeplane/routes"
 
 if [ "$mode" = --once ]; then

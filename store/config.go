@@ -11,7 +11,7 @@ import (
 
 // Config is how a part reaches the store: the NATS servers, the
 // credentials it connects with and the scope of every name. The Caddy
-// modules embed it as their JSON config, so `caddy.json` spells the four
+// modules embed it as their JSON config, so `caddy.json` spells its
 // settings the same way wherever they appear; binaries fill it from flags
 // (AddFlags).
 type Config struct {
@@ -27,6 +27,15 @@ type Config struct {
 	// Authority scopes every stream, bucket and subject. Default:
 	// "default".
 	Authority string `json:"authority,omitempty"`
+	// TrustRoot is the public key (O...) of the trust root that signs the
+	// control plane's intent: routing events, commits and mesh peer records
+	// are applied only when signed under it. Default: the root the
+	// credentials carry; without credentials, the root the store names on
+	// first contact, pinned from then on (TrustPinFile).
+	TrustRoot string `json:"trust_root,omitempty"`
+	// TrustPinFile is where a root learned on first contact is kept; set
+	// by the part (a file in its data dir), not configured.
+	TrustPinFile string `json:"-"`
 }
 
 // Resolve fills c's defaults in place and returns the names it scopes, or an
@@ -44,7 +53,7 @@ func (c *Config) Resolve() (Names, error) {
 }
 
 // Setting returns the field a config key (nats_url, creds_file,
-// installation, authority) names, or nil for any other key: one spelling for
+// installation, authority, trust_root) names, or nil for any other key: one spelling for
 // the Caddyfile parsers of every module that embeds a Config.
 func (c *Config) Setting(key string) *string {
 	switch key {
@@ -56,6 +65,8 @@ func (c *Config) Setting(key string) *string {
 		return &c.Installation
 	case "authority":
 		return &c.Authority
+	case "trust_root":
+		return &c.TrustRoot
 	}
 	return nil
 }
@@ -68,6 +79,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CredsFile, "creds", os.Getenv("EDGEPLANE_NATS_CREDS"), "NATS credentials `FILE` from 'control creds issue' (env EDGEPLANE_NATS_CREDS)")
 	fs.StringVar(&c.Installation, "installation", DefaultInstallation, "installation scope of every name")
 	fs.StringVar(&c.Authority, "authority", DefaultAuthority, "authority scope of every name")
+	fs.StringVar(&c.TrustRoot, "trust-root", os.Getenv("EDGEPLANE_TRUST_ROOT"), "public `KEY` (O...) of the trust root intent must be signed under (env EDGEPLANE_TRUST_ROOT; default: the one the credentials carry, else the store's on first contact)")
 }
 
 // Dial connects to c and binds to the streams and buckets a storage node
@@ -108,11 +120,17 @@ func (c Config) dial(ctx context.Context, o ConnectOptions, quorum bool) (*Store
 		ctx, cancel = context.WithTimeout(ctx, cmp.Or(o.Timeout, defaultConnectTimeout))
 		defer cancel()
 	}
+	anchor, err := ResolveAnchor(c.TrustRoot, c.CredsFile, c.TrustPinFile)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
 	s, err := Open(ctx, nc, names)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
+	s.TrustAnchor(anchor)
 	return s, nil
 }
 

@@ -72,6 +72,9 @@ type StoredMsg struct {
 	// Pending is how many messages matching the request followed this one
 	// when it was read (batched reads only).
 	Pending uint64
+	// Prev is the stream's last sequence before this message was stored
+	// (republished messages only; 0 otherwise).
+	Prev uint64
 }
 
 // StoredFromMsg reads a message a stream republished, or a direct get
@@ -85,6 +88,9 @@ func StoredFromMsg(m *nats.Msg) (*StoredMsg, error) {
 	sm.Time, _ = time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer)) // sic: nats.go's name
 	if p := m.Header.Get("Nats-Num-Pending"); p != "" {
 		sm.Pending, _ = strconv.ParseUint(p, 10, 64)
+	}
+	if p := m.Header.Get("Nats-Last-Sequence"); p != "" {
+		sm.Prev, _ = strconv.ParseUint(p, 10, 64)
 	}
 	return sm, nil
 }
@@ -189,7 +195,11 @@ func (s *Store) LastOf(ctx context.Context, stream string, subjects []string, fn
 	if err != nil {
 		return classify(fmt.Errorf("reading %s: %w", stream, err))
 	}
-	upTo := str.CachedInfo().State.LastSeq
+	return s.lastOfUpTo(ctx, stream, subjects, str.CachedInfo().State.LastSeq, fn)
+}
+
+// lastOfUpTo is LastOf as of sequence upTo.
+func (s *Store) lastOfUpTo(ctx context.Context, stream string, subjects []string, upTo uint64, fn func(*StoredMsg) error) error {
 	if upTo == 0 {
 		return nil
 	}

@@ -27,8 +27,14 @@ const (
 	// stream or bucket at its size limit, or a storage node out of disk.
 	// Nothing already stored was dropped to make room.
 	CodeStorageFull = "storage_full"
-	CodeStale       = "stale"
-	CodeInternal    = "internal"
+	// CodeBadSignature refuses intent (a commit, a routing event, a mesh
+	// peer record) whose signature does not verify under the trust root.
+	CodeBadSignature = "bad_signature"
+	// CodeSigningKeyRequired refuses a write of intent by a process that
+	// holds no signing key.
+	CodeSigningKeyRequired = "signing_key_required"
+	CodeStale              = "stale"
+	CodeInternal           = "internal"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and

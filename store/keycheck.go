@@ -22,10 +22,6 @@ func keyMust(key, want string) error {
 // machine and instance.
 func (r *InstanceRecord) KeyOK(key string) error { return keyMust(key, r.Key()) }
 
-func (f *instanceFields) KeyOK(key string) error {
-	return keyMust(key, InstanceKey(f.Namespace, f.Machine, f.ID))
-}
-
 // KeyOK checks that the machine record is filed under its machine's ID.
 func (r *MachineRecord) KeyOK(key string) error { return keyMust(key, r.ID) }
 
@@ -43,3 +39,27 @@ func (r *GatewayObservation) KeyOK(key string) error { return keyMust(key, KeySa
 
 // KeyOK checks that the revocation is filed under the user it refuses.
 func (r *Revocation) KeyOK(key string) error { return keyMust(key, r.User) }
+
+// KeyOK checks that the certificate is filed under its signer's key.
+func (r *SignerRecord) KeyOK(key string) error { return keyMust(key, SignerKey(r.Key)) }
+
+// SubjectOK checks that the event is filed on the subject of the service or
+// machine its body names.
+func (r *RoutingEvent) SubjectOK(n Names, subject string) error {
+	var want string
+	switch r.Kind {
+	case EventServiceUpsert, EventServiceRemove:
+		want = n.RoutingServiceSubject(r.Namespace, r.Service)
+	case EventMachineUpsert, EventMachineRemove:
+		if r.Machine == nil {
+			return fmt.Errorf("%s event without a machine", r.Kind)
+		}
+		want = n.RoutingMachineSubject(r.Machine.ID)
+	default:
+		return fmt.Errorf("unknown routing event kind %q", r.Kind)
+	}
+	if subject != want {
+		return fmt.Errorf("%s event of %s is filed on %s, not on %s", r.Kind, r.Identity(), subject, want)
+	}
+	return nil
+}

@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
+	"sort"
 	"strings"
 	"time"
 )
@@ -197,24 +199,119 @@ type MeshLeaveReply struct {
 	CooldownUntil time.Time `json:"cooldown_until"`
 }
 
-// MeshPeer reads machine's peer record (e.g. for the machine record's overlay
-// address). A missing record is not_found.
+// Peer records are intent: the registrar writes them signed (PutMeshPeer,
+// DeleteMeshPeer) and every reader verifies them, so nobody but the control
+// plane can add a WireGuard peer to the mesh, change one's key or endpoints,
+// or remove one.
+
+// PutMeshPeer writes rec, signed, and returns its revision.
+func (s *Store) PutMeshPeer(ctx context.Context, rec *MeshPeerRecord) (uint64, error) {
+	rec.Version = RecordVersion
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return 0, fmt.Errorf("encoding peer record of %s: %w", rec.Machine, err)
+	}
+	ack, err := s.appendSigned(ctx, s.signerKey(), "KV_"+s.Names.MeshPeersBucket(), s.meshPeerSubject(rec.Machine), "", data, "")
+	if err != nil {
+		return 0, classify(fmt.Errorf("writing peer record of %s: %w", rec.Machine, err))
+	}
+	return ack.Sequence, nil
+}
+
+// DeleteMeshPeer removes machine's peer record with a signed delete marker.
+func (s *Store) DeleteMeshPeer(ctx context.Context, machine string) error {
+	if _, err := s.appendSigned(ctx, s.signerKey(), "KV_"+s.Names.MeshPeersBucket(), s.meshPeerSubject(machine), "DEL", nil, ""); err != nil {
+		return classify(fmt.Errorf("removing peer record of %s: %w", machine, err))
+	}
+	return nil
+}
+
+func (s *Store) meshPeerSubject(machine string) string {
+	return "$KV." + s.Names.MeshPeersBucket() + "." + MeshPeerKey(machine)
+}
+
+// MeshPeer reads machine's peer record, verified. A missing record is
+// not_found; one that does not verify is bad_signature.
 func (s *Store) MeshPeer(ctx context.Context, machine string) (*MeshPeerRecord, error) {
-	var rec MeshPeerRecord
-	if _, err := GetJSON(ctx, s.MeshPeers, MeshPeerKey(machine), &rec); err != nil {
+	var found *StoredMsg
+	if err := s.LastOf(ctx, "KV_"+s.Names.MeshPeersBucket(), []string{s.meshPeerSubject(machine)}, func(m *StoredMsg) error {
+		found = m
+		return nil
+	}); err != nil {
 		return nil, err
+	}
+	if found == nil {
+		return nil, Errorf(CodeNotFound, "machine %s has no mesh peer record", machine).With("machine", machine)
+	}
+	rec, err := s.VerifyMeshPeer(ctx, found)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, Errorf(CodeNotFound, "machine %s has no mesh peer record", machine).With("machine", machine)
+	}
+	return rec, nil
+}
+
+// VerifyMeshPeer checks m, a message of the mesh peers bucket (read, or as
+// republished), and returns its record: nil for a signed delete marker.
+func (s *Store) VerifyMeshPeer(ctx context.Context, m *StoredMsg) (*MeshPeerRecord, error) {
+	prefix := "$KV." + s.Names.MeshPeersBucket() + "."
+	key := strings.TrimPrefix(m.Subject, prefix)
+	if err := s.Verify(ctx, "KV_"+s.Names.MeshPeersBucket(), m); err != nil {
+		return nil, refusedIntent("mesh peer record "+key, err)
+	}
+	if m.Header.Get(kvOperationHeader) != "" {
+		return nil, nil
+	}
+	var rec MeshPeerRecord
+	if err := DecodeKeyed(s.Names.MeshPeersBucket(), key, m.Data, &rec); err != nil {
+		return nil, &Error{Code: CodeInvalid, Message: err.Error()}
 	}
 	return &rec, nil
 }
 
-// MeshPeerList returns every peer record, sorted by key order of the bucket.
-func (s *Store) MeshPeerList(ctx context.Context) ([]MeshPeerRecord, error) {
-	var out []MeshPeerRecord
-	err := ListJSON(ctx, s, s.MeshPeers, "peer.>", func(_ string, r *MeshPeerRecord) error {
-		out = append(out, *r)
+// MeshPeerState reads every peer record, verified: the live ones by
+// machine, and why each machine whose latest record does not verify was
+// refused (a reader keeps what it had for those).
+func (s *Store) MeshPeerState(ctx context.Context) (peers map[string]MeshPeerRecord, refused map[string]error, err error) {
+	prefix := "$KV." + s.Names.MeshPeersBucket() + ".peer."
+	latest := map[string]*StoredMsg{}
+	if _, err := s.ReadFrom(ctx, "KV_"+s.Names.MeshPeersBucket(), 1, prefix+">", func(m *StoredMsg) error {
+		latest[strings.TrimPrefix(m.Subject, prefix)] = m
 		return nil
-	})
-	return out, err
+	}); err != nil {
+		return nil, nil, fmt.Errorf("listing mesh peers: %w", err)
+	}
+	peers, refused = map[string]MeshPeerRecord{}, map[string]error{}
+	for machine, m := range latest {
+		rec, err := s.VerifyMeshPeer(ctx, m)
+		switch {
+		case HasCode(err, CodeBadSignature) || HasCode(err, CodeInvalid):
+			SkippedRecords.Add(1)
+			refused[machine] = err
+		case err != nil:
+			return nil, nil, err
+		case rec != nil:
+			peers[machine] = *rec
+		}
+	}
+	return peers, refused, nil
+}
+
+// MeshPeerList returns every verified peer record, by machine ID; records
+// that do not verify are left out (and counted in SkippedRecords).
+func (s *Store) MeshPeerList(ctx context.Context) ([]MeshPeerRecord, error) {
+	peers, _, err := s.MeshPeerState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MeshPeerRecord, 0, len(peers))
+	for _, r := range peers {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Machine < out[j].Machine })
+	return out, nil
 }
 
 // MeshHeartbeats returns every heartbeat by machine.

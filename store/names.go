@@ -73,6 +73,11 @@ func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Autho
 // RevocationsBucket lists refused credentials, by user public key.
 func (n Names) RevocationsBucket() string { return "cp_revocations_" + n.Authority }
 
+// SignersBucket holds the signer certificates and the trust root's record
+// (see SignerRecord): written by holders of the trust root only, read by
+// every reader of signed intent.
+func (n Names) SignersBucket() string { return "cp_signers_" + n.Authority }
+
 // GatewaysBucket holds each gateway's applied routing sequence: a live
 // observation with a short bucket TTL, never truth.
 func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
@@ -107,6 +112,23 @@ func (n Names) RoutingMachineSubject(machine string) string {
 	return n.subjectPrefix() + ".routing.machine." + machine
 }
 
+// RoutingSubjectOf says what a routing event subject is of: a service
+// (namespace and service) or a machine (machine, namespace "").
+func (n Names) RoutingSubjectOf(subject string) (namespace, name string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.subjectPrefix()+".routing.")
+	if !ok {
+		return "", "", false
+	}
+	if m, ok := strings.CutPrefix(rest, "machine."); ok && ValidToken(m) {
+		return "", m, true
+	}
+	if svc, ok := strings.CutPrefix(rest, "svc."); ok {
+		ns, name, ok := strings.Cut(svc, ".")
+		return ns, name, ok && ns != "" && name != ""
+	}
+	return "", "", false
+}
+
 // RoutingWildcard matches every routing event subject.
 func (n Names) RoutingWildcard() string { return n.subjectPrefix() + ".routing.>" }
 
@@ -118,6 +140,10 @@ func (n Names) RoutingRepublishedWildcard() string { return "rp." + n.RoutingWil
 // MeshPeersRepublishedWildcard is where the mesh peers bucket republishes
 // each change once stored: what meshd follows.
 func (n Names) MeshPeersRepublishedWildcard() string { return "rp.kv." + n.MeshPeersBucket() + ".>" }
+
+// SignersRepublishedWildcard is where the signers bucket's writes are
+// republished, so readers learn of a new or retired signer at once.
+func (n Names) SignersRepublishedWildcard() string { return "rp.kv." + n.SignersBucket() + ".>" }
 
 // CertRenewalSubject is where renewal work for host is scheduled.
 func (n Names) CertRenewalSubject(host string) string {

@@ -10,31 +10,93 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/signing"
 )
 
 // LiveCommit returns the latest final commit of namespace: what it serves.
+// It is verified: a commit without a good signature is refused with
+// bad_signature, never acted on.
 func (s *Store) LiveCommit(ctx context.Context, namespace string) (*DeployCommit, error) {
-	msg, err := s.Commits.GetLastMsgForSubject(ctx, s.Names.DeployCommitSubject(namespace, CommitFinal))
-	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("namespace %s has no committed deploy", namespace),
-				Detail: map[string]string{"namespace": namespace}}
-		}
+	subj := s.Names.DeployCommitSubject(namespace, CommitFinal)
+	var found *StoredMsg
+	if err := s.LastOf(ctx, s.Names.DeployCommitsStream(), []string{subj}, func(m *StoredMsg) error {
+		found = m
+		return nil
+	}); err != nil {
 		return nil, classify(fmt.Errorf("reading live commit of %s: %w", namespace, err))
 	}
-	return decodeCommit(msg.Data, msg.Sequence)
+	if found == nil {
+		return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("namespace %s has no committed deploy", namespace),
+			Detail: map[string]string{"namespace": namespace}}
+	}
+	return s.verifiedCommit(ctx, found)
 }
 
-// CommitAt reads the commit stored at stream sequence seq.
+// CommitAt reads the commit stored at stream sequence seq, verified.
 func (s *Store) CommitAt(ctx context.Context, seq uint64) (*DeployCommit, error) {
-	msg, err := s.Commits.GetMsg(ctx, seq)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("no commit at sequence %d", seq)}
+	var found *StoredMsg
+	if _, err := s.direct(ctx, s.Names.DeployCommitsStream(), directRequest{Seq: seq}, func(m *StoredMsg) error {
+		if m.Seq == seq {
+			found = m
 		}
+		return nil
+	}); err != nil {
 		return nil, classify(fmt.Errorf("reading commit %d: %w", seq, err))
 	}
-	return decodeCommit(msg.Data, msg.Sequence)
+	if found == nil {
+		return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("no commit at sequence %d", seq)}
+	}
+	return s.verifiedCommit(ctx, found)
+}
+
+// CommitHistory returns the final commits of namespace, oldest first, each
+// verified; those that are not are left out and returned in refused.
+func (s *Store) CommitHistory(ctx context.Context, namespace string) (good []DeployCommit, refused []error, err error) {
+	subj := s.Names.DeployCommitSubject(namespace, CommitFinal)
+	_, err = s.ReadFrom(ctx, s.Names.DeployCommitsStream(), 1, subj, func(m *StoredMsg) error {
+		c, err := s.verifiedCommit(ctx, m)
+		switch {
+		case HasCode(err, CodeBadSignature) || HasCode(err, CodeInvalid):
+			refused = append(refused, err)
+		case err != nil:
+			return err
+		default:
+			good = append(good, *c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, classify(fmt.Errorf("reading history of %s: %w", namespace, err))
+	}
+	return good, refused, nil
+}
+
+// verifiedCommit decodes m, a message of the commits stream, after checking
+// its signature and that its subject is the one its body belongs on.
+func (s *Store) verifiedCommit(ctx context.Context, m *StoredMsg) (*DeployCommit, error) {
+	if err := s.Verify(ctx, s.Names.DeployCommitsStream(), m); err != nil {
+		return nil, refusedIntent(fmt.Sprintf("deploy commit %d on %s", m.Seq, m.Subject), err)
+	}
+	c, err := decodeCommit(m.Data, m.Seq)
+	if err != nil {
+		return nil, &Error{Code: CodeInvalid, Message: fmt.Sprintf("deploy commit %d on %s: %v", m.Seq, m.Subject, err)}
+	}
+	if want := s.Names.DeployCommitSubject(c.Namespace, c.Kind); m.Subject != want {
+		return nil, &Error{Code: CodeInvalid, Message: fmt.Sprintf("deploy commit %d is filed on %s, not on %s", m.Seq, m.Subject, want)}
+	}
+	return c, nil
+}
+
+// refusedIntent turns a signature refusal of what into a bad_signature
+// error; any other error (the trust could not be read) passes through.
+func refusedIntent(what string, err error) error {
+	var se *signing.Error
+	if !errors.As(err, &se) {
+		return err
+	}
+	return &Error{Code: CodeBadSignature, Message: fmt.Sprintf("%s: %v", what, err),
+		Detail: map[string]string{"reason": se.Reason, "signer": se.Signer}}
 }
 
 func decodeCommit(data []byte, seq uint64) (*DeployCommit, error) {
@@ -46,8 +108,8 @@ func decodeCommit(data []byte, seq uint64) (*DeployCommit, error) {
 	return &c, nil
 }
 
-// AppendCommit appends c to the commits stream. The message id makes a retry
-// after an ambiguous failure idempotent within the dedupe window.
+// AppendCommit appends c to the commits stream, signed. The message id makes
+// a retry after an ambiguous failure idempotent within the dedupe window.
 func (s *Store) AppendCommit(ctx context.Context, c *DeployCommit) (uint64, error) {
 	if err := s.RequireQuorum(ctx); err != nil {
 		return 0, err
@@ -58,7 +120,7 @@ func (s *Store) AppendCommit(ctx context.Context, c *DeployCommit) (uint64, erro
 		return 0, fmt.Errorf("encoding commit %s: %w", c.ID, err)
 	}
 	msgID := c.ID + "." + string(c.Kind) + "." + c.Phase
-	ack, err := s.JS.Publish(ctx, s.Names.DeployCommitSubject(c.Namespace, c.Kind), data, jetstream.WithMsgID(msgID))
+	ack, err := s.appendSigned(ctx, s.signerKey(), s.Names.DeployCommitsStream(), s.Names.DeployCommitSubject(c.Namespace, c.Kind), "", data, msgID)
 	if err != nil {
 		return 0, classify(fmt.Errorf("appending %s commit %s: %w", c.Kind, c.ID, err))
 	}
@@ -156,8 +218,8 @@ func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[s
 	return out, err
 }
 
-// PublishRouting appends events in order to the routing stream and returns
-// the sequence of the last one. msgID, when set, makes each publish
+// PublishRouting appends events in order to the routing stream, signed, and
+// returns the sequence of the last one. msgID, when set, makes each publish
 // idempotent ("<msgID>.<index>") so a retried publish of a commit's events is
 // not applied twice; upserts are idempotent anyway.
 func (s *Store) PublishRouting(ctx context.Context, msgID string, events []RoutingEvent) (uint64, error) {
@@ -181,11 +243,11 @@ func (s *Store) PublishRouting(ctx context.Context, msgID string, events []Routi
 		if err != nil {
 			return last, fmt.Errorf("encoding routing event: %w", err)
 		}
-		var opts []jetstream.PublishOpt
+		var id string
 		if msgID != "" {
-			opts = append(opts, jetstream.WithMsgID(fmt.Sprintf("%s.%d", msgID, i)))
+			id = fmt.Sprintf("%s.%d", msgID, i)
 		}
-		ack, err := s.JS.Publish(ctx, subj, data, opts...)
+		ack, err := s.appendSigned(ctx, s.signerKey(), s.Names.RoutingEventsStream(), subj, "", data, id)
 		if err != nil {
 			return last, classify(fmt.Errorf("publishing routing event %s: %w", ev.Identity(), err))
 		}
@@ -278,6 +340,17 @@ type RoutingState struct {
 	Services []RoutingEvent
 	Machines []MachineRecord
 	// Skipped says why each record the load could not use was left out
-	// (undecodable, or its body disagreeing with its key or subject).
+	// (a signer certificate or an event that does not verify, an event
+	// that cannot be decoded or is filed on another's subject).
 	Skipped []string
+	// Refused are the subjects whose last event was left out: a reader
+	// keeps what it had for them.
+	Refused []RefusedEvent
+}
+
+// RefusedEvent is a routing subject whose last event a load left out.
+type RefusedEvent struct {
+	Subject string
+	Seq     uint64
+	Err     error
 }

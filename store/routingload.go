@@ -3,118 +3,109 @@ package store
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sort"
-	"strings"
+	"sync"
 )
 
-// LoadRouting reads the routing state from stored intent and status: what a
-// projection loads before it reads events from Seq+1. The stream position
-// is taken first, so replaying events after Seq can only bring the state
-// forward. It reads in a few passes rather than a few requests per
-// namespace (the routing stream's last sequence, every namespace's live
-// final commit in batches of direct gets, every instance and machine record
-// in one scan each): at 1000 namespaces that keeps a gateway's cold start
-// near a second. Records it cannot use are left out and named in Skipped.
+// LoadRouting reads the routing state as the routing stream holds it: the
+// last event of every service and machine subject (the stream keeps a few
+// per subject and drops none by age), each verified against s's trust,
+// all as of one sequence, Seq, from which a projection then follows the
+// stream. The control plane signed every event it holds, deriving them from
+// commits and instance records when it wrote them; so a reader trusts no
+// record an untrusted role wrote, and reads one message per service
+// instead of every commit and instance. An event that does not verify, or
+// that is filed on a subject its body does not belong on, is left out and
+// named in Skipped.
 func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
+	stream := s.Names.RoutingEventsStream()
 	info, err := s.Routing.Info(ctx)
 	if err != nil {
 		return nil, Classify(fmt.Errorf("loading routing state: %w", err))
 	}
 	st := &RoutingState{Seq: info.State.LastSeq}
-	skip := func(key string, err error) { st.Skipped = append(st.Skipped, err.Error()) }
-
-	commits, err := liveCommits(ctx, s, skip)
+	if st.Seq == 0 {
+		return st, nil
+	}
+	bad, err := s.LoadSigners(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("loading routing state: %w", err)
 	}
-	insts := make(map[string]map[string]*InstanceRecord, len(commits))
-	for ns := range commits {
-		insts[ns] = make(map[string]*InstanceRecord)
+	for _, err := range bad {
+		st.Skipped = append(st.Skipped, err.Error())
 	}
-	if err := eachInstance(ctx, s, func(ns string, r *InstanceRecord) {
-		if m, ok := insts[ns]; ok {
-			m[r.ID] = r
-		}
-	}, skip); err != nil {
-		return nil, err
+	subjects, err := s.SubjectsOf(ctx, stream, s.Names.RoutingWildcard())
+	if err != nil {
+		return nil, fmt.Errorf("loading routing state: %w", err)
 	}
-	nss := make([]string, 0, len(commits))
-	for ns := range commits {
-		nss = append(nss, ns)
-	}
-	sort.Strings(nss)
-	for _, ns := range nss {
-		st.Services = append(st.Services, CommitEvents(commits[ns], nil, insts[ns])...)
-	}
-	err = ListJSON(ctx, s, s.Machines, ">", func(_ string, m *MachineRecord) error {
-		st.Machines = append(st.Machines, *m)
+	var msgs []*StoredMsg
+	if err := s.lastOfUpTo(ctx, stream, subjects, st.Seq, func(m *StoredMsg) error {
+		msgs = append(msgs, m)
 		return nil
-	}, OnSkip(skip))
-	if err != nil {
-		return nil, err
+	}); err != nil {
+		return nil, fmt.Errorf("loading routing state: %w", err)
 	}
+	events, errs := s.VerifyEvents(ctx, msgs)
+	for i := range events {
+		ev := &events[i]
+		if errs[i] != nil {
+			st.Skipped = append(st.Skipped, errs[i].Error())
+			st.Refused = append(st.Refused, RefusedEvent{Subject: msgs[i].Subject, Seq: msgs[i].Seq, Err: errs[i]})
+			continue
+		}
+		switch ev.Kind {
+		case EventServiceUpsert:
+			st.Services = append(st.Services, *ev)
+		case EventMachineUpsert:
+			st.Machines = append(st.Machines, *ev.Machine)
+		}
+	}
+	sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Identity() < st.Services[j].Identity() })
+	sort.Slice(st.Machines, func(i, j int) bool { return st.Machines[i].ID < st.Machines[j].ID })
 	return st, nil
 }
 
-// liveCommits returns the latest final commit of every namespace. A commit
-// filed under another namespace's subject is skipped.
-func liveCommits(ctx context.Context, s *Store, skip func(string, error)) (map[string]*DeployCommit, error) {
-	filter := s.Names.DeployCommitSubject("*", CommitFinal)
-	subjects, err := s.SubjectsOf(ctx, s.Names.DeployCommitsStream(), filter)
-	if err != nil {
-		return nil, fmt.Errorf("loading live commits: %w", err)
-	}
-	prefix, suffix := strings.TrimSuffix(filter, "*."+string(CommitFinal)), "."+string(CommitFinal)
-	out := make(map[string]*DeployCommit, len(subjects))
-	err = s.LastOf(ctx, s.Names.DeployCommitsStream(), subjects, func(m *StoredMsg) error {
-		ns := strings.TrimSuffix(strings.TrimPrefix(m.Subject, prefix), suffix)
-		c, err := decodeCommit(m.Data, m.Seq)
-		switch {
-		case err != nil:
-			skip(m.Subject, fmt.Errorf("live commit on %s: %w", m.Subject, err))
-		case c.Namespace != ns || c.Kind != CommitFinal:
-			skip(m.Subject, fmt.Errorf("live commit on %s is a %s commit of namespace %q: skipped", m.Subject, c.Kind, c.Namespace))
-		default:
-			out[ns] = c
+// VerifyEvents is VerifyEvent for each of msgs, on every core (a signature
+// check costs more than the decoding, and a cold start checks one per
+// service). events[i] and errs[i] belong to msgs[i].
+func (s *Store) VerifyEvents(ctx context.Context, msgs []*StoredMsg) (events []RoutingEvent, errs []error) {
+	events = make([]RoutingEvent, len(msgs))
+	errs = make([]error, len(msgs))
+	workers := min(runtime.GOMAXPROCS(0), max(len(msgs)/16, 1))
+	if workers == 1 {
+		for i, m := range msgs {
+			errs[i] = s.VerifyEvent(ctx, m, &events[i])
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("loading live commits: %w", err)
+		return events, errs
 	}
-	return out, nil
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(msgs); i += workers {
+				errs[i] = s.VerifyEvent(ctx, msgs[i], &events[i])
+			}
+		}()
+	}
+	wg.Wait()
+	return events, errs
 }
 
-// instanceFields is the part of an instance record routing needs; decoding
-// only these skips the timestamps, the costliest fields to parse.
-type instanceFields struct {
-	Version   int    `json:"version"`
-	ID        string `json:"id"`
-	Namespace string `json:"namespace"`
-	Service   string `json:"service"`
-	Slot      int    `json:"slot"`
-	Revision  int64  `json:"revision"`
-	Machine   string `json:"machine"`
-	Address   string `json:"address"`
-	Port      int    `json:"port"`
-	State     string `json:"state"`
-	Error     string `json:"error"`
-}
-
-func (f *instanceFields) version() int { return f.Version }
-
-// eachInstance calls fn with every instance record and the namespace its
-// key ("<namespace>.<machine>.<id>") is under.
-func eachInstance(ctx context.Context, s *Store, fn func(ns string, r *InstanceRecord), skip func(string, error)) error {
-	err := ListJSON(ctx, s, s.Instances, NamespaceInstancesFilter("*"), func(key string, f *instanceFields) error {
-		ns, _, _ := strings.Cut(key, ".")
-		fn(ns, &InstanceRecord{Version: f.Version, ID: f.ID, Namespace: f.Namespace, Service: f.Service,
-			Slot: f.Slot, Revision: f.Revision, Machine: f.Machine, Address: f.Address, Port: f.Port,
-			State: f.State, Error: f.Error})
-		return nil
-	}, OnSkip(skip))
-	if err != nil {
-		return fmt.Errorf("loading instances: %w", err)
+// VerifyEvent checks that m, a message of the routing stream, is signed
+// under s's trust and filed on the subject its body belongs on, and decodes
+// it into ev. A refused signature is a bad_signature error.
+func (s *Store) VerifyEvent(ctx context.Context, m *StoredMsg, ev *RoutingEvent) error {
+	if err := s.Verify(ctx, s.Names.RoutingEventsStream(), m); err != nil {
+		return refusedIntent(fmt.Sprintf("routing event %d on %s", m.Seq, m.Subject), err)
 	}
+	if err := Decode("routing event", m.Data, ev); err != nil {
+		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("routing event %d on %s: %v", m.Seq, m.Subject, err)}
+	}
+	if err := ev.SubjectOK(s.Names, m.Subject); err != nil {
+		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("routing event %d: %v", m.Seq, err)}
+	}
+	ev.Seq = m.Seq
 	return nil
 }

@@ -48,10 +48,11 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-// TestLoadRoutingMatchesReference holds the three-pass LoadRouting to the
-// plain per-namespace reading of the same stored state: live commits of several
-// namespaces (one redeployed, one with a removed service, one with
-// unroutable instances), checkpoint commits, and machines.
+// TestLoadRoutingMatchesReference holds LoadRouting, which reads the last
+// signed event of every routing subject, to the routing derived from stored
+// intent the plain way: live commits of several namespaces (one redeployed,
+// one with a removed service, one with unroutable instances), checkpoint
+// commits, and machines.
 func TestLoadRoutingMatchesReference(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
@@ -87,7 +88,11 @@ func TestLoadRoutingMatchesReference(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"m2", "m1"} {
-		if _, err := store.PutJSON(ctx, s.Machines, id, &store.MachineRecord{Version: 1, ID: id, State: store.MachineActive, Address: "10.100.0.1"}); err != nil {
+		rec := &store.MachineRecord{Version: 1, ID: id, State: store.MachineActive, Address: "10.100.0.1"}
+		if _, err := store.PutJSON(ctx, s.Machines, id, rec); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineUpsert, Machine: rec}}); err != nil {
 			t.Fatal(err)
 		}
 	}

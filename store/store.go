@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -124,10 +125,29 @@ type Store struct {
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
 
+	// Signers holds the signer certificates and the trust root's record.
+	Signers jetstream.KeyValue
+
 	// apiPrefix is where this connection reaches the JetStream API, with
 	// its trailing dot (see EdgeAPIPrefix).
 	apiPrefix string
+
+	// signer signs appended intent; nil in a process that writes none.
+	signer Signer
+	// trust verifies what s reads.
+	trust trustState
+	// heads caches the last sequence of each stream s appends signed
+	// messages to.
+	heads struct {
+		mu   sync.Mutex
+		last map[string]uint64
+	}
 }
+
+// RoutingHistory is how many events of each routing subject (a service, a
+// machine) the routing stream keeps: the last is the state, the others are
+// for people reading what changed.
+const RoutingHistory = 4
 
 // RenewalsConsumer is the durable pull consumer on the renewals stream that
 // every gateway takes renewal work from, so each item is worked once.
@@ -172,8 +192,8 @@ const (
 // Every stream and bucket has a size limit and a largest message, so that
 // no writer, however compromised, fills the storage nodes' disks: a write
 // past a limit is refused (storage_full) and nothing already stored is
-// dropped to make room (discard new), except the routing events and
-// observations that age out by design.
+// dropped to make room (discard new), except the observations that age out
+// by design and the events a routing subject's newer events replace.
 func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 	names := s.Names
 	streams := []streamSpec{
@@ -186,7 +206,10 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		{&s.Routing, jetstream.StreamConfig{
 			Name: names.RoutingEventsStream(), Subjects: []string{names.RoutingWildcard()},
 			Description: "ordered routing events the gateway and DNS projections consume",
-			MaxAge:      7 * 24 * time.Hour, Duplicates: 10 * time.Minute,
+			// The last events of every subject are the routing state a
+			// cold start reads (LoadRouting): nothing goes by age, a
+			// subject keeps its few latest events.
+			MaxMsgsPerSubject: RoutingHistory, Duplicates: 10 * time.Minute, Discard: jetstream.DiscardNew,
 			DenyDelete: true, DenyPurge: true, MaxBytes: 2 * gib, MaxMsgSize: 4 * mib, AllowDirect: true,
 			RePublish: &jetstream.RePublish{Source: names.RoutingWildcard(), Destination: names.RoutingRepublishedWildcard()},
 		}},
@@ -218,6 +241,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.MeshDrift, names.MeshDriftBucket(), 1, 256*mib, 64*kib),
 		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 	}
 	for i := range buckets {
 		switch buckets[i].dst {
@@ -228,6 +252,9 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		case &s.MeshPeers:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.MeshPeersBucket() + ".>", Destination: names.MeshPeersRepublishedWildcard()}
+		case &s.Signers:
+			buckets[i].cfg.RePublish = &jetstream.RePublish{
+				Source: "$KV." + names.SignersBucket() + ".>", Destination: names.SignersRepublishedWildcard()}
 		}
 	}
 	return streams, buckets

@@ -19,7 +19,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -208,43 +207,17 @@ func (d *Deployer) Namespaces(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// History returns the final commits of ns, oldest first.
-func (d *Deployer) History(ctx context.Context, ns string) ([]store.DeployCommit, error) {
-	subj := d.s.Names.DeployCommitSubject(ns, store.CommitFinal)
-	info, err := d.s.Commits.Info(ctx, jetstream.WithSubjectFilter(subj))
-	if err != nil {
-		return nil, store.Classify(fmt.Errorf("reading history of %s: %w", ns, err))
-	}
-	total := info.State.Subjects[subj]
-	if total == 0 {
-		return nil, nil
-	}
-	cons, err := d.s.Commits.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
-	if err != nil {
-		return nil, store.Classify(fmt.Errorf("reading history of %s: %w", ns, err))
-	}
-	var out []store.DeployCommit
-	for uint64(len(out)) < total {
-		msg, err := store.PullFresh(ctx, func() (jetstream.Msg, error) { return cons.Next(jetstream.FetchMaxWait(5 * time.Second)) })
-		if err != nil {
-			return nil, store.Classify(fmt.Errorf("reading history of %s: %w", ns, err))
-		}
-		var c store.DeployCommit
-		if err := store.Decode("deploy commit", msg.Data(), &c); err != nil {
-			return nil, err
-		}
-		if md, err := msg.Metadata(); err == nil {
-			c.Seq = md.Sequence.Stream
-		}
-		out = append(out, c)
-	}
-	return out, nil
+// History returns the final commits of ns, oldest first. A commit whose
+// signature does not verify is left out (never a rollback target) and
+// named in the returned refusals.
+func (d *Deployer) History(ctx context.Context, ns string) ([]store.DeployCommit, []error, error) {
+	return d.s.CommitHistory(ctx, ns)
 }
 
 // Rollback deploys again the spec of an earlier final commit of ns: the one
 // named by to (a deploy ID), or the one before the live commit.
 func (d *Deployer) Rollback(ctx context.Context, ns, to string) (*store.DeployStatus, error) {
-	hist, err := d.History(ctx, ns)
+	hist, _, err := d.History(ctx, ns)
 	if err != nil {
 		return nil, err
 	}

@@ -125,6 +125,9 @@ func (n *Node) session(ctx context.Context, nc *nats.Conn, names store.Names, up
 			var err error
 			s, err = store.Open(octx, nc, names)
 			cancel()
+			if err == nil {
+				s.TrustAnchor(n.anchor)
+			}
 			if err != nil {
 				attempt++
 				n.log.Warn("opening store", zap.Error(err), zap.Int("attempt", attempt))
@@ -177,6 +180,14 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 		return false, store.Classify(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	// Signer certificates as they change: a retired key stops verifying
+	// at once.
+	signers := make(chan *nats.Msg, 64)
+	ssub, err := s.NC.ChanSubscribe(s.Names.SignersRepublishedWildcard(), signers)
+	if err != nil {
+		return false, store.Classify(err)
+	}
+	defer func() { _ = ssub.Unsubscribe() }()
 	if err := s.NC.Flush(); err != nil {
 		return false, store.Classify(err)
 	}
@@ -186,15 +197,20 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 	load := func() error {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		list, err := s.MeshPeerList(lctx)
+		if _, err := s.LoadSigners(lctx); err != nil {
+			return err
+		}
+		peers, refused, err := s.MeshPeerState(lctx)
 		if err != nil {
 			return err
 		}
-		peers := make(map[string]store.MeshPeerRecord, len(list))
-		for _, r := range list {
-			peers[r.Machine] = r
-		}
 		n.mu.Lock()
+		for machine, why := range refused {
+			n.refusedRecord(machine, why)
+			if old, ok := n.peers[machine]; ok {
+				peers[machine] = old
+			}
+		}
 		n.peers, n.source, n.watchUp, n.lastSync = peers, "watch", true, time.Now()
 		n.watchLostAt = time.Time{}
 		_, n.member = peers[n.st.Machine]
@@ -222,23 +238,34 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 				return live, err
 			}
 			n.requestApply()
+		case m := <-signers:
+			if sm, err := store.StoredFromMsg(m); err == nil {
+				if err := s.ApplySignerMsg(ctx, sm); err != nil {
+					n.log.Warn("signer certificate refused", zap.Error(err))
+				}
+			}
 		case m := <-changes:
 			sm, err := store.StoredFromMsg(m)
 			if err != nil || !strings.HasPrefix(sm.Subject, prefix) {
 				continue
 			}
 			machine := strings.TrimPrefix(sm.Subject, prefix)
+			vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			rec, err := s.VerifyMeshPeer(vctx, sm)
+			cancel()
 			n.mu.Lock()
-			switch m.Header.Get("KV-Operation") {
-			case "DEL", "PURGE":
+			switch {
+			case store.HasCode(err, store.CodeBadSignature) || store.HasCode(err, store.CodeInvalid):
+				n.refusedRecord(machine, err)
+				n.mu.Unlock()
+				continue
+			case err != nil:
+				n.mu.Unlock()
+				return live, err // could not check: read everything again
+			case rec == nil:
 				delete(n.peers, machine)
 			default:
-				var rec store.MeshPeerRecord
-				if err := store.DecodeKeyed(s.Names.MeshPeersBucket(), store.MeshPeerKey(machine), sm.Data, &rec); err != nil {
-					n.log.Warn("ignoring peer record", zap.String("machine", machine), zap.Error(err))
-				} else {
-					n.peers[machine] = rec
-				}
+				n.peers[machine] = *rec
 			}
 			n.lastSync = time.Now()
 			if machine == n.st.Machine {
@@ -248,6 +275,20 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 			n.requestApply()
 		}
 	}
+}
+
+// refusedRecord counts and logs a peer record that did not verify; the
+// peer's last good record stays. n.mu is held.
+func (n *Node) refusedRecord(machine string, err error) {
+	reason := "invalid"
+	var se *store.Error
+	if errors.As(err, &se) && se.Detail["reason"] != "" {
+		reason = se.Detail["reason"]
+	}
+	n.met.refused.WithLabelValues(reason).Inc()
+	n.refusedRecords++
+	n.lastRefusal = err.Error()
+	n.log.Error("peer record refused; keeping the peer's last good record", zap.String("machine", machine), zap.Error(err))
 }
 
 func (n *Node) isMember() bool {
@@ -268,16 +309,18 @@ func (n *Node) pollIfWatchLost(ctx context.Context) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	list, err := s.MeshPeerList(pctx)
+	m, refused, err := s.MeshPeerState(pctx)
 	if err != nil {
 		n.log.Debug("polling peers", zap.Error(err))
 		return
 	}
-	m := make(map[string]store.MeshPeerRecord, len(list))
-	for _, r := range list {
-		m[r.Machine] = r
-	}
 	n.mu.Lock()
+	for machine, why := range refused {
+		n.refusedRecord(machine, why)
+		if old, ok := n.peers[machine]; ok {
+			m[machine] = old
+		}
+	}
 	n.peers, n.source, n.lastSync = m, "poll", time.Now()
 	_, n.member = m[n.st.Machine]
 	n.mu.Unlock()

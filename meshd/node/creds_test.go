@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
@@ -96,6 +97,17 @@ func (c *authCluster) open(t *testing.T, creds string, provision bool) *store.St
 	s, err := open(ctx, nc, names)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if provision {
+		if _, err := signers.Server(ctx, s, c.auth.Dir, c.dir, "test"); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		anchor, err := store.ResolveAnchor("", creds, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.TrustAnchor(anchor)
 	}
 	return s
 }

@@ -31,6 +31,10 @@ type JoinOptions struct {
 	// state keeps its absolute path for run and leave. Needed when the
 	// control plane listens beyond loopback.
 	CredsFile string
+	// TrustRoot is the key peer records must be signed under; saved for
+	// run. Default: the root the credentials carry, else the store's,
+	// pinned on first contact.
+	TrustRoot string
 	// Installation and Authority scope the registrar subject; defaults
 	// local/default.
 	Installation, Authority string
@@ -160,7 +164,7 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	}
 	st := &State{
 		Version: store.RecordVersion, Machine: rep.Machine, MeshIP: rep.MeshIP, Subnet: rep.Subnet,
-		Secret: rep.Secret, NATSURL: o.NATSURL, CredsFile: o.CredsFile, Installation: names.Installation, Authority: names.Authority,
+		Secret: rep.Secret, NATSURL: o.NATSURL, CredsFile: o.CredsFile, TrustRoot: o.TrustRoot, Installation: names.Installation, Authority: names.Authority,
 		STUN: rep.STUN, ListenPort: o.ListenPort, Bind: o.Bind, Mode: o.Mode, Interface: o.Interface,
 		JoinedAt: time.Now().UTC(),
 	}

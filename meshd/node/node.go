@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,9 @@ type Config struct {
 	NATSURL string
 	// CredsFile overrides the NATS credentials saved at join.
 	CredsFile string
+	// TrustRoot overrides the trust root saved at join: the key peer
+	// records must be signed under.
+	TrustRoot string
 	// STUN overrides the servers the registrar announced.
 	STUN              []string
 	HeartbeatInterval time.Duration
@@ -59,6 +63,8 @@ type Node struct {
 	stop  context.CancelFunc
 
 	storeP atomic.Pointer[store.Store]
+	// anchor is where the trust in peer records starts.
+	anchor store.Anchor
 
 	mu          sync.Mutex
 	peers       map[string]store.MeshPeerRecord
@@ -75,6 +81,10 @@ type Node struct {
 	lastDrift   *store.MeshDriftReport
 	connected   bool
 	member      bool
+	// refusedRecords counts peer records whose signature did not verify;
+	// lastRefusal says why the latest was refused.
+	refusedRecords uint64
+	lastRefusal    string
 }
 
 // New loads the data dir; Run starts everything.
@@ -95,6 +105,13 @@ func New(cfg Config) (*Node, error) {
 	// A missing or broken credentials file is a configuration error: say
 	// so now rather than retry a connection that can never succeed.
 	if st.CredsFile, err = checkCreds(st.CredsFile); err != nil {
+		return nil, err
+	}
+	if cfg.TrustRoot != "" {
+		st.TrustRoot = cfg.TrustRoot
+	}
+	anchor, err := store.ResolveAnchor(st.TrustRoot, st.CredsFile, filepath.Join(cfg.DataDir, trustPinFile))
+	if err != nil {
 		return nil, err
 	}
 	key, err := LoadOrCreateKey(cfg.DataDir)
@@ -121,7 +138,7 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg: cfg, st: st, key: key, log: cfg.Logger.With(zap.String("machine", st.Machine)),
+		cfg: cfg, st: st, key: key, anchor: anchor, log: cfg.Logger.With(zap.String("machine", st.Machine)),
 		kick: make(chan struct{}, 1), ready: make(chan struct{}),
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
 		applied: make(map[Key]string), names: make(map[Key]string), member: true,
@@ -402,6 +419,14 @@ type ControlInfo struct {
 	Watch     string    `json:"watch"` // live, down or polling
 	Source    string    `json:"source"`
 	LastSync  time.Time `json:"last_sync,omitempty"`
+	// TrustRoot is the key peer records must be signed under, and
+	// TrustSource where this node learned it.
+	TrustRoot   string `json:"trust_root,omitempty"`
+	TrustSource string `json:"trust_source,omitempty"`
+	// RefusedRecords counts peer records not applied because their
+	// signature did not verify; LastRefusal says why the latest was.
+	RefusedRecords uint64 `json:"refused_records"`
+	LastRefusal    string `json:"last_refusal,omitempty"`
 }
 
 // PeerStatus is one peer as the node sees it.
@@ -432,7 +457,13 @@ func (n *Node) Status() (*Status, error) {
 	s := &Status{
 		Machine: n.st.Machine, MeshIP: n.st.MeshIP, PublicKey: n.key.Public().String(), Mode: n.st.Mode,
 		Interface: n.dev.iface, ListenPort: n.dev.port, Member: n.member, NAT: n.nat, Drift: n.lastDrift,
-		Control: ControlInfo{URL: n.st.NATSURL, Connected: n.connected, Source: n.source, LastSync: n.lastSync, Watch: "down"},
+		Control: ControlInfo{URL: n.st.NATSURL, Connected: n.connected, Source: n.source, LastSync: n.lastSync, Watch: "down",
+			RefusedRecords: n.refusedRecords, LastRefusal: n.lastRefusal},
+	}
+	if st := n.storeP.Load(); st != nil {
+		if _, a, err := st.Trust(context.Background()); err == nil {
+			s.Control.TrustRoot, s.Control.TrustSource = a.Root, a.Source
+		}
 	}
 	if n.watchUp {
 		s.Control.Watch = "live"

@@ -39,7 +39,11 @@ type State struct {
 	NATSURL string `json:"nats_url"`
 	// CredsFile is the absolute path of the NATS credentials join used;
 	// run and leave reuse it ("" on a loopback control plane without auth).
-	CredsFile    string    `json:"creds_file,omitempty"`
+	CredsFile string `json:"creds_file,omitempty"`
+	// TrustRoot is the trust root join was told (--trust-root); "" takes
+	// the one the credentials carry, else the store's, pinned in the data
+	// dir on first contact.
+	TrustRoot    string    `json:"trust_root,omitempty"`
 	Installation string    `json:"installation"`
 	Authority    string    `json:"authority"`
 	STUN         []string  `json:"stun,omitempty"`
@@ -51,6 +55,10 @@ type State struct {
 }
 
 func (s *State) version() int { return s.Version }
+
+// trustPinFile, in the data dir, keeps a trust root learned on first
+// contact with the store.
+const trustPinFile = "trust-root"
 
 // PeerCache is the last desired peer set this node knew, so a restart with
 // the control plane down restores tunnels to known peers.

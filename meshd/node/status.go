@@ -118,6 +118,7 @@ type metrics struct {
 	peers           *prometheus.GaugeVec
 	watchRestarts   prometheus.Counter
 	polls           prometheus.Counter
+	refused         *prometheus.CounterVec
 }
 
 func newMetrics(n *Node) *metrics {
@@ -137,8 +138,10 @@ func newMetrics(n *Node) *metrics {
 			Help: "Times the mesh-peers watch broke and was restarted."}),
 		polls: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_full_state_polls_total",
 			Help: "Full-state polls made while the watch was down past the fallback."}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshd_peer_records_refused_total",
+			Help: "Peer records not applied because their signature did not verify (the peer's last good record stays), by reason."}, []string{"reason"}),
 	}
-	m.reg.MustRegister(m.heartbeats, m.reconciles, m.reconcileErrors, m.corrections, m.peers, m.watchRestarts, m.polls,
+	m.reg.MustRegister(m.heartbeats, m.reconciles, m.reconcileErrors, m.corrections, m.peers, m.watchRestarts, m.polls, m.refused,
 		&peerCollector{n: n}, prometheus.NewGoCollector())
 	return m
 }

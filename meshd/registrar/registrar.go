@@ -274,7 +274,7 @@ func (r *Registrar) admit(ctx context.Context, peer *store.MeshPeerRecord, secre
 	if err := lease.Check(ctx); err != nil {
 		return netip.Addr{}, err
 	}
-	if _, err := store.PutJSON(ctx, r.st.MeshPeers, store.MeshPeerKey(peer.Machine), peer); err != nil {
+	if _, err := r.st.PutMeshPeer(ctx, peer); err != nil {
 		return netip.Addr{}, err
 	}
 	return ip, nil
@@ -333,14 +333,16 @@ func (r *Registrar) scan(ctx context.Context, machine string) (map[netip.Addr]bo
 }
 
 func (r *Registrar) keyOwner(ctx context.Context, pub string) (string, error) {
-	owner := ""
-	err := store.ListJSON(ctx, r.st, r.st.MeshPeers, "peer.>", func(_ string, p *store.MeshPeerRecord) error {
+	peers, err := r.st.MeshPeerList(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range peers {
 		if p.PublicKey == pub {
-			owner = p.Machine
+			return p.Machine, nil
 		}
-		return nil
-	})
-	return owner, err
+	}
+	return "", nil
 }
 
 func (r *Registrar) lowestFree(used map[netip.Addr]bool) (netip.Addr, error) {
@@ -415,8 +417,8 @@ func (r *Registrar) Leave(ctx context.Context, req store.MeshLeaveRequest) (*sto
 			return nil, store.Classify(fmt.Errorf("writing cooldown for %s: %w", ip, err))
 		}
 	}
-	if err := r.st.MeshPeers.Delete(ctx, store.MeshPeerKey(req.Machine)); err != nil {
-		return nil, store.Classify(fmt.Errorf("removing peer record of %s: %w", req.Machine, err))
+	if err := r.st.DeleteMeshPeer(ctx, req.Machine); err != nil {
+		return nil, err
 	}
 	if err := r.st.MeshIPs.Delete(ctx, store.MeshIPKey(ip), jetstream.LastRevision(rev)); err != nil {
 		return nil, store.Classify(fmt.Errorf("releasing %s: %w", ip, err))

@@ -137,32 +137,3 @@ func SetInstance(ctx context.Context, s *store.Store, namespace, id, state, errT
 	}
 	return s.RepublishService(ctx, namespace, rec.Service)
 }
-
-// AgeOutRouting makes every routing event stored so far go, as events do
-// when they outlive the stream's age limit (the stream refuses purges), and
-// returns once the stream is empty. The stream keeps its sequence.
-func AgeOutRouting(ctx context.Context, s *store.Store) error {
-	info, err := s.Routing.Info(ctx)
-	if err != nil {
-		return err
-	}
-	cfg := info.Config
-	cfg.MaxAge, cfg.Duplicates = 100*time.Millisecond, 100*time.Millisecond
-	if _, err := s.JS.UpdateStream(ctx, cfg); err != nil {
-		return err
-	}
-	for {
-		info, err := s.Routing.Info(ctx)
-		if err != nil {
-			return err
-		}
-		if info.State.Msgs == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("routing events still stored: %d: %w", info.State.Msgs, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}

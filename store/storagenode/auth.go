@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -77,6 +78,9 @@ type Auth struct {
 	edgeJWT     string
 	// ClusterSecret authenticates routes between storage nodes.
 	ClusterSecret string
+	// SigningRoot is the trust root of signed intent (package signing),
+	// nil in an auth dir that holds none; credentials carry its public key.
+	SigningRoot *signing.Key
 }
 
 const (
@@ -140,6 +144,14 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 	a.ClusterSecret = strings.TrimSpace(string(sec))
 	if err := a.encodeClaims(); err != nil {
 		return nil, err
+	}
+	if create {
+		a.SigningRoot, _, err = signing.LoadOrCreateRoot(dir)
+	} else {
+		a.SigningRoot, err = signing.LoadRoot(dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("auth dir: %w", err)
 	}
 	return a, nil
 }
@@ -391,6 +403,10 @@ func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 	if r.Machine != "" {
 		uc.Tags.Add("machine:" + r.Machine)
 	}
+	if a.SigningRoot != nil {
+		// Readers verify intent under this root (store.CredsTrustRoot).
+		uc.Tags.Add(store.TrustRootTag + a.SigningRoot.PublicKey())
+	}
 	if r.TTL > 0 {
 		uc.Expires = time.Now().Add(r.TTL).Unix()
 	}
@@ -468,14 +484,13 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 	case RoleGateway:
 		// What the custom Caddy (and a standalone edgeplane-dns) does,
 		// as run end to end in integration's gateway-credentials test.
-		// Projection load: every namespace's live commit, every instance
-		// and machine record; then the routing events from the loaded
-		// sequence on, as republished and by direct gets.
-		read(n.DeployCommitsStream())
+		// Projection load: the last signed event of every routing
+		// subject; then the events from the loaded sequence on, as
+		// republished and by direct gets; the signer certificates they
+		// are verified with, and their changes.
 		read(n.RoutingEventsStream())
-		readKV(n.InstancesBucket())
-		readKV(n.MachinesBucket())
-		p.Sub.Allow.Add(n.RoutingRepublishedWildcard())
+		readKV(n.SignersBucket())
+		p.Sub.Allow.Add(n.RoutingRepublishedWildcard(), n.SignersRepublishedWildcard())
 		// The routing observation `control deploy apply` waits for, under
 		// the gateway's own name when its credentials name one.
 		gw := ">"
@@ -517,6 +532,8 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		writeKV(n.InstancesBucket(), store.InstanceKey("*", machine, "*"))
 		readKey(n.MachinesBucket(), machine)
 		readKey(n.MeshPeersBucket(), store.MeshPeerKey(machine))
+		// Its peer record is signed: the certificates to verify it.
+		readKV(n.SignersBucket())
 		// Its own RPC subject, and requests on its own machine's subjects:
 		// admission (the control plane redeems the invite and writes the
 		// machine record) and routing republish (an agent publishes no
@@ -527,7 +544,8 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 	case RoleMesh:
 		readKV(n.MeshPeersBucket())
 		readKV(n.MeshHeartbeatsBucket())
-		p.Sub.Allow.Add(n.MeshPeersRepublishedWildcard())
+		readKV(n.SignersBucket())
+		p.Sub.Allow.Add(n.MeshPeersRepublishedWildcard(), n.SignersRepublishedWildcard())
 		writeKV(n.MeshHeartbeatsBucket(), store.MeshBeatKey(machine))
 		writeKV(n.MeshDriftBucket(), store.MeshDriftKey(machine))
 		// Only its own machine's registrar subjects: credentials for one

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -86,6 +88,9 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := signers.Server(ctx, cs, filepath.Join(dir, "auth"), dir, "test"); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := cs.Certs.Put(ctx, "cert.shop.example.com.key", []byte("PRIVATE KEY")); err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +100,13 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatalf("agent binds the store: %v", err)
 	}
+	// Even holding a signer's key (stolen with the box), its credentials
+	// refuse it every write of intent.
+	stolen, err := signing.ReadKeyFile(filepath.Join(dir, signers.SignerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	as.SignWith(store.StaticSigner{Key: stolen})
 	// It writes its own machine's instance records...
 	if _, err := as.Instances.Put(ctx, store.InstanceKey("shop", "m1", "i1"), []byte(`{"version":1}`)); err != nil {
 		t.Fatalf("agent instance write: %v", err)

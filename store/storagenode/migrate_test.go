@@ -3,11 +3,13 @@ package storagenode_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -34,6 +36,9 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	}
 	bs, err := store.Provision(ctx, bnc, names, store.Layout{})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signers.Server(ctx, bs, filepath.Join(boxDir, "auth"), boxDir, "box"); err != nil {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 3; i++ {
@@ -115,7 +120,9 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	if err := store.WaitForJetStream(ctx, snc); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{names.DeployCommitsStream(), "KV_" + names.CertsBucket(), "KV_" + names.InvitesBucket()} {
+	// The signers bucket goes too: the cluster, which has none of its own
+	// here, then verifies the box's commits under the box's trust root.
+	for _, name := range []string{names.DeployCommitsStream(), "KV_" + names.CertsBucket(), "KV_" + names.InvitesBucket(), "KV_" + names.SignersBucket()} {
 		var imp *storagenode.StreamImport
 		storetest.Eventually(t, 30*time.Second, "importing "+name, func() bool {
 			imp, err = storagenode.ImportStream(ctx, snc, cnc, name, 3)

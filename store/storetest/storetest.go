@@ -6,12 +6,16 @@ package storetest
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -23,6 +27,14 @@ type Server struct {
 	Dir   string
 	Store *store.Store
 }
+
+// AuthDir holds the server's trust root (signing.RootFile), as a storage
+// node's auth dir does; it lives in Dir, so a restart in Dir keeps it.
+func (s *Server) AuthDir() string { return filepath.Join(s.Dir, "auth") }
+
+// SignerFile is the signer the stores Connect returns sign with, as a
+// control server's DATA/signer.nk.
+func (s *Server) SignerFile() string { return filepath.Join(s.Dir, signers.SignerFile) }
 
 // Start starts a server on a random loopback port and provisions the default
 // names. Everything stops when the test ends.
@@ -49,7 +61,8 @@ func StartIn(t testing.TB, dir, listen string) *Server {
 }
 
 // Connect opens another connection and provisioned store on the server, as
-// another process would.
+// another control server would: it signs with SignerFile and verifies under
+// the trust root in AuthDir.
 func (s *Server) Connect(t testing.TB) *store.Store {
 	t.Helper()
 	nc, err := store.Connect(store.ConnectOptions{URL: s.URL, Name: t.Name()})
@@ -63,6 +76,9 @@ func (s *Server) Connect(t testing.TB) *store.Store {
 	st, err := store.Provision(ctx, nc, names, store.Layout{})
 	if err != nil {
 		t.Fatalf("provisioning: %v", err)
+	}
+	if _, err := signers.Server(ctx, st, s.AuthDir(), s.Dir, "storetest"); err != nil {
+		t.Fatalf("signing keys: %v", err)
 	}
 	return st
 }
@@ -100,5 +116,21 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// ShareTrustRoot puts from's trust root in dir's auth dir, as a storage
+// node started in dir with a copy of from's auth dir would have.
+func ShareTrustRoot(t testing.TB, from *Server, dir string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(from.AuthDir(), signing.RootFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "auth"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "auth", signing.RootFile), b, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

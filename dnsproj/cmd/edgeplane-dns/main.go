@@ -115,6 +115,11 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 	if _, err := o.store.Resolve(); err != nil {
 		return err
 	}
+	if o.snapshot != "" {
+		// A trust root learned on first contact is pinned beside the
+		// snapshot.
+		o.store.TrustPinFile = o.snapshot + ".trust-root"
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg

@@ -31,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
@@ -78,6 +79,10 @@ func run() error {
 	defer nc.Close()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	st, err := store.Provision(pctx, nc, names, store.Layout{})
+	if err == nil {
+		// The registrar signs the peer records it writes.
+		_, err = signers.Server(pctx, st, auth.Dir, *data, "meshdev")
+	}
 	cancel()
 	if err != nil {
 		return err

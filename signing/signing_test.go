@@ -1,0 +1,159 @@
+package signing_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/edgeplane/edgeplane/signing"
+)
+
+func keys(t *testing.T) (root, signer *signing.Key, trust *signing.Trust) {
+	t.Helper()
+	root, err := signing.NewRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err = signing.NewSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	trust, err = signing.NewTrust(root.PublicKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := trust.SetSigner(signer.PublicKey(), nil); err != nil {
+		t.Fatal(err)
+	}
+	return root, signer, trust
+}
+
+func TestVerifyRefusesWhatWasNotSignedSo(t *testing.T) {
+	root, signer, trust := keys(t)
+	m := signing.Message{Subject: "cp.default.routing.svc.shop.web", Seq: 7, Body: []byte(`{"kind":"service.upsert"}`)}
+	h := signer.Sign(m)
+	if _, err := trust.Verify("routing", m, h); err != nil {
+		t.Fatalf("good signature refused: %v", err)
+	}
+	stranger, _ := signing.NewSigner()
+	for _, tc := range []struct {
+		name   string
+		m      signing.Message
+		h      string
+		reason string
+	}{
+		{"no header", m, "", signing.ReasonUnsigned},
+		{"garbage header", m, "v1 x", signing.ReasonMalformed},
+		{"other version", m, "v2" + h[2:], signing.ReasonMalformed},
+		{"copied to another sequence", signing.Message{Subject: m.Subject, Seq: 8, Body: m.Body}, h, signing.ReasonReplayed},
+		{"copied to another subject", signing.Message{Subject: "cp.default.routing.svc.bank.web", Seq: 7, Body: m.Body}, h, signing.ReasonBadSignature},
+		{"body changed", signing.Message{Subject: m.Subject, Seq: 7, Body: []byte(`{"kind":"service.remove"}`)}, h, signing.ReasonBadSignature},
+		{"put passed off as a delete", signing.Message{Subject: m.Subject, Seq: 7, Op: "DEL", Body: m.Body}, h, signing.ReasonBadSignature},
+		{"signer never certified", m, stranger.Sign(m), signing.ReasonUnknown},
+		{"signed by the root, not a signer", m, root.Sign(m), signing.ReasonUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := trust.Verify("routing", tc.m, tc.h)
+			if got := signing.Reason(err); got != tc.reason {
+				t.Fatalf("got %q (%v), want %q", got, err, tc.reason)
+			}
+		})
+	}
+}
+
+func TestRetiredSignerStandsForWhatItSignedBefore(t *testing.T) {
+	_, signer, trust := keys(t)
+	if err := trust.SetSigner(signer.PublicKey(), signing.Bounds{"routing": 10}); err != nil {
+		t.Fatal(err)
+	}
+	before := signing.Message{Subject: "s", Seq: 10, Body: []byte("x")}
+	after := signing.Message{Subject: "s", Seq: 11, Body: []byte("x")}
+	if _, err := trust.Verify("routing", before, signer.Sign(before)); err != nil {
+		t.Fatalf("signed before retirement: %v", err)
+	}
+	if _, err := trust.Verify("routing", after, signer.Sign(after)); signing.Reason(err) != signing.ReasonRetired {
+		t.Fatalf("signed after retirement: got %v, want %s", err, signing.ReasonRetired)
+	}
+	if _, err := trust.Verify("commits", before, signer.Sign(before)); signing.Reason(err) != signing.ReasonRetired {
+		t.Fatalf("a stream the retirement does not name: got %v, want %s", err, signing.ReasonRetired)
+	}
+}
+
+func TestRootSignsOnlyAsRoot(t *testing.T) {
+	root, signer, trust := keys(t)
+	m := signing.Message{Subject: "$KV.cp_signers_default.signer.N", Seq: 3, Body: []byte("{}")}
+	if err := trust.VerifyRoot(m, root.Sign(m)); err != nil {
+		t.Fatalf("root signature refused: %v", err)
+	}
+	if err := trust.VerifyRoot(m, signer.Sign(m)); signing.Reason(err) != signing.ReasonUnknown {
+		t.Fatalf("a signer passed for the root: %v", err)
+	}
+}
+
+func TestKeyFileFollowsRotation(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "signer.nk")
+	a, _ := signing.NewSigner()
+	if err := signing.WriteKeyFile(path, a); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode: %v %v", fi.Mode(), err)
+	}
+	f, err := signing.OpenKeyFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := f.SigningKey(); k.PublicKey() != a.PublicKey() {
+		t.Fatal("wrong key")
+	}
+	b, _ := signing.NewSigner()
+	if err := signing.WriteKeyFile(path, b); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := f.SigningKey(); err != nil || k.PublicKey() != b.PublicKey() {
+		t.Fatalf("after rotation: %v %v, want %s", k, err, b.PublicKey())
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := signing.NewSigner()
+	if err := signing.WriteKeyFile(path, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SigningKey(); err == nil {
+		t.Fatal("a world-readable key file was used")
+	}
+	root, _ := signing.NewRoot()
+	if err := signing.WriteKeyFile(path, root); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SigningKey(); err == nil {
+		t.Fatal("the trust root was used as a signer")
+	}
+}
+
+func TestLoadOrCreateRootKeepsTheRoot(t *testing.T) {
+	dir := t.TempDir()
+	if k, err := signing.LoadRoot(dir); k != nil || err != nil {
+		t.Fatalf("empty dir: %v %v", k, err)
+	}
+	k1, created, err := signing.LoadOrCreateRoot(dir)
+	if err != nil || !created {
+		t.Fatalf("create: %v %v", created, err)
+	}
+	k2, created, err := signing.LoadOrCreateRoot(dir)
+	if err != nil || created || k2.PublicKey() != k1.PublicKey() {
+		t.Fatalf("reload: %v %v", created, err)
+	}
+	if _, err := signing.NewTrust(k1.PublicKey()); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := signing.NewSigner()
+	if _, err := signing.NewTrust(s.PublicKey()); err == nil {
+		t.Fatal("a signer key accepted as a trust root")
+	}
+}
