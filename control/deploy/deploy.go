@@ -19,7 +19,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/edgeplane/edgeplane/store"
 )
 
