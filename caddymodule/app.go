@@ -91,7 +91,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("provisioning edgeplane app: %w", err)
 	}
 	a.shared = val.(*sharedProjection)
-	if err := registerMetrics(ctx.GetMetricsRegistry(), a.shared.proj); err != nil {
+	if err := projection.RegisterMetrics(ctx.GetMetricsRegistry(), a.shared.proj); err != nil {
 		return fmt.Errorf("provisioning edgeplane app: registering metrics: %w", err)
 	}
 	return nil

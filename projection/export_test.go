@@ -12,3 +12,8 @@ func BuildView(evs []store.RoutingEvent) (*View, error) {
 	}
 	return b.finish(uint64(len(evs)), false), nil
 }
+
+// Unverified makes p apply routing events without checking their
+// signatures: the unsigned baseline of BenchmarkEventApply. Call it before
+// Run.
+func Unverified(p *Projection) { p.skipVerify = true }

@@ -48,7 +48,7 @@ type running struct {
 }
 
 // start runs a projection until the test ends (or stop is called).
-func start(t testing.TB, cfg projection.Config) *running {
+func start(t testing.TB, cfg projection.Config, opts ...func(*projection.Projection)) *running {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -65,6 +65,9 @@ func start(t testing.TB, cfg projection.Config) *running {
 	p, err := projection.New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, o := range opts {
+		o(p)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Projection: p, cancel: cancel, done: make(chan struct{})}

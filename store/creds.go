@@ -14,7 +14,11 @@ import (
 func InboxPrefix(userPub string) string { return "_INBOX." + userPub }
 
 // credsOptions are the connect options for a credentials file: the user
-// JWT and seed, and the user's own inbox prefix.
+// JWT and seed, read once, and the user's own inbox prefix. Reading the file
+// once keeps the identity and the inbox prefix together for the life of the
+// connection: a file replaced under a running process (credentials issued
+// anew) takes effect at its next start, never at a reconnect, where a new
+// user would be refused the old user's inbox.
 func credsOptions(file string) ([]nats.Option, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -28,5 +32,13 @@ func credsOptions(file string) ([]nats.Option, error) {
 	if err != nil {
 		return nil, fmt.Errorf("credentials %s: not a user JWT: %w", file, err)
 	}
-	return []nats.Option{nats.UserCredentials(file), nats.CustomInboxPrefix(InboxPrefix(uc.Subject))}, nil
+	kp, err := jwt.ParseDecoratedUserNKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("credentials %s: %w", file, err)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return nil, fmt.Errorf("credentials %s: %w", file, err)
+	}
+	return []nats.Option{nats.UserJWTAndSeed(tok, string(seed)), nats.CustomInboxPrefix(InboxPrefix(uc.Subject))}, nil
 }

@@ -135,6 +135,11 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 	if err != nil {
 		return err
 	}
+	// The projection's own figures (edgeplane_projection_*, refused
+	// events among them), as the gateway shows them.
+	if err := projection.RegisterMetrics(reg, p); err != nil {
+		return err
+	}
 	srv, err := dnsproj.New(cfg, dnsproj.ProjectionSource(p))
 	if err != nil {
 		return err

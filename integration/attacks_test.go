@@ -1,0 +1,678 @@
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/signing"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
+)
+
+// The trust boundary, attacked with the credentials a thief takes from an
+// edge box: each subtest is one attack of issue 12, run with the real
+// credentials `control creds issue` wrote against `control server --auth
+// on`, with a real gateway (the custom Caddy with gateway credentials,
+// serving HTTP, DNS and on-demand TLS) in front of a real deploy. After
+// each, the gateway, DNS and the commit stream are as before, and the next
+// deploy goes through as usual.
+func TestTrustBoundaryAttacks(t *testing.T) {
+	buildExtra(t)
+	f := newAttackFixture(t)
+	for _, a := range []struct {
+		name string
+		run  func(t *testing.T, f *attackFixture)
+	}{
+		{"1_forged_routing", attackForgedRouting},
+		{"2_records_trusted_by_body", attackRecordsByBody},
+		{"3_rollup_purges", attackRollups},
+		{"4_reply_subjects", attackReplySubjects},
+		{"5_push_consumers", attackPushConsumers},
+		{"6_sizes_and_counts", attackSizes},
+		{"7_one_bad_record", attackBadRecord},
+		{"8_machine_records_and_invites", attackMachineRecords},
+	} {
+		t.Run(a.name, func(t *testing.T) {
+			a.run(t, f)
+			f.unchanged(t)
+			f.nextDeploy(t)
+		})
+	}
+}
+
+// attackFixture is a box as a thief finds it: the control plane requires
+// credentials; machine m1 runs an agent; a gateway serves shop.
+type attackFixture struct {
+	t   *testing.T // the whole test's: what outlives one attack
+	c   *cluster
+	gw  *gateway
+	dns string
+	tls string
+	// Credentials of the roles an edge box holds.
+	agentCreds, meshCreds, gwCreds string
+	// What the attacks must not change, as of the last deploy.
+	version  int
+	routes   string
+	webIDs   map[string]bool
+	webPorts map[int]bool
+	commits  uint64
+	commitID []string
+}
+
+func newAttackFixture(t *testing.T) *attackFixture {
+	c := newAuthCluster(t)
+	c.join("m1")
+	f := &attackFixture{t: t, c: c}
+	// Files of their own: the agent keeps the ones it runs with.
+	issue := func(role, machine string) string {
+		file := filepath.Join(c.dir, "stolen-"+role+".creds")
+		args := []string{"creds", "issue", "--role", role, "--data", c.serverDir(), "-o", file}
+		if machine != "" {
+			args = append(args, "--machine", machine)
+		}
+		c.mustControl(args...)
+		return file
+	}
+	f.agentCreds, f.meshCreds, f.gwCreds = issue(storagenode.RoleAgent, "m1"), issue(storagenode.RoleMesh, "m1"), issue(storagenode.RoleGateway, "gw1")
+	f.startGateway()
+	f.nextDeploy(t)
+	return f
+}
+
+func (f *attackFixture) startGateway() {
+	t, c := f.t, f.c
+	g := &gateway{http: freeAddr(t), admin: freeAddr(t), dir: filepath.Join(c.dir, "gw1")}
+	f.dns, f.tls = freeAddr(t), freeAddr(t)
+	if err := os.MkdirAll(g.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	handler := []any{map[string]any{"handle": []any{map[string]any{"handler": "edgeplane"}}}}
+	cfg := map[string]any{
+		"admin":   map[string]any{"listen": g.admin},
+		"storage": map[string]any{"module": "edgeplane", "nats_url": c.url, "creds_file": f.gwCreds},
+		"apps": map[string]any{
+			"edgeplane":     map[string]any{"nats_url": c.url, "creds_file": f.gwCreds, "gateway_name": "gw1", "snapshot_path": filepath.Join(g.dir, "routing.json")},
+			"edgeplane_dns": map[string]any{"listen": []string{f.dns}, "ttl": "1s"},
+			// On-demand TLS from Caddy's internal CA, for routed names only.
+			"pki": map[string]any{"certificate_authorities": map[string]any{"local": map[string]any{"install_trust": false}}},
+			"tls": map[string]any{"automation": map[string]any{
+				"policies":  []any{map[string]any{"on_demand": true, "issuers": []any{map[string]any{"module": "internal"}}}},
+				"on_demand": map[string]any{"permission": map[string]any{"module": "edgeplane"}},
+			}},
+			"http": map[string]any{"servers": map[string]any{
+				"gw":  map[string]any{"listen": []string{g.http}, "automatic_https": map[string]any{"disable": true}, "routes": handler},
+				"gws": map[string]any{"listen": []string{f.tls}, "tls_connection_policies": []any{map[string]any{}}, "routes": handler},
+			}},
+		},
+	}
+	b, _ := json.Marshal(cfg)
+	path := filepath.Join(g.dir, "caddy.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"HOME=" + g.dir, "XDG_DATA_HOME=" + filepath.Join(g.dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(g.dir, "config")}
+	g.proc = start(t, "caddy gw1 (gateway credentials)", env, extraBins.caddy, "run", "--config", path)
+	eventually(t, 20*time.Second, "the gateway's projection to connect", func() bool {
+		st, err := g.projection()
+		return err == nil && st.Connected
+	})
+	f.gw = g
+}
+
+// nextDeploy applies the next revision of shop, waits for the gateway to
+// serve it, and records what the next attack must leave alone.
+func (f *attackFixture) nextDeploy(t *testing.T) {
+	t.Helper()
+	f.version++
+	manifest := strings.Replace(helloV1, `VERSION: "1"`, fmt.Sprintf(`VERSION: "%d"`, f.version), 1)
+	f.c.mustControl("deploy", "apply", "-f", f.c.manifest(fmt.Sprintf("v%d.yaml", f.version), manifest), "--drain-grace", "10ms", "--gateway-wait", "10s")
+	f.webIDs, f.webPorts = map[string]bool{}, map[int]bool{}
+	for _, in := range f.c.instances("shop") {
+		if in.Service == "web" && in.State == store.InstanceReady {
+			f.webIDs[in.ID] = true
+			f.webPorts[in.Port] = true
+		}
+	}
+	eventually(t, 10*time.Second, "the gateway to serve the new revision", func() bool {
+		code, inst, err := f.gw.request("shop.example.com", "/")
+		return err == nil && code == 200 && f.webIDs[inst]
+	})
+	f.routes = f.routesNow(t)
+	f.commits, f.commitID = f.commitState(t)
+}
+
+func (f *attackFixture) routesNow(t *testing.T) string {
+	t.Helper()
+	return routesOf(t, f.gw)
+}
+
+// routesOf is the gateway's /edgeplane/routes.
+func routesOf(t *testing.T, g *gateway) string {
+	t.Helper()
+	resp, err := http.Get("http://" + g.admin + "/edgeplane/routes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func (f *attackFixture) commitState(t *testing.T) (uint64, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := f.c.store.Commits.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.LastSeq, finalCommitIDs(t, f.c.store)
+}
+
+// unchanged checks that the gateway, DNS and the commit stream are what
+// the last deploy left.
+func (f *attackFixture) unchanged(t *testing.T) {
+	t.Helper()
+	for range 5 {
+		code, inst, err := f.gw.request("shop.example.com", "/")
+		if err != nil || code != 200 || !f.webIDs[inst] {
+			t.Fatalf("gateway: %d %q %v, want one of %v", code, inst, err, f.webIDs)
+		}
+	}
+	if got := f.routesNow(t); got != f.routes {
+		t.Fatalf("gateway routes changed:\n got %s\nwant %s", got, f.routes)
+	}
+	m := new(dns.Msg)
+	m.SetQuestion("web.shop.edgeplane.internal.", dns.TypeSRV)
+	r, _, err := (&dns.Client{Timeout: 2 * time.Second}).Exchange(m, f.dns)
+	if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != len(f.webIDs) {
+		t.Fatalf("DNS: %v %v", r, err)
+	}
+	for _, a := range r.Answer {
+		if srv, ok := a.(*dns.SRV); !ok || !f.webPorts[int(srv.Port)] {
+			t.Fatalf("DNS answer %v, want one of ports %v", a, f.webPorts)
+		}
+	}
+	seq, ids := f.commitState(t)
+	if seq != f.commits || strings.Join(ids, ",") != strings.Join(f.commitID, ",") {
+		t.Fatalf("commit stream changed: %d %v, was %d %v", seq, ids, f.commits, f.commitID)
+	}
+}
+
+// thief is a connection with one role's stolen credentials.
+type thief struct {
+	nc *nats.Conn
+	st *store.Store
+	// violations are the server's refusals that come without an answer
+	// (a permissions violation).
+	violations chan error
+}
+
+func (f *attackFixture) as(t *testing.T, creds string) *thief {
+	t.Helper()
+	th := &thief{violations: make(chan error, 64)}
+	nc, err := store.Connect(store.ConnectOptions{URL: f.c.url, CredsFile: creds, Name: "thief " + filepath.Base(creds)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	// What the server refuses without an answer shows up here.
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case th.violations <- err:
+		default:
+		}
+	})
+	th.nc = nc
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if th.st, err = store.Open(ctx, nc, f.c.store.Names); err != nil {
+		t.Fatal(err)
+	}
+	anchor, err := store.ResolveAnchor("", creds, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	th.st.TrustAnchor(anchor)
+	return th
+}
+
+// refused runs a write the role must not make and fails the test if it
+// was acknowledged.
+func refused(t *testing.T, what string, err error) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: accepted", what)
+	}
+	t.Logf("%s: refused (%v)", what, err)
+}
+
+// try runs what the role must not be able to do: an error answer, or a
+// permissions violation the server reports instead of an answer, is a
+// refusal; an answer is a failure.
+func (th *thief) try(t *testing.T, what string, fn func(ctx context.Context) error) {
+	t.Helper()
+	for len(th.violations) > 0 {
+		<-th.violations
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	select {
+	case err := <-done:
+		refused(t, what, err)
+	case v := <-th.violations:
+		cancel()
+		<-done
+		t.Logf("%s: refused (%v)", what, v)
+	}
+}
+
+// 1. An agent publishes a routing event for another namespace's host. Its
+// credentials may not publish there at all; and even the NATS account
+// itself (here: control credentials) cannot make a gateway route, because
+// nothing it publishes is signed by a certified signer. On-demand TLS
+// issues no certificate for the forged name.
+func attackForgedRouting(t *testing.T, f *attackFixture) {
+	n := f.c.store.Names
+	forged := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "shop", Service: "web",
+		Routes:    []store.Route{{Hosts: []string{"shop.example.com", "bank.example.com"}}},
+		Endpoints: []store.Endpoint{{InstanceID: "evil", Machine: "m1", Address: "203.0.113.9", Port: 80}}}
+	body, _ := json.Marshal(forged)
+	head := routingHead(t, f.c)
+
+	agent := f.as(t, f.agentCreds)
+	for _, subj := range []string{n.RoutingMachineSubject("m1"), n.RoutingServiceSubject("shop", "web"), store.EdgeAPIPrefix + "." + n.RoutingServiceSubject("shop", "web")} {
+		agent.try(t, "agent publishes a routing event on "+subj, func(ctx context.Context) error {
+			_, err := agent.st.JS.Publish(ctx, subj, body)
+			return err
+		})
+	}
+	if h := routingHead(t, f.c); h != head {
+		t.Fatalf("the agent's routing events landed: head %d, was %d", h, head)
+	}
+
+	// The account itself: unsigned, signed by a key nobody certified, and
+	// a valid event of the past copied again.
+	before, _ := f.gw.projectionFull()
+	stranger, _ := signing.NewSigner()
+	subj := n.RoutingServiceSubject("shop", "web")
+	var good *store.StoredMsg
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.c.store.LastOf(ctx, n.RoutingEventsStream(), []string{subj}, func(m *store.StoredMsg) error { good = m; return nil }); err != nil || good == nil {
+		t.Fatalf("reading the live event: %v", err)
+	}
+	msgs := []*nats.Msg{
+		{Subject: subj, Data: body},
+		{Subject: subj, Data: body, Header: nats.Header{signing.Header: {stranger.Sign(signing.Message{Subject: subj, Seq: head + 2, Body: body})}}},
+		{Subject: subj, Data: good.Data, Header: nats.Header{signing.Header: {good.Header.Get(signing.Header)}}},
+	}
+	for _, m := range msgs {
+		if _, err := f.c.store.JS.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "the gateway to see the forged events", func() bool {
+		st, err := f.gw.projectionFull()
+		return err == nil && st.Signatures.Refused >= before.Signatures.Refused+3
+	})
+	st, _ := f.gw.projectionFull()
+	if !strings.Contains(st.Signatures.LastRefusal, "refused routing event") || st.Signatures.TrustSource != store.TrustFromCreds {
+		t.Fatalf("projection status does not say what it refused: %+v", st.Signatures)
+	}
+	if code, _, _ := f.gw.request("bank.example.com", "/"); code == 200 {
+		t.Fatal("the forged host is routed")
+	}
+	// No certificate for the forged name; one for a routed name.
+	if err := f.handshake("bank.example.com"); err == nil {
+		t.Fatal("on-demand TLS issued a certificate for the forged host")
+	}
+	if err := f.handshake("shop.example.com"); err != nil {
+		t.Fatalf("on-demand TLS for the routed host: %v", err)
+	}
+	// The stream now ends with an event nobody signed: the next deploy
+	// (run by unchanged's caller) replaces it with a signed one.
+}
+
+func (f *attackFixture) handshake(host string) error {
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", f.tls, &tls.Config{ServerName: host, InsecureSkipVerify: true})
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// 2. Records an untrusted role writes are taken only under the key their
+// body names: an agent's instance record claiming another machine's
+// instance, and a heartbeat claiming another node, are skipped.
+func attackRecordsByBody(t *testing.T, f *attackFixture) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	agent := f.as(t, f.agentCreds)
+	var victim store.InstanceRecord
+	for _, in := range f.c.instances("shop") {
+		if f.webIDs[in.ID] {
+			victim = in
+		}
+	}
+	// Under its own machine's key, a record whose body is another
+	// machine's instance of shop/web, pointing elsewhere.
+	claim := victim
+	claim.Machine, claim.Address, claim.Port = "m2", "203.0.113.9", 80
+	data, _ := json.Marshal(claim)
+	if _, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "claim"), data); err != nil {
+		t.Fatalf("the agent's write under its own key: %v", err)
+	}
+	agent.try(t, "agent m1 writes under machine m2's key", func(ctx context.Context) error {
+		_, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m2", victim.ID), data)
+		return err
+	})
+	// The control plane republishes shop/web from stored state, as the
+	// agent may ask: the claim is not among the endpoints.
+	if _, err := agent.st.RequestRepublish(ctx, "m1", "shop", "web"); err != nil {
+		t.Fatalf("republish request: %v", err)
+	}
+	insts, err := f.c.store.NamespaceInstances(ctx, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := insts[victim.ID]; got == nil || got.Address != victim.Address {
+		t.Fatalf("the claim replaced %s: %+v", victim.ID, got)
+	}
+
+	// meshd m1 writes its heartbeat key with a body claiming m2, long
+	// dead: m2's own heartbeat is what readers see.
+	mesh := f.as(t, f.meshCreds)
+	genuine := store.MeshHeartbeat{Version: 1, Machine: "m2", At: time.Now().UTC(), Interval: store.Duration(5 * time.Second)}
+	if _, err := store.PutJSON(ctx, f.c.store.MeshBeats, store.MeshBeatKey("m2"), &genuine); err != nil {
+		t.Fatal(err)
+	}
+	fake := store.MeshHeartbeat{Version: 1, Machine: "m2", At: time.Now().Add(-time.Hour).UTC(), Interval: store.Duration(5 * time.Second)}
+	data, _ = json.Marshal(fake)
+	if _, err := mesh.st.MeshBeats.Put(ctx, store.MeshBeatKey("m1"), data); err != nil {
+		t.Fatalf("meshd m1 writing its own key: %v", err)
+	}
+	mesh.try(t, "meshd m1 writes m2's heartbeat", func(ctx context.Context) error {
+		_, err := mesh.st.MeshBeats.Put(ctx, store.MeshBeatKey("m2"), data)
+		return err
+	})
+	beats, err := f.c.store.MeshHeartbeats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb := beats["m2"]; hb.Liveness(time.Now()) != store.LivenessAlive {
+		t.Fatalf("m2 looks %s after m1's claim", hb.Liveness(time.Now()))
+	}
+}
+
+// 3. A rollup would turn permission to write one key into permission to
+// wipe the bucket: every bucket refuses it.
+func attackRollups(t *testing.T, f *attackFixture) {
+	n := f.c.store.Names
+	agent := f.as(t, f.agentCreds)
+	gw := f.as(t, f.gwCreds)
+	before := map[string]uint64{}
+	buckets := []string{n.InstancesBucket(), n.MachinesBucket(), n.LocksBucket(), n.CertsBucket()}
+	for _, b := range buckets {
+		before[b] = bucketMsgs(t, f.c.store, b)
+	}
+	for _, tc := range []struct {
+		who *thief
+		key string
+	}{
+		{agent, "$KV." + n.InstancesBucket() + "." + store.InstanceKey("shop", "m1", "x")},
+		{gw, "$KV." + n.LocksBucket() + ".cp.lock.cert.x"},
+		{gw, "$KV." + n.CertsBucket() + ".x"},
+	} {
+		m := nats.NewMsg(store.EdgeAPIPrefix + "." + tc.key)
+		m.Header.Set("Nats-Rollup", "all")
+		m.Data = []byte("{}")
+		tc.who.try(t, "rollup on "+tc.key, func(ctx context.Context) error {
+			_, err := tc.who.st.JS.PublishMsg(ctx, m)
+			return err
+		})
+	}
+	for _, b := range buckets {
+		if got := bucketMsgs(t, f.c.store, b); got != before[b] {
+			t.Fatalf("bucket %s holds %d messages, had %d", b, got, before[b])
+		}
+	}
+}
+
+func bucketMsgs(t *testing.T, s *store.Store, bucket string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	str, err := s.JS.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return str.CachedInfo().State.Msgs
+}
+
+// 4. A request whose reply subject is the commit stream or a lock key: the
+// answer goes back to the asker's account (and responders answer only
+// inboxes), so nothing is written there.
+func attackReplySubjects(t *testing.T, f *attackFixture) {
+	n := f.c.store.Names
+	agent := f.as(t, f.agentCreds)
+	gw := f.as(t, f.gwCreds)
+	locks := bucketMsgs(t, f.c.store, n.LocksBucket())
+	req, _ := json.Marshal(store.RepublishRequest{Namespace: "shop", Service: "web"})
+	for _, reply := range []string{n.DeployCommitSubject("shop", store.CommitFinal), "$KV." + n.LocksBucket() + ".cp.lock.deploy.shop"} {
+		if err := agent.nc.PublishRequest(n.RoutingRepublishSubject("m1"), reply, req); err != nil {
+			t.Fatal(err)
+		}
+		get, _ := json.Marshal(map[string]any{"seq": 1})
+		if err := gw.nc.PublishRequest(store.EdgeAPIPrefix+".DIRECT.GET."+n.RoutingEventsStream(), reply, get); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same requests again with the connections' own inboxes: once
+	// they are answered, the ones before them were handled.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := agent.st.RequestRepublish(ctx, "m1", "shop", "web"); err != nil {
+		t.Fatalf("a proper republish request: %v", err)
+	}
+	if _, err := gw.st.ReadFrom(ctx, n.RoutingEventsStream(), 1, "", func(*store.StoredMsg) error { return nil }); err != nil {
+		t.Fatalf("a proper direct get: %v", err)
+	}
+	if got := bucketMsgs(t, f.c.store, n.LocksBucket()); got != locks {
+		t.Fatalf("locks bucket holds %d messages, had %d", got, locks)
+	}
+	// The commit stream is checked by unchanged.
+}
+
+// 5. A push consumer delivers wherever its creator says: untrusted roles
+// cannot create one, in the control account or their own.
+func attackPushConsumers(t *testing.T, f *attackFixture) {
+	n := f.c.store.Names
+	revocations := bucketMsgs(t, f.c.store, n.RevocationsBucket())
+	for _, creds := range []string{f.agentCreds, f.gwCreds, f.meshCreds} {
+		th := f.as(t, creds)
+		for _, api := range []string{store.EdgeAPIPrefix, "$JS.API"} {
+			// Pull consumers too: none is the role's to create.
+			js, err := jetstream.NewWithAPIPrefix(th.nc, api)
+			if err != nil {
+				t.Fatal(err)
+			}
+			th.try(t, "pull consumer via "+api, func(ctx context.Context) error {
+				_, err := js.CreateOrUpdateConsumer(ctx, n.DeployCommitsStream(), jetstream.ConsumerConfig{Durable: "copy"})
+				return err
+			})
+			// nats.go's jetstream package makes no push consumers: the
+			// request by hand, delivering into the revocations bucket.
+			raw, _ := json.Marshal(map[string]any{"stream_name": n.DeployCommitsStream(), "config": map[string]any{
+				"durable_name": "copy", "deliver_subject": "$KV." + n.RevocationsBucket() + ".*", "ack_policy": "none"}})
+			th.try(t, "push consumer via "+api, func(ctx context.Context) error {
+				_, err := th.nc.RequestWithContext(ctx, api+".CONSUMER.CREATE."+n.DeployCommitsStream()+".copy", raw)
+				return err
+			})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, stream := range []string{n.DeployCommitsStream(), n.RoutingEventsStream()} {
+		if _, err := f.c.store.JS.Consumer(ctx, stream, "copy"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			t.Fatalf("a consumer was created on %s: %v", stream, err)
+		}
+	}
+	if got := bucketMsgs(t, f.c.store, n.RevocationsBucket()); got != revocations {
+		t.Fatalf("revocations: %d messages, had %d", got, revocations)
+	}
+}
+
+// 6. Sizes: a role's messages are small, a bucket's values bounded, and
+// an edge role has no JetStream of its own to fill.
+func attackSizes(t *testing.T, f *attackFixture) {
+	n := f.c.store.Names
+	agent := f.as(t, f.agentCreds)
+	gw := f.as(t, f.gwCreds)
+	insts := bucketMsgs(t, f.c.store, n.InstancesBucket())
+	certs := bucketMsgs(t, f.c.store, n.CertsBucket())
+	agent.try(t, "agent writes a 1 MiB record", func(ctx context.Context) error {
+		_, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "big"), make([]byte, 1<<20))
+		return err
+	})
+	gw.try(t, "gateway writes a value past the certificates bucket's limit", func(ctx context.Context) error {
+		_, err := gw.st.Certs.Put(ctx, "big", make([]byte, store.MaxCertValue+1024))
+		return err
+	})
+	for _, api := range []string{store.EdgeAPIPrefix, "$JS.API"} {
+		js, _ := jetstream.NewWithAPIPrefix(agent.nc, api)
+		agent.try(t, "agent creates a stream via "+api, func(ctx context.Context) error {
+			_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "fill", Subjects: []string{"fill.>"}})
+			return err
+		})
+	}
+	if got := bucketMsgs(t, f.c.store, n.InstancesBucket()); got != insts {
+		t.Fatalf("instances: %d messages, had %d", got, insts)
+	}
+	if got := bucketMsgs(t, f.c.store, n.CertsBucket()); got != certs {
+		t.Fatalf("certs: %d messages, had %d", got, certs)
+	}
+}
+
+// 7. One undecodable record, written where an agent may write, stops no
+// reader: the gateway restarts and loads, the CLI lists, and the control
+// server (its storage node) restarts.
+func attackBadRecord(t *testing.T, f *attackFixture) {
+	agent := f.as(t, f.agentCreds)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "junk"), []byte("{not json")); err != nil {
+		t.Fatalf("the agent's write under its own key: %v", err)
+	}
+	if _, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "future"), []byte(`{"version":99}`)); err != nil {
+		t.Fatal(err)
+	}
+	if out := f.c.mustControl("instances", "--namespace", "shop"); !strings.Contains(out, "web") {
+		t.Fatalf("instances:\n%s", out)
+	}
+	f.c.mustControl("deploy", "status", "shop")
+	// The storage node restarts on the same port; everyone reconnects.
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(f.c.url, "nats://"))
+	f.c.server.stop(syscall.SIGTERM)
+	f.c.startServer("127.0.0.1:" + port)
+	// The gateway restarts: a cold start from the store.
+	f.gw.proc.stop(syscall.SIGTERM)
+	f.startGateway()
+	eventually(t, 10*time.Second, "the restarted gateway to serve shop", func() bool {
+		code, inst, err := f.gw.request("shop.example.com", "/")
+		return err == nil && code == 200 && f.webIDs[inst]
+	})
+	// The agent's republish path reads the namespace's records, junk
+	// included.
+	if _, err := agent.st.RequestRepublish(ctx, "m1", "shop", "web"); err != nil {
+		t.Fatalf("republish with junk beside the records: %v", err)
+	}
+}
+
+// 8. Machine records and invites belong to the control plane: an agent
+// cannot write its own record (undoing a drain, copying labels), nor any
+// invite key, and admission, which the control server runs, changes only
+// the asker's address and redeems invites only for the asker.
+func attackMachineRecords(t *testing.T, f *attackFixture) {
+	agent := f.as(t, f.agentCreds)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	f.c.mustControl("machine", "drain", "m1")
+	before, err := machines.Get(ctx, f.c.store, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	undo := *before
+	undo.State, undo.Labels = store.MachineActive, map[string]string{"tier": "payments"}
+	data, _ := json.Marshal(undo)
+	agent.try(t, "agent writes its own machine record", func(ctx context.Context) error {
+		_, err := agent.st.Machines.Put(ctx, "m1", data)
+		return err
+	})
+	agent.try(t, "agent writes an invite", func(ctx context.Context) error {
+		_, err := agent.st.Invites.Put(ctx, "invite.x", []byte(`{"version":1}`))
+		return err
+	})
+	agent.try(t, "agent reads the invites bucket", func(ctx context.Context) error {
+		_, err := agent.st.Invites.Get(ctx, "invite.x")
+		return err
+	})
+	// An invite the operator made for another machine: redeemed through
+	// admission as m2 with m1's credentials, and as m1 a second time.
+	token := strings.TrimSpace(f.c.mustControl("machine", "invite"))
+	agent.try(t, "agent m1 joins as m2", func(ctx context.Context) error {
+		_, err := machines.RequestAdmission(ctx, agent.st, machines.AdmitJoin, machines.AdmissionRequest{Machine: "m2", Token: token, Address: "203.0.113.9"})
+		return err
+	})
+	agent.try(t, "agent m1 joins again", func(ctx context.Context) error {
+		_, err := machines.RequestAdmission(ctx, agent.st, machines.AdmitJoin, machines.AdmissionRequest{Machine: "m1", Token: token, Address: "127.0.0.1"})
+		return err
+	})
+	// Its address it may change; nothing else moves.
+	rec, err := machines.RequestAdmission(ctx, agent.st, machines.AdmitAddress, machines.AdmissionRequest{Machine: "m1", Address: before.Address})
+	if err != nil {
+		t.Fatalf("address admission: %v", err)
+	}
+	after, err := machines.Get(ctx, f.c.store, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != store.MachineDraining || after.State != store.MachineDraining || len(after.Labels) != len(before.Labels) {
+		t.Fatalf("machine record after the agent's attempts: %+v", after)
+	}
+	if _, err := f.c.store.Invites.Get(ctx, "invite.x"); err == nil {
+		t.Fatal("an invite key the agent wrote exists")
+	}
+	f.c.mustControl("machine", "enable", "m1")
+}
+
+// projectionFull is the gateway's whole projection status.
+func (g *gateway) projectionFull() (*projection.Status, error) {
+	resp, err := http.Get("http://" + g.admin + "/edgeplane/projection")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var st projection.Status
+	return &st, json.NewDecoder(resp.Body).Decode(&st)
+}
