@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
@@ -309,4 +311,63 @@ func freeLoopbackAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// Peer records are the control plane's, signed by the registrar: one
+// written by anyone else (here the NATS account itself) neither replaces a
+// peer's key and endpoints nor removes the peer, and the node says so in
+// its status and metrics.
+func TestForgedPeerRecordsAreRefused(t *testing.T) {
+	c := startCluster(t)
+	a := c.join(t, "alpha")
+	metricsAddr := freeLoopbackAddr(t)
+	b := c.join(t, "beta", func(cfg *node.Config) { cfg.MetricsAddr, cfg.ReconcileInterval = metricsAddr, 200*time.Millisecond })
+	var genuine node.PeerStatus
+	storetest.Eventually(t, 10*time.Second, "beta to know alpha", func() bool {
+		var ok bool
+		genuine, ok = b.peer(t, "alpha")
+		return ok && genuine.Active
+	})
+	ctx := context.Background()
+	s := c.srv.Store
+	subj := "$KV." + s.Names.MeshPeersBucket() + "." + store.MeshPeerKey("alpha")
+	forged, _ := json.Marshal(store.MeshPeerRecord{Version: 1, Machine: "alpha", PublicKey: "bm90IGFscGhhJ3Mga2V5IGF0IGFsbCBub3QgYXQgYWxsIQ==",
+		MeshIP: a.State().MeshIP, Endpoints: []string{"203.0.113.9:51820"}})
+	put := nats.NewMsg(subj)
+	put.Data = forged
+	del := nats.NewMsg(subj)
+	del.Header.Set("KV-Operation", "DEL")
+	for _, m := range []*nats.Msg{put, del} {
+		if _, err := s.JS.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	storetest.Eventually(t, 10*time.Second, "beta to refuse both", func() bool {
+		return b.status(t).Control.RefusedRecords >= 2
+	})
+	st := b.status(t)
+	if !strings.Contains(st.Control.LastRefusal, "mesh peer record peer.alpha") || st.Control.TrustRoot == "" {
+		t.Fatalf("status: %+v", st.Control)
+	}
+	if p, ok := b.peer(t, "alpha"); !ok || p.PublicKey != genuine.PublicKey {
+		t.Fatalf("alpha after the forged records: %+v (found %v), was %+v", p, ok, genuine)
+	}
+	// The full reads the watch makes every reconcile interval keep the
+	// last good record too.
+	refusedAt := time.Now()
+	storetest.Eventually(t, 10*time.Second, "a full read after the refusals", func() bool {
+		return b.status(t).Control.LastSync.After(refusedAt)
+	})
+	if p, ok := b.peer(t, "alpha"); !ok || p.PublicKey != genuine.PublicKey {
+		t.Fatalf("alpha after a full read: %+v (found %v)", p, ok)
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`meshd_peer_records_refused_total\{reason="unsigned"\} [2-9]`).Match(metrics) {
+		t.Errorf("metrics lack the refusals:\n%s", metrics)
+	}
 }
