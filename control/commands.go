@@ -19,6 +19,8 @@ var commands = []command{
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineState(store.MachineDisabled)},
 	{name: "machine enable", synopsis: "ID", summary: "put a drained or disabled machine back into placement",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineState(store.MachineActive)},
+	{name: "machine rm", aliases: []string{"machine remove"}, synopsis: "ID [--force]", summary: "retire a machine: records, routing, DNS name, mesh peer and invite go",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineRemove},
 
 	{name: "deploy preview", synopsis: "-f FILE", summary: "show what applying a manifest would start, keep and stop; writes nothing",
 		client: reads, setup: setupDeployPreview},
@@ -30,6 +32,11 @@ var commands = []command{
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupDeployHistory},
 	{name: "deploy rollback", synopsis: "NS [--to ID]", summary: "deploy an earlier commit's spec again",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupDeployRollback},
+	{name: "deploy destroy", synopsis: "NS", summary: "retire a namespace: stop its instances, remove its routing, release its hosts",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupDeployDestroy},
+
+	{name: "doctor", synopsis: "[--gateway URL] [--dns ADDR]", summary: "read every layer and say where they disagree; exit 0 when coherent",
+		client: reads, setup: setupDoctor},
 
 	{name: "instances", synopsis: "[--namespace NS]", summary: "instance records: machine, address, state, error",
 		client: reads, setup: setupInstances},

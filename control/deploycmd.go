@@ -25,6 +25,7 @@ func addApplyFlags(fs *flag.FlagSet) *deploy.Options {
 	fs.DurationVar(&opts.GatewayWait, "gateway-wait", 10*time.Second, "bound on waiting for gateways to apply the new routing")
 	fs.DurationVar(&opts.DrainGrace, "drain-grace", 2*time.Second, "pause before stopping old instances, for requests in flight")
 	fs.DurationVar(&opts.StopGrace, "stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace for old instances")
+	fs.DurationVar(&opts.RPCTimeout, "rpc-timeout", 10*time.Second, "bound on each machine call beyond its own wait; a machine with candidates that stops answering fails the apply within about this")
 	return opts
 }
 
@@ -99,6 +100,16 @@ func setupDeployRollback(fs *flag.FlagSet) func(*call) error {
 	}
 }
 
+func setupDeployDestroy(fs *flag.FlagSet) func(*call) error {
+	opts := addApplyFlags(fs)
+	return func(c *call) error {
+		return c.withDeployer(*opts, func(d *deploy.Deployer) error {
+			st, err := d.Destroy(c.ctx, c.args[0])
+			return finishApply(c.out, st, err)
+		})
+	}
+}
+
 func setupDeployStatus(*flag.FlagSet) func(*call) error {
 	return func(c *call) error {
 		return c.withDeployer(deploy.Options{}, func(d *deploy.Deployer) error {
@@ -132,7 +143,10 @@ func printHistory(w io.Writer, hist []store.DeployCommit) {
 	fmt.Fprintln(tw, "DEPLOY\tREVISION\tCOMMITTED\tSERVICES\tSLOTS\tNOTE")
 	for _, h := range hist {
 		note := ""
-		if h.RollbackOf != "" {
+		switch {
+		case h.Destroy:
+			note = "destroy"
+		case h.RollbackOf != "":
 			note = "rollback to " + h.RollbackOf
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%s\n", h.ID, h.Revision, h.CreatedAt.Format(time.RFC3339),

@@ -74,6 +74,37 @@ func setupMachineState(state string) func(*flag.FlagSet) func(*call) error {
 	}
 }
 
+func setupMachineRemove(fs *flag.FlagSet) func(*call) error {
+	force := fs.Bool("force", false, "remove a machine that is dead (or stolen) though it still has instances; they leave the routing and the next apply replaces them elsewhere")
+	probe := fs.Duration("probe-timeout", 2*time.Second, "how long the machine has to answer before it counts as dead")
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error {
+			rm, err := machines.Remove(c.ctx, s, c.args[0], *force, *probe)
+			if err != nil {
+				return err
+			}
+			return c.out.emit(rm, func(w io.Writer) {
+				fmt.Fprintf(w, "machine %s removed", rm.Machine)
+				if !rm.Reachable {
+					fmt.Fprint(w, " (it did not answer)")
+				}
+				fmt.Fprintln(w)
+				if len(rm.Instances) > 0 {
+					fmt.Fprintf(w, "  forgot %d instances: %s\n", len(rm.Instances), strings.Join(rm.Instances, ", "))
+					fmt.Fprintf(w, "  routing published again for %s; the next apply of each namespace places replacements\n", strings.Join(rm.Republished, ", "))
+				}
+				if rm.MeshIP != "" {
+					fmt.Fprintf(w, "  left the mesh, releasing %s\n", rm.MeshIP)
+				}
+				if rm.Invites > 0 {
+					fmt.Fprintln(w, "  its invite is void")
+				}
+				fmt.Fprintln(w, "  its credentials still work until revoked: control creds revoke --user-creds FILE")
+			})
+		})
+	}
+}
+
 func shortCause(p string) string {
 	for _, c := range []string{store.CauseNoResponders, store.CauseTimeout, store.CauseTransport} {
 		if strings.Contains(p, c) {

@@ -408,3 +408,13 @@ func (l labelFlags) Set(v string) error {
 	l[k] = val
 	return nil
 }
+
+// listFlag collects a repeated flag's values, in order.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}

@@ -135,18 +135,13 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 	defer stopRepublish()
 
 	var wg sync.WaitGroup
-	// Explicit completion of deploys whose orchestrator stopped after the
-	// final commit: their routing events must still go out. A crashed
-	// holder's lease may take its TTL to expire, so this runs beside serving.
+	// Deploys whose orchestrator stopped (killed, its laptop closed) are
+	// finished here: published, drained and cleaned up once its namespace
+	// lease expires, with no further command.
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		d := deploy.New(s, deploy.Options{Out: stdout})
-		cctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		if err := d.CompleteAll(cctx); err != nil && ctx.Err() == nil {
-			logger.Warn("completing interrupted deploys", zap.Error(err))
-		}
+		runCompleter(ctx, s, stdout, logger)
 	}()
 	errc := make(chan error, 1)
 	if cfg.withAgent {
@@ -175,6 +170,37 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 	wg.Wait()
 	fmt.Fprintln(stdout, "control server stopping (instances keep running)")
 	return err
+}
+
+// runCompleter claims the hosts of stores written before host ownership
+// existed, then finishes abandoned deploys until ctx ends, starting again
+// whenever its watch fails (the store unreachable for a while).
+func runCompleter(ctx context.Context, s *store.Store, stdout io.Writer, logger *zap.Logger) {
+	log := logger.Named("completer")
+	bctx, cancel := context.WithTimeout(ctx, time.Minute)
+	conflicts, err := s.BackfillHosts(bctx)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		log.Warn("claiming the hosts of live commits", zap.Error(err))
+	}
+	for _, c := range conflicts {
+		log.Warn("host routed by two namespaces; the first keeps it", zap.String("conflict", c))
+	}
+	d := deploy.New(s, deploy.Options{Out: stdout})
+	for {
+		err := d.RunCompleter(ctx, deploy.CompleterOptions{OnError: func(ns string, err error) {
+			log.Warn("finishing deploys", zap.String("namespace", ns), zap.Error(err))
+		}})
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("deploy completer stopped; starting again", zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
 }
 
 // startSTUN listens on each address of list (comma separated) for as long as

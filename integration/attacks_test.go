@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -49,6 +50,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"6_sizes_and_counts", attackSizes},
 		{"7_one_bad_record", attackBadRecord},
 		{"8_machine_records_and_invites", attackMachineRecords},
+		{"9_host_claims", attackHostClaims},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -664,6 +666,33 @@ func attackMachineRecords(t *testing.T, f *attackFixture) {
 		t.Fatal("an invite key the agent wrote exists")
 	}
 	f.c.mustControl("machine", "enable", "m1")
+}
+
+// 9. Host ownership is control-plane state: no edge credential reads or
+// writes a claim, so a stolen box can neither take another namespace's
+// host nor free the one shop owns.
+func attackHostClaims(t *testing.T, f *attackFixture) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	claim, _ := json.Marshal(store.HostClaim{Version: store.RecordVersion, Host: "bank.example.com", Namespace: "shop", Since: time.Now()})
+	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"mesh", f.meshCreds}, {"gateway", f.gwCreds}} {
+		th := f.as(t, role.creds)
+		th.try(t, role.name+" claims a host", func(ctx context.Context) error {
+			_, err := th.st.Hosts.Put(ctx, store.HostKey("bank.example.com"), claim)
+			return err
+		})
+		th.try(t, role.name+" frees shop's host", func(ctx context.Context) error {
+			return th.st.Hosts.Delete(ctx, store.HostKey("shop.example.com"))
+		})
+		th.try(t, role.name+" reads the host claims", func(ctx context.Context) error {
+			_, err := th.st.Hosts.Get(ctx, store.HostKey("shop.example.com"))
+			return err
+		})
+	}
+	owned, err := f.c.store.OwnedHosts(ctx, "shop")
+	if err != nil || !slices.Equal(owned, []string{"shop.example.com"}) {
+		t.Fatalf("shop owns %v (%v) after the attempts", owned, err)
+	}
 }
 
 // projectionFull is the gateway's whole projection status.

@@ -117,9 +117,16 @@ func (b *builder) addHost(idx *shards[[]hostRoute], own *[nShards]bool, host str
 	}
 	rs = append(rs, old...)
 	rs = append(rs, r)
-	// Longest prefix first; between services claiming the same prefix the
-	// lowest namespace/name wins, so every gateway decides alike.
+	// A host belongs to one namespace. The store refuses a second owner,
+	// but a view built from records written around that check (or before
+	// it existed) may hold two: the lowest namespace is served, on every
+	// gateway alike, and the view reports the conflict. Within the owner,
+	// longest prefix first; between services claiming the same prefix the
+	// lowest name wins.
 	sort.SliceStable(rs, func(i, j int) bool {
+		if rs[i].Service.Namespace != rs[j].Service.Namespace {
+			return rs[i].Service.Namespace < rs[j].Service.Namespace
+		}
 		if len(rs[i].Prefix) != len(rs[j].Prefix) {
 			return len(rs[i].Prefix) > len(rs[j].Prefix)
 		}
@@ -167,6 +174,25 @@ func (b *builder) removeMachine(id string) {
 	delete(cowShard(&b.v.machines, &b.ownMachs, id, 0), id)
 	b.v.numMachines--
 	b.changed = true
+}
+
+// FromState builds the view of a stored routing state exactly as a
+// gateway's load builds it (without the last good state a gateway keeps
+// for what does not verify): what every gateway should serve at rs.Seq.
+// control doctor compares gateways' digests with it. Events it cannot use
+// are returned as errors beside the view.
+func FromState(rs *store.RoutingState) (*View, []error) {
+	b := newBuilder(emptyView(false))
+	var errs []error
+	for i := range rs.Services {
+		if err := b.apply(&rs.Services[i]); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", rs.Services[i].Identity(), err))
+		}
+	}
+	for _, m := range rs.Machines {
+		b.upsertMachine(m)
+	}
+	return b.finish(rs.Seq, false), errs
 }
 
 // finish returns the new immutable View at seq.

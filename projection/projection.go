@@ -204,6 +204,11 @@ type Status struct {
 	// snapshot), kept until the next success.
 	LastError     string `json:"last_error,omitempty"`
 	SnapshotError string `json:"snapshot_error,omitempty"`
+	// Digest hashes what the view serves (View.Digest).
+	Digest string `json:"digest"`
+	// HostConflicts are hosts routed by more than one namespace; only
+	// each one's owner is served (see View.Conflicts).
+	HostConflicts []HostConflict `json:"host_conflicts,omitempty"`
 }
 
 // SignatureStatus is the projection's side of signed intent.
@@ -243,6 +248,7 @@ func (p *Projection) Status() Status {
 		st.Rebuilds = st.Loads - 1
 	}
 	st.Services, st.Routable, st.Machines = v.Counts()
+	st.HostConflicts, st.Digest = v.Conflicts(), v.Digest()
 	st.LagSeqs = st.StreamHead - st.AppliedSeq
 	if bs := p.behindSince.Load(); bs != 0 && st.LagSeqs > 0 {
 		st.LagSeconds = now.Sub(time.Unix(0, bs)).Seconds()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -428,7 +429,14 @@ func (p *Projection) reportLoop(ctx context.Context) {
 		}
 		v := p.View()
 		obs := store.GatewayObservation{Version: store.RecordVersion, Gateway: p.cfg.Name,
-			AppliedSeq: v.Seq, Stale: v.Stale, At: time.Now().UTC()}
+			AppliedSeq: v.Seq, Stale: v.Stale, At: time.Now().UTC(), Digest: v.Digest(), Hosts: len(v.Hosts())}
+		for i, c := range v.Conflicts() {
+			if i == maxReportedConflicts {
+				obs.Conflicts = append(obs.Conflicts, fmt.Sprintf("and %d more", len(v.Conflicts())-i))
+				break
+			}
+			obs.Conflicts = append(obs.Conflicts, fmt.Sprintf("%s: %s over %s", c.Host, c.Owner, strings.Join(c.Others, ", ")))
+		}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, err := store.PutJSON(pctx, st.Gateways, GatewayKey(p.cfg.Name), &obs)
 		cancel()
@@ -437,6 +445,10 @@ func (p *Projection) reportLoop(ctx context.Context) {
 		}
 	}
 }
+
+// maxReportedConflicts bounds the conflicts one observation names: the
+// record must stay small.
+const maxReportedConflicts = 8
 
 // GatewayKey is the key of gateway name's observation in the gateways bucket.
 func GatewayKey(name string) string { return store.KeySafe(name) }

@@ -1,6 +1,10 @@
 package projection
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -112,6 +116,10 @@ type lazyLists struct {
 	// every new view's services and machines, nothing in them its hosts.
 	hostsOnce sync.Once
 	hosts     []string
+	// The conflicts and the digest are read by reports and doctor only.
+	auditOnce sync.Once
+	conflicts []HostConflict
+	digest    string
 }
 
 // emptyView is what a projection serves before anything is known.
@@ -169,8 +177,15 @@ func (v *View) Routes(host string) bool {
 	return false
 }
 
+// matchPath finds the route of path among a host's routes, which are
+// sorted owner first (see builder.addHost): routes of any other namespace
+// are never served.
 func matchPath(rs []hostRoute, path string) *Service {
+	owner := rs[0].Service.Namespace
 	for _, r := range rs {
+		if r.Service.Namespace != owner {
+			break
+		}
 		if prefixMatches(r.Prefix, path) {
 			return r.Service
 		}
@@ -222,6 +237,63 @@ func (v *View) Hosts() []string {
 	return v.lists.hosts
 }
 
+// HostConflict is a host that services of more than one namespace route.
+// Only Owner's routes are served.
+type HostConflict struct {
+	Host   string   `json:"host"`
+	Owner  string   `json:"owner"`
+	Others []string `json:"others"`
+}
+
+// Conflicts lists the hosts more than one namespace routes, sorted by host:
+// records the store's ownership check should have kept out. A gateway
+// serves the lowest namespace of each (see matchPath).
+func (v *View) Conflicts() []HostConflict { v.audit(); return v.lists.conflicts }
+
+// Digest is a hash of what the view serves: each host's routes, the
+// service each prefix goes to and its endpoints. Two views that route
+// every request alike have the same digest, whatever order their events
+// came in, so a gateway's report can be checked against a rebuild from the
+// store (control doctor).
+func (v *View) Digest() string { v.audit(); return v.lists.digest }
+
+func (v *View) audit() {
+	v.lists.auditOnce.Do(func() {
+		h := sha256.New()
+		for _, host := range v.Hosts() {
+			var rs []hostRoute
+			if strings.HasPrefix(host, "*.") {
+				rs, _ = v.wild.get(host[1:])
+			} else {
+				rs, _ = v.exact.get(host)
+			}
+			if len(rs) == 0 {
+				continue
+			}
+			owner := rs[0].Service.Namespace
+			var others []string
+			fmt.Fprintf(h, "host %s\n", host)
+			for _, r := range rs {
+				if r.Service.Namespace != owner {
+					if !slices.Contains(others, r.Service.Namespace) {
+						others = append(others, r.Service.Namespace)
+					}
+					continue
+				}
+				fmt.Fprintf(h, " %s %s rev %d:", r.Prefix, r.Service.Key(), r.Service.Revision)
+				for _, ep := range r.Service.Endpoints {
+					fmt.Fprintf(h, " %s@%s:%d", ep.InstanceID, ep.Address, ep.Port)
+				}
+				h.Write([]byte{'\n'})
+			}
+			if len(others) > 0 {
+				v.lists.conflicts = append(v.lists.conflicts, HostConflict{Host: host, Owner: owner, Others: others})
+			}
+		}
+		v.lists.digest = hex.EncodeToString(h.Sum(nil)[:16])
+	})
+}
+
 // Counts returns the number of services, routable endpoints and machines.
 func (v *View) Counts() (services, endpoints, machines int) {
 	return v.numServices, v.numEndpoints, v.numMachines
@@ -254,6 +326,9 @@ func (v *View) HostRoutes(host string) []HostRoute {
 	}
 	out := make([]HostRoute, 0, len(rs))
 	for _, r := range rs {
+		if r.Service.Namespace != rs[0].Service.Namespace {
+			break // not served: see matchPath
+		}
 		out = append(out, HostRoute{Host: host, Prefix: r.Prefix, Namespace: r.Service.Namespace, Service: r.Service.Name})
 	}
 	return out

@@ -173,3 +173,48 @@ func TestMachines(t *testing.T) {
 		t.Error("m3 still present after removal")
 	}
 }
+
+// A host two namespaces route (records the store's ownership check should
+// have kept out) is served by one of them only, the same on every gateway
+// whatever order the events came in, and reported.
+func TestHostOfTwoNamespacesIsServedByItsOwnerOnly(t *testing.T) {
+	prod := upsert("prod", "api", route([]string{"api.example.com"}, "/"))
+	test := upsert("test", "api", route([]string{"api.example.com"}, "/v2", "/"))
+	testOnly := upsert("test", "web", route([]string{"test.example.com"}))
+	a := buildView(t, prod, test, testOnly)
+	b := buildView(t, testOnly, test, prod)
+	for _, v := range []*View{a, b} {
+		for _, path := range []string{"/", "/v2/orders"} {
+			s, ok := v.Lookup("API.Example.COM.", path)
+			if !ok || s.Namespace != "prod" {
+				t.Fatalf("api.example.com%s served by %+v, want prod's", path, s)
+			}
+		}
+		if rs := v.HostRoutes("api.example.com"); len(rs) != 1 || rs[0].Namespace != "prod" {
+			t.Fatalf("HostRoutes = %+v, want prod's route only", rs)
+		}
+		cs := v.Conflicts()
+		if len(cs) != 1 || cs[0].Host != "api.example.com" || cs[0].Owner != "prod" || len(cs[0].Others) != 1 || cs[0].Others[0] != "test" {
+			t.Fatalf("Conflicts = %+v", cs)
+		}
+	}
+	if a.Digest() != b.Digest() {
+		t.Fatalf("the same routing in another order has another digest")
+	}
+	// The owner stops routing it: the other namespace is served.
+	bd := newBuilder(a)
+	if err := bd.apply(&store.RoutingEvent{Version: 1, Kind: store.EventServiceRemove, Namespace: "prod", Service: "api"}); err != nil {
+		t.Fatal(err)
+	}
+	c := bd.finish(a.Seq+1, false)
+	if s, ok := c.Lookup("api.example.com", "/v2/x"); !ok || s.Namespace != "test" {
+		t.Fatalf("after prod's removal served by %+v", s)
+	}
+	if len(c.Conflicts()) != 0 || c.Digest() == a.Digest() {
+		t.Fatalf("conflicts %+v, digest unchanged %v", c.Conflicts(), c.Digest() == a.Digest())
+	}
+	// A healthy view reports nothing.
+	if cs := buildView(t, prod, testOnly).Conflicts(); len(cs) != 0 {
+		t.Fatalf("conflicts on a coherent view: %+v", cs)
+	}
+}

@@ -9,6 +9,8 @@ const (
 	CmdReadiness      = "deploy.readiness"
 	CmdDrainInstance  = "instance.drain"
 	CmdStopInstance   = "instance.stop"
+	// CmdInventory lists what the agent runs, for control doctor.
+	CmdInventory = "inventory"
 	// Leased commands (seed 002): each carries an attempt number that acts as
 	// a generation guard.
 	CmdRestart      = "command.restart"
@@ -29,6 +31,23 @@ type CapacityReply struct {
 	Instances int               `json:"instances"`
 	// Free is how many more instances the machine accepts now.
 	Free int `json:"free"`
+}
+
+// InventoryReply is what an agent runs right now, as it sees it: a live
+// observation for `control doctor`, never stored.
+type InventoryReply struct {
+	Machine   string          `json:"machine"`
+	Instances []InventoryItem `json:"instances"`
+}
+
+// InventoryItem is one instance an agent runs (or ran: Running false means
+// its process exited and the agent has not forgotten it yet).
+type InventoryItem struct {
+	ID        string `json:"id"`
+	Namespace string `json:"namespace"`
+	Service   string `json:"service"`
+	DeployID  string `json:"deploy_id,omitempty"`
+	Running   bool   `json:"running"`
 }
 
 // StartRequest asks a machine to start a candidate instance.

@@ -73,6 +73,10 @@ func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Autho
 // RevocationsBucket lists refused credentials, by user public key.
 func (n Names) RevocationsBucket() string { return "cp_revocations_" + n.Authority }
 
+// HostsBucket says which namespace owns each routed host (HostClaim):
+// control role only.
+func (n Names) HostsBucket() string { return "cp_hosts_" + n.Authority }
+
 // SignersBucket holds the signer certificates and the trust root's record
 // (see SignerRecord): written by holders of the trust root only, read by
 // every reader of signed intent.

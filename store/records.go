@@ -149,6 +149,9 @@ type DeployCommit struct {
 	Slots        []SlotAssignment `json:"slots"`
 	// RollbackOf names the commit whose spec this deploy re-applied.
 	RollbackOf string `json:"rollback_of,omitempty"`
+	// Destroy marks the final commit of `control deploy destroy`: no
+	// services, every instance stopped, every host released.
+	Destroy bool `json:"destroy,omitempty"`
 	// Replaces is the final commit this one superseded (empty for the first
 	// deploy of a namespace): removals of services derive from it.
 	Replaces    string    `json:"replaces,omitempty"`
@@ -191,6 +194,8 @@ type DeployStatus struct {
 	Phase      string `json:"phase"`
 	Error      *Error `json:"error,omitempty"`
 	RollbackOf string `json:"rollback_of,omitempty"`
+	// Destroy marks a `control deploy destroy`.
+	Destroy bool `json:"destroy,omitempty"`
 	// CommitSeq is the final commit's stream sequence once committed.
 	CommitSeq uint64 `json:"commit_seq,omitempty"`
 	// RoutingPublished is set once every routing event derived from the
@@ -201,10 +206,15 @@ type DeployStatus struct {
 	// Gateways summarises the bounded wait for gateways, e.g. "2/2".
 	Gateways string `json:"gateways,omitempty"`
 	// Cleanup lists recoverable failures while stopping old instances.
-	Cleanup   []CleanupFailure `json:"cleanup,omitempty"`
-	Warnings  []string         `json:"warnings,omitempty"`
-	StartedAt time.Time        `json:"started_at"`
-	UpdatedAt time.Time        `json:"updated_at"`
+	Cleanup []CleanupFailure `json:"cleanup,omitempty"`
+	// Settled is set once nothing of the deploy is left to do: committed,
+	// published, drained and every instance it replaced stopped; or failed
+	// with every candidate stopped. Until then `control server` finishes
+	// it when its orchestrator is gone.
+	Settled   bool      `json:"settled,omitempty"`
+	Warnings  []string  `json:"warnings,omitempty"`
+	StartedAt time.Time `json:"started_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 	// Rev is the KV revision, filled in when read.
 	Rev uint64 `json:"-"`
 }
@@ -393,6 +403,13 @@ type GatewayObservation struct {
 	AppliedSeq uint64    `json:"applied_seq"`
 	Stale      bool      `json:"stale"`
 	At         time.Time `json:"at"`
+	// Digest hashes what the gateway serves at AppliedSeq (see
+	// projection.View.Digest); Hosts counts the hosts it routes.
+	Digest string `json:"digest,omitempty"`
+	Hosts  int    `json:"hosts,omitempty"`
+	// Conflicts are hosts routed by more than one namespace in the
+	// gateway's view ("host: owner over others"), at most a few.
+	Conflicts []string `json:"conflicts,omitempty"`
 }
 
 func (r *GatewayObservation) version() int { return r.Version }

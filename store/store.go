@@ -127,6 +127,8 @@ type Store struct {
 
 	// Signers holds the signer certificates and the trust root's record.
 	Signers jetstream.KeyValue
+	// Hosts says which namespace owns each routed host (HostClaim).
+	Hosts jetstream.KeyValue
 
 	// apiPrefix is where this connection reaches the JetStream API, with
 	// its trailing dot (see EdgeAPIPrefix).
@@ -242,6 +244,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
+		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
 	}
 	for i := range buckets {
 		switch buckets[i].dst {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -349,6 +350,8 @@ func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, e
 	switch command {
 	case store.CmdCapacity:
 		return a.capacity(), nil
+	case store.CmdInventory:
+		return a.inventory(), nil
 	case store.CmdStartCandidate:
 		var req store.StartRequest
 		if err := decode(command, data, &req); err != nil {
@@ -397,6 +400,24 @@ func (a *Agent) capacity() store.CapacityReply {
 		Machine: m.ID, Region: m.Region, Labels: m.Labels, Address: m.Address,
 		Driver: a.cfg.Driver.Name(), Instances: n, Free: max(0, a.cfg.MaxInstances-n),
 	}
+}
+
+func (a *Agent) inventory() store.InventoryReply {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := store.InventoryReply{Machine: a.cfg.Machine.ID, Instances: make([]store.InventoryItem, 0, len(a.instances))}
+	for _, inst := range a.instances {
+		running := true
+		select {
+		case <-inst.handle.Exited():
+			running = false
+		default:
+		}
+		r := inst.Record
+		out.Instances = append(out.Instances, store.InventoryItem{ID: r.ID, Namespace: r.Namespace, Service: r.Service, DeployID: r.DeployID, Running: running})
+	}
+	sort.Slice(out.Instances, func(i, j int) bool { return out.Instances[i].ID < out.Instances[j].ID })
+	return out
 }
 
 func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.StartReply, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -29,9 +30,18 @@ type run struct {
 	status *store.DeployStatus
 	// started are candidates a machine accepted, to stop on abort.
 	started []SlotAction
+	// claimed are the hosts this apply took for the namespace, given back
+	// on abort.
+	claimed []string
 }
 
-func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf string) (*store.DeployStatus, error) {
+// intent says what kind of deploy an apply is, beyond its manifest.
+type intent struct {
+	rollbackOf string
+	destroy    bool
+}
+
+func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*store.DeployStatus, error) {
 	if err := manifest.Validate(m); err != nil {
 		var me *manifest.Error
 		if errors.As(err, &me) {
@@ -44,7 +54,12 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	d.lastStep = time.Now()
 	d.mu.Unlock()
 
-	// 1. Preview against stored intent.
+	// 1. Preview against stored intent. A host another namespace owns is
+	// refused here, before anything is written.
+	hosts := store.ManifestHosts(m)
+	if err := d.s.CheckHosts(ctx, r.ns, hosts); err != nil {
+		return nil, err
+	}
 	st, err := d.load(ctx, r.ns)
 	if err != nil {
 		return nil, err
@@ -55,9 +70,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	failpoint.Hit("after_preview")
 
 	// 2. The namespace deploy lease; a second apply fails here at once.
-	lease, err := d.s.AcquireLease(ctx, store.DeployLockKey(r.ns), store.LeaseOptions{
-		TTL: d.opts.LeaseTTL, Holder: d.opts.Holder, Purpose: "deploy " + r.id, KeepAlive: true,
-	})
+	lease, err := d.acquireDeployLease(ctx, r.ns, "deploy "+r.id)
 	if err != nil {
 		return nil, err
 	}
@@ -88,14 +101,17 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	}
 	failpoint.Hit("after_probe")
 
-	// 4. The first durable writes: applying status and pending phases.
+	// 4. The first durable writes: applying status and pending phases,
+	// then the hosts become the namespace's. From here on a failure
+	// aborts: the status says why, and an orchestrator that dies leaves a
+	// status `control server` finishes.
 	if err := lease.Check(ctx); err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
 	r.status = &store.DeployStatus{
 		Namespace: r.ns, DeployID: r.id, Revision: r.plan.Revision, State: store.DeployApplying,
-		Phase: StepStatus.Name(), RollbackOf: rollbackOf, StartedAt: now,
+		Phase: StepStatus.Name(), RollbackOf: in.rollbackOf, Destroy: in.destroy, StartedAt: now,
 	}
 	if err := d.putStatus(ctx, r.status); err != nil {
 		return nil, err
@@ -109,12 +125,17 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 			return nil, err
 		}
 	}
+	// Checked again under the hosts lease: another namespace may have
+	// claimed one since the preview.
+	if r.claimed, err = d.s.ClaimHosts(ctx, r.ns, r.id, hosts); err != nil {
+		return r.abort(ctx, err)
+	}
 	d.step(StepStatus, "status applying, %d phase records pending", NumSteps-int(StepStatus))
 	failpoint.Hit("after_status")
 
 	// 5. Start candidates and wait for readiness. Any failure aborts.
 	if err := r.startCandidates(ctx); err != nil {
-		return r.abort(err)
+		return r.abort(ctx, err)
 	}
 	failpoint.Hit("after_candidates")
 
@@ -124,16 +145,32 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	d.step(StepCheckpoint, "no intermediate phases; nothing to checkpoint")
 	failpoint.Hit("after_checkpoint")
 
-	// 7. The final commit: the point of no return.
+	// 7. The final commit: the point of no return. The append itself is
+	// not interrupted: cut short, it would leave unknown whether the deploy
+	// is live.
 	r.status.Phase = StepFinalCommit.Name()
+	if err := ctx.Err(); err != nil {
+		return r.abort(ctx, err)
+	}
 	if err := lease.Check(ctx); err != nil {
-		return r.abort(err)
+		return r.abort(ctx, err)
 	}
 	commit := r.finalCommit()
-	seq, err := d.s.AppendCommit(ctx, commit)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opts.RPCTimeout)
+	seq, err := d.s.AppendCommit(cctx, commit)
+	cancel()
 	if err != nil {
-		return r.abort(err)
+		return r.abort(ctx, err)
 	}
+	// The deploy is live: an interruption from here on finishes it first
+	// (a second interrupt is not taken; kill -9 leaves it to `control
+	// server`).
+	stopNotice := context.AfterFunc(ctx, func() {
+		d.printf("interrupted after the final commit: deploy %s is live; finishing it (routing events, drain) before exiting", r.id)
+	})
+	defer stopNotice()
+	interrupted := ctx
+	ctx = context.WithoutCancel(ctx)
 	failpoint.Hit("after_final_commit")
 	r.status.State, r.status.CommitSeq, r.status.Phase = store.DeployCommitted, seq, StepFinalCommit.Name()
 	r.writeStatus(ctx)
@@ -154,12 +191,54 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, rollbackOf stri
 	r.phase(ctx, StepPublishRouting, store.PhaseDone, fmt.Sprintf("routing sequence %d", r.status.RoutingSeq), 0)
 	d.step(StepPublishRouting, "published routing events up to sequence %d", r.status.RoutingSeq)
 
-	// 9. Wait for gateways, let in-flight requests finish, stop the old.
+	// 9. Wait for gateways, let in-flight requests finish, stop the old;
+	// the hosts the namespace no longer routes are free from then on.
 	r.drainOld(ctx)
+	if err := d.s.KeepOnlyHosts(ctx, r.ns, hosts); err != nil {
+		r.status.Warnings = append(r.status.Warnings, "releasing hosts no longer routed: "+err.Error())
+	}
 	failpoint.Hit("after_drain")
 	r.status.Phase = StepDrainOld.Name()
+	r.status.Settled = len(r.status.Cleanup) == 0
+	if interrupted.Err() != nil {
+		r.status.Warnings = append(r.status.Warnings, "interrupted after the final commit; finished before exiting")
+	}
 	r.writeStatus(ctx)
+	if interrupted.Err() != nil {
+		d.printf("deploy %s finished after the interrupt: revision %d is served", r.id, r.status.Revision)
+	}
 	return r.status, nil
+}
+
+// completerWait bounds how long an apply waits for a control server that
+// is finishing the namespace's abandoned deploy (seconds, usually).
+const completerWait = 2 * time.Minute
+
+// acquireDeployLease takes ns's deploy lease for purpose. A lease another
+// orchestrator holds fails at once (two applies never queue); one the
+// control server holds to finish an abandoned deploy is waited for, since
+// it is about to be free.
+func (d *Deployer) acquireDeployLease(ctx context.Context, ns, purpose string) (*store.Lease, error) {
+	deadline := time.Now().Add(completerWait)
+	said := false
+	for {
+		lease, err := d.s.AcquireLease(ctx, store.DeployLockKey(ns), store.LeaseOptions{
+			TTL: d.opts.LeaseTTL, Holder: d.opts.Holder, Purpose: purpose, KeepAlive: true,
+		})
+		se := store.AsError(err)
+		if err == nil || se.Code != store.CodeBusy || se.Detail["purpose"] != completerPurpose || time.Now().After(deadline) {
+			return lease, err
+		}
+		if !said {
+			d.printf("waiting for %s to finish an abandoned deploy of %s", se.Detail["holder"], ns)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, store.Errorf(CodeInterrupted, "interrupted while waiting for the namespace lease of %s", ns).With("namespace", ns)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // phase writes a phase record; after the final commit a failed status write
@@ -257,6 +336,19 @@ func (r *run) startCandidates(ctx context.Context) error {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
+	// A machine that dies while its candidates warm up fails the apply
+	// as soon as it stops answering, not when readiness times out.
+	var ids []string
+	for _, a := range starts {
+		if !slices.Contains(ids, a.Machine) {
+			ids = append(ids, a.Machine)
+		}
+	}
+	wctx, cancelWait := context.WithCancelCause(ctx)
+	defer cancelWait(nil)
+	stopWatch := r.watchMachines(wctx, ids, cancelWait)
+	defer stopWatch()
+	ctx = wctx
 	for i, a := range starts {
 		wg.Add(1)
 		go func() {
@@ -273,6 +365,10 @@ func (r *run) startCandidates(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	stopWatch()
+	if cause := context.Cause(wctx); cause != nil && errors.As(cause, new(*machineDown)) {
+		return cause
+	}
 	var failed []string
 	var first error
 	for _, res := range results {
@@ -295,6 +391,66 @@ func (r *run) startCandidates(ctx context.Context) error {
 	r.phase(ctx, StepStartCandidates, store.PhaseDone, fmt.Sprintf("%d candidates ready", len(starts)), 0)
 	d.step(StepStartCandidates, "%d candidates started and ready", len(starts))
 	return nil
+}
+
+// machineDown is why an apply stopped waiting for readiness: a machine
+// with candidates stopped answering.
+type machineDown struct{ err *store.Error }
+
+func (e *machineDown) Error() string { return e.err.Error() }
+func (e *machineDown) Unwrap() error { return e.err }
+
+// Liveness checks of the machines that warm up candidates: one capacity
+// call each per interval; a machine fails when two in a row go unanswered.
+const (
+	livenessInterval = time.Second
+	livenessRetry    = 250 * time.Millisecond
+)
+
+// watchMachines checks, until the returned stop is called, that every
+// machine in ids still answers; the first that does not ends the wait with
+// a machineDown naming it.
+func (r *run) watchMachines(ctx context.Context, ids []string, fail context.CancelCauseFunc) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	timeout := min(r.d.opts.ProbeTimeout, r.d.opts.RPCTimeout)
+	ping := func(id string) error {
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return r.d.s.Call(pctx, id, store.CmdCapacity, store.CapacityRequest{}, &store.CapacityReply{})
+	}
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(livenessInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+				err := ping(id)
+				if err == nil || ctx.Err() != nil || !store.HasCode(err, store.CodeRPCFailure) {
+					continue
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(livenessRetry):
+				}
+				if err = ping(id); err == nil || ctx.Err() != nil || !store.HasCode(err, store.CodeRPCFailure) {
+					continue
+				}
+				fail(&machineDown{err: store.Errorf(store.CodeUnavailable,
+					"machine %s stopped answering while its candidates warmed up (%v); the apply stops here, before the final commit", id, err).
+					With("machine", id).With("phase", StepStartCandidates.Name())})
+				return
+			}
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
 }
 
 // startOne starts one candidate and waits for readiness. accepted reports
@@ -333,11 +489,26 @@ func (r *run) startOne(ctx context.Context, a SlotAction) (accepted bool, err er
 	return true, nil
 }
 
+// releaseClaims gives back the hosts this apply claimed: it routes none of
+// them.
+func (r *run) releaseClaims() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.d.s.ReleaseHosts(ctx, r.ns, r.claimed); err != nil {
+		r.d.printf("warning: releasing hosts %s: %v", strings.Join(r.claimed, ", "), err)
+	}
+}
+
 // abort undoes an apply that failed before its final commit: candidates are
 // stopped and forgotten, the status says failed and why. The live revision
-// never stopped serving.
-func (r *run) abort(cause error) (*store.DeployStatus, error) {
+// never stopped serving. An apply whose ctx ended (Ctrl-C) is recorded as
+// interrupted, whatever the step it ended in.
+func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus, error) {
 	d := r.d
+	if applyCtx.Err() != nil {
+		cause = store.Errorf(CodeInterrupted, "interrupted during %s, before the final commit: candidates stopped, nothing routed", r.status.Phase).
+			With("phase", r.status.Phase).With("deploy", r.id)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout)
 	defer cancel()
 	for _, a := range r.started {
@@ -349,8 +520,10 @@ func (r *run) abort(cause error) (*store.DeployStatus, error) {
 			r.status.Cleanup = append(r.status.Cleanup, store.CleanupFailure{InstanceID: a.InstanceID, Machine: a.Machine, Error: err.Error()})
 		}
 	}
+	r.releaseClaims()
 	se := store.AsError(cause)
 	r.status.State, r.status.Error = store.DeployFailed, se
+	r.status.Settled = len(r.status.Cleanup) == 0
 	r.writeStatus(ctx)
 	for s := StepStartCandidates; s <= StepDrainOld; s++ {
 		state := store.PhaseSkipped
@@ -359,15 +532,19 @@ func (r *run) abort(cause error) (*store.DeployStatus, error) {
 		}
 		r.phase(ctx, s, state, "", 0)
 	}
-	d.printf("deploy %s failed before the final commit; %d candidates stopped; nothing was routed, the previous revision keeps serving",
-		r.id, len(r.started))
+	verb := "failed"
+	if se.Code == CodeInterrupted {
+		verb = "was interrupted"
+	}
+	d.printf("deploy %s %s before the final commit; %d candidates stopped; nothing was routed, the previous revision keeps serving",
+		r.id, verb, len(r.started)-len(r.status.Cleanup))
 	return r.status, se
 }
 
 func (r *run) finalCommit() *store.DeployCommit {
 	c := &store.DeployCommit{
 		ID: r.id, Namespace: r.ns, Kind: store.CommitFinal, Revision: r.plan.Revision,
-		Manifest: *r.m, ManifestHash: manifest.Hash(r.m), RollbackOf: r.status.RollbackOf,
+		Manifest: *r.m, ManifestHash: manifest.Hash(r.m), RollbackOf: r.status.RollbackOf, Destroy: r.status.Destroy,
 		CreatedAt: time.Now().UTC(),
 	}
 	if live := r.st.live; live != nil {

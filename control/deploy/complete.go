@@ -3,7 +3,14 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -28,8 +35,9 @@ func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit, 
 // the namespace lease, so any other "applying" deploy has lost its
 // orchestrator. A deploy whose final commit exists is committed, whatever
 // its status says, and its routing events are published; one without is
-// recorded as abandoned. Its candidates are leftovers the next plan stops.
-// live is the namespace's live commit as read under the lease (nil if none).
+// recorded as abandoned. Its candidates are leftovers the next plan (or
+// settle) stops. live is the namespace's live commit as read under the
+// lease (nil if none).
 func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, live *store.DeployCommit) error {
 	sts, err := d.Statuses(ctx, ns)
 	if err != nil {
@@ -71,7 +79,7 @@ func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, 
 				return err
 			}
 			st.State = store.DeployFailed
-			st.Error = store.Errorf("abandoned", "the orchestrator stopped during %s, before the final commit; nothing was routed", st.Phase).
+			st.Error = store.Errorf(CodeAbandoned, "the orchestrator stopped during %s, before the final commit; nothing was routed", st.Phase).
 				With("phase", st.Phase)
 			if err := d.putStatus(ctx, st); err != nil {
 				return err
@@ -82,44 +90,282 @@ func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, 
 	return nil
 }
 
-// CompleteAll runs complete for every namespace, as `control server` does
-// at start, saying what it did on Out. A namespace whose lease is held is
-// waited for until ctx ends: either a live apply finishes (and completes the
-// namespace itself) or a dead holder's lease expires.
-func (d *Deployer) CompleteAll(ctx context.Context) error {
-	nss, err := d.Namespaces(ctx)
+// needsFinishing reports whether st is work for FinishNamespace: a deploy
+// not settled, or one with instances it could not stop.
+func needsFinishing(st *store.DeployStatus) bool {
+	return !st.Settled || len(st.Cleanup) > 0
+}
+
+// FinishNamespace does, under the namespace lease lease, everything a
+// deploy of ns left undone because its orchestrator stopped: it completes
+// statuses and routing (complete), waits for gateways to serve the live
+// commit, drains, and stops every instance of ns the live commit does not
+// route (what it replaced, and candidates of failed deploys), retrying
+// earlier cleanup failures; hosts the live commit no longer routes are
+// released. It reports whether anything is left to retry (an instance on
+// a machine that does not answer).
+func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.Lease) (retry bool, err error) {
+	live, err := d.s.LiveCommit(ctx, ns)
+	switch {
+	case store.HasCode(err, store.CodeNotFound):
+		live = nil
+	case err != nil:
+		return true, err
+	}
+	if err := d.complete(ctx, ns, lease, live); err != nil {
+		return true, err
+	}
+	sts, err := d.Statuses(ctx, ns)
 	if err != nil {
-		return err
+		return true, err
 	}
-	for _, ns := range nss {
-		var lease *store.Lease
-		for {
-			lease, err = d.s.AcquireLease(ctx, store.DeployLockKey(ns), store.LeaseOptions{
-				TTL: d.opts.LeaseTTL, Holder: d.opts.Holder, Purpose: "complete interrupted deploys",
-			})
-			if !store.HasCode(err, store.CodeBusy) {
-				break
-			}
+	var open []*store.DeployStatus
+	var liveSt *store.DeployStatus
+	for i := range sts {
+		st := &sts[i]
+		if needsFinishing(st) {
+			open = append(open, st)
+		}
+		if live != nil && st.DeployID == live.ID {
+			liveSt = st
+		}
+	}
+	if len(open) == 0 {
+		return false, nil
+	}
+	insts, err := d.s.NamespaceInstances(ctx, ns)
+	if err != nil {
+		return true, err
+	}
+	keep := map[string]bool{}
+	var hosts []string
+	if live != nil {
+		for _, sl := range live.Slots {
+			keep[sl.InstanceID] = true
+		}
+		hosts = store.ManifestHosts(&live.Manifest)
+	}
+	var strays []*store.InstanceRecord
+	for _, in := range insts {
+		if !keep[in.ID] {
+			strays = append(strays, in)
+		}
+	}
+	sort.Slice(strays, func(i, j int) bool { return strays[i].ID < strays[j].ID })
+
+	// What the live commit replaced leaves only once gateways route around
+	// it, as in the apply's own drain.
+	if liveSt != nil && !liveSt.Settled && liveSt.RoutingPublished {
+		serving, total, laggards := d.waitGateways(ctx, liveSt.RoutingSeq)
+		liveSt.Gateways = fmt.Sprintf("%d/%d", serving, total)
+		for _, g := range laggards {
+			liveSt.Warnings = append(liveSt.Warnings, fmt.Sprintf("gateway %s has not applied routing sequence %d after %s", g, liveSt.RoutingSeq, d.opts.GatewayWait))
+		}
+		if len(strays) > 0 {
 			select {
+			case <-time.After(d.opts.DrainGrace):
 			case <-ctx.Done():
-				return fmt.Errorf("completing %s: lease still held: %w", ns, err)
-			case <-time.After(250 * time.Millisecond):
+				return true, ctx.Err()
 			}
 		}
-		if err != nil {
-			return err
+	}
+	if err := lease.Check(ctx); err != nil {
+		return true, err
+	}
+	failures := d.stopAll(ctx, ns, strays)
+
+	// Each status keeps the failures of the instances it started or
+	// replaced; the live one takes the rest.
+	byDeploy := map[string]*store.DeployStatus{}
+	for _, st := range open {
+		st.Cleanup = nil
+		byDeploy[st.DeployID] = st
+	}
+	for _, f := range failures {
+		owner := liveSt
+		if in := insts[f.InstanceID]; in != nil && byDeploy[in.DeployID] != nil && byDeploy[in.DeployID].State == store.DeployFailed {
+			owner = byDeploy[in.DeployID]
 		}
-		live, err := d.s.LiveCommit(ctx, ns)
-		if store.HasCode(err, store.CodeNotFound) {
-			live, err = nil, nil
+		if owner == nil || !slices.Contains(open, owner) {
+			owner = open[len(open)-1]
 		}
-		if err == nil {
-			err = d.complete(ctx, ns, lease, live)
+		owner.Cleanup = append(owner.Cleanup, f)
+	}
+	if err := d.s.KeepOnlyHosts(ctx, ns, hosts); err != nil {
+		return true, fmt.Errorf("releasing hosts %s no longer routes: %w", ns, err)
+	}
+	for _, st := range open {
+		wasSettled := st.Settled
+		st.Settled = len(st.Cleanup) == 0
+		if st.State == store.DeployCommitted && !wasSettled {
+			st.Phase = StepDrainOld.Name()
+			st.Warnings = append(st.Warnings, "finished by the control plane after its orchestrator stopped")
 		}
-		_ = lease.Release(ctx)
-		if err != nil {
-			return err
+		if err := d.putStatus(ctx, st); err != nil {
+			return true, err
+		}
+		switch {
+		case !st.Settled:
+			d.printf("deploy %s of %s: %d instances still to stop, retrying: %s", st.DeployID, ns, len(st.Cleanup), cleanupSummary(st.Cleanup))
+		case !wasSettled:
+			d.printf("finished deploy %s of %s (%s)", st.DeployID, ns, st.State)
 		}
 	}
-	return nil
+	if n := len(strays) - len(failures); n > 0 {
+		d.printf("stopped %d instances of %s the live commit does not route", n, ns)
+	}
+	return len(failures) > 0, nil
+}
+
+func cleanupSummary(cs []store.CleanupFailure) string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = fmt.Sprintf("%s on %s (%s)", c.InstanceID, c.Machine, c.Error)
+	}
+	return strings.Join(out, "; ")
+}
+
+// stopAll stops and forgets insts on their machines, in parallel, and
+// returns what could not be stopped. An instance whose machine is no
+// longer a member (removed with `machine rm --force`) is forgotten
+// without asking it.
+func (d *Deployer) stopAll(ctx context.Context, ns string, insts []*store.InstanceRecord) []store.CleanupFailure {
+	sctx, cancel := context.WithTimeout(ctx, d.opts.StopGrace+d.opts.RPCTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var out []store.CleanupFailure
+	for _, in := range insts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := d.s.Call(sctx, in.Machine, store.CmdStopInstance, store.InstanceRequest{
+				InstanceID: in.ID, Namespace: ns, Grace: store.Duration(d.opts.StopGrace), Forget: true,
+			}, nil)
+			if err != nil && store.HasCode(err, store.CodeRPCFailure) {
+				if _, gerr := d.s.Machines.Get(sctx, in.Machine); gerr == jetstream.ErrKeyNotFound {
+					err = d.s.Instances.Delete(sctx, in.Key())
+				}
+			}
+			if err != nil {
+				mu.Lock()
+				out = append(out, store.CleanupFailure{InstanceID: in.ID, Machine: in.Machine, Error: err.Error()})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out
+}
+
+// CompleterOptions tune RunCompleter.
+type CompleterOptions struct {
+	// Interval between attempts on a namespace with work; default 1s.
+	Interval time.Duration
+	// RetryInterval between attempts on a namespace whose last attempt
+	// left instances it could not stop (their machine did not answer);
+	// default 5s.
+	RetryInterval time.Duration
+	// OnError is told of a failed attempt; it is retried.
+	OnError func(ns string, err error)
+}
+
+// RunCompleter finishes, until ctx ends, every deploy whose orchestrator
+// stopped before it was done: it watches deploy statuses and, for a
+// namespace with one not settled, tries the namespace lease each Interval.
+// While the orchestrator lives it holds that lease and this waits; once the
+// lease is free (released, or expired with a dead holder) this runs
+// FinishNamespace. Every control server runs one; the lease makes sure one
+// at a time finishes a namespace.
+func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
+	if o.Interval <= 0 {
+		o.Interval = time.Second
+	}
+	if o.RetryInterval <= 0 {
+		o.RetryInterval = 5 * time.Second
+	}
+	w, err := d.s.Status.WatchAll(ctx)
+	if err != nil {
+		return store.Classify(fmt.Errorf("watching deploy status: %w", err))
+	}
+	defer func() { _ = w.Stop() }()
+	// open holds the status keys that need finishing, by namespace; next
+	// when each namespace may be tried again.
+	open := map[string]map[string]bool{}
+	next := map[string]time.Time{}
+	t := time.NewTicker(o.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ent, ok := <-w.Updates():
+			if !ok {
+				return store.Errorf(store.CodeUnavailable, "deploy status watch ended")
+			}
+			if ent == nil {
+				continue
+			}
+			key := ent.Key()
+			ns, _, _ := strings.Cut(key, ".")
+			var st store.DeployStatus
+			need := ent.Operation() == jetstream.KeyValuePut &&
+				store.DecodeKeyed(d.s.Status.Bucket(), key, ent.Value(), &st) == nil && needsFinishing(&st)
+			if need {
+				if open[ns] == nil {
+					open[ns] = map[string]bool{}
+				}
+				open[ns][key] = true
+			} else if open[ns] != nil {
+				delete(open[ns], key)
+				if len(open[ns]) == 0 {
+					delete(open, ns)
+					delete(next, ns)
+				}
+			}
+			continue
+		case <-t.C:
+		}
+		now := time.Now()
+		for _, ns := range slices.Sorted(maps.Keys(open)) {
+			if now.Before(next[ns]) {
+				continue
+			}
+			retry, err := d.tryFinish(ctx, ns)
+			switch {
+			case err != nil && !store.HasCode(err, store.CodeBusy):
+				if ctx.Err() != nil {
+					return nil
+				}
+				if o.OnError != nil {
+					o.OnError(ns, err)
+				}
+				next[ns] = now.Add(o.RetryInterval)
+			case retry:
+				next[ns] = now.Add(o.RetryInterval)
+			}
+		}
+	}
+}
+
+// completerPurpose names the completer in the leases it holds: an apply
+// waits for such a holder rather than failing busy.
+const completerPurpose = "finish deploys whose orchestrator stopped"
+
+// tryFinish runs FinishNamespace if the namespace lease is free; a busy
+// lease (an orchestrator at work) comes back as CodeBusy.
+func (d *Deployer) tryFinish(ctx context.Context, ns string) (bool, error) {
+	lease, err := d.s.AcquireLease(ctx, store.DeployLockKey(ns), store.LeaseOptions{
+		TTL: d.opts.LeaseTTL, Holder: d.opts.Holder, Purpose: completerPurpose, KeepAlive: true,
+	})
+	if err != nil {
+		return true, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+	}()
+	return d.FinishNamespace(ctx, ns, lease)
 }

@@ -6,12 +6,15 @@
 // Before the final commit a failure leaves no lasting change but the failed
 // status that explains it. After it the deploy is live; anything that
 // interrupts the rest (a crash before the routing events went out) is
-// finished explicitly by the next operation on the namespace or by `control
-// server` at start, never by a background reconciler.
+// finished by the next operation on the namespace or by `control server`,
+// which finishes every deploy whose orchestrator's lease expired
+// (RunCompleter): the same steps the apply would have taken, never a
+// reconciliation of observed state toward intent.
 package deploy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -19,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -37,6 +41,18 @@ const (
 	StepFinalCommit
 	StepPublishRouting
 	StepDrainOld
+)
+
+// Error codes of deploys that did not finish, as their statuses record
+// them.
+const (
+	// CodeInterrupted: the apply was interrupted (Ctrl-C) before its
+	// final commit; its candidates were stopped.
+	CodeInterrupted = "interrupted"
+	// CodeAbandoned: the orchestrator stopped before the final commit
+	// without saying so (killed, or its machine died); whoever held the
+	// namespace lease next recorded it.
+	CodeAbandoned = "abandoned"
 )
 
 // NumSteps is how many steps an apply has.
@@ -161,6 +177,16 @@ func (d *Deployer) load(ctx context.Context, ns string) (*state, error) {
 // Machines for new slots are chosen among active stored machines; apply
 // chooses again among those that answer its live probe.
 func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error) {
+	if err := manifest.Validate(m); err != nil {
+		var me *manifest.Error
+		if errors.As(err, &me) {
+			return nil, me.Structured()
+		}
+		return nil, err
+	}
+	if err := d.s.CheckHosts(ctx, m.Namespace, store.ManifestHosts(m)); err != nil {
+		return nil, err
+	}
 	st, err := d.load(ctx, m.Namespace)
 	if err != nil {
 		return nil, err
@@ -242,12 +268,31 @@ func (d *Deployer) Rollback(ctx context.Context, ns, to string) (*store.DeploySt
 	}
 	d.printf("rolling back %s to commit %s (revision %d)", ns, target.ID, target.Revision)
 	m := target.Manifest
-	return d.apply(ctx, &m, target.ID)
+	return d.apply(ctx, &m, intent{rollbackOf: target.ID})
 }
 
 // Apply runs the nine steps for m.
 func (d *Deployer) Apply(ctx context.Context, m *store.Manifest) (*store.DeployStatus, error) {
-	return d.apply(ctx, m, "")
+	return d.apply(ctx, m, intent{})
+}
+
+// Destroy retires namespace ns through the same nine steps: a final commit
+// marked destroy with no services, so history shows it; its routing is
+// removed, its instances stopped and its hosts released.
+func (d *Deployer) Destroy(ctx context.Context, ns string) (*store.DeployStatus, error) {
+	live, err := d.s.LiveCommit(ctx, ns)
+	if err != nil {
+		if store.HasCode(err, store.CodeNotFound) {
+			return nil, store.Errorf(store.CodeNotFound, "namespace %s has no committed deploy to destroy", ns).With("namespace", ns)
+		}
+		return nil, err
+	}
+	if live.Destroy {
+		return nil, store.Errorf(store.CodeInvalid, "namespace %s was destroyed by deploy %s already", ns, live.ID).
+			With("namespace", ns).With("deploy", live.ID)
+	}
+	d.printf("destroying namespace %s (live revision %d, deploy %s)", ns, live.Revision, live.ID)
+	return d.apply(ctx, &store.Manifest{Namespace: ns, Services: map[string]store.ServiceSpec{}}, intent{destroy: true})
 }
 
 func (d *Deployer) statusKey(ns, id string) string { return ns + "." + id }

@@ -9,12 +9,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -197,4 +201,119 @@ func Probe(ctx context.Context, s *store.Store, ids []string, timeout time.Durat
 	}
 	wg.Wait()
 	return out
+}
+
+// Removed is what Remove did.
+type Removed struct {
+	Machine string `json:"machine"`
+	Forced  bool   `json:"forced"`
+	// Reachable says whether the machine answered when asked.
+	Reachable bool `json:"reachable"`
+	// Instances are the instance records forgotten with it.
+	Instances []string `json:"instances,omitempty"`
+	// Republished are the services ("ns/service") whose routing was
+	// published again without its instances.
+	Republished []string `json:"republished,omitempty"`
+	// MeshIP is the mesh address it released ("" if it had none).
+	MeshIP string `json:"mesh_ip,omitempty"`
+	// Invites counts the redeemed invites voided with it.
+	Invites int `json:"invites,omitempty"`
+}
+
+// Remove retires machine id: its instances leave the routing, its instance
+// and machine records are purged, its mesh peer, heartbeat and address go
+// (through the registrar's eviction), the invite it joined with is void,
+// and a machine removal event takes it out of every projection (and so out
+// of DNS). Without force it is refused while the machine answers and runs
+// instances, or has instance records: drain it and deploy again so they
+// move first. force is for a dead or stolen machine; instances it still
+// runs are asked to stop, best effort. The next apply places replacements
+// of its slots elsewhere.
+func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTimeout time.Duration) (*Removed, error) {
+	if _, err := Get(ctx, s, id); err != nil {
+		return nil, err
+	}
+	out := &Removed{Machine: id, Forced: force}
+	var insts []*store.InstanceRecord
+	err := store.ListJSON(ctx, s, s.Instances, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
+		insts = append(insts, in)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(insts, func(i, j int) bool { return insts[i].Key() < insts[j].Key() })
+	probed := Probe(ctx, s, []string{id}, probeTimeout)[0]
+	out.Reachable = probed.Err == nil
+	running := 0
+	if probed.Err == nil {
+		running = probed.Reply.Instances
+	}
+	if !force && (running > 0 || len(insts) > 0) {
+		how := "it does not answer"
+		if out.Reachable {
+			how = fmt.Sprintf("it answers and runs %d instances", running)
+		}
+		return nil, store.Errorf(store.CodeConflict,
+			"machine %s still has %d instance records (%s): drain it (`control machine drain %s`) and deploy again so they move, or remove it with --force",
+			id, len(insts), how, id).With("machine", id)
+	}
+	// Instances stop being routed first: records go, then every service
+	// that had one is published again from what is left.
+	services := map[string]bool{}
+	for _, in := range insts {
+		if out.Reachable {
+			sctx, cancel := context.WithTimeout(ctx, probeTimeout+10*time.Second)
+			_ = s.Call(sctx, id, store.CmdStopInstance, store.InstanceRequest{InstanceID: in.ID, Namespace: in.Namespace, Forget: true}, nil)
+			cancel()
+		}
+		if err := s.Instances.Delete(ctx, in.Key()); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return out, store.Classify(fmt.Errorf("forgetting instance %s of machine %s: %w", in.ID, id, err))
+		}
+		out.Instances = append(out.Instances, in.ID)
+		services[in.Namespace+"/"+in.Service] = true
+	}
+	for _, key := range slices.Sorted(maps.Keys(services)) {
+		ns, svc, _ := strings.Cut(key, "/")
+		if _, err := s.RepublishService(ctx, ns, svc); err != nil && !store.HasCode(err, store.CodeNotFound) {
+			return out, fmt.Errorf("publishing %s without machine %s's instances: %w", key, id, err)
+		}
+		out.Republished = append(out.Republished, key)
+	}
+	// Then the machine itself, from every projection and DNS.
+	if _, err := s.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineRemove,
+		Machine: &store.MachineRecord{Version: store.RecordVersion, ID: id}, At: time.Now().UTC()}}); err != nil {
+		return out, err
+	}
+	if err := s.Machines.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return out, store.Classify(fmt.Errorf("removing machine record %s: %w", id, err))
+	}
+	reg, err := registrar.New(s, registrar.Config{})
+	if err != nil {
+		return out, err
+	}
+	switch left, err := reg.Evict(ctx, id); {
+	case err == nil:
+		out.MeshIP = left.ReleasedIP
+	case !store.HasCode(err, store.CodeNotFound):
+		return out, fmt.Errorf("removing machine %s from the mesh: %w", id, err)
+	default:
+		// Never a mesh member; a peer record without an address (a
+		// static peer) goes all the same.
+		if err := s.DeleteMeshPeer(ctx, id); err != nil {
+			return out, err
+		}
+	}
+	// The invite it joined with would admit it again.
+	err = store.ListJSON(ctx, s, s.Invites, ">", func(key string, inv *store.Invite) error {
+		if inv.UsedBy != id {
+			return nil
+		}
+		if err := s.Invites.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return store.Classify(fmt.Errorf("voiding the invite of machine %s: %w", id, err))
+		}
+		out.Invites++
+		return nil
+	})
+	return out, err
 }

@@ -362,6 +362,25 @@ func (r *Registrar) lowestFree(used map[netip.Addr]bool) (netip.Addr, error) {
 // Leave removes a node: its peer record, heartbeat and drift report go; its
 // address enters cooldown. The node's secret must match.
 func (r *Registrar) Leave(ctx context.Context, req store.MeshLeaveRequest) (*store.MeshLeaveReply, error) {
+	return r.release(ctx, req.Machine, func(alloc *store.MeshIPAllocation) error {
+		if alloc.SecretHash == "" || !secretMatches(req.Secret, alloc.SecretHash) {
+			return store.Errorf(store.CodeInvalid, "node secret does not match machine %s's registration", req.Machine).
+				With("machine", req.Machine)
+		}
+		return nil
+	})
+}
+
+// Evict is Leave on an operator's word (`control machine rm`), without
+// the node's secret: for a machine that is dead or stolen. A machine that
+// is not a mesh member is not_found.
+func (r *Registrar) Evict(ctx context.Context, machine string) (*store.MeshLeaveReply, error) {
+	return r.release(ctx, machine, func(*store.MeshIPAllocation) error { return nil })
+}
+
+// release is Leave and Evict: allowed vets the allocation first.
+func (r *Registrar) release(ctx context.Context, machine string, allowed func(*store.MeshIPAllocation) error) (*store.MeshLeaveReply, error) {
+	req := store.MeshLeaveRequest{Machine: machine}
 	if !store.ValidToken(req.Machine) {
 		return nil, store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
 	}
@@ -395,9 +414,11 @@ func (r *Registrar) Leave(ctx context.Context, req store.MeshLeaveRequest) (*sto
 	if err != nil {
 		return nil, err
 	}
-	if alloc.Machine != req.Machine || alloc.SecretHash == "" || !secretMatches(req.Secret, alloc.SecretHash) {
-		return nil, store.Errorf(store.CodeInvalid, "node secret does not match machine %s's registration", req.Machine).
-			With("machine", req.Machine)
+	if alloc.Machine != req.Machine {
+		return nil, store.Errorf(store.CodeConflict, "mesh IP %s moved to machine %s", ip, alloc.Machine).With("machine", req.Machine)
+	}
+	if err := allowed(&alloc); err != nil {
+		return nil, err
 	}
 	now := time.Now().UTC()
 	cool := store.MeshIPCooldown{Version: store.RecordVersion, IP: ip.String(), Machine: req.Machine,
