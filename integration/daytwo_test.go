@@ -106,6 +106,7 @@ func TestAbandonedAndInterruptedDeploysAreFinished(t *testing.T) {
 	c := newCluster(t)
 	c.join("m1")
 	gw := c.startGateway("gw1")
+	gw2 := c.startGateway("gw2")
 	const ttl = 2 * time.Second
 	c.mustControl(applyArgs(c.manifest("v1.yaml", gwV1))...)
 	stop := make(chan struct{})
@@ -120,7 +121,9 @@ func TestAbandonedAndInterruptedDeploysAreFinished(t *testing.T) {
 	p.stop(syscall.SIGKILL)
 	killed := time.Now()
 	id2, v2IDs := liveIDs(t, c, "shop")
-	eventually(t, ttl+5*time.Second, "the gateway to serve revision 2", func() bool { return servesOnly(gw, "shop.example.com", v2IDs, 8) })
+	eventually(t, ttl+5*time.Second, "every gateway to serve revision 2", func() bool {
+		return servesOnly(gw, "shop.example.com", v2IDs, 8) && servesOnly(gw2, "shop.example.com", v2IDs, 8)
+	})
 	served := time.Since(killed)
 	eventually(t, 20*time.Second, "revision 1's instances to be stopped", func() bool { return gone(t, c, v1) })
 	drained := time.Since(killed)
@@ -129,7 +132,7 @@ func TestAbandonedAndInterruptedDeploysAreFinished(t *testing.T) {
 		t.Fatalf("status of the finished deploy: %+v", st)
 	}
 	c.server.waitOutput(t, "finished deploy "+id2+" of shop", 5*time.Second)
-	report = append(report, fmt.Sprintf("killed after the final commit: gateway serves revision 2 after %s (lease TTL %s), revision 1 stopped after %s",
+	report = append(report, fmt.Sprintf("killed after the final commit: both gateways serve revision 2 after %s (lease TTL %s), revision 1 stopped after %s",
 		served.Round(100*time.Millisecond), ttl, drained.Round(100*time.Millisecond)))
 
 	// 2. Killed before its final commit, candidates ready.

@@ -17,3 +17,11 @@ func BuildView(evs []store.RoutingEvent) (*View, error) {
 // signatures: the unsigned baseline of BenchmarkEventApply. Call it before
 // Run.
 func Unverified(p *Projection) { p.skipVerify = true }
+
+// Rebuilt is v with its derived lists (digest, conflicts, host list)
+// forgotten, as a view that changed has them.
+func Rebuilt(v *View) *View {
+	c := *v
+	c.lists = new(lazyLists)
+	return &c
+}

@@ -2,12 +2,13 @@ package projection
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -53,6 +54,8 @@ type Service struct {
 	Endpoints []store.Endpoint
 
 	memo sync.Map
+	// digest is serviceDigest(s), computed on first use.
+	digest atomic.Pointer[[2]uint64]
 }
 
 // event is the upsert that makes s again.
@@ -117,9 +120,9 @@ type lazyLists struct {
 	hostsOnce sync.Once
 	hosts     []string
 	// The conflicts and the digest are read by reports and doctor only.
-	auditOnce sync.Once
-	conflicts []HostConflict
-	digest    string
+	conflictsOnce, digestOnce sync.Once
+	conflicts                 []HostConflict
+	digest                    string
 }
 
 // emptyView is what a projection serves before anything is known.
@@ -248,50 +251,105 @@ type HostConflict struct {
 // Conflicts lists the hosts more than one namespace routes, sorted by host:
 // records the store's ownership check should have kept out. A gateway
 // serves the lowest namespace of each (see matchPath).
-func (v *View) Conflicts() []HostConflict { v.audit(); return v.lists.conflicts }
-
-// Digest is a hash of what the view serves: each host's routes, the
-// service each prefix goes to and its endpoints. Two views that route
-// every request alike have the same digest, whatever order their events
-// came in, so a gateway's report can be checked against a rebuild from the
-// store (control doctor).
-func (v *View) Digest() string { v.audit(); return v.lists.digest }
-
-func (v *View) audit() {
-	v.lists.auditOnce.Do(func() {
-		h := sha256.New()
-		for _, host := range v.Hosts() {
-			var rs []hostRoute
-			if strings.HasPrefix(host, "*.") {
-				rs, _ = v.wild.get(host[1:])
-			} else {
-				rs, _ = v.exact.get(host)
-			}
-			if len(rs) == 0 {
-				continue
-			}
-			owner := rs[0].Service.Namespace
-			var others []string
-			fmt.Fprintf(h, "host %s\n", host)
-			for _, r := range rs {
-				if r.Service.Namespace != owner {
-					if !slices.Contains(others, r.Service.Namespace) {
-						others = append(others, r.Service.Namespace)
+func (v *View) Conflicts() []HostConflict {
+	v.lists.conflictsOnce.Do(func() {
+		var out []HostConflict
+		find := func(idx *shards[[]hostRoute], prefix string) {
+			for _, m := range idx {
+				for host, rs := range m {
+					// Sorted owner first: a conflict ends with another
+					// namespace.
+					if len(rs) < 2 || rs[len(rs)-1].Service.Namespace == rs[0].Service.Namespace {
+						continue
 					}
-					continue
+					c := HostConflict{Host: prefix + host, Owner: rs[0].Service.Namespace}
+					for _, r := range rs {
+						if ns := r.Service.Namespace; ns != c.Owner && !slices.Contains(c.Others, ns) {
+							c.Others = append(c.Others, ns)
+						}
+					}
+					out = append(out, c)
 				}
-				fmt.Fprintf(h, " %s %s rev %d:", r.Prefix, r.Service.Key(), r.Service.Revision)
-				for _, ep := range r.Service.Endpoints {
-					fmt.Fprintf(h, " %s@%s:%d", ep.InstanceID, ep.Address, ep.Port)
-				}
-				h.Write([]byte{'\n'})
-			}
-			if len(others) > 0 {
-				v.lists.conflicts = append(v.lists.conflicts, HostConflict{Host: host, Owner: owner, Others: others})
 			}
 		}
-		v.lists.digest = hex.EncodeToString(h.Sum(nil)[:16])
+		find(&v.exact, "")
+		find(&v.wild, "*")
+		sort.Slice(out, func(i, j int) bool { return out[i].Host < out[j].Host })
+		v.lists.conflicts = out
 	})
+	return v.lists.conflicts
+}
+
+// Digest is a hash of what the view serves: every service with its routes
+// and endpoints, from which each host's routes follow. Two views that route
+// every request alike have the same digest whatever order their events came
+// in, so a gateway's report can be checked against a rebuild from the store
+// (control doctor). It is an order-free sum of per-service hashes, each
+// computed once per immutable Service: a new view costs one pass over its
+// services, no sorting.
+func (v *View) Digest() string {
+	v.lists.digestOnce.Do(func() {
+		var sum [2]uint64
+		for _, m := range v.services {
+			for _, s := range m {
+				h := s.digest.Load()
+				if h == nil {
+					d := serviceDigest(s)
+					s.digest.Store(&d)
+					h = &d
+				}
+				lo := sum[0] + h[0]
+				carry := uint64(0)
+				if lo < sum[0] {
+					carry = 1
+				}
+				sum[0], sum[1] = lo, sum[1]+h[1]+carry
+			}
+		}
+		var b [16]byte
+		binary.BigEndian.PutUint64(b[:8], sum[1])
+		binary.BigEndian.PutUint64(b[8:], sum[0])
+		v.lists.digest = hex.EncodeToString(b[:])
+	})
+	return v.lists.digest
+}
+
+// serviceDigest hashes what a service contributes to routing.
+func serviceDigest(s *Service) [2]uint64 {
+	h := sha256.New()
+	var buf []byte
+	str := func(x string) {
+		buf = binary.AppendUvarint(buf[:0], uint64(len(x)))
+		h.Write(buf)
+		h.Write([]byte(x))
+	}
+	num := func(x int64) {
+		buf = binary.AppendVarint(buf[:0], x)
+		h.Write(buf)
+	}
+	str(s.Namespace)
+	str(s.Name)
+	num(s.Revision)
+	num(int64(len(s.Routes)))
+	for _, r := range s.Routes {
+		num(int64(len(r.Hosts)))
+		for _, x := range r.Hosts {
+			str(x)
+		}
+		num(int64(len(r.PathPrefixes)))
+		for _, x := range r.PathPrefixes {
+			str(x)
+		}
+	}
+	num(int64(len(s.Endpoints)))
+	for _, ep := range s.Endpoints {
+		str(ep.InstanceID)
+		str(ep.Address)
+		num(int64(ep.Port))
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return [2]uint64{binary.BigEndian.Uint64(sum[:8]), binary.BigEndian.Uint64(sum[8:16])}
 }
 
 // Counts returns the number of services, routable endpoints and machines.

@@ -211,6 +211,9 @@ func (n Names) routingRepublishPrefix() string {
 
 // Lock keys (in LocksBucket).
 
+// DeployLocksFilter matches every namespace's DeployLockKey.
+const DeployLocksFilter = "cp.lock.deploy.*"
+
 func DeployLockKey(namespace string) string { return "cp.lock.deploy." + KeySafe(namespace) }
 func CertLockKey(hostname string) string    { return "cp.lock.cert." + KeySafe(hostname) }
 func AcmeAccountLockKey(issuerURL string) string {

@@ -290,16 +290,56 @@ func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
 		return store.Classify(fmt.Errorf("watching deploy status: %w", err))
 	}
 	defer func() { _ = w.Stop() }()
+	// A lease that expires or is released is tried at once rather than at
+	// the next tick.
+	lw, err := d.s.Locks.Watch(ctx, store.DeployLocksFilter, jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	if err != nil {
+		return store.Classify(fmt.Errorf("watching deploy leases: %w", err))
+	}
+	defer func() { _ = lw.Stop() }()
 	// open holds the status keys that need finishing, by namespace; next
 	// when each namespace may be tried again.
 	open := map[string]map[string]bool{}
 	next := map[string]time.Time{}
 	t := time.NewTicker(o.Interval)
 	defer t.Stop()
+	attempt := func(ns string, now time.Time) {
+		retry, err := d.tryFinish(ctx, ns)
+		switch {
+		case store.HasCode(err, store.CodeBusy):
+			// Its orchestrator is at work; the lease's expiry or
+			// release brings us back.
+		case err != nil:
+			if ctx.Err() == nil && o.OnError != nil {
+				o.OnError(ns, err)
+			}
+			next[ns] = now.Add(o.RetryInterval)
+		case retry:
+			next[ns] = now.Add(o.RetryInterval)
+		default:
+			// Settled: the statuses just written say so too, and the
+			// watch will agree.
+			delete(open, ns)
+			delete(next, ns)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case ent, ok := <-lw.Updates():
+			if !ok {
+				return store.Errorf(store.CodeUnavailable, "deploy lease watch ended")
+			}
+			if ent == nil || ent.Operation() == jetstream.KeyValuePut {
+				continue
+			}
+			// A namespace lease expired or was released: if its
+			// namespace has work, now is the time.
+			ns := strings.TrimPrefix(ent.Key(), strings.TrimSuffix(store.DeployLocksFilter, "*"))
+			if now := time.Now(); open[ns] != nil && !now.Before(next[ns]) {
+				attempt(ns, now)
+			}
 		case ent, ok := <-w.Updates():
 			if !ok {
 				return store.Errorf(store.CodeUnavailable, "deploy status watch ended")
@@ -324,26 +364,12 @@ func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
 					delete(next, ns)
 				}
 			}
-			continue
 		case <-t.C:
-		}
-		now := time.Now()
-		for _, ns := range slices.Sorted(maps.Keys(open)) {
-			if now.Before(next[ns]) {
-				continue
-			}
-			retry, err := d.tryFinish(ctx, ns)
-			switch {
-			case err != nil && !store.HasCode(err, store.CodeBusy):
-				if ctx.Err() != nil {
-					return nil
+			now := time.Now()
+			for _, ns := range slices.Sorted(maps.Keys(open)) {
+				if !now.Before(next[ns]) {
+					attempt(ns, now)
 				}
-				if o.OnError != nil {
-					o.OnError(ns, err)
-				}
-				next[ns] = now.Add(o.RetryInterval)
-			case retry:
-				next[ns] = now.Add(o.RetryInterval)
 			}
 		}
 	}
