@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -574,6 +575,31 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 	wantFinding(t, rep, doctor.LayerMachines, `runs instance `+stray.ID+` .* no record: a stray`)
 	wantFinding(t, rep, doctor.LayerInstances, `instance `+stray.ID+` on m1 has no record`)
 	if _, err := store.PutJSON(ctx, c.store.Instances, stray.Key(), &stray); err != nil {
+		t.Fatal(err)
+	}
+
+	// A lease whose holder, a process of this host, is gone; a host
+	// claimed by a namespace that does not route it.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	lease, err := c.store.AcquireLease(ctx, store.DeployLockKey("other"), store.LeaseOptions{
+		TTL: 30 * time.Second, Holder: fmt.Sprintf("%s:%d", store.HostName("localhost"), dead.Process.Pid), Purpose: "deploy d-dead"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := store.HostClaim{Version: store.RecordVersion, Host: "orphan.example.com", Namespace: "shop", Since: time.Now()}
+	if _, err := store.PutJSON(ctx, c.store.Hosts, store.HostKey(claim.Host), &claim); err != nil {
+		t.Fatal(err)
+	}
+	rep, _, _ = doctorRun(t, c, gw)
+	wantFinding(t, rep, doctor.LayerLeases, `held by .*:\d+ \(deploy d-dead\), a process of this host that no longer runs`)
+	wantFinding(t, rep, doctor.LayerHosts, `owned by shop, which no longer routes it`)
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.store.Hosts.Delete(ctx, store.HostKey(claim.Host)); err != nil {
 		t.Fatal(err)
 	}
 	healthy()

@@ -48,8 +48,7 @@ down() {
 		# Remove the sample namespace first: instances outlive the control
 		# plane by design, so they are stopped by a deploy, not by a kill.
 		if [ -f "$DATA/control.pid" ] && kill -0 "$(cat "$DATA/control.pid")" 2>/dev/null; then
-			printf 'namespace: demo\nservices: {}\n' >"$DATA/empty.yaml"
-			"$BIN/control" deploy apply -f "$DATA/empty.yaml" --drain-grace 100ms >/dev/null || true
+			"$BIN/control" deploy destroy demo --drain-grace 100ms >/dev/null 2>&1 || true
 		fi
 		for p in caddy control; do
 			if [ -f "$DATA/$p.pid" ]; then
@@ -99,6 +98,8 @@ if command -v dig >/dev/null; then
 	log "DNS from the same projection: dig @127.0.0.1 -p $DNS_PORT hello.demo.edgeplane.internal"
 	dig +short @127.0.0.1 -p "$DNS_PORT" hello.demo.edgeplane.internal A || echo "(DNS did not answer)"
 fi
+log "every layer agrees: control doctor --gateway http://localhost:$ADMIN_PORT --dns 127.0.0.1:$DNS_PORT"
+"$BIN/control" doctor --gateway "http://localhost:$ADMIN_PORT" --dns "127.0.0.1:$DNS_PORT" || true
 log "deploy more with EDGEPLANE_NATS=$EDGEPLANE_NATS EDGEPLANE_SIGNING_KEY=$EDGEPLANE_SIGNING_KEY $BIN/control deploy apply -f FILE"
 log "inspect: $BIN/control deploy status | $BIN/control instances | $BIN/control machine ls | curl localhost:$ADMIN_PORT/edgeplane/routes"
 
