@@ -7,9 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/control/machines"
@@ -33,8 +37,12 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 	join := fs.String("join", "", "invite `TOKEN` from 'control machine invite'; needed once")
 	machine := fs.String("machine", "", "machine ID (default: the hostname)")
 	advertise := fs.String("advertise", "", "IP instances listen on and are reached at (default: the saved one, else this machine's mesh IP, else 127.0.0.1)")
-	maxInst := fs.Int("max-instances", 256, "instances this machine accepts")
-	grace := fs.Duration("stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace when stopping instances")
+	o := agentOptions{}
+	fs.IntVar(&o.maxInstances, "max-instances", 256, "instances this machine accepts")
+	fs.DurationVar(&o.stopGrace, "stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace when stopping instances")
+	fs.DurationVar(&o.restartBackoff, "restart-backoff", time.Second, "first wait before restarting an instance that ended on its own; doubled per failure in a row")
+	fs.DurationVar(&o.restartBackoffMax, "restart-backoff-max", 5*time.Minute, "longest wait between restarts")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "serve Prometheus metrics (edgeplane_agent_*) on this address's /metrics; empty: off")
 	lf := addLogFlags(fs)
 	return func(c *call) error {
 		if *data == "" {
@@ -51,7 +59,8 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 				return err
 			}
 			fmt.Fprintf(c.stdout, "agent for machine %s (%s) serving; instances survive this process\n", rec.ID, rec.Address)
-			return runAgent(c.ctx, s, rec, *data, *maxInst, *grace, logger)
+			o.dir = *data
+			return runAgent(c.ctx, s, rec, o, logger)
 		})
 	}
 }
@@ -139,13 +148,55 @@ func advertiseAddr(flagVal, saved, mesh string) (string, error) {
 	return v, nil
 }
 
-func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, dir string, maxInst int, grace time.Duration, logger *zap.Logger) error {
+// agentOptions are an agent's settings from its command line.
+type agentOptions struct {
+	dir                               string
+	maxInstances                      int
+	stopGrace                         time.Duration
+	restartBackoff, restartBackoffMax time.Duration
+	metricsListen                     string
+}
+
+func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
 	a, err := agent.New(agent.Config{
-		Store: s, Machine: *rec, DataDir: dir, Driver: &runtime.Process{},
-		Logger: logger, MaxInstances: maxInst, StopGrace: grace,
+		Store: s, Machine: *rec, DataDir: o.dir, Driver: &runtime.Process{},
+		Logger: logger, MaxInstances: o.maxInstances, StopGrace: o.stopGrace,
+		RestartBackoff: o.restartBackoff, RestartBackoffMax: o.restartBackoffMax,
 	})
 	if err != nil {
 		return err
 	}
+	if o.metricsListen != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(a.Collector())
+		stop, err := serveMetrics(ctx, o.metricsListen, reg)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		logger.Info("agent metrics", zap.String("listen", o.metricsListen))
+	}
 	return a.Run(ctx)
+}
+
+// serveMetrics serves reg's /metrics on addr until stop is called.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (stop func(), err error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(l)
+	}()
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+	}, nil
 }

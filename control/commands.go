@@ -40,6 +40,10 @@ var commands = []command{
 
 	{name: "instances", synopsis: "[--namespace NS]", summary: "instance records: machine, address, state, error",
 		client: reads, setup: setupInstances},
+	{name: "instance restart", synopsis: "ID", summary: "restart an instance in place (same address) and wait until it is ready again",
+		client: reads, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdRestart)},
+	{name: "instance stop", synopsis: "ID", summary: "stop an instance (it stays stopped: out of the routing until the next apply replaces it)",
+		client: reads, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdStop)},
 	{name: "certs", summary: "certificates: issuer, expiry, last renewal attempt and error",
 		client: reads, setup: setupCerts},
 

@@ -296,10 +296,64 @@ func listInstances(ctx context.Context, s *store.Store, ns string, out *output) 
 	})
 	return out.emit(list, func(w io.Writer) {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tSLOT\tINSTANCE\tREVISION\tMACHINE\tADDRESS\tSTATE\tERROR")
+		fmt.Fprintln(tw, "NAMESPACE\tSERVICE\tSLOT\tINSTANCE\tREVISION\tMACHINE\tADDRESS\tSTATE\tRESTARTS\tLAST EXIT\tERROR")
 		for _, r := range list {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s:%d\t%s\t%s\n", r.Namespace, r.Service, r.Slot, r.ID, r.Revision, r.Machine, r.Address, r.Port, r.State, dash(r.Error))
+			lastExit := "-"
+			if r.LastExit != "" {
+				lastExit = r.LastExit + " (" + r.LastExitAt.UTC().Format(time.RFC3339) + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s:%d\t%s\t%d\t%s\t%s\n", r.Namespace, r.Service, r.Slot, r.ID, r.Revision,
+				r.Machine, r.Address, r.Port, r.State, r.Restarts, lastExit, dash(r.Error))
 		}
 		tw.Flush()
 	})
+}
+
+// setupInstanceCommand is `instance restart` and `instance stop`: a leased
+// command (seed 002) to the machine that runs the instance. Its attempt
+// number is the time in milliseconds, so a later command always wins over
+// an earlier one still in flight.
+func setupInstanceCommand(command string) func(*flag.FlagSet) func(*call) error {
+	return func(fs *flag.FlagSet) func(*call) error {
+		grace := fs.Duration("stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace")
+		timeout := fs.Duration("wait", 2*time.Minute, "how long the machine has to finish (a restart waits for readiness)")
+		return func(c *call) error {
+			return c.withStore(func(s *store.Store) error {
+				rec, err := findInstance(c.ctx, s, c.args[0])
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(c.ctx, *timeout)
+				defer cancel()
+				var rep store.LeasedReply
+				err = s.Call(ctx, rec.Machine, command, store.LeasedCommand{InstanceID: rec.ID, Namespace: rec.Namespace, Service: rec.Service,
+					Attempt: int(time.Now().UnixMilli()), Grace: store.Duration(*grace)}, &rep)
+				if err != nil {
+					return err
+				}
+				return c.out.emit(rep, func(w io.Writer) {
+					fmt.Fprintf(w, "instance %s (%s/%s) on %s: %s\n", rec.ID, rec.Namespace, rec.Service, rec.Machine, rep.Detail)
+				})
+			})
+		}
+	}
+}
+
+// findInstance finds an instance record by ID alone.
+func findInstance(ctx context.Context, s *store.Store, id string) (*store.InstanceRecord, error) {
+	if !store.ValidToken(id) {
+		return nil, store.Errorf(store.CodeInvalid, "instance id %q: letters, digits, '-' and '_' only", id)
+	}
+	var found *store.InstanceRecord
+	err := store.ListJSON(ctx, s, s.Instances, "*.*."+id, func(_ string, r *store.InstanceRecord) error {
+		found = r
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if found == nil {
+		return nil, store.Errorf(store.CodeNotFound, "no instance %s", id).With("instance", id)
+	}
+	return found, nil
 }

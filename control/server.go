@@ -157,7 +157,7 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := runAgent(ctx, s, rec, filepath.Join(cfg.data, "agent"), 256, 10*time.Second, logger); err != nil {
+			if err := runAgent(ctx, s, rec, agentOptions{dir: filepath.Join(cfg.data, "agent"), maxInstances: 256, stopGrace: 10 * time.Second}, logger); err != nil {
 				errc <- err
 			}
 		}()

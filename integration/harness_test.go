@@ -157,8 +157,9 @@ type cluster struct {
 	server *proc
 	agents map[string]*proc
 	store  *store.Store
-	// serverArgs are extra `control server` flags.
-	serverArgs []string
+	// serverArgs are extra `control server` flags; agentArgs extra
+	// `control agent` flags for the agents join starts.
+	serverArgs, agentArgs []string
 	// creds, when the server requires credentials (--auth on), is the
 	// control-role credentials file the server wrote; clients use it, and
 	// agents get their own agent-role credentials.
@@ -301,7 +302,7 @@ func (c *cluster) join(id string, inviteArgs ...string) *proc {
 	c.t.Helper()
 	token := strings.TrimSpace(c.mustControl(append([]string{"machine", "invite"}, inviteArgs...)...))
 	p := start(c.t, "agent "+id, c.natsEnv(storagenode.RoleAgent, id), bins.control,
-		"agent", "--data", c.agentDir(id), "--join", token, "--machine", id, "--stop-grace", "2s")
+		append([]string{"agent", "--data", c.agentDir(id), "--join", token, "--machine", id, "--stop-grace", "2s"}, c.agentArgs...)...)
 	p.waitOutput(c.t, `agent serving`, 15*time.Second)
 	c.agents[id] = p
 	return p

@@ -84,6 +84,24 @@ type ServiceSpec struct {
 	Readiness Readiness `json:"readiness,omitempty" yaml:"readiness,omitempty"`
 	Routes    []Route   `json:"routes,omitempty" yaml:"routes,omitempty"`
 	Placement Placement `json:"placement,omitempty" yaml:"placement,omitempty"`
+	// Restart is what the agent does when an instance ends on its own:
+	// RestartAlways (the default, ""), RestartOnFailure or RestartNever.
+	Restart string `json:"restart,omitempty" yaml:"restart,omitempty"`
+}
+
+// Restart policies of a service.
+const (
+	RestartAlways    = "always"
+	RestartOnFailure = "on-failure"
+	RestartNever     = "never"
+)
+
+// RestartPolicy is Restart with its default applied.
+func (s ServiceSpec) RestartPolicy() string {
+	if s.Restart == "" {
+		return RestartAlways
+	}
+	return s.Restart
 }
 
 // ReplicaCount is Replicas with its default applied.
@@ -259,6 +277,9 @@ const (
 	InstanceDraining = "draining"
 	InstanceStopped  = "stopped"
 	InstanceFailed   = "failed"
+	// InstanceBackoff: it ended on its own and its agent restarts it at
+	// NextRestart; out of the routing until ready again.
+	InstanceBackoff = "backoff"
 )
 
 // InstanceRecord is durable status of one running (or once running) instance.
@@ -282,6 +303,13 @@ type InstanceRecord struct {
 	PID       int       `json:"pid,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Restarts counts the agent's restarts of this instance; LastExit is
+	// how it last ended on its own, and when.
+	Restarts   int       `json:"restarts,omitempty"`
+	LastExit   string    `json:"last_exit,omitempty"`
+	LastExitAt time.Time `json:"last_exit_at,omitzero"`
+	// NextRestart is when a backoff ends.
+	NextRestart time.Time `json:"next_restart,omitzero"`
 }
 
 func (r *InstanceRecord) version() int { return r.Version }

@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/manifest"
@@ -40,6 +41,11 @@ type Config struct {
 	// RepublishRetry is how often a routing republish the control plane
 	// did not take is asked for again; default 2s.
 	RepublishRetry time.Duration
+	// RestartBackoff is the first wait before an instance that ended on
+	// its own is restarted, doubled for each failure in a row up to
+	// RestartBackoffMax (with jitter); defaults 1s and 5m. An instance
+	// that stayed up for RestartBackoffMax starts over from RestartBackoff.
+	RestartBackoff, RestartBackoffMax time.Duration
 }
 
 // Agent serves one machine.
@@ -58,15 +64,28 @@ type Agent struct {
 	// agent, so their exits are not waited for.
 	quit chan struct{}
 	wg   sync.WaitGroup
+	// restarts counts restarts of instances since the agent started.
+	restarts atomic.Uint64
 }
 
 // instance is a running instance and what the agent persists about it.
 type instance struct {
-	Runtime  runtime.State        `json:"runtime"`
-	Record   store.InstanceRecord `json:"record"`
-	Spec     store.ServiceSpec    `json:"spec"`
+	Runtime runtime.State        `json:"runtime"`
+	Record  store.InstanceRecord `json:"record"`
+	Spec    store.ServiceSpec    `json:"spec"`
+	// Failures counts the times in a row it ended on its own: the
+	// exponent of its restart backoff.
+	Failures int `json:"failures,omitempty"`
+
 	handle   runtime.Handle
 	stopping bool
+	// readySince is when it last became ready (zero while not).
+	readySince time.Time
+	// notReady, when set, is why the agent itself ended a restarted
+	// instance: the exit its watcher sees is that failure.
+	notReady string
+	// healCancel ends the scheduled restart, if any (closed by stop).
+	healCancel chan struct{}
 }
 
 // New checks cfg and returns an agent; Run starts it.
@@ -85,6 +104,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.RepublishRetry == 0 {
 		cfg.RepublishRetry = 2 * time.Second
+	}
+	if cfg.RestartBackoff <= 0 {
+		cfg.RestartBackoff = time.Second
+	}
+	if cfg.RestartBackoffMax < cfg.RestartBackoff {
+		cfg.RestartBackoffMax = max(5*time.Minute, cfg.RestartBackoff)
 	}
 	// Instance state and logs are the box's own: no other user reads them
 	// (a directory made by an older version is tightened too).
@@ -167,11 +192,27 @@ func (a *Agent) adopt(ctx context.Context) {
 		h, err := a.cfg.Driver.Adopt(ctx, inst.Runtime)
 		if err != nil {
 			a.log.Warn("instance did not survive the agent restart", zap.String("instance", inst.Record.ID), zap.Error(err))
-			_ = os.Remove(f)
-			a.markFailed(ctx, &inst, "not running after agent restart")
+			if inst.Spec.RestartPolicy() != store.RestartAlways {
+				_ = os.Remove(f)
+				a.markFailed(ctx, &inst, "not running after agent restart")
+				continue
+			}
+			// It is restarted as if it had just ended (a backoff already
+			// under way keeps its schedule).
+			a.mu.Lock()
+			a.instances[inst.Record.ID] = &inst
+			a.mu.Unlock()
+			if inst.Record.State == store.InstanceBackoff && !inst.Record.NextRestart.IsZero() {
+				a.scheduleRestart(&inst, time.Until(inst.Record.NextRestart))
+			} else {
+				a.backoff(&inst, errors.New("not running after agent restart"))
+			}
 			continue
 		}
 		inst.handle = h
+		if inst.Record.State == store.InstanceReady {
+			inst.readySince = time.Now()
+		}
 		a.mu.Lock()
 		a.instances[inst.Record.ID] = &inst
 		a.mu.Unlock()
@@ -180,30 +221,43 @@ func (a *Agent) adopt(ctx context.Context) {
 	}
 }
 
-// watch records an unexpected exit as an unrecovered error and republishes
-// the service's routing so the instance leaves the pool at once.
+// watch handles the end of the instance's current run that the agent did
+// not ask for: it leaves the routing at once (republish) and, as its
+// restart policy says, is restarted after a backoff or recorded failed.
 func (a *Agent) watch(inst *instance) {
+	a.mu.Lock()
+	h := inst.handle
+	a.mu.Unlock()
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
 		select {
-		case <-inst.handle.Exited():
+		case <-h.Exited():
 		case <-a.quit:
 			return
 		}
 		a.mu.Lock()
-		stopping := inst.stopping
-		if !stopping && a.instances[inst.Record.ID] == inst {
+		stopping, current := inst.stopping, a.instances[inst.Record.ID] == inst && inst.handle == h
+		why := h.ExitErr()
+		if inst.notReady != "" {
+			why, inst.notReady = errors.New(inst.notReady), ""
+		}
+		restart := current && !stopping && wantsRestart(inst.Spec.RestartPolicy(), why)
+		if !stopping && !restart && current {
 			delete(a.instances, inst.Record.ID)
 		}
 		a.mu.Unlock()
-		if stopping {
+		if stopping || !current {
+			return
+		}
+		if restart {
+			a.backoff(inst, why)
 			return
 		}
 		_ = os.Remove(a.statePath(inst.Record.ID))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		a.markFailed(ctx, inst, inst.handle.ExitErr().Error())
+		a.markFailed(ctx, inst, why.Error())
 	}()
 }
 
@@ -445,19 +499,7 @@ func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.Start
 		}
 		port = p
 	}
-	env := map[string]string{}
-	for k, v := range req.Spec.Env {
-		env[k] = v
-	}
-	env["EDGEPLANE_SERVICE"] = rec.Service
-	env["EDGEPLANE_NAMESPACE"] = rec.Namespace
-	env["EDGEPLANE_SLOT"] = strconv.Itoa(rec.Slot)
-	env["EDGEPLANE_REVISION"] = strconv.FormatInt(rec.Revision, 10)
-	env["EDGEPLANE_MACHINE"] = a.cfg.Machine.ID
-	h, err := a.cfg.Driver.Start(ctx, runtime.Spec{
-		ID: rec.ID, Command: req.Spec.Command, Env: env,
-		Host: a.cfg.Machine.Address, Port: port, LogDir: filepath.Join(a.cfg.DataDir, "logs"),
-	})
+	h, err := a.launch(ctx, rec, req.Spec, port)
 	if err != nil {
 		return nil, store.Errorf(store.CodeInternal, "%v", err).With("instance", rec.ID)
 	}
@@ -482,6 +524,23 @@ func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.Start
 	return &store.StartReply{Instance: rec}, nil
 }
 
+// launch starts rec's process (or container) through the driver on port.
+func (a *Agent) launch(ctx context.Context, rec store.InstanceRecord, spec store.ServiceSpec, port int) (runtime.Handle, error) {
+	env := map[string]string{}
+	for k, v := range spec.Env {
+		env[k] = v
+	}
+	env["EDGEPLANE_SERVICE"] = rec.Service
+	env["EDGEPLANE_NAMESPACE"] = rec.Namespace
+	env["EDGEPLANE_SLOT"] = strconv.Itoa(rec.Slot)
+	env["EDGEPLANE_REVISION"] = strconv.FormatInt(rec.Revision, 10)
+	env["EDGEPLANE_MACHINE"] = a.cfg.Machine.ID
+	return a.cfg.Driver.Start(ctx, runtime.Spec{
+		ID: rec.ID, Command: spec.Command, Env: env,
+		Host: a.cfg.Machine.Address, Port: port, LogDir: filepath.Join(a.cfg.DataDir, "logs"),
+	})
+}
+
 func (a *Agent) setRecord(inst *instance, rec store.InstanceRecord) {
 	a.mu.Lock()
 	inst.Record = rec
@@ -501,13 +560,20 @@ func (a *Agent) readiness(ctx context.Context, req store.ReadinessRequest) (*sto
 	if !ok {
 		return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, a.cfg.Machine.ID)
 	}
-	timeout := time.Duration(req.Timeout)
+	return a.awaitReady(ctx, inst, time.Duration(req.Timeout))
+}
+
+// awaitReady probes inst until it is ready (recorded so), its run ends, or
+// timeout (default: its spec's) passes.
+func (a *Agent) awaitReady(ctx context.Context, inst *instance, timeout time.Duration) (*store.ReadinessReply, error) {
 	if timeout <= 0 {
 		timeout = manifest.ReadinessTimeout(inst.Spec)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	rec := inst.Record
+	a.mu.Lock()
+	rec, h := inst.Record, inst.handle
+	a.mu.Unlock()
 	probe := readinessProbe(rec.Address, rec.Port, inst.Spec.Readiness.Path)
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
@@ -517,14 +583,18 @@ func (a *Agent) readiness(ctx context.Context, req store.ReadinessRequest) (*sto
 			break
 		}
 		select {
-		case <-inst.handle.Exited():
-			return &store.ReadinessReply{Ready: false, Error: "instance " + inst.handle.ExitErr().Error(), Instance: rec}, nil
+		case <-h.Exited():
+			return &store.ReadinessReply{Ready: false, Error: "instance " + h.ExitErr().Error(), Instance: rec}, nil
 		case <-ctx.Done():
 			return &store.ReadinessReply{Ready: false, Error: fmt.Sprintf("not ready after %s: %v", timeout, lastErr), Instance: rec}, nil
 		case <-t.C:
 		}
 	}
-	rec.State, rec.UpdatedAt = store.InstanceReady, time.Now().UTC()
+	a.mu.Lock()
+	rec = inst.Record
+	inst.readySince = time.Now()
+	a.mu.Unlock()
+	rec.State, rec.Error, rec.UpdatedAt = store.InstanceReady, "", time.Now().UTC()
 	wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer wcancel()
 	if err := a.writeRecord(wctx, &rec); err != nil {
@@ -589,6 +659,10 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 	inst, ok := a.lookup(req.InstanceID)
 	if ok {
 		a.mu.Lock()
+		if inst.healCancel != nil {
+			close(inst.healCancel)
+			inst.healCancel = nil
+		}
 		inst.stopping = true
 		a.mu.Unlock()
 		if err := a.cfg.Driver.Stop(ctx, inst.handle, grace); err != nil {

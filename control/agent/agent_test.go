@@ -65,7 +65,7 @@ func startAgentAlone(t *testing.T, srv *storetest.Server, dir string) *fixture {
 	a, err := New(Config{
 		Store: srv.Connect(t), Machine: store.MachineRecord{ID: "m1", Address: "127.0.0.1", State: store.MachineActive},
 		DataDir: dir, Driver: &runtime.Process{PollInterval: 20 * time.Millisecond}, StopGrace: time.Second,
-		RepublishRetry: 100 * time.Millisecond,
+		RepublishRetry: 100 * time.Millisecond, RestartBackoff: 100 * time.Millisecond, RestartBackoffMax: 800 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -103,10 +103,15 @@ func commitOne(t *testing.T, s *store.Store, id string) {
 
 func startReady(t *testing.T, s *store.Store, id string, env map[string]string) store.InstanceRecord {
 	t.Helper()
+	return startReadySpec(t, s, id, store.ServiceSpec{Command: []string{helloBin}, Env: env, Readiness: store.Readiness{Path: "/healthz"}})
+}
+
+func startReadySpec(t *testing.T, s *store.Store, id string, spec store.ServiceSpec) store.InstanceRecord {
+	t.Helper()
 	ctx := context.Background()
 	req := store.StartRequest{
 		Instance: store.InstanceRecord{ID: id, Namespace: "shop", Service: "web", Slot: 0, Revision: 1, DeployID: "d1"},
-		Spec:     store.ServiceSpec{Command: []string{helloBin}, Env: env, Readiness: store.Readiness{Path: "/healthz"}},
+		Spec:     spec,
 	}
 	var rep store.StartReply
 	if err := s.Call(ctx, "m1", store.CmdStartCandidate, req, &rep); err != nil {
@@ -132,12 +137,17 @@ func answers(rec store.InstanceRecord) bool {
 	return resp.StatusCode == 200
 }
 
+// helloSpec is hello with a readiness path and restart policy.
+func helloSpec(restart string) store.ServiceSpec {
+	return store.ServiceSpec{Command: []string{helloBin}, Readiness: store.Readiness{Path: "/healthz"}, Restart: restart}
+}
+
 func TestCrashedInstanceLeavesThePool(t *testing.T) {
 	srv := storetest.Start(t)
 	startAgent(t, srv, t.TempDir())
 	ctx := context.Background()
 	commitOne(t, srv.Store, "web-0-a")
-	rec := startReady(t, srv.Store, "web-0-a", nil)
+	rec := startReadySpec(t, srv.Store, "web-0-a", helloSpec(store.RestartNever))
 	head := func() uint64 {
 		info, _ := srv.Store.Routing.Info(ctx)
 		return info.State.LastSeq
@@ -182,7 +192,7 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	f := startAgentAlone(t, srv, t.TempDir())
 	ctx := context.Background()
 	commitOne(t, srv.Store, "web-0-a")
-	rec := startReady(t, srv.Store, "web-0-a", nil)
+	rec := startReadySpec(t, srv.Store, "web-0-a", helloSpec(store.RestartNever))
 	info, err := srv.Store.Routing.Info(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -204,6 +204,11 @@ func Validate(m *store.Manifest) error {
 				}
 			}
 		}
+		switch s.Restart {
+		case "", store.RestartAlways, store.RestartOnFailure, store.RestartNever:
+		default:
+			add(p+".restart", "must be always, on-failure or never")
+		}
 		for _, reg := range s.Placement.Regions {
 			if !labelRe.MatchString(reg) {
 				add(p+".placement.regions", "region %q is not a DNS label", reg)

@@ -100,14 +100,14 @@ func instanceEnv(spec Spec) []string {
 
 func describeExit(err error) error {
 	if err == nil {
-		return errors.New("exited with status 0")
+		return &Exit{Known: true}
 	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return fmt.Errorf("killed by signal %s", ws.Signal())
+			return &Exit{Known: true, Signal: ws.Signal().String()}
 		}
-		return fmt.Errorf("exited with status %d", ee.ExitCode())
+		return &Exit{Known: true, Code: ee.ExitCode()}
 	}
 	return err
 }
@@ -136,7 +136,7 @@ func (p *Process) Adopt(ctx context.Context, st State) (Handle, error) {
 			case <-t.C:
 			}
 			if !sameProcess(st.PID, st.StartTicks) {
-				h.finish(errors.New("exited (adopted process; status unknown)"))
+				h.finish(&Exit{})
 				return
 			}
 		}

@@ -6,6 +6,8 @@ package runtime
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -33,6 +35,35 @@ type State struct {
 	// Container is for container drivers.
 	Container string `json:"container,omitempty"`
 	LogPath   string `json:"log_path,omitempty"`
+}
+
+// Exit is how an instance ended, as Handle.ExitErr reports it when the
+// driver knows.
+type Exit struct {
+	// Known is false when the driver saw the instance gone without its
+	// status (a process adopted after an agent restart).
+	Known bool
+	// Code is the exit status; Signal, if set, the signal that killed it.
+	Code   int
+	Signal string
+}
+
+func (e *Exit) Error() string {
+	switch {
+	case !e.Known:
+		return "exited (status unknown)"
+	case e.Signal != "":
+		return "killed by signal " + e.Signal
+	default:
+		return fmt.Sprintf("exited with status %d", e.Code)
+	}
+}
+
+// Clean reports whether err (from ExitErr) is a known exit with status 0:
+// the one end a restart policy of on-failure leaves alone.
+func Clean(err error) bool {
+	var e *Exit
+	return errors.As(err, &e) && e.Known && e.Signal == "" && e.Code == 0
 }
 
 // Handle is a started or adopted instance.
