@@ -11,6 +11,8 @@ const (
 	CmdStopInstance   = "instance.stop"
 	// CmdInventory lists what the agent runs, for control doctor.
 	CmdInventory = "inventory"
+	// CmdLogs reads a chunk of an instance's output.
+	CmdLogs = "logs.read"
 	// Leased commands (seed 002): each carries an attempt number that acts as
 	// a generation guard.
 	CmdRestart      = "command.restart"
@@ -48,6 +50,31 @@ type InventoryItem struct {
 	Service   string `json:"service"`
 	DeployID  string `json:"deploy_id,omitempty"`
 	Running   bool   `json:"running"`
+}
+
+// LogsRequest asks for a chunk of an instance's output (stdout and stderr,
+// as one stream, across its restarts).
+type LogsRequest struct {
+	InstanceID string `json:"instance_id"`
+	Namespace  string `json:"namespace"`
+	// Offset is where to read from; -1 starts at Since if set, else at the
+	// last MaxLogChunk bytes.
+	Offset int64     `json:"offset"`
+	Since  time.Time `json:"since,omitzero"`
+}
+
+// MaxLogChunk bounds the output one LogsReply carries: agent replies must
+// fit the agent role's payload limit.
+const MaxLogChunk = 32 << 10
+
+// LogsReply is a chunk of output: Data was at Offset; Next is where the
+// following request reads from, and Size the output's length now (a Size
+// below an earlier Next means it was truncated: start again at 0).
+type LogsReply struct {
+	Data   []byte `json:"data"`
+	Offset int64  `json:"offset"`
+	Next   int64  `json:"next"`
+	Size   int64  `json:"size"`
 }
 
 // StartRequest asks a machine to start a candidate instance.

@@ -66,6 +66,10 @@ type Agent struct {
 	wg   sync.WaitGroup
 	// restarts counts restarts of instances since the agent started.
 	restarts atomic.Uint64
+
+	// logSizes samples each instance's output size (see logs.go).
+	logMu    sync.Mutex
+	logSizes map[string][]logSample
 }
 
 // instance is a running instance and what the agent persists about it.
@@ -125,7 +129,8 @@ func New(cfg Config) (*Agent, error) {
 	return &Agent{
 		cfg: cfg, log: cfg.Logger.With(zap.String("machine", cfg.Machine.ID)),
 		instances: map[string]*instance{}, attempts: map[string]int{}, unpublished: map[serviceRef]bool{},
-		quit: make(chan struct{}),
+		logSizes: map[string][]logSample{},
+		quit:     make(chan struct{}),
 	}, nil
 }
 
@@ -139,6 +144,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.retryRepublish(ctx)
 	}()
 	a.adopt(ctx)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.sampleLogs()
+	}()
 	names := a.cfg.Store.Names
 	stop, err := store.Serve(ctx, a.cfg.Store.NC, names.NodeListenSubject(a.cfg.Machine.ID),
 		names.NodeQueueGroup(a.cfg.Machine.ID), "node."+a.cfg.Machine.ID, a.handle)
@@ -406,6 +416,12 @@ func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, e
 		return a.capacity(), nil
 	case store.CmdInventory:
 		return a.inventory(), nil
+	case store.CmdLogs:
+		var req store.LogsRequest
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return a.readLogs(ctx, req)
 	case store.CmdStartCandidate:
 		var req store.StartRequest
 		if err := decode(command, data, &req); err != nil {

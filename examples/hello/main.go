@@ -3,8 +3,9 @@
 // as every instance must. / answers with its service, slot, revision and
 // machine; /healthz is its readiness check.
 //
-// For tests, HELLO_READY=fail makes /healthz answer 503 forever, and
-// HELLO_READY_DELAY=2s delays readiness after start.
+// For tests, HELLO_READY=fail makes /healthz answer 503 forever,
+// HELLO_READY_DELAY=2s delays readiness after start, and /log?line=TEXT
+// prints TEXT to its output.
 package main
 
 import (
@@ -43,6 +44,9 @@ func main() {
 			return
 		}
 		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/log", func(w http.ResponseWriter, r *http.Request) {
+		log.Print(r.URL.Query().Get("line"))
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("format") == "json" || r.Header.Get("Accept") == "application/json" {
