@@ -46,7 +46,16 @@ type Config struct {
 	// credentials file issued by Auth (see auth.go). It is required when
 	// Listen is not a loopback address.
 	Auth *Auth
+	// ReadyTimeout bounds the wait for the server to accept connections,
+	// which includes recovering its JetStream store; default
+	// DefaultReadyTimeout.
+	ReadyTimeout time.Duration
 }
+
+// DefaultReadyTimeout is how long a storage node may take to accept
+// connections: a box with a large store recovers it first, and a busy
+// machine is slow to schedule a new server.
+const DefaultReadyTimeout = time.Minute
 
 // Start starts a nats-server with JetStream and waits until it
 // accepts connections.
@@ -111,9 +120,13 @@ func Start(cfg Config) (*server.Server, error) {
 		ns.SetLogger(natsLogger{cfg.Logger.WithOptions(zap.AddCallerSkip(1)).Sugar()}, false, false)
 	}
 	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
+	wait := cfg.ReadyTimeout
+	if wait <= 0 {
+		wait = DefaultReadyTimeout
+	}
+	if !ns.ReadyForConnections(wait) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("starting embedded nats on %s: not ready after 10s", listen)
+		return nil, fmt.Errorf("starting embedded nats on %s: not ready after %s", listen, wait)
 	}
 	return ns, nil
 }
