@@ -21,6 +21,17 @@ type Spec struct {
 	Port int
 	// LogDir receives the instance's output.
 	LogDir string
+
+	// Image is what a container driver runs: an image ID as a deploy
+	// pinned it. Command, if set, replaces its entrypoint.
+	Image string
+	// ReadOnlyRoot mounts the container's root filesystem read-only.
+	ReadOnlyRoot bool
+	// CPUs and Memory (bytes) limit a container; 0 is no limit.
+	CPUs   float64
+	Memory int64
+	// Labels go on the container (the driver adds its own).
+	Labels map[string]string
 }
 
 // State is what the agent persists about a running instance so that a

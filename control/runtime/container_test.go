@@ -1,0 +1,157 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/internal/podmantest"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func get(port int) (string, error) {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The container driver against a real podman: an image resolved to its ID
+// and pinned, the instance's environment, adoption by a second driver
+// (same container), a kill -9 seen as an exit, the labels that find
+// strays, a retagged image that does not change what a pinned start runs,
+// and a removed image refused by ID.
+func TestContainerDriver(t *testing.T) {
+	e := podmantest.Start(t)
+	ctx := context.Background()
+	hello := podmantest.BuildStatic(t, "github.com/edgeplane/edgeplane/examples/hello", t.TempDir())
+	v1 := e.BuildImage(t, "localhost/edgeplane-rt-hello:v1", hello, `ENV VERSION=1`)
+	d, err := runtime.ConnectEngine(ctx, e.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	t.Logf("Engine API version negotiated with podman: %s", d.APIVersion)
+
+	img, err := d.ResolveImage(ctx, "localhost/edgeplane-rt-hello:v1")
+	if err != nil || img.ID != v1 {
+		t.Fatalf("resolve: %+v %v, want %s", img, err, v1)
+	}
+	// The tag moves to another image; the pinned ID still starts v1.
+	e.BuildImage(t, "localhost/edgeplane-rt-hello:v1", hello, `ENV VERSION=2`)
+	if moved, _ := d.ResolveImage(ctx, "localhost/edgeplane-rt-hello:v1"); moved == nil || moved.ID == v1 {
+		t.Fatalf("the tag did not move: %+v", moved)
+	}
+	port := freePort(t)
+	id := fmt.Sprintf("rt-%d", time.Now().UnixNano())
+	h, err := d.Start(ctx, runtime.Spec{ID: id, Image: v1, Host: "127.0.0.1", Port: port, ReadOnlyRoot: true, Memory: 64 << 20,
+		Env: map[string]string{"EDGEPLANE_SERVICE": "web"}, Labels: map[string]string{runtime.LabelNamespace: "shop"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(context.Background(), h, time.Second) })
+	eventually(t, "the container to answer", func() bool { _, err := get(port); return err == nil })
+	if body, _ := get(port); body == "" {
+		t.Fatal("empty answer")
+	}
+	st := h.State()
+	if st.Container == "" || st.PID <= 0 || st.Driver != "container" {
+		t.Fatalf("state: %+v", st)
+	}
+
+	// A second driver (a restarted agent) adopts the same container.
+	d2, err := runtime.ConnectEngine(ctx, e.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	h2, err := d2.Adopt(ctx, st)
+	if err != nil || h2.State().Container != st.Container {
+		t.Fatalf("adopt: %+v %v", h2, err)
+	}
+	list, err := d2.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, l := range list {
+		if l.Instance == id && l.Container == st.Container && l.Running && l.Labels[runtime.LabelNamespace] == "shop" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("list does not show %s: %+v", id, list)
+	}
+
+	// kill -9 of its process is an exit both handles see.
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for _, hh := range []runtime.Handle{h, h2} {
+		select {
+		case <-hh.Exited():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the killed container's exit was not seen")
+		}
+		if got := hh.ExitErr().Error(); got != "killed by signal killed" {
+			t.Fatalf("exit: %q", got)
+		}
+	}
+	if _, err := d2.Adopt(ctx, st); !errors.Is(err, runtime.ErrGone) {
+		t.Fatalf("adopting a dead container: %v", err)
+	}
+	// Started again (same name), then stopped: the container is removed.
+	h3, err := d.Start(ctx, runtime.Spec{ID: id, Image: v1, Host: "127.0.0.1", Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the restarted container to answer", func() bool { _, err := get(port); return err == nil })
+	if err := d.Stop(ctx, h3, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Adopt(ctx, h3.State()); !errors.Is(err, runtime.ErrGone) {
+		t.Fatalf("a stopped container is still there: %v", err)
+	}
+
+	// An image removed from the store cannot be resolved or started by ID.
+	if _, err := e.Podman(ctx, "rmi", "-f", v1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ResolveImage(ctx, v1); !errors.Is(err, runtime.ErrNoImage) {
+		t.Fatalf("resolving a removed image: %v", err)
+	}
+	if _, err := d.Start(ctx, runtime.Spec{ID: id + "-x", Image: v1, Host: "127.0.0.1", Port: port}); !errors.Is(err, runtime.ErrNoImage) {
+		t.Fatalf("starting a removed image: %v", err)
+	}
+}
