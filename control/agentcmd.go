@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +44,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 	fs.DurationVar(&o.restartBackoff, "restart-backoff", time.Second, "first wait before restarting an instance that ended on its own; doubled per failure in a row")
 	fs.DurationVar(&o.restartBackoffMax, "restart-backoff-max", 5*time.Minute, "longest wait between restarts")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "serve Prometheus metrics (edgeplane_agent_*) on this address's /metrics; empty: off")
+	fs.StringVar(&o.engine, "engine", "", "container engine socket for services with an image, e.g. unix:///run/podman/podman.sock (default: Docker's socket, then podman's, if one answers; none: no containers)")
 	lf := addLogFlags(fs)
 	return func(c *call) error {
 		if *data == "" {
@@ -155,11 +157,19 @@ type agentOptions struct {
 	stopGrace                         time.Duration
 	restartBackoff, restartBackoffMax time.Duration
 	metricsListen                     string
+	engine                            string
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
+	ctr, err := connectEngine(ctx, o.engine, logger)
+	if err != nil {
+		return err
+	}
+	if ctr != nil {
+		defer ctr.Close()
+	}
 	a, err := agent.New(agent.Config{
-		Store: s, Machine: *rec, DataDir: o.dir, Driver: &runtime.Process{},
+		Store: s, Machine: *rec, DataDir: o.dir, Driver: &runtime.Process{}, Containers: ctr,
 		Logger: logger, MaxInstances: o.maxInstances, StopGrace: o.stopGrace,
 		RestartBackoff: o.restartBackoff, RestartBackoffMax: o.restartBackoffMax,
 	})
@@ -177,6 +187,35 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 		logger.Info("agent metrics", zap.String("listen", o.metricsListen))
 	}
 	return a.Run(ctx)
+}
+
+// connectEngine connects the container driver to engine; "" tries the
+// default sockets and settles for none, "none" is none.
+func connectEngine(ctx context.Context, engine string, logger *zap.Logger) (*runtime.Container, error) {
+	if engine == "none" {
+		return nil, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if engine != "" {
+		c, err := runtime.ConnectEngine(cctx, engine)
+		if err != nil {
+			return nil, fmt.Errorf("--engine: %w", err)
+		}
+		logger.Info("container engine", zap.String("engine", engine), zap.String("api_version", c.APIVersion))
+		return c, nil
+	}
+	for _, sock := range runtime.DefaultEngineSockets {
+		if _, err := os.Stat(strings.TrimPrefix(sock, "unix://")); err != nil {
+			continue
+		}
+		if c, err := runtime.ConnectEngine(cctx, sock); err == nil {
+			logger.Info("container engine", zap.String("engine", sock), zap.String("api_version", c.APIVersion))
+			return c, nil
+		}
+	}
+	logger.Info("no container engine: services with an image are refused on this machine (see --engine)")
+	return nil, nil
 }
 
 // serveMetrics serves reg's /metrics on addr until stop is called.

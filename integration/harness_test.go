@@ -312,7 +312,7 @@ func (c *cluster) join(id string, inviteArgs ...string) *proc {
 func (c *cluster) restartAgent(id string) *proc {
 	c.t.Helper()
 	p := start(c.t, "agent "+id+" (restarted)", c.natsEnv(storagenode.RoleAgent, id), bins.control,
-		"agent", "--data", c.agentDir(id), "--stop-grace", "2s")
+		append([]string{"agent", "--data", c.agentDir(id), "--stop-grace", "2s"}, c.agentArgs...)...)
 	p.waitOutput(c.t, `agent serving`, 15*time.Second)
 	c.agents[id] = p
 	return p

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the real peers the test suite drives: dig (DNS tests), curl (the
 # README demo), wg and ip (mesh tests), ping, wrk (load during a redeploy),
-# and Pebble (the ACME test server). Safe to run again.
+# podman with runc (the container driver's engine: internal/podmantest
+# starts its Docker-compatible service with the configuration these
+# machines need), and Pebble (the ACME test server). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +14,8 @@ command -v wg >/dev/null || need+=(wireguard-tools)
 command -v ping >/dev/null || need+=(iputils-ping)
 command -v ip >/dev/null || need+=(iproute2)
 command -v wrk >/dev/null || need+=(wrk)
+command -v podman >/dev/null || need+=(podman)
+command -v runc >/dev/null || need+=(runc)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "installing ${need[*]}"

@@ -13,6 +13,8 @@ const (
 	CmdInventory = "inventory"
 	// CmdLogs reads a chunk of an instance's output.
 	CmdLogs = "logs.read"
+	// CmdResolveImage finds an image in the machine's engine.
+	CmdResolveImage = "image.resolve"
 	// Leased commands (seed 002): each carries an attempt number that acts as
 	// a generation guard.
 	CmdRestart      = "command.restart"
@@ -25,12 +27,14 @@ type CapacityRequest struct{}
 
 // CapacityReply is a live observation: used for one decision, never stored.
 type CapacityReply struct {
-	Machine   string            `json:"machine"`
-	Region    string            `json:"region,omitempty"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	Address   string            `json:"address"`
-	Driver    string            `json:"driver"`
-	Instances int               `json:"instances"`
+	Machine string            `json:"machine"`
+	Region  string            `json:"region,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	Address string            `json:"address"`
+	Driver  string            `json:"driver"`
+	// Drivers are every driver the machine has ("process", "container").
+	Drivers   []string `json:"drivers,omitempty"`
+	Instances int      `json:"instances"`
 	// Free is how many more instances the machine accepts now.
 	Free int `json:"free"`
 }
@@ -40,6 +44,8 @@ type CapacityReply struct {
 type InventoryReply struct {
 	Machine   string          `json:"machine"`
 	Instances []InventoryItem `json:"instances"`
+	// Errors say what the agent could not look at (its engine).
+	Errors []string `json:"errors,omitempty"`
 }
 
 // InventoryItem is one instance an agent runs (or ran: Running false means
@@ -50,6 +56,24 @@ type InventoryItem struct {
 	Service   string `json:"service"`
 	DeployID  string `json:"deploy_id,omitempty"`
 	Running   bool   `json:"running"`
+	// Container is the engine's ID of a container instance.
+	Container string `json:"container,omitempty"`
+	// Unknown marks a container with edgeplane's labels that the agent
+	// does not run: a stray.
+	Unknown bool `json:"unknown,omitempty"`
+}
+
+// ResolveImageRequest asks a machine's engine for an image.
+type ResolveImageRequest struct {
+	Image string `json:"image"`
+}
+
+// ResolveImageReply is the image as the engine has it: ID is its content
+// address, what a deploy pins.
+type ResolveImageReply struct {
+	ID          string   `json:"id"`
+	RepoTags    []string `json:"repo_tags,omitempty"`
+	RepoDigests []string `json:"repo_digests,omitempty"`
 }
 
 // LogsRequest asks for a chunk of an instance's output (stdout and stderr,

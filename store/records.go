@@ -74,9 +74,22 @@ type Manifest struct {
 // ServiceSpec describes one service of a manifest.
 type ServiceSpec struct {
 	// Command is the program and its arguments. The instance gets HOST and
-	// PORT in its environment and must listen there.
-	Command []string          `json:"command" yaml:"command"`
-	Env     map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
+	// PORT in its environment and must listen there. With Image it
+	// replaces the image's entrypoint.
+	Command []string `json:"command,omitempty" yaml:"command,omitempty"`
+	// Image makes the service a container ("registry/name:tag" or
+	// "name@sha256:..."), run by agents with a container engine.
+	Image string `json:"image,omitempty" yaml:"image,omitempty"`
+	// ImageID is the image's content address ("sha256:...") that the
+	// apply resolved Image to and the commit records: every start of the
+	// commit, every restart and every rollback to it runs that, whatever
+	// the tag names later. YAML manifests do not carry it.
+	ImageID string `json:"image_id,omitempty" yaml:"-"`
+	// ReadOnly mounts a container's root filesystem read-only.
+	ReadOnly bool `json:"read_only,omitempty" yaml:"read_only,omitempty"`
+	// Resources limit a container.
+	Resources Resources         `json:"resources,omitzero" yaml:"resources,omitempty"`
+	Env       map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
 	// Replicas is the number of slots; nil means 1.
 	Replicas *int `json:"replicas,omitempty" yaml:"replicas,omitempty"`
 	// Port is a fixed port for every instance; 0 lets the agent pick a free one.
@@ -87,6 +100,13 @@ type ServiceSpec struct {
 	// Restart is what the agent does when an instance ends on its own:
 	// RestartAlways (the default, ""), RestartOnFailure or RestartNever.
 	Restart string `json:"restart,omitempty" yaml:"restart,omitempty"`
+}
+
+// Resources limit a container: CPUs (0.5 is half a core) and Memory
+// ("64Mi", "1G", or bytes). Zero is no limit.
+type Resources struct {
+	CPUs   float64 `json:"cpus,omitempty" yaml:"cpus,omitempty"`
+	Memory string  `json:"memory,omitempty" yaml:"memory,omitempty"`
 }
 
 // Restart policies of a service.
@@ -298,9 +318,11 @@ type InstanceRecord struct {
 	Port    int    `json:"port"`
 	State   string `json:"state"`
 	// Error is an unrecovered error; a non-empty value makes it unroutable.
-	Error     string    `json:"error,omitempty"`
-	Driver    string    `json:"driver"`
-	PID       int       `json:"pid,omitempty"`
+	Error  string `json:"error,omitempty"`
+	Driver string `json:"driver"`
+	PID    int    `json:"pid,omitempty"`
+	// Container is the engine's ID of a container instance's current run.
+	Container string    `json:"container,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	// Restarts counts the agent's restarts of this instance; LastExit is

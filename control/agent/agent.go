@@ -32,7 +32,11 @@ type Config struct {
 	Machine store.MachineRecord
 	// DataDir holds instance state (instances/) and logs (logs/).
 	DataDir string
-	Driver  runtime.Driver
+	// Driver runs services with a command (the process driver).
+	Driver runtime.Driver
+	// Containers, if set, runs services with an image through a container
+	// engine; without it such a service is refused here.
+	Containers *runtime.Container
 	Logger  *zap.Logger
 	// MaxInstances bounds what the machine accepts; default 256.
 	MaxInstances int
@@ -199,7 +203,15 @@ func (a *Agent) adopt(ctx context.Context) {
 			a.log.Warn("ignoring unreadable instance state", zap.String("file", f), zap.Error(err))
 			continue
 		}
-		h, err := a.cfg.Driver.Adopt(ctx, inst.Runtime)
+		if inst.Runtime.Driver == "container" && a.cfg.Containers == nil {
+			// Not gone, just out of sight: restarting it elsewhere would
+			// run it twice. Left as it is until an agent with an engine
+			// adopts it.
+			a.log.Error("instance runs in a container but this agent has no container engine (--engine); left as it is",
+				zap.String("instance", inst.Record.ID), zap.String("container", inst.Runtime.Container))
+			continue
+		}
+		h, err := a.adoptRun(ctx, inst.Runtime)
 		if err != nil {
 			a.log.Warn("instance did not survive the agent restart", zap.String("instance", inst.Record.ID), zap.Error(err))
 			if inst.Spec.RestartPolicy() != store.RestartAlways {
@@ -415,7 +427,13 @@ func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, e
 	case store.CmdCapacity:
 		return a.capacity(), nil
 	case store.CmdInventory:
-		return a.inventory(), nil
+		return a.inventory(ctx), nil
+	case store.CmdResolveImage:
+		var req store.ResolveImageRequest
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return a.resolveImage(ctx, req)
 	case store.CmdLogs:
 		var req store.LogsRequest
 		if err := decode(command, data, &req); err != nil {
@@ -468,14 +486,16 @@ func (a *Agent) capacity() store.CapacityReply {
 	m := a.cfg.Machine
 	return store.CapacityReply{
 		Machine: m.ID, Region: m.Region, Labels: m.Labels, Address: m.Address,
-		Driver: a.cfg.Driver.Name(), Instances: n, Free: max(0, a.cfg.MaxInstances-n),
+		Driver: a.cfg.Driver.Name(), Drivers: a.drivers(), Instances: n, Free: max(0, a.cfg.MaxInstances-n),
 	}
 }
 
-func (a *Agent) inventory() store.InventoryReply {
+// inventory lists what the agent runs, and containers with edgeplane's
+// labels that it does not know (strays).
+func (a *Agent) inventory(ctx context.Context) store.InventoryReply {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	out := store.InventoryReply{Machine: a.cfg.Machine.ID, Instances: make([]store.InventoryItem, 0, len(a.instances))}
+	known := map[string]bool{}
 	for _, inst := range a.instances {
 		running := true
 		select {
@@ -484,10 +504,41 @@ func (a *Agent) inventory() store.InventoryReply {
 		default:
 		}
 		r := inst.Record
+		known[r.ID] = true
 		out.Instances = append(out.Instances, store.InventoryItem{ID: r.ID, Namespace: r.Namespace, Service: r.Service, DeployID: r.DeployID, Running: running})
+	}
+	a.mu.Unlock()
+	if a.cfg.Containers != nil {
+		list, err := a.cfg.Containers.List(ctx)
+		if err != nil {
+			out.Errors = append(out.Errors, err.Error())
+		}
+		for _, c := range list {
+			if !known[c.Instance] && c.Running {
+				out.Instances = append(out.Instances, store.InventoryItem{ID: c.Instance, Namespace: c.Labels[runtime.LabelNamespace],
+					Service: c.Labels[runtime.LabelService], Running: true, Container: c.Container, Unknown: true})
+			}
+		}
 	}
 	sort.Slice(out.Instances, func(i, j int) bool { return out.Instances[i].ID < out.Instances[j].ID })
 	return out
+}
+
+// resolveImage answers CmdResolveImage from the engine's image store
+// (pulling what it lacks).
+func (a *Agent) resolveImage(ctx context.Context, req store.ResolveImageRequest) (*store.ResolveImageReply, error) {
+	if a.cfg.Containers == nil {
+		return nil, store.Errorf(store.CodeUnavailable, "machine %s has no container engine", a.cfg.Machine.ID).With("machine", a.cfg.Machine.ID)
+	}
+	img, err := a.cfg.Containers.ResolveImage(ctx, req.Image)
+	if errors.Is(err, runtime.ErrNoImage) {
+		return nil, store.Errorf(store.CodeNotFound, "image %s is not on machine %s and could not be pulled", req.Image, a.cfg.Machine.ID).
+			With("image", req.Image).With("machine", a.cfg.Machine.ID)
+	}
+	if err != nil {
+		return nil, store.Errorf(store.CodeUnavailable, "%v", err).With("machine", a.cfg.Machine.ID)
+	}
+	return &store.ResolveImageReply{ID: img.ID, RepoTags: img.RepoTags, RepoDigests: img.RepoDigests}, nil
 }
 
 func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.StartReply, error) {
@@ -521,11 +572,11 @@ func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.Start
 	}
 	now := time.Now().UTC()
 	rec.Machine, rec.Address, rec.Port = a.cfg.Machine.ID, a.cfg.Machine.Address, port
-	rec.State, rec.Error, rec.Driver, rec.PID = store.InstanceStarting, "", a.cfg.Driver.Name(), h.State().PID
+	rec.State, rec.Error, rec.Driver, rec.PID, rec.Container = store.InstanceStarting, "", h.State().Driver, h.State().PID, h.State().Container
 	rec.CreatedAt, rec.UpdatedAt = now, now
 	inst := &instance{Runtime: h.State(), Record: rec, Spec: req.Spec, handle: h}
 	if err := a.persist(inst); err != nil {
-		_ = a.cfg.Driver.Stop(ctx, h, time.Second)
+		_ = a.driverOf(h).Stop(ctx, h, time.Second)
 		return nil, err
 	}
 	a.mu.Lock()
@@ -551,10 +602,69 @@ func (a *Agent) launch(ctx context.Context, rec store.InstanceRecord, spec store
 	env["EDGEPLANE_SLOT"] = strconv.Itoa(rec.Slot)
 	env["EDGEPLANE_REVISION"] = strconv.FormatInt(rec.Revision, 10)
 	env["EDGEPLANE_MACHINE"] = a.cfg.Machine.ID
-	return a.cfg.Driver.Start(ctx, runtime.Spec{
+	rs := runtime.Spec{
 		ID: rec.ID, Command: spec.Command, Env: env,
 		Host: a.cfg.Machine.Address, Port: port, LogDir: filepath.Join(a.cfg.DataDir, "logs"),
-	})
+	}
+	if spec.Image == "" {
+		return a.cfg.Driver.Start(ctx, rs)
+	}
+	if a.cfg.Containers == nil {
+		return nil, store.Errorf(store.CodeUnavailable, "machine %s has no container engine for image %s", a.cfg.Machine.ID, spec.Image).
+			With("machine", a.cfg.Machine.ID).With("image", spec.Image)
+	}
+	// What the deploy pinned, never the tag (a start before any deploy
+	// pinned it resolves the tag now).
+	rs.Image = spec.ImageID
+	if rs.Image == "" {
+		img, err := a.cfg.Containers.ResolveImage(ctx, spec.Image)
+		if err != nil {
+			return nil, err
+		}
+		rs.Image = img.ID
+	}
+	rs.ReadOnlyRoot, rs.CPUs = spec.ReadOnly, spec.Resources.CPUs
+	if spec.Resources.Memory != "" {
+		n, err := manifest.MemoryBytes(spec.Resources.Memory)
+		if err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "%v", err)
+		}
+		rs.Memory = n
+	}
+	rs.Labels = map[string]string{
+		runtime.LabelNamespace: rec.Namespace, runtime.LabelService: rec.Service, runtime.LabelSlot: strconv.Itoa(rec.Slot),
+		runtime.LabelRevision: strconv.FormatInt(rec.Revision, 10), runtime.LabelMachine: a.cfg.Machine.ID,
+	}
+	return a.cfg.Containers.Start(ctx, rs)
+}
+
+// drivers names what this machine can run.
+func (a *Agent) drivers() []string {
+	out := []string{a.cfg.Driver.Name()}
+	if a.cfg.Containers != nil {
+		out = append(out, a.cfg.Containers.Name())
+	}
+	return out
+}
+
+// driverOf is the driver that runs h.
+func (a *Agent) driverOf(h runtime.Handle) runtime.Driver {
+	if a.cfg.Containers != nil && h.State().Driver == a.cfg.Containers.Name() {
+		return a.cfg.Containers
+	}
+	return a.cfg.Driver
+}
+
+// adoptRun re-attaches to a run a previous agent started, with the driver
+// that started it.
+func (a *Agent) adoptRun(ctx context.Context, st runtime.State) (runtime.Handle, error) {
+	if st.Driver == "container" {
+		if a.cfg.Containers == nil {
+			return nil, fmt.Errorf("adopting %s: this agent has no container engine: %w", st.ID, runtime.ErrGone)
+		}
+		return a.cfg.Containers.Adopt(ctx, st)
+	}
+	return a.cfg.Driver.Adopt(ctx, st)
 }
 
 func (a *Agent) setRecord(inst *instance, rec store.InstanceRecord) {
@@ -681,7 +791,7 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 		}
 		inst.stopping = true
 		a.mu.Unlock()
-		if err := a.cfg.Driver.Stop(ctx, inst.handle, grace); err != nil {
+		if err := a.driverOf(inst.handle).Stop(ctx, inst.handle, grace); err != nil {
 			a.mu.Lock()
 			inst.stopping = false
 			a.mu.Unlock()

@@ -126,12 +126,13 @@ func (a *Agent) restart(inst *instance) {
 	if inst.stopping {
 		// Stopped while starting: this run is not wanted either.
 		a.mu.Unlock()
-		_ = a.cfg.Driver.Stop(ctx, h, a.cfg.StopGrace)
+		_ = a.driverOf(h).Stop(ctx, h, a.cfg.StopGrace)
 		return
 	}
 	rec = inst.Record
 	rec.Restarts++
 	rec.State, rec.Error, rec.PID, rec.NextRestart, rec.UpdatedAt = store.InstanceStarting, "", h.State().PID, time.Time{}, now
+	rec.Container = h.State().Container
 	inst.handle, inst.Runtime, inst.Record = h, h.State(), rec
 	a.mu.Unlock()
 	if err := a.persist(inst); err != nil {
@@ -163,7 +164,7 @@ func (a *Agent) restart(inst *instance) {
 		}
 		a.mu.Unlock()
 		if !stopping {
-			_ = a.cfg.Driver.Stop(ctx, h, a.cfg.StopGrace)
+			_ = a.driverOf(h).Stop(ctx, h, a.cfg.StopGrace)
 		}
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -90,6 +91,11 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 		return nil, err
 	}
 	if err := d.complete(ctx, r.ns, lease, r.st.live); err != nil {
+		return nil, err
+	}
+	// Images become digests here, once: the plan compares specs with
+	// them, and the commit records them.
+	if err := d.pinImages(ctx, r.m, r.st.machines); err != nil {
 		return nil, err
 	}
 	r.plan = buildPlan(m, r.st.live, r.st.insts, r.st.machines)
@@ -284,7 +290,8 @@ func (r *run) probeAndPlace(ctx context.Context) error {
 		}
 		alive[id] = true
 		rep := probed[i].Reply
-		cands = append(cands, &candidate{rec: r.st.machines[id], free: rep.Free, load: rep.Instances, perService: map[string]int{}})
+		cands = append(cands, &candidate{rec: r.st.machines[id], free: rep.Free, load: rep.Instances, perService: map[string]int{},
+			noEngine: !slices.Contains(rep.Drivers, "container")})
 	}
 	// A machine that runs a kept instance is required: without it the new
 	// commit would route to a machine nobody can vouch for.
@@ -309,6 +316,75 @@ func (r *run) probeAndPlace(ctx context.Context) error {
 	}
 	d.step(StepProbe, "%s", msg)
 	return nil
+}
+
+// pinImages resolves every image of m to its ID on the active
+// machines that have a container engine, which must all agree; an image
+// the manifest already pins (a rollback to a commit) must be present on
+// each. Nothing is written: a failure here changes nothing.
+func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[string]store.MachineRecord) error {
+	var names []string
+	for _, name := range slices.Sorted(maps.Keys(m.Services)) {
+		if m.Services[name].Image != "" {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	var ids []string
+	for _, id := range slices.Sorted(maps.Keys(known)) {
+		if known[id].State == store.MachineActive {
+			ids = append(ids, id)
+		}
+	}
+	var engines []string
+	for i, p := range machines.Probe(ctx, d.s, ids, d.opts.ProbeTimeout) {
+		if p.Err == nil && slices.Contains(p.Reply.Drivers, "container") {
+			engines = append(engines, ids[i])
+		}
+	}
+	for _, name := range names {
+		spec := m.Services[name]
+		if len(engines) == 0 {
+			return store.Errorf(store.CodeUnavailable, "no reachable active machine has a container engine for %s.%s (image %s)", m.Namespace, name, spec.Image).
+				With("service", name).With("image", spec.Image)
+		}
+		ref := spec.Image
+		if spec.ImageID != "" {
+			ref = spec.ImageID
+		}
+		var got, first string
+		for _, m := range engines {
+			var rep store.ResolveImageReply
+			cctx, cancel := context.WithTimeout(ctx, d.opts.RPCTimeout+time.Minute) // a pull may take a while
+			err := d.s.Call(cctx, m, store.CmdResolveImage, store.ResolveImageRequest{Image: ref}, &rep)
+			cancel()
+			switch {
+			case err != nil && spec.ImageID != "" && store.HasCode(err, store.CodeNotFound):
+				return store.Errorf(store.CodeNotFound, "image %s as this deploy pins it (%s) is no longer on machine %s; nothing was started",
+					spec.Image, spec.ImageID, m).With("service", name).With("image", spec.Image).With("image_id", spec.ImageID).With("machine", m)
+			case err != nil:
+				return err
+			case got == "":
+				got, first = rep.ID, m
+			case rep.ID != got:
+				return store.Errorf(store.CodeConflict, "image %s is %s on machine %s but %s on %s: give every machine the same image, or name it by digest",
+					spec.Image, got, first, rep.ID, m).With("service", name).With("image", spec.Image)
+			}
+		}
+		spec.ImageID = got
+		m.Services[name] = spec
+		d.printf("       %s.%s: image %s is %s (%d machines with an engine)", m.Namespace, name, spec.Image, shortID(got), len(engines))
+	}
+	return nil
+}
+
+func shortID(id string) string {
+	if len(id) > len("sha256:")+12 {
+		return id[:len("sha256:")+12]
+	}
+	return id
 }
 
 type candResult struct {

@@ -191,6 +191,10 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 	if err != nil {
 		return nil, err
 	}
+	// As the apply will: images compared by what they are now.
+	if err := d.pinImages(ctx, m, st.machines); err != nil {
+		return nil, err
+	}
 	p := buildPlan(m, st.live, st.insts, st.machines)
 	var cands []*candidate
 	for _, rec := range st.machines {

@@ -64,6 +64,8 @@ type candidate struct {
 	rec  store.MachineRecord
 	free int
 	load int
+	// noEngine is set for a machine that said it has no container engine.
+	noEngine bool
 	// perService counts instances of each service placed on it.
 	perService map[string]int
 }
@@ -167,7 +169,7 @@ func place(p *Plan, cands []*candidate) error {
 		spec := p.Manifest.Services[a.Service]
 		var best *candidate
 		for _, c := range cands {
-			if !eligible(c.rec, spec.Placement) || c.free <= 0 {
+			if !eligible(c.rec, spec.Placement) || c.free <= 0 || (spec.Image != "" && c.noEngine) {
 				continue
 			}
 			if best == nil || c.perService[a.Service] < best.perService[a.Service] ||
@@ -180,6 +182,9 @@ func place(p *Plan, cands []*candidate) error {
 				With("service", a.Service)
 			if len(spec.Placement.Regions) > 0 {
 				e.With("regions", strings.Join(spec.Placement.Regions, ","))
+			}
+			if spec.Image != "" {
+				e.With("needs", "a container engine")
 			}
 			if len(spec.Placement.Labels) > 0 {
 				e.With("labels", fmt.Sprint(spec.Placement.Labels))

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/docker/go-units"
 	"golang.org/x/net/idna"
 	"gopkg.in/yaml.v3"
 
@@ -143,8 +144,31 @@ func Validate(m *store.Manifest) error {
 		if !labelRe.MatchString(name) {
 			add(p, "service name must be a DNS label: lower-case letters, digits and '-', at most 63 characters")
 		}
-		if len(s.Command) == 0 || strings.TrimSpace(s.Command[0]) == "" {
-			add(p+".command", "required: the program and its arguments")
+		switch {
+		case s.Image == "" && (len(s.Command) == 0 || strings.TrimSpace(s.Command[0]) == ""):
+			add(p+".command", "required: the program and its arguments (or an image)")
+		case s.Image != "" && len(s.Command) > 0 && strings.TrimSpace(s.Command[0]) == "":
+			add(p+".command", "with an image: empty (the image's entrypoint) or the program and its arguments")
+		}
+		if s.Image != "" && !imageRe.MatchString(s.Image) {
+			add(p+".image", "not an image reference: registry/name:tag or name@sha256:<64 hex>")
+		}
+		if s.ImageID != "" && !imageIDRe.MatchString(s.ImageID) {
+			add(p+".image_id", "not an image ID: sha256:<64 hex>")
+		}
+		if s.ImageID != "" && s.Image == "" {
+			add(p+".image_id", "only with an image")
+		}
+		if s.Image == "" && (s.ReadOnly || s.Resources != (store.Resources{})) {
+			add(p, "read_only and resources apply to images only")
+		}
+		if s.Resources.CPUs < 0 {
+			add(p+".resources.cpus", "must be >= 0")
+		}
+		if s.Resources.Memory != "" {
+			if _, err := MemoryBytes(s.Resources.Memory); err != nil {
+				add(p+".resources.memory", "%v", err)
+			}
 		}
 		if s.Replicas != nil {
 			switch r := *s.Replicas; {
@@ -225,6 +249,22 @@ func Validate(m *store.Manifest) error {
 		return &Error{Problems: ps}
 	}
 	return nil
+}
+
+// imageRe accepts what an engine takes as a reference: an optional
+// registry and path, a name, and a tag or a sha256 digest.
+var imageIDRe = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+
+var imageRe = regexp.MustCompile(`^[a-z0-9]+([._/:-][a-z0-9]+)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$`)
+
+// MemoryBytes parses a memory limit: bytes, or a number with a K, M, G or
+// T suffix (powers of 1024; "Mi" and "MiB" spellings too).
+func MemoryBytes(s string) (int64, error) {
+	n, err := units.RAMInBytes(strings.TrimSuffix(strings.TrimSuffix(s, "B"), "i"))
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("memory %q: want bytes or a number with K, M, G or T", s)
+	}
+	return n, nil
 }
 
 // NormalizeHost returns the canonical spelling of a route host: IDNA to

@@ -4,8 +4,9 @@
 // machine; /healthz is its readiness check.
 //
 // For tests, HELLO_READY=fail makes /healthz answer 503 forever,
-// HELLO_READY_DELAY=2s delays readiness after start, and /log?line=TEXT
-// prints TEXT to its output.
+// HELLO_READY_DELAY=2s delays readiness after start, HELLO_EXIT_AFTER=2s
+// makes it exit with status 3 that long after start, VERSION is echoed
+// in its JSON answer, and /log?line=TEXT prints TEXT to its output.
 package main
 
 import (
@@ -30,12 +31,19 @@ func main() {
 		"revision":  os.Getenv("EDGEPLANE_REVISION"),
 		"machine":   os.Getenv("EDGEPLANE_MACHINE"),
 		"instance":  os.Getenv("EDGEPLANE_INSTANCE"),
+		"version":   os.Getenv("VERSION"),
 	}
 	readyAt := time.Now()
 	if d, err := time.ParseDuration(os.Getenv("HELLO_READY_DELAY")); err == nil {
 		readyAt = readyAt.Add(d)
 	}
 	failReady := os.Getenv("HELLO_READY") == "fail"
+	if d, err := time.ParseDuration(os.Getenv("HELLO_EXIT_AFTER")); err == nil {
+		time.AfterFunc(d, func() {
+			log.Printf("exiting after %s as HELLO_EXIT_AFTER asks", d)
+			os.Exit(3)
+		})
+	}
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,213 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/doctor"
+	"github.com/edgeplane/edgeplane/internal/podmantest"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+const imageApp = `
+namespace: shop
+services:
+  web:
+    image: @IMAGE@
+    replicas: 2
+    read_only: true
+    resources: {memory: 64Mi, cpus: 0.5}
+    readiness: {path: /healthz, timeout: 20s}
+    routes: [{hosts: [shop.example.com]}]
+`
+
+// versionVia asks the gateway which image version answers.
+func versionVia(gw *gateway, host string) (string, error) {
+	req, _ := http.NewRequest(http.MethodGet, "http://"+gw.http+"/?format=json", nil)
+	req.Host = host
+	resp, err := gwClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return "", fmt.Errorf("status %s", resp.Status)
+	}
+	var info map[string]string
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+		return "", err
+	}
+	return info["version"], nil
+}
+
+// servesVersion reports whether n requests through gw all reach version v.
+func servesVersion(gw *gateway, v string, n int) bool {
+	for range n {
+		if got, err := versionVia(gw, "shop.example.com"); err != nil || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Container workloads over a real podman engine: an image deployed and
+// pinned by ID; a redeploy under load after the tag moved (0 failed
+// requests); a rollback that runs the old ID though the tag moved; a
+// rollback to a removed image refused before anything starts; an agent
+// restart that adopts the same containers; a container killed with kill -9
+// restarted and routed again; a crash-looping container backed off; a stray
+// container with our labels reported by doctor.
+func TestContainerWorkloads(t *testing.T) {
+	e := podmantest.Start(t)
+	ctx := context.Background()
+	hello := podmantest.BuildStatic(t, "github.com/edgeplane/edgeplane/examples/hello", t.TempDir())
+	tag := fmt.Sprintf("localhost/edgeplane-it-%d:v1", time.Now().UnixNano())
+	id1 := e.BuildImage(t, tag, hello, "ENV VERSION=1")
+	c := newCluster(t)
+	c.agentArgs = []string{"--engine", e.Host, "--restart-backoff", "500ms", "--restart-backoff-max", "4s"}
+	c.join("m1")
+	gw := c.startGateway("gw1")
+	manifest := c.manifest("image.yaml", strings.ReplaceAll(imageApp, "@IMAGE@", tag))
+	apply := func(args ...string) string {
+		return c.mustControl(append([]string{"deploy", "apply", "-f", manifest, "--drain-grace", "500ms", "--stop-grace", "2s"}, args...)...)
+	}
+
+	// 1. Deployed and pinned.
+	out := apply()
+	if !strings.Contains(out, "image "+tag+" is "+id1[:len("sha256:")+12]) {
+		t.Fatalf("the apply does not say what it pinned:\n%s", out)
+	}
+	first, err := c.store.LiveCommit(ctx, "shop")
+	if err != nil || first.Manifest.Services["web"].ImageID != id1 {
+		t.Fatalf("the commit does not record the image ID: %+v %v", first.Manifest.Services["web"], err)
+	}
+	insts := c.instances("shop")
+	for _, in := range insts {
+		if in.Driver != "container" || in.Container == "" {
+			t.Fatalf("not a container: %+v", in)
+		}
+	}
+	eventually(t, 10*time.Second, "version 1 to be served", func() bool { return servesVersion(gw, "1", 4) })
+
+	// 2. The agent restarts: it adopts the same containers.
+	c.agents["m1"].stop(syscall.SIGKILL)
+	r := c.restartAgent("m1")
+	if got := len(lines(r.output(), "adopted instance")); got != 2 {
+		t.Fatalf("adopted %d of 2 containers:\n%s", got, r.output())
+	}
+	for i, in := range c.instances("shop") {
+		if in.Container != insts[i].Container || in.State != store.InstanceReady {
+			t.Fatalf("after the agent restart %+v, before %+v", in, insts[i])
+		}
+	}
+
+	// 3. kill -9 of a container's process: restarted, routed again.
+	victim := insts[0]
+	if err := syscall.Kill(victim.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	eventually(t, 20*time.Second, "the killed container to run again", func() bool {
+		for _, in := range c.instances("shop") {
+			if in.ID == victim.ID {
+				return in.State == store.InstanceReady && in.Restarts == 1 && in.Container != victim.Container
+			}
+		}
+		return false
+	})
+	eventually(t, 10*time.Second, "both instances to be routed", func() bool {
+		return len(lastEndpoints(t, c)) == 2
+	})
+	healed := time.Since(killed)
+
+	// 4. The tag moves; the same manifest redeploys under load.
+	id2 := e.BuildImage(t, tag, hello, "ENV VERSION=2")
+	stop := make(chan struct{})
+	l, wg := gw.runLoad("shop.example.com", 4, stop)
+	out = apply()
+	eventually(t, 10*time.Second, "version 2 to be served", func() bool { return servesVersion(gw, "2", 4) })
+	close(stop)
+	wg.Wait()
+	if n := l.failed.Load(); n != 0 {
+		t.Fatalf("%d of %d requests failed during the redeploy: %v", n, n+l.ok.Load(), l.errs)
+	}
+	if live, _ := c.store.LiveCommit(ctx, "shop"); live.Manifest.Services["web"].ImageID != id2 {
+		t.Fatalf("the redeploy pinned %s, want %s", live.Manifest.Services["web"].ImageID, id2)
+	}
+
+	// 5. Rollback to the first commit runs its image ID, not the tag's.
+	c.mustControl("deploy", "rollback", "shop", "--to", first.ID, "--drain-grace", "500ms", "--stop-grace", "2s")
+	eventually(t, 10*time.Second, "version 1 to be served after the rollback", func() bool { return servesVersion(gw, "1", 4) })
+
+	// 6. Back to the tag (v2), then the first image goes: a rollback to it
+	// is refused before anything starts.
+	apply()
+	if _, err := e.Podman(ctx, "rmi", "-f", id1); err != nil {
+		t.Fatal(err)
+	}
+	before := c.instances("shop")
+	head := routingHead(t, c)
+	_, errOut, code := c.control("deploy", "rollback", "shop", "--to", first.ID)
+	if code != 1 || !strings.Contains(errOut, "no longer on machine m1") || !strings.Contains(errOut, id1) || !strings.Contains(errOut, tag) {
+		t.Fatalf("rollback to a removed image: exit %d\n%s", code, errOut)
+	}
+	if after := c.instances("shop"); len(after) != len(before) || routingHead(t, c) != head {
+		t.Fatalf("a refused rollback changed something: %d instances (was %d)", len(after), len(before))
+	}
+
+	// 7. A container with our labels that no agent runs is a stray.
+	port := freeAddr(t)[len("127.0.0.1:"):]
+	if _, err := e.Podman(ctx, "run", "-d", "--network", "host", "--name", "edgeplane-stray-"+port,
+		"--label", "io.edgeplane.instance=stray-"+port, "--label", "io.edgeplane.namespace=shop", "--label", "io.edgeplane.service=web",
+		"-e", "PORT="+port, id2); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = e.Podman(context.Background(), "rm", "-f", "edgeplane-stray-"+port) })
+	rep, code, _ := doctorRun(t, c, gw)
+	if code != 1 {
+		t.Fatalf("doctor with a stray container: exit %d", code)
+	}
+	wantFinding(t, rep, doctor.LayerMachines, `runs instance stray-`+port+` \(shop/web\) that has no record: a stray`)
+
+	// 8. A container that keeps crashing is backed off and shown so.
+	crashy := c.manifest("crashy.yaml", strings.Replace(strings.ReplaceAll(imageApp, "@IMAGE@", tag), "read_only: true",
+		"read_only: true\n    env: {HELLO_EXIT_AFTER: 1s}", 1))
+	c.mustControl("deploy", "apply", "-f", crashy, "--drain-grace", "100ms", "--stop-grace", "2s")
+	var looping store.InstanceRecord
+	eventually(t, 40*time.Second, "a crash loop in backoff", func() bool {
+		for _, in := range c.instances("shop") {
+			if in.State == store.InstanceBackoff && in.Restarts >= 3 && in.LastExit == "exited with status 3" {
+				looping = in
+				return true
+			}
+		}
+		return false
+	})
+	if ls := c.mustControl("instances"); !regexp.MustCompile(`backoff\s+\d+\s+exited with status 3`).MatchString(ls) {
+		t.Fatalf("control instances does not show the crash loop:\n%s", ls)
+	}
+	t.Logf("container killed with kill -9 routed again after %s; crash loop at restart %d waits %s",
+		healed.Round(10*time.Millisecond), looping.Restarts, looping.NextRestart.Sub(looping.LastExitAt).Round(10*time.Millisecond))
+	c.mustControl("deploy", "destroy", "shop", "--drain-grace", "100ms", "--stop-grace", "2s")
+}
+
+// lastEndpoints is what the routing sends shop/web's traffic to now.
+func lastEndpoints(t *testing.T, c *cluster) []store.Endpoint {
+	t.Helper()
+	msg, err := c.store.Routing.GetLastMsgForSubject(context.Background(), c.store.Names.RoutingServiceSubject("shop", "web"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev store.RoutingEvent
+	if err := store.Decode("event", msg.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	return ev.Endpoints
+}
