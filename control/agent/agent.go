@@ -37,7 +37,7 @@ type Config struct {
 	// Containers, if set, runs services with an image through a container
 	// engine; without it such a service is refused here.
 	Containers *runtime.Container
-	Logger  *zap.Logger
+	Logger     *zap.Logger
 	// MaxInstances bounds what the machine accepts; default 256.
 	MaxInstances int
 	// StopGrace is the default SIGTERM-to-SIGKILL grace; default 10s.
