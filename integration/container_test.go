@@ -95,6 +95,9 @@ func TestContainerWorkloads(t *testing.T) {
 		}
 	}
 	eventually(t, 10*time.Second, "version 1 to be served", func() bool { return servesVersion(gw, "1", 4) })
+	if logs := c.mustControl("logs", "shop/web"); strings.Count(logs, "hello listening on") != 2 {
+		t.Fatalf("control logs of the containers:\n%s", logs)
+	}
 
 	// 2. The agent restarts: it adopts the same containers.
 	c.agents["m1"].stop(syscall.SIGKILL)

@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 )
@@ -34,6 +38,11 @@ const (
 // are named edgeplane-<instance>.
 type Container struct {
 	c *client.Client
+	// pumps copy containers' output into their log files until the
+	// driver closes.
+	pumps  context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 	// PollInterval is how often an instance whose wait call failed is
 	// checked instead; default 500ms.
 	PollInterval time.Duration
@@ -57,11 +66,16 @@ func ConnectEngine(ctx context.Context, host string) (*Container, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("container engine %s does not answer: %w", host, err)
 	}
-	return &Container{c: c, APIVersion: p.APIVersion}, nil
+	pumps, cancel := context.WithCancel(context.Background())
+	return &Container{c: c, APIVersion: p.APIVersion, pumps: pumps, cancel: cancel}, nil
 }
 
-// Close ends the driver's connections.
-func (d *Container) Close() error { return d.c.Close() }
+// Close stops copying output and ends the driver's connections.
+func (d *Container) Close() error {
+	d.cancel()
+	d.wg.Wait()
+	return d.c.Close()
+}
 
 // Name is "container".
 func (d *Container) Name() string { return "container" }
@@ -157,7 +171,39 @@ func (d *Container) Start(ctx context.Context, spec Spec) (Handle, error) {
 	if ins.Container.State != nil {
 		st.PID = ins.Container.State.Pid
 	}
+	if spec.LogDir != "" {
+		if err := os.MkdirAll(spec.LogDir, 0o700); err != nil {
+			return nil, fmt.Errorf("starting %s: %w", spec.ID, err)
+		}
+		st.LogPath = filepath.Join(spec.LogDir, spec.ID+".log")
+		d.pumpLogs(st, time.Time{})
+	}
 	return d.follow(st), nil
+}
+
+// pumpLogs appends the container's output from since (zero: all of it) to
+// st.LogPath until the container stops or the driver closes, so that
+// output reads the same for containers and processes.
+func (d *Container) pumpLogs(st State, since time.Time) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		f, err := os.OpenFile(st.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		opts := client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Follow: true}
+		if !since.IsZero() {
+			opts.Since = strconv.FormatFloat(float64(since.UnixNano())/1e9, 'f', 9, 64)
+		}
+		rc, err := d.c.ContainerLogs(d.pumps, st.Container, opts)
+		if err != nil {
+			return
+		}
+		defer rc.Close()
+		_, _ = stdcopy.StdCopy(f, f, rc)
+	}()
 }
 
 // Adopt re-attaches to the container st names if it still runs.
@@ -174,6 +220,15 @@ func (d *Container) Adopt(ctx context.Context, st State) (Handle, error) {
 	}
 	if ins.Container.State == nil || !ins.Container.State.Running {
 		return nil, fmt.Errorf("adopting %s (container %.12s): not running: %w", st.ID, st.Container, ErrGone)
+	}
+	if st.LogPath != "" {
+		// Output from when the last copy stopped (a line at that very
+		// moment may come twice).
+		since := time.Now()
+		if fi, err := os.Stat(st.LogPath); err == nil {
+			since = fi.ModTime()
+		}
+		d.pumpLogs(st, since)
 	}
 	return d.follow(st), nil
 }

@@ -7,6 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -75,7 +78,8 @@ func TestContainerDriver(t *testing.T) {
 	}
 	port := freePort(t)
 	id := fmt.Sprintf("rt-%d", time.Now().UnixNano())
-	h, err := d.Start(ctx, runtime.Spec{ID: id, Image: v1, Host: "127.0.0.1", Port: port, ReadOnlyRoot: true, Memory: 64 << 20,
+	logDir := t.TempDir()
+	h, err := d.Start(ctx, runtime.Spec{ID: id, Image: v1, Host: "127.0.0.1", Port: port, ReadOnlyRoot: true, Memory: 64 << 20, LogDir: logDir,
 		Env: map[string]string{"EDGEPLANE_SERVICE": "web"}, Labels: map[string]string{runtime.LabelNamespace: "shop"}})
 	if err != nil {
 		t.Fatal(err)
@@ -86,9 +90,14 @@ func TestContainerDriver(t *testing.T) {
 		t.Fatal("empty answer")
 	}
 	st := h.State()
-	if st.Container == "" || st.PID <= 0 || st.Driver != "container" {
+	if st.Container == "" || st.PID <= 0 || st.Driver != "container" || st.LogPath != filepath.Join(logDir, id+".log") {
 		t.Fatalf("state: %+v", st)
 	}
+	// Its output lands in the log file, as a process's does.
+	eventually(t, "the container's output in its log file", func() bool {
+		b, _ := os.ReadFile(st.LogPath)
+		return strings.Contains(string(b), fmt.Sprintf("hello listening on 127.0.0.1:%d", port))
+	})
 
 	// A second driver (a restarted agent) adopts the same container.
 	d2, err := runtime.ConnectEngine(ctx, e.Host)
