@@ -354,12 +354,23 @@ func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[s
 		if spec.ImageID != "" {
 			ref = spec.ImageID
 		}
+		// Every engine at once: each is an image store lookup, or a pull.
+		reps := make([]store.ResolveImageReply, len(engines))
+		errs := make([]error, len(engines))
+		var wg sync.WaitGroup
+		for i, m := range engines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cctx, cancel := context.WithTimeout(ctx, d.opts.RPCTimeout+time.Minute) // a pull may take a while
+				defer cancel()
+				errs[i] = d.s.Call(cctx, m, store.CmdResolveImage, store.ResolveImageRequest{Image: ref}, &reps[i])
+			}()
+		}
+		wg.Wait()
 		var got, first string
-		for _, m := range engines {
-			var rep store.ResolveImageReply
-			cctx, cancel := context.WithTimeout(ctx, d.opts.RPCTimeout+time.Minute) // a pull may take a while
-			err := d.s.Call(cctx, m, store.CmdResolveImage, store.ResolveImageRequest{Image: ref}, &rep)
-			cancel()
+		for i, m := range engines {
+			rep, err := reps[i], errs[i]
 			switch {
 			case err != nil && spec.ImageID != "" && store.HasCode(err, store.CodeNotFound):
 				return store.Errorf(store.CodeNotFound, "image %s as this deploy pins it (%s) is no longer on machine %s; nothing was started",

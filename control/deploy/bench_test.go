@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/internal/podmantest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 	"go.uber.org/zap"
@@ -23,6 +24,28 @@ import (
 // (stopping old processes), which belong to the instances, not to us.
 func BenchmarkApply(b *testing.B) {
 	hello := buildHello(b)
+	benchApply(b, nil, func(spec *store.ServiceSpec) { spec.Command = []string{hello} })
+}
+
+// BenchmarkApplyContainers is BenchmarkApply with the instances in
+// containers of a real podman (each apply replaces every container).
+func BenchmarkApplyContainers(b *testing.B) {
+	e := podmantest.Start(b)
+	hello := podmantest.BuildStatic(b, "github.com/edgeplane/edgeplane/examples/hello", b.TempDir())
+	tag := fmt.Sprintf("localhost/edgeplane-bench-%d:v1", time.Now().UnixNano())
+	e.BuildImage(b, tag, hello)
+	ctr, err := runtime.ConnectEngine(context.Background(), e.Host)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctr.Close()
+	benchApply(b, ctr, func(spec *store.ServiceSpec) { spec.Image = tag })
+}
+
+// benchApply runs the apply benchmark on 1, 5 and 10 machines whose agents
+// have ctr as their container driver (nil: none); withWork makes the
+// service a process or an image.
+func benchApply(b *testing.B, ctr *runtime.Container, withWork func(*store.ServiceSpec)) {
 	for _, n := range []int{1, 5, 10} {
 		b.Run(fmt.Sprintf("machines=%d", n), func(b *testing.B) {
 			srv := storetest.Start(b)
@@ -41,7 +64,7 @@ func BenchmarkApply(b *testing.B) {
 					b.Fatal(err)
 				}
 				a, err := agent.New(agent.Config{Store: srv.Connect(b), Machine: rec, DataDir: b.TempDir(),
-					Driver: &runtime.Process{}, StopGrace: time.Second, Logger: zap.NewNop()})
+					Driver: &runtime.Process{}, Containers: ctr, StopGrace: time.Second, Logger: zap.NewNop()})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -68,11 +91,13 @@ func BenchmarkApply(b *testing.B) {
 			})
 			replicas := n
 			manifest := func(v int) *store.Manifest {
-				return &store.Manifest{Namespace: "bench", Services: map[string]store.ServiceSpec{"web": {
-					Command: []string{hello}, Replicas: &replicas, Env: map[string]string{"V": fmt.Sprint(v)},
+				spec := store.ServiceSpec{
+					Replicas: &replicas, Env: map[string]string{"V": fmt.Sprint(v)},
 					Readiness: store.Readiness{Path: "/healthz"},
 					Routes:    []store.Route{{Hosts: []string{"bench.example.com"}}},
-				}}}
+				}
+				withWork(&spec)
+				return &store.Manifest{Namespace: "bench", Services: map[string]store.ServiceSpec{"web": spec}}
 			}
 			if _, err := d.Apply(ctx, manifest(-1)); err != nil {
 				b.Fatal(err)

@@ -18,7 +18,7 @@ import (
 	"github.com/edgeplane/edgeplane/internal/podmantest"
 )
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -163,4 +163,58 @@ func TestContainerDriver(t *testing.T) {
 	if _, err := d.Start(ctx, runtime.Spec{ID: id + "-x", Image: v1, Host: "127.0.0.1", Port: port}); !errors.Is(err, runtime.ErrNoImage) {
 		t.Fatalf("starting a removed image: %v", err)
 	}
+}
+
+// BenchmarkStartToReady measures an instance's start until it answers
+// HTTP: through the container driver, and `podman run -d` of the same image
+// by hand, in the same process (the ratio is the figure; the machine is
+// noisy).
+func BenchmarkStartToReady(b *testing.B) {
+	e := podmantest.Start(b)
+	ctx := context.Background()
+	hello := podmantest.BuildStatic(b, "github.com/edgeplane/edgeplane/examples/hello", b.TempDir())
+	img := e.BuildImage(b, fmt.Sprintf("localhost/edgeplane-bench-rt-%d:v1", time.Now().UnixNano()), hello)
+	d, err := runtime.ConnectEngine(ctx, e.Host)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer d.Close()
+	ready := func(port int) {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if _, err := get(port); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("never answered")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	b.Run("driver", func(b *testing.B) {
+		for i := range b.N {
+			port := freePort(b)
+			h, err := d.Start(ctx, runtime.Spec{ID: fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i), Image: img, Host: "127.0.0.1", Port: port})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ready(port)
+			b.StopTimer()
+			_ = d.Stop(ctx, h, time.Second)
+			b.StartTimer()
+		}
+	})
+	b.Run("podman-run", func(b *testing.B) {
+		for i := range b.N {
+			port := freePort(b)
+			name := fmt.Sprintf("bench-run-%d-%d", time.Now().UnixNano(), i)
+			if _, err := e.Podman(ctx, "run", "-d", "--network", "host", "--name", name, "-e", "HOST=127.0.0.1", "-e", fmt.Sprintf("PORT=%d", port), img); err != nil {
+				b.Fatal(err)
+			}
+			ready(port)
+			b.StopTimer()
+			_, _ = e.Podman(ctx, "rm", "-f", "-t", "1", name)
+			b.StartTimer()
+		}
+	})
 }
