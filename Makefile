@@ -7,7 +7,10 @@ GO       ?= go
 BIN      ?= bin
 TEST_TIMEOUT ?= 30m
 
-.PHONY: up down build test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh deps-test
+.PHONY: up down build image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh deps-test
+
+# ENGINE builds the example image: docker if it answers, else podman.
+ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
 
 build:
 	mkdir -p $(BIN)
@@ -17,13 +20,21 @@ build:
 	$(GO) build -o $(BIN)/edgeplane-dns ./dnsproj/cmd/edgeplane-dns
 	$(GO) build -o $(BIN)/hello ./examples/hello
 
+# The example app as an image (examples/hello-image.yaml runs it):
+# localhost/edgeplane-hello:latest, FROM scratch with a static hello.
+image:
+	mkdir -p $(BIN)/image
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/image/hello ./examples/hello
+	cp examples/hello/Containerfile $(BIN)/image/
+	$(ENGINE) build -t localhost/edgeplane-hello:latest $(BIN)/image
+
 up: build
 	scripts/up.sh
 
 down:
 	scripts/up.sh --down
 
-# Installs what the tests drive as real peers (dig, wg, ping, ip, Pebble).
+# Installs what the tests drive as real peers (dig, wg, ping, ip, wrk, podman, Pebble).
 deps-test:
 	scripts/test-deps.sh
 

@@ -87,6 +87,12 @@ func TestValidationErrors(t *testing.T) {
 		{"bad region", "namespace: a\nservices: {web: {command: [x], placement: {regions: [EU_1]}}}", []string{"services.web.placement.regions: region \"EU_1\""}},
 		{"bad label key", "namespace: a\nservices: {web: {command: [x], placement: {labels: {'-x': y}}}}", []string{"services.web.placement.labels.-x: not a valid label key"}},
 		{"many at once", "namespace: A\nservices: {web: {replicas: -2}}", []string{"namespace: must be", "services.web.command: required", "services.web.replicas: must be >= 0"}},
+		{"bad restart", "namespace: a\nservices: {web: {command: [x], restart: sometimes}}", []string{"services.web.restart: must be always, on-failure or never"}},
+		{"bad image", "namespace: a\nservices: {web: {image: 'Hello World'}}", []string{"services.web.image: not an image reference"}},
+		{"short digest", "namespace: a\nservices: {web: {image: 'hello@sha256:abc'}}", []string{"services.web.image: not an image reference"}},
+		{"limits without image", "namespace: a\nservices: {web: {command: [x], read_only: true}}", []string{"services.web: read_only and resources apply to images only"}},
+		{"bad memory", "namespace: a\nservices: {web: {image: hello, resources: {memory: lots}}}", []string{"services.web.resources.memory: memory \"lots\""}},
+		{"negative cpus", "namespace: a\nservices: {web: {image: hello, resources: {cpus: -1}}}", []string{"services.web.resources.cpus: must be >= 0"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,4 +137,27 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("empty error text")
 		}
 	})
+}
+
+func TestImageServices(t *testing.T) {
+	for _, doc := range []string{
+		"namespace: a\nservices: {web: {image: registry.example.com:5000/team/hello:v1.2}}",
+		"namespace: a\nservices: {web: {image: 'hello@sha256:" + strings.Repeat("ab", 32) + "', command: [/hello, -v]}}",
+		"namespace: a\nservices: {web: {image: hello, read_only: true, resources: {cpus: 0.5, memory: 64Mi}}}",
+	} {
+		if _, err := Parse([]byte(doc)); err != nil {
+			t.Errorf("%s: %v", doc, err)
+		}
+	}
+	for in, want := range map[string]int64{"64Mi": 64 << 20, "1G": 1 << 30, "512k": 512 << 10, "1048576": 1 << 20, "2MiB": 2 << 20} {
+		if got, err := MemoryBytes(in); err != nil || got != want {
+			t.Errorf("MemoryBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	// The example manifests of the repository are valid.
+	for _, f := range []string{"../../examples/hello.yaml", "../../examples/hello-image.yaml"} {
+		if _, err := ReadFile(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
 }
