@@ -132,14 +132,12 @@ func TestContainerWorkloads(t *testing.T) {
 
 	// 4. The tag moves; the same manifest redeploys under load.
 	id2 := e.BuildImage(t, tag, hello, "ENV VERSION=2")
-	stop := make(chan struct{})
-	l, wg := gw.runLoad("shop.example.com", 4, stop)
-	out = apply()
+	w := startWrk(t, gw.http, "shop.example.com")
+	apply()
 	eventually(t, 10*time.Second, "version 2 to be served", func() bool { return servesVersion(gw, "2", 4) })
-	close(stop)
-	wg.Wait()
-	if n := l.failed.Load(); n != 0 {
-		t.Fatalf("%d of %d requests failed during the redeploy: %v", n, n+l.ok.Load(), l.errs)
+	res := w.stop(t)
+	if res.requests == 0 || res.non2xx != 0 || res.socketErrors != 0 {
+		t.Fatalf("wrk during the redeploy: %s\n%s", res, res.out)
 	}
 	if live, _ := c.store.LiveCommit(ctx, "shop"); live.Manifest.Services["web"].ImageID != id2 {
 		t.Fatalf("the redeploy pinned %s, want %s", live.Manifest.Services["web"].ImageID, id2)
@@ -196,8 +194,8 @@ func TestContainerWorkloads(t *testing.T) {
 	if ls := c.mustControl("instances"); !regexp.MustCompile(`backoff\s+\d+\s+exited with status 3`).MatchString(ls) {
 		t.Fatalf("control instances does not show the crash loop:\n%s", ls)
 	}
-	t.Logf("container killed with kill -9 routed again after %s; crash loop at restart %d waits %s",
-		healed.Round(10*time.Millisecond), looping.Restarts, looping.NextRestart.Sub(looping.LastExitAt).Round(10*time.Millisecond))
+	t.Logf("redeploy after the tag moved under wrk: %s; container killed with kill -9 routed again after %s; crash loop at restart %d waits %s",
+		res, healed.Round(10*time.Millisecond), looping.Restarts, looping.NextRestart.Sub(looping.LastExitAt).Round(10*time.Millisecond))
 	c.mustControl("deploy", "destroy", "shop", "--drain-grace", "100ms", "--stop-grace", "2s")
 }
 
