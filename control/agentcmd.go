@@ -44,6 +44,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 	fs.DurationVar(&o.restartBackoff, "restart-backoff", time.Second, "first wait before restarting an instance that ended on its own; doubled per failure in a row")
 	fs.DurationVar(&o.restartBackoffMax, "restart-backoff-max", 5*time.Minute, "longest wait between restarts")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "serve Prometheus metrics (edgeplane_agent_*) on this address's /metrics; empty: off")
+	fs.DurationVar(&o.beat, "heartbeat", store.DefaultBeatInterval, "how often the agent writes this machine's heartbeat (stale after 3 missed, offline after 10)")
 	fs.StringVar(&o.engine, "engine", "", "container engine socket for services with an image, e.g. unix:///run/podman/podman.sock (default: Docker's socket, then podman's, if one answers; none: no containers)")
 	lf := addLogFlags(fs)
 	return func(c *call) error {
@@ -158,6 +159,7 @@ type agentOptions struct {
 	restartBackoff, restartBackoffMax time.Duration
 	metricsListen                     string
 	engine                            string
+	beat                              time.Duration
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
@@ -171,7 +173,7 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 	a, err := agent.New(agent.Config{
 		Store: s, Machine: *rec, DataDir: o.dir, Driver: &runtime.Process{}, Containers: ctr,
 		Logger: logger, MaxInstances: o.maxInstances, StopGrace: o.stopGrace,
-		RestartBackoff: o.restartBackoff, RestartBackoffMax: o.restartBackoffMax,
+		RestartBackoff: o.restartBackoff, RestartBackoffMax: o.restartBackoffMax, BeatInterval: o.beat,
 	})
 	if err != nil {
 		return err

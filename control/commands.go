@@ -11,7 +11,7 @@ var commands = []command{
 
 	{name: "machine invite", summary: "print an invite token for a new machine",
 		client: writes, setup: setupMachineInvite},
-	{name: "machine ls", aliases: []string{"machine list"}, summary: "list machines, probing each for reachability and instances",
+	{name: "machine ls", aliases: []string{"machine list"}, summary: "list machines with the liveness and state their agents last wrote (--probe: ask each now)",
 		client: reads, setup: setupMachineList},
 	{name: "machine drain", synopsis: "ID", summary: "keep a machine's instances but place nothing new on it",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineState(store.MachineDraining)},

@@ -32,28 +32,44 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 }
 
 func setupMachineList(fs *flag.FlagSet) func(*call) error {
-	probe := fs.Duration("probe-timeout", time.Second, "how long each machine has to answer the reachability probe")
+	probe := fs.Bool("probe", false, "also ask every machine now (one call each) instead of reading only what agents last wrote")
+	timeout := fs.Duration("probe-timeout", time.Second, "with --probe: how long each machine has to answer")
 	return func(c *call) error {
 		return c.withStore(func(s *store.Store) error {
-			list, err := machines.List(c.ctx, s, *probe)
+			list, err := machines.List(c.ctx, s, *probe, *timeout)
 			if err != nil {
 				return err
 			}
-			return c.out.emit(list, func(w io.Writer) { printMachines(w, list) })
+			if list == nil {
+				list = []machines.Listed{}
+			}
+			return c.out.emit(list, func(w io.Writer) { printMachines(w, list, *probe) })
 		})
 	}
 }
 
-func printMachines(w io.Writer, list []machines.Listed) {
+func printMachines(w io.Writer, list []machines.Listed, probed bool) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MACHINE\tREGION\tLABELS\tSTATE\tADDRESS\tREACHABLE\tINSTANCES")
+	head := "MACHINE\tREGION\tLABELS\tSTATE\tADDRESS\tLIVENESS\tINSTANCES\tFREE"
+	if probed {
+		head += "\tREACHABLE"
+	}
+	fmt.Fprintln(tw, head)
+	now := time.Now()
 	for _, m := range list {
-		reach := "yes (" + m.RTT + ")"
-		inst := fmt.Sprint(m.Instances)
-		if !m.Reachable {
-			reach, inst = "no: "+shortCause(m.Problem), "-"
+		live := m.Liveness
+		if !m.LastBeat.IsZero() {
+			live += " (" + now.Sub(m.LastBeat).Round(time.Second).String() + " ago)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, dash(m.Region), labelsText(m.Labels), m.State, m.Address, reach, inst)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d", m.ID, dash(m.Region), labelsText(m.Labels), m.State, m.Address, live, m.Instances, m.Free)
+		if probed {
+			reach := "yes (" + m.RTT + ")"
+			if !m.Reachable {
+				reach = "no: " + shortCause(m.Problem)
+			}
+			fmt.Fprintf(tw, "\t%s", reach)
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 }

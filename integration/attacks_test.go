@@ -51,6 +51,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"7_one_bad_record", attackBadRecord},
 		{"8_machine_records_and_invites", attackMachineRecords},
 		{"9_host_claims", attackHostClaims},
+		{"10_machine_observations", attackMachineObservations},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -692,6 +693,48 @@ func attackHostClaims(t *testing.T, f *attackFixture) {
 	owned, err := f.c.store.OwnedHosts(ctx, "shop")
 	if err != nil || !slices.Equal(owned, []string{"shop.example.com"}) {
 		t.Fatalf("shop owns %v (%v) after the attempts", owned, err)
+	}
+}
+
+// 10. An agent writes its own machine's heartbeat and state, and no other
+// machine's: a stolen box cannot make a dead machine look alive or hide a
+// live one.
+func attackMachineObservations(t *testing.T, f *attackFixture) {
+	agent := f.as(t, f.agentCreds)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := agent.st.PutMachineBeat(ctx, "m1", time.Second); err != nil {
+		t.Fatalf("an agent's own heartbeat: %v", err)
+	}
+	agent.try(t, "agent m1 beats for m2", func(ctx context.Context) error {
+		return agent.st.PutMachineBeat(ctx, "m2", time.Second)
+	})
+	agent.try(t, "agent m1 writes m2's state", func(ctx context.Context) error {
+		return agent.st.PutMachineState(ctx, &store.MachineState{Machine: "m2", Free: 1000})
+	})
+	// m2's beat filed under its own key: NATS takes it (its key), every
+	// reader refuses it (the body names another machine).
+	data, _ := json.Marshal(store.MachineBeat{Version: store.RecordVersion, Machine: "m2", At: time.Now()})
+	if _, err := agent.st.MachineBeats.Put(ctx, "m1", data); err != nil {
+		t.Fatal(err)
+	}
+	var b store.MachineBeat
+	if _, err := store.GetJSON(ctx, f.c.store.MachineBeats, "m1", &b); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("a beat filed under another machine's key was read: %+v %v", b, err)
+	}
+	// (The real agent of m1 may have beaten again meanwhile: that one is
+	// its own.)
+	if _, beats, err := f.c.store.MachineObservations(ctx); err != nil || beats["m2"].Machine != "" || (beats["m1"].Machine != "" && beats["m1"].Machine != "m1") {
+		t.Fatalf("observations after the forged beat: %+v %v", beats, err)
+	}
+	for _, key := range []string{"m2"} {
+		if _, err := f.c.store.MachineBeats.Get(ctx, key); err == nil {
+			t.Fatalf("a heartbeat for %s exists", key)
+		}
+	}
+	// Its own key back to the truth.
+	if err := agent.st.PutMachineBeat(ctx, "m1", time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -75,8 +75,11 @@ func TestApplyHappyPathRedeployRollback(t *testing.T) {
 	c.join("m2", "--region", "eu")
 
 	ls := c.mustControl("machine", "ls")
-	if len(lines(ls, "yes (")) != 2 || !strings.Contains(ls, "tier=edge") {
+	if len(lines(ls, " fresh (")) != 2 || !strings.Contains(ls, "tier=edge") {
 		t.Fatalf("machine ls:\n%s", ls)
+	}
+	if probed := c.mustControl("machine", "ls", "--probe"); len(lines(probed, "yes (")) != 2 {
+		t.Fatalf("machine ls --probe:\n%s", probed)
 	}
 
 	// Preview writes nothing.
@@ -210,7 +213,7 @@ func TestDeadAgentFailsBeforeWriting(t *testing.T) {
 	headBefore := routingHead(t, c)
 
 	m2.stop(syscall.SIGKILL) // its instances keep running, but nobody answers for m2
-	ls := c.mustControl("machine", "ls")
+	ls := c.mustControl("machine", "ls", "--probe")
 	if len(lines(ls, "no: no_responders")) != 1 {
 		t.Fatalf("machine ls should show m2 unreachable:\n%s", ls)
 	}

@@ -14,7 +14,8 @@ import (
 type record interface{ version() int }
 
 // GetJSON reads key from kv into v and returns its revision. A missing key is
-// a structured not_found error.
+// a structured not_found error; a record filed under another key than its
+// body names is refused (invalid).
 func GetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v record) (uint64, error) {
 	ent, err := kv.Get(ctx, key)
 	if err != nil {
@@ -26,6 +27,13 @@ func GetJSON(ctx context.Context, kv jetstream.KeyValue, key string, v record) (
 	}
 	if err := Decode(kv.Bucket()+"/"+key, ent.Value(), v); err != nil {
 		return 0, err
+	}
+	// A record is taken only under the key its body names.
+	if k, ok := v.(keyed); ok {
+		if err := k.KeyOK(key); err != nil {
+			return 0, &Error{Code: CodeInvalid, Message: fmt.Sprintf("%s/%s: %v", kv.Bucket(), key, err),
+				Detail: map[string]string{"bucket": kv.Bucket(), "key": key}}
+		}
 	}
 	return ent.Revision(), nil
 }

@@ -82,6 +82,12 @@ func (n Names) HostsBucket() string { return "cp_hosts_" + n.Authority }
 // every reader of signed intent.
 func (n Names) SignersBucket() string { return "cp_signers_" + n.Authority }
 
+// MachineStatesBucket holds what each machine's agent runs (MachineState);
+// MachineBeatsBucket its heartbeats (MachineBeat). Agents write their own
+// machine's key only.
+func (n Names) MachineStatesBucket() string { return "cp_machine_state_" + n.Authority }
+func (n Names) MachineBeatsBucket() string  { return "cp_machine_beats_" + n.Authority }
+
 // GatewaysBucket holds each gateway's applied routing sequence: a live
 // observation with a short bucket TTL, never truth.
 func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
@@ -90,7 +96,7 @@ func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
 // drift reports): never truth, rebuilt by their writers, so never carried
 // from one store to another.
 func (n Names) ObservationBuckets() []string {
-	return []string{n.GatewaysBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket()}
+	return []string{n.GatewaysBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachineStatesBucket(), n.MachineBeatsBucket()}
 }
 
 // Subjects.

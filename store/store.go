@@ -129,6 +129,10 @@ type Store struct {
 	Signers jetstream.KeyValue
 	// Hosts says which namespace owns each routed host (HostClaim).
 	Hosts jetstream.KeyValue
+	// MachineStates and MachineBeats are what agents observe of their
+	// machines (MachineState, MachineBeat).
+	MachineStates jetstream.KeyValue
+	MachineBeats  jetstream.KeyValue
 
 	// apiPrefix is where this connection reaches the JetStream API, with
 	// its trailing dot (see EdgeAPIPrefix).
@@ -245,6 +249,8 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
+		bucket(&s.MachineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),
+		bucket(&s.MachineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
 	}
 	for i := range buckets {
 		switch buckets[i].dst {

@@ -45,6 +45,9 @@ type Config struct {
 	// RepublishRetry is how often a routing republish the control plane
 	// did not take is asked for again; default 2s.
 	RepublishRetry time.Duration
+	// BeatInterval is how often the agent writes its machine's heartbeat;
+	// default store.DefaultBeatInterval.
+	BeatInterval time.Duration
 	// RestartBackoff is the first wait before an instance that ended on
 	// its own is restarted, doubled for each failure in a row up to
 	// RestartBackoffMax (with jitter); defaults 1s and 5m. An instance
@@ -70,6 +73,9 @@ type Agent struct {
 	wg   sync.WaitGroup
 	// restarts counts restarts of instances since the agent started.
 	restarts atomic.Uint64
+
+	// stateKick asks observe to write the machine state now.
+	stateKick chan struct{}
 
 	// logSizes samples each instance's output size (see logs.go).
 	logMu    sync.Mutex
@@ -113,6 +119,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.RepublishRetry == 0 {
 		cfg.RepublishRetry = 2 * time.Second
 	}
+	if cfg.BeatInterval <= 0 {
+		cfg.BeatInterval = store.DefaultBeatInterval
+	}
 	if cfg.RestartBackoff <= 0 {
 		cfg.RestartBackoff = time.Second
 	}
@@ -133,7 +142,7 @@ func New(cfg Config) (*Agent, error) {
 	return &Agent{
 		cfg: cfg, log: cfg.Logger.With(zap.String("machine", cfg.Machine.ID)),
 		instances: map[string]*instance{}, attempts: map[string]int{}, unpublished: map[serviceRef]bool{},
-		logSizes: map[string][]logSample{},
+		logSizes: map[string][]logSample{}, stateKick: make(chan struct{}, 1),
 		quit:     make(chan struct{}),
 	}, nil
 }
@@ -148,10 +157,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.retryRepublish(ctx)
 	}()
 	a.adopt(ctx)
-	a.wg.Add(1)
+	a.wg.Add(2)
 	go func() {
 		defer a.wg.Done()
 		a.sampleLogs()
+	}()
+	go func() {
+		defer a.wg.Done()
+		a.observe(ctx)
 	}()
 	names := a.cfg.Store.Names
 	stop, err := store.Serve(ctx, a.cfg.Store.NC, names.NodeListenSubject(a.cfg.Machine.ID),
@@ -419,6 +432,7 @@ func (a *Agent) retryRepublish(ctx context.Context) {
 func (a *Agent) writeRecord(ctx context.Context, rec *store.InstanceRecord) error {
 	rec.Version = store.RecordVersion
 	_, err := store.PutJSON(ctx, a.cfg.Store.Instances, rec.Key(), rec)
+	a.kickState()
 	return err
 }
 
@@ -582,11 +596,16 @@ func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.Start
 	a.mu.Lock()
 	a.instances[rec.ID] = inst
 	a.mu.Unlock()
+	// The record says starting before anything can say it ended: an
+	// instance that dies at once is then recorded so, not overwritten.
+	err = a.writeRecord(ctx, &rec)
+	if err == nil {
+		a.setRecord(inst, rec)
+	}
 	a.watch(inst)
-	if err := a.writeRecord(ctx, &rec); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	a.setRecord(inst, rec)
 	a.log.Info("started instance", zap.String("instance", rec.ID), zap.Int("pid", rec.PID), zap.Int("port", port))
 	return &store.StartReply{Instance: rec}, nil
 }
@@ -803,6 +822,7 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 		_ = os.Remove(a.statePath(req.InstanceID))
 		a.log.Info("stopped instance", zap.String("instance", req.InstanceID))
 	}
+	a.kickState()
 	// Stopping what is already gone succeeds: the caller wants it not running.
 	// The orchestrator asks the machine an instance runs on, so the record
 	// is under this machine's key (the only ones its credentials may write).

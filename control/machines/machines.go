@@ -139,17 +139,30 @@ func SetState(ctx context.Context, s *store.Store, id, state string) (*store.Mac
 	return &rec, update(ctx, s, &rec, rev)
 }
 
-// Listed is a machine with its reachability as observed right now.
+// Listed is a machine with what its agent last said of it, and, when
+// probed, its reachability as observed right now.
 type Listed struct {
 	store.MachineRecord
+	// Liveness is computed from the last heartbeat (store.MachineFresh,
+	// MachineStale, MachineOffline, MachineNeverSeen); LastBeat is when.
+	Liveness string    `json:"liveness"`
+	LastBeat time.Time `json:"last_beat,omitzero"`
+	// Instances and Free are from the agent's last state (or the probe).
+	Instances int      `json:"instances"`
+	Free      int      `json:"free"`
+	Drivers   []string `json:"drivers,omitempty"`
+	// Probed is set when the machine was asked just now; Reachable, RTT
+	// and Problem say how that went.
+	Probed    bool   `json:"probed,omitempty"`
 	Reachable bool   `json:"reachable"`
 	RTT       string `json:"rtt,omitempty"`
-	Instances int    `json:"instances"`
 	Problem   string `json:"problem,omitempty"`
 }
 
-// List returns every machine, probing each for reachability now.
-func List(ctx context.Context, s *store.Store, timeout time.Duration) ([]Listed, error) {
+// List returns every machine with its liveness and state as its agent last
+// wrote them: reads only, no call to any machine. With probe, every
+// machine is also asked now (timeout each).
+func List(ctx context.Context, s *store.Store, probe bool, timeout time.Duration) ([]Listed, error) {
 	var out []Listed
 	err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
 		out = append(out, Listed{MachineRecord: *m})
@@ -158,17 +171,39 @@ func List(ctx context.Context, s *store.Store, timeout time.Duration) ([]Listed,
 	if err != nil {
 		return nil, err
 	}
+	states, beats, err := s.MachineObservations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	for i := range out {
+		l := &out[i]
+		var b *store.MachineBeat
+		if beat, ok := beats[l.ID]; ok {
+			b = &beat
+			l.LastBeat = beat.At
+		}
+		l.Liveness = b.Liveness(now)
+		if st, ok := states[l.ID]; ok {
+			l.Instances, l.Free, l.Drivers = st.Instances, st.Free, st.Drivers
+		}
+	}
+	if !probe {
+		return out, nil
+	}
 	ids := make([]string, len(out))
 	for i := range out {
 		ids[i] = out[i].ID
 	}
 	for i, p := range Probe(ctx, s, ids, timeout) {
+		out[i].Probed = true
 		if p.Err != nil {
 			out[i].Problem = p.Err.Error()
 			continue
 		}
-		out[i].Reachable, out[i].RTT, out[i].Instances = true, p.RTT.Round(10*time.Microsecond).String(), p.Reply.Instances
+		out[i].Reachable, out[i].RTT = true, p.RTT.Round(10*time.Microsecond).String()
+		out[i].Instances, out[i].Free, out[i].Drivers = p.Reply.Instances, p.Reply.Free, p.Reply.Drivers
 	}
 	return out, nil
 }
@@ -288,6 +323,9 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 	if err := s.Machines.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return out, store.Classify(fmt.Errorf("removing machine record %s: %w", id, err))
 	}
+	// Its observations are noise from now on.
+	_ = s.MachineStates.Delete(ctx, id)
+	_ = s.MachineBeats.Delete(ctx, id)
 	reg, err := registrar.New(s, registrar.Config{})
 	if err != nil {
 		return out, err

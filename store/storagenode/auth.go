@@ -532,6 +532,9 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		writeKV(n.InstancesBucket(), store.InstanceKey("*", machine, "*"))
 		readKey(n.MachinesBucket(), machine)
 		readKey(n.MeshPeersBucket(), store.MeshPeerKey(machine))
+		// What it runs and that it is alive, under its own key only.
+		writeKV(n.MachineStatesBucket(), machine)
+		writeKV(n.MachineBeatsBucket(), machine)
 		// Its peer record is signed: the certificates to verify it.
 		readKV(n.SignersBucket())
 		// Its own RPC subject, and requests on its own machine's subjects:

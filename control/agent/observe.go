@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// observe writes the machine's heartbeat every BeatInterval and its state
+// (what it runs and can take) whenever that changed, until the agent
+// stops. The control plane reads these instead of asking every machine.
+func (a *Agent) observe(ctx context.Context) {
+	t := time.NewTicker(a.cfg.BeatInterval)
+	defer t.Stop()
+	started := time.Now().UTC()
+	var written *store.MachineState
+	failing := false
+	note := func(err error) {
+		switch {
+		case err != nil && !failing:
+			a.log.Warn("machine heartbeat or state not written (retried)", zap.Error(err))
+		case err == nil && failing:
+			a.log.Info("machine heartbeat and state written again")
+		}
+		failing = err != nil
+	}
+	writeState := func() {
+		st := a.machineState(started)
+		if written != nil && sameState(written, st) {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := a.cfg.Store.PutMachineState(wctx, st)
+		if err == nil {
+			written = st
+		}
+		note(err)
+	}
+	beat := func() {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		note(a.cfg.Store.PutMachineBeat(wctx, a.cfg.Machine.ID, a.cfg.BeatInterval))
+	}
+	beat()
+	writeState()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.quit:
+			return
+		case <-t.C:
+			beat()
+			writeState()
+		case <-a.stateKick:
+			writeState()
+		}
+	}
+}
+
+// kickState asks observe to write the machine state now.
+func (a *Agent) kickState() {
+	select {
+	case a.stateKick <- struct{}{}:
+	default:
+	}
+}
+
+func (a *Agent) machineState(started time.Time) *store.MachineState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := &store.MachineState{Machine: a.cfg.Machine.ID, Instances: len(a.instances), ByState: map[string]int{},
+		Capacity: a.cfg.MaxInstances, Free: max(0, a.cfg.MaxInstances-len(a.instances)), Drivers: a.drivers(),
+		Restarts: a.restarts.Load(), StartedAt: started}
+	for _, inst := range a.instances {
+		st.ByState[inst.Record.State]++
+	}
+	return st
+}
+
+func sameState(a, b *store.MachineState) bool {
+	return a.Instances == b.Instances && a.Free == b.Free && a.Capacity == b.Capacity && a.Restarts == b.Restarts &&
+		maps.Equal(a.ByState, b.ByState) && slices.Equal(a.Drivers, b.Drivers)
+}
