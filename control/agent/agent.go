@@ -143,7 +143,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg: cfg, log: cfg.Logger.With(zap.String("machine", cfg.Machine.ID)),
 		instances: map[string]*instance{}, attempts: map[string]int{}, unpublished: map[serviceRef]bool{},
 		logSizes: map[string][]logSample{}, stateKick: make(chan struct{}, 1),
-		quit:     make(chan struct{}),
+		quit: make(chan struct{}),
 	}, nil
 }
 
