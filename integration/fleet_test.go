@@ -2,6 +2,8 @@ package integration
 
 import (
 	"encoding/json"
+	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -62,4 +64,43 @@ func TestMachineLivenessFromHeartbeats(t *testing.T) {
 	eventually(t, 5*time.Second, "m2 to be fresh again", func() bool {
 		return machineList(t, c)["m2"].Liveness == store.MachineFresh
 	})
+}
+
+const oneReplica = `
+namespace: shop
+services:
+  web:
+    command: ["@HELLO@"]
+    env: {VERSION: "@V@"}
+    readiness: {path: /healthz, timeout: 10s}
+`
+
+// An apply asks only the machines it places on (chosen from what agents
+// last wrote), not every machine; one that does not answer although its
+// heartbeat is fresh is set aside and the slot placed again.
+func TestPlacementAsksOnlyTheMachinesItUses(t *testing.T) {
+	c := newCluster(t)
+	c.agentArgs = []string{"--heartbeat", "30s"} // beats stay fresh after an agent dies
+	c.join("m1")
+	m2 := c.join("m2")
+	c.join("m3")
+	v := func(n string) string { return c.manifest("v"+n+".yaml", strings.ReplaceAll(oneReplica, "@V@", n)) }
+	out := c.mustControl("deploy", "apply", "-f", v("1"), "--drain-grace", "100ms")
+	if !strings.Contains(out, "[3/9] probe: 1 machines asked, 1 answered") {
+		t.Fatalf("the first apply asked more than the machine it uses:\n%s", out)
+	}
+	// Placement prefers the least loaded machine, by ID on a tie: the
+	// instance went to m1, the next candidate goes to m2, whose agent now
+	// dies with its heartbeat still fresh.
+	if first := c.instances("shop")[0].Machine; first != "m1" {
+		t.Fatalf("the first instance went to %s", first)
+	}
+	m2.stop(syscall.SIGKILL)
+	out = c.mustControl("deploy", "apply", "-f", v("2"), "--drain-grace", "100ms", "--probe-timeout", "500ms")
+	if !regexp.MustCompile(`\[3/9\] probe: 2 machines asked, 1 answered; not used: m2 \(`).MatchString(out) {
+		t.Fatalf("the apply did not set the dead m2 aside:\n%s", out)
+	}
+	if in := c.instances("shop"); len(in) != 1 || in[0].Machine == "m2" {
+		t.Fatalf("after the apply: %+v", in)
+	}
 }
