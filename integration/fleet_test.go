@@ -66,15 +66,6 @@ func TestMachineLivenessFromHeartbeats(t *testing.T) {
 	})
 }
 
-const oneReplica = `
-namespace: shop
-services:
-  web:
-    command: ["@HELLO@"]
-    env: {VERSION: "@V@"}
-    readiness: {path: /healthz, timeout: 10s}
-`
-
 // An apply asks only the machines it places on (chosen from what agents
 // last wrote), not every machine; one that does not answer although its
 // heartbeat is fresh is set aside and the slot placed again.
@@ -84,7 +75,7 @@ func TestPlacementAsksOnlyTheMachinesItUses(t *testing.T) {
 	c.join("m1")
 	m2 := c.join("m2")
 	c.join("m3")
-	v := func(n string) string { return c.manifest("v"+n+".yaml", strings.ReplaceAll(oneReplica, "@V@", n)) }
+	v := func(n string) string { return writeManifest(t, c.dir, n) } // one replica of web
 	out := c.mustControl("deploy", "apply", "-f", v("1"), "--drain-grace", "100ms")
 	if !strings.Contains(out, "[3/9] probe: 1 machines asked, 1 answered") {
 		t.Fatalf("the first apply asked more than the machine it uses:\n%s", out)
