@@ -370,7 +370,8 @@ func (r *run) probeAndPlace(ctx context.Context) error {
 }
 
 // pinImages resolves every image of m to its ID on the active
-// machines that have a container engine, which must all agree; an image
+// machines that have a container engine (as their heartbeats and states
+// say), which must all agree; an image
 // the manifest already pins (a rollback to a commit) must be present on
 // each. Nothing is written: a failure here changes nothing.
 func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[string]store.MachineRecord) error {
@@ -383,18 +384,32 @@ func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[s
 	if len(names) == 0 {
 		return nil
 	}
-	var ids []string
+	// The machines with an engine, as their agents last said (fresh
+	// heartbeat); one that never sent a heartbeat is asked.
+	states, beats, err := d.s.MachineObservations(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	var engines, ask []string
 	for _, id := range slices.Sorted(maps.Keys(known)) {
-		if known[id].State == store.MachineActive {
-			ids = append(ids, id)
+		if known[id].State != store.MachineActive {
+			continue
+		}
+		b, seen := beats[id]
+		switch {
+		case !seen:
+			ask = append(ask, id)
+		case b.Liveness(now) == store.MachineFresh && slices.Contains(states[id].Drivers, "container"):
+			engines = append(engines, id)
 		}
 	}
-	var engines []string
-	for i, p := range machines.Probe(ctx, d.s, ids, d.opts.ProbeTimeout) {
+	for i, p := range machines.Probe(ctx, d.s, ask, d.opts.ProbeTimeout) {
 		if p.Err == nil && slices.Contains(p.Reply.Drivers, "container") {
-			engines = append(engines, ids[i])
+			engines = append(engines, ask[i])
 		}
 	}
+	sort.Strings(engines)
 	for _, name := range names {
 		spec := m.Services[name]
 		if len(engines) == 0 {
@@ -420,9 +435,13 @@ func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[s
 		}
 		wg.Wait()
 		var got, first string
+		var silent []string
 		for i, m := range engines {
 			rep, err := reps[i], errs[i]
 			switch {
+			case store.HasCode(err, store.CodeRPCFailure):
+				// Not answering: placement will not use it either.
+				silent = append(silent, m)
 			case err != nil && spec.ImageID != "" && store.HasCode(err, store.CodeNotFound):
 				return store.Errorf(store.CodeNotFound, "image %s as this deploy pins it (%s) is no longer on machine %s; nothing was started",
 					spec.Image, spec.ImageID, m).With("service", name).With("image", spec.Image).With("image_id", spec.ImageID).With("machine", m)
@@ -435,9 +454,13 @@ func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[s
 					spec.Image, got, first, rep.ID, m).With("service", name).With("image", spec.Image)
 			}
 		}
+		if got == "" {
+			return store.Errorf(store.CodeUnavailable, "no machine with a container engine answered for %s.%s (image %s): %s",
+				m.Namespace, name, spec.Image, strings.Join(silent, ", ")).With("service", name).With("image", spec.Image)
+		}
 		spec.ImageID = got
 		m.Services[name] = spec
-		d.printf("       %s.%s: image %s is %s (%d machines with an engine)", m.Namespace, name, spec.Image, shortID(got), len(engines))
+		d.printf("       %s.%s: image %s is %s (%d machines with an engine answered)", m.Namespace, name, spec.Image, shortID(got), len(engines)-len(silent))
 	}
 	return nil
 }
