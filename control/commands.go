@@ -35,6 +35,8 @@ var commands = []command{
 	{name: "deploy destroy", synopsis: "NS", summary: "retire a namespace: stop its instances, remove its routing, release its hosts",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupDeployDestroy},
 
+	{name: "status", summary: "the fleet at a glance: namespaces with their revision and instance counts, machines by liveness, gateways and their lag",
+		client: reads, setup: setupStatus},
 	{name: "doctor", synopsis: "[--gateway URL] [--dns ADDR]", summary: "read every layer and say where they disagree; exit 0 when coherent",
 		client: reads, setup: setupDoctor},
 

@@ -11,9 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/deploy"
+	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
@@ -37,6 +39,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	stunAdvertise := fs.String("stun-advertise", "", "STUN addresses meshd nodes are told to use (default: --stun-listen; required when listening on 0.0.0.0)")
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
+	metrics := fs.String("metrics-listen", "", "serve Prometheus metrics (edgeplane_fleet_*) on this address's /metrics; empty: off")
 	cf := addClusterFlags(fs)
 	lf := addLogFlags(fs)
 	return func(c *call) error {
@@ -60,6 +63,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			data: *data, listen: *listen, external: *external, creds: *creds, names: names, cluster: cf, natsLogger: natsLogger,
 			withAgent: *withAgent, machine: *machine, advertise: *advertise,
 			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshCooldown: *meshCooldown, meshSubnet: *meshSubnet,
+			metricsListen: *metrics,
 		})
 	}
 }
@@ -77,6 +81,7 @@ type serverConfig struct {
 	stunListen, stunAdvertise string
 	meshCooldown              time.Duration
 	meshSubnet                string
+	metricsListen             string
 }
 
 // runServer runs the control plane until ctx ends. Progress a person
@@ -143,6 +148,38 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 		defer wg.Done()
 		runCompleter(ctx, s, stdout, logger)
 	}()
+	// The fleet at a glance (control status), flushed at most once a
+	// second per namespace.
+	agg, err := fleet.New(s, fleet.Config{Logger: logger.Named("fleet")})
+	if err != nil {
+		return err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			err := agg.Run(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			logger.Warn("fleet status stopped; starting again", zap.Error(err))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}()
+	if cfg.metricsListen != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(agg)
+		stop, err := serveMetrics(ctx, cfg.metricsListen, reg)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		fmt.Fprintf(stdout, "metrics on http://%s/metrics\n", cfg.metricsListen)
+	}
 	errc := make(chan error, 1)
 	if cfg.withAgent {
 		id := cfg.machine

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"syscall"
@@ -94,4 +95,79 @@ func TestPlacementAsksOnlyTheMachinesItUses(t *testing.T) {
 	if in := c.instances("shop"); len(in) != 1 || in[0].Machine == "m2" {
 		t.Fatalf("after the apply: %+v", in)
 	}
+}
+
+// control status: the namespace's counts follow its instances within about
+// the flush interval, instances on a machine whose heartbeat went stale
+// count as stale, and the server's metrics say the same.
+func TestFleetStatus(t *testing.T) {
+	metrics := freeAddr(t)
+	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: []string{"--metrics-listen", metrics}}
+	c.startServer("127.0.0.1:0")
+	t.Cleanup(c.killInstances)
+	c.agentArgs = []string{"--heartbeat", "200ms"}
+	c.join("m1")
+	m2 := c.join("m2")
+	c.startGateway("gw1") // reports its routing sequence: the gateways' lag
+	c.mustControl("deploy", "apply", "-f", c.manifest("v1.yaml", helloV1), "--drain-grace", "100ms")
+	status := func() *fleetView {
+		t.Helper()
+		var v fleetView
+		if err := json.Unmarshal([]byte(c.mustControl("status", "-o", "json")), &v); err != nil {
+			t.Fatal(err)
+		}
+		return &v
+	}
+	shop := func(v *fleetView) store.Counts {
+		for _, n := range v.Namespaces {
+			if n.Namespace == "shop" {
+				return n.Counts
+			}
+		}
+		return store.Counts{}
+	}
+	eventually(t, 5*time.Second, "3 ready instances of shop", func() bool {
+		v := status()
+		return shop(v).Ready == 3 && v.Machines.Liveness[store.MachineFresh] == 2 && len(v.Gateways) == 1 && v.Gateways[0].Lag == 0
+	})
+	var onM2 []store.InstanceRecord
+	for _, in := range c.instances("shop") {
+		if in.Machine == "m2" {
+			onM2 = append(onM2, in)
+		}
+	}
+	if err := syscall.Kill(onM2[0].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	eventually(t, 5*time.Second, "the killed instance out of the ready count", func() bool { return shop(status()).Ready == 2 })
+	lag := time.Since(killed)
+	eventually(t, 10*time.Second, "the instance back", func() bool { return shop(status()).Ready == 3 })
+	m2.stop(syscall.SIGKILL)
+	eventually(t, 10*time.Second, "m2's instances to count as stale", func() bool {
+		v := status()
+		return shop(v).Stale == len(onM2) && shop(v).Ready == 3-len(onM2) && v.Machines.Liveness[store.MachineFresh] == 1
+	})
+	if text := c.mustControl("status"); !strings.Contains(text, "m2 (stale") && !strings.Contains(text, "m2 (offline") {
+		t.Fatalf("control status does not name m2:\n%s", text)
+	}
+	if m := scrape(t, metrics); !strings.Contains(m, fmt.Sprintf(`edgeplane_fleet_instances{namespace="shop",state="stale"} %d`, len(onM2))) {
+		t.Fatalf("server metrics:\n%s", m)
+	}
+	t.Logf("a killed instance left the ready count of control status %s later (flush every 1 s)", lag.Round(10*time.Millisecond))
+}
+
+// fleetView is `control status -o json`.
+type fleetView struct {
+	Namespaces []struct {
+		Namespace string       `json:"namespace"`
+		Counts    store.Counts `json:"counts"`
+	} `json:"namespaces"`
+	Machines struct {
+		Liveness map[string]int `json:"liveness"`
+	} `json:"machines"`
+	Gateways []struct {
+		Gateway string `json:"gateway"`
+		Lag     uint64 `json:"lag"`
+	} `json:"gateways"`
 }

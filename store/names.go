@@ -88,6 +88,10 @@ func (n Names) SignersBucket() string { return "cp_signers_" + n.Authority }
 func (n Names) MachineStatesBucket() string { return "cp_machine_state_" + n.Authority }
 func (n Names) MachineBeatsBucket() string  { return "cp_machine_beats_" + n.Authority }
 
+// FleetStatusBucket holds each namespace's fleet summary
+// (NamespaceStatus), written by the control server's aggregator.
+func (n Names) FleetStatusBucket() string { return "cp_fleet_status_" + n.Authority }
+
 // GatewaysBucket holds each gateway's applied routing sequence: a live
 // observation with a short bucket TTL, never truth.
 func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
@@ -96,7 +100,7 @@ func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
 // drift reports): never truth, rebuilt by their writers, so never carried
 // from one store to another.
 func (n Names) ObservationBuckets() []string {
-	return []string{n.GatewaysBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachineStatesBucket(), n.MachineBeatsBucket()}
+	return []string{n.GatewaysBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachineStatesBucket(), n.MachineBeatsBucket(), n.FleetStatusBucket()}
 }
 
 // Subjects.

@@ -133,6 +133,8 @@ type Store struct {
 	// machines (MachineState, MachineBeat).
 	MachineStates jetstream.KeyValue
 	MachineBeats  jetstream.KeyValue
+	// FleetStatus holds each namespace's summary (NamespaceStatus).
+	FleetStatus jetstream.KeyValue
 
 	// apiPrefix is where this connection reaches the JetStream API, with
 	// its trailing dot (see EdgeAPIPrefix).
@@ -251,6 +253,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MachineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MachineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.FleetStatus, names.FleetStatusBucket(), 1, 256*mib, 256*kib),
 	}
 	for i := range buckets {
 		switch buckets[i].dst {

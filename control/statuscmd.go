@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/fleet"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// fleetView is `control status`: the fleet at a glance.
+type fleetView struct {
+	Namespaces []namespaceView `json:"namespaces"`
+	Machines   machinesView    `json:"machines"`
+	Gateways   []gatewayView   `json:"gateways"`
+	RoutingSeq uint64          `json:"routing_seq"`
+	At         time.Time       `json:"at"`
+}
+
+type namespaceView struct {
+	Namespace string       `json:"namespace"`
+	Revision  int64        `json:"revision"`
+	Deploy    string       `json:"deploy"`
+	Destroyed bool         `json:"destroyed,omitempty"`
+	Counts    store.Counts `json:"counts"`
+	Machines  int          `json:"machines"`
+	// LastErrors are the latest errors, by machine.
+	LastErrors map[string]string `json:"last_errors,omitempty"`
+}
+
+type machinesView struct {
+	Total    int            `json:"total"`
+	Liveness map[string]int `json:"liveness"`
+	// NotFresh lists machines whose heartbeat is stale, offline or never
+	// seen, with the age of their last beat.
+	NotFresh []string `json:"not_fresh,omitempty"`
+}
+
+type gatewayView struct {
+	Gateway    string `json:"gateway"`
+	AppliedSeq uint64 `json:"applied_seq"`
+	Lag        uint64 `json:"lag"`
+	Stale      bool   `json:"stale,omitempty"`
+}
+
+func setupStatus(*flag.FlagSet) func(*call) error {
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error {
+			v, err := readFleet(c.ctx, s)
+			if err != nil {
+				return err
+			}
+			return c.out.emit(v, func(w io.Writer) { printFleet(w, v) })
+		})
+	}
+}
+
+func readFleet(ctx context.Context, s *store.Store) (*fleetView, error) {
+	v := &fleetView{At: time.Now().UTC(), Namespaces: []namespaceView{}, Gateways: []gatewayView{}}
+	sums, err := fleet.Read(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	nss, err := s.CommittedNamespaces(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, ns := range nss {
+		nv := namespaceView{Namespace: ns}
+		if live, err := s.LiveCommit(ctx, ns); err == nil {
+			nv.Revision, nv.Deploy, nv.Destroyed = live.Revision, live.ID, live.Destroy
+		}
+		if sum, ok := sums[ns]; ok {
+			nv.Counts, nv.Machines, nv.LastErrors = sum.Counts, len(sum.Machines), sum.LastErrors
+		}
+		v.Namespaces = append(v.Namespaces, nv)
+	}
+	var recs []string
+	if err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+		recs = append(recs, m.ID)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	_, beats, err := s.MachineObservations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	v.Machines = machinesView{Total: len(recs), Liveness: map[string]int{}}
+	slices.Sort(recs)
+	for _, id := range recs {
+		var b *store.MachineBeat
+		if beat, ok := beats[id]; ok {
+			b = &beat
+		}
+		l := b.Liveness(now)
+		v.Machines.Liveness[l]++
+		if l != store.MachineFresh {
+			what := id + " (" + l
+			if b != nil {
+				what += ", last beat " + now.Sub(b.At).Round(time.Second).String() + " ago"
+			}
+			v.Machines.NotFresh = append(v.Machines.NotFresh, what+")")
+		}
+	}
+	info, err := s.Routing.Info(ctx)
+	if err != nil {
+		return nil, store.Classify(fmt.Errorf("reading the routing stream: %w", err))
+	}
+	v.RoutingSeq = info.State.LastSeq
+	err = store.ListJSON(ctx, s, s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
+		if time.Since(g.At) >= store.GatewayObservationTTL {
+			return nil
+		}
+		gv := gatewayView{Gateway: g.Gateway, AppliedSeq: g.AppliedSeq, Stale: g.Stale}
+		if v.RoutingSeq > g.AppliedSeq {
+			gv.Lag = v.RoutingSeq - g.AppliedSeq
+		}
+		v.Gateways = append(v.Gateways, gv)
+		return nil
+	})
+	slices.SortFunc(v.Gateways, func(a, b gatewayView) int { return strings.Compare(a.Gateway, b.Gateway) })
+	return v, err
+}
+
+func printFleet(w io.Writer, v *fleetView) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tREVISION\tDEPLOY\tREADY\tSTARTING\tBACKOFF\tFAILED\tSTALE\tMACHINES")
+	for _, n := range v.Namespaces {
+		rev := fmt.Sprint(n.Revision)
+		if n.Destroyed {
+			rev += " (destroyed)"
+		}
+		c := n.Counts
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", n.Namespace, rev, dash(n.Deploy), c.Ready, c.Starting, c.Backoff, c.Failed, c.Stale, n.Machines)
+	}
+	tw.Flush()
+	for _, n := range v.Namespaces {
+		for _, m := range slices.Sorted(maps.Keys(n.LastErrors)) {
+			fmt.Fprintf(w, "  %s on %s: %s\n", n.Namespace, m, n.LastErrors[m])
+		}
+	}
+	l := v.Machines.Liveness
+	fmt.Fprintf(w, "machines: %d (%d fresh, %d stale, %d offline, %d never seen)\n", v.Machines.Total,
+		l[store.MachineFresh], l[store.MachineStale], l[store.MachineOffline], l[store.MachineNeverSeen])
+	const show = 10
+	for i, nf := range v.Machines.NotFresh {
+		if i == show {
+			fmt.Fprintf(w, "  and %d more\n", len(v.Machines.NotFresh)-show)
+			break
+		}
+		fmt.Fprintf(w, "  %s\n", nf)
+	}
+	fmt.Fprintf(w, "gateways: %d reporting, routing at sequence %d\n", len(v.Gateways), v.RoutingSeq)
+	for _, g := range v.Gateways {
+		state := "current"
+		if g.Lag > 0 {
+			state = fmt.Sprintf("%d behind", g.Lag)
+		}
+		if g.Stale {
+			state += ", stale view"
+		}
+		fmt.Fprintf(w, "  %s at %d (%s)\n", g.Gateway, g.AppliedSeq, state)
+	}
+}

@@ -1,0 +1,64 @@
+package store
+
+import "time"
+
+// Counts are instances by what they are doing (fleet status, written by
+// control/fleet's aggregator). Stale counts instances on
+// a machine whose heartbeat is stale or offline, whatever their record
+// says (they are counted there and not under their state).
+type Counts struct {
+	Ready    int `json:"ready"`
+	Starting int `json:"starting"`
+	Backoff  int `json:"backoff,omitempty"`
+	Failed   int `json:"failed,omitempty"`
+	Draining int `json:"draining,omitempty"`
+	Stopped  int `json:"stopped,omitempty"`
+	Stale    int `json:"stale,omitempty"`
+}
+
+func (c *Counts) Add(state string, stale bool) {
+	switch {
+	case stale:
+		c.Stale++
+	case state == InstanceReady:
+		c.Ready++
+	case state == InstanceStarting:
+		c.Starting++
+	case state == InstanceBackoff:
+		c.Backoff++
+	case state == InstanceFailed:
+		c.Failed++
+	case state == InstanceDraining:
+		c.Draining++
+	default:
+		c.Stopped++
+	}
+}
+
+// Total is every instance counted.
+func (c Counts) Total() int {
+	return c.Ready + c.Starting + c.Backoff + c.Failed + c.Draining + c.Stopped + c.Stale
+}
+
+// NamespaceStatus is one namespace's summary. Key: the namespace.
+type NamespaceStatus struct {
+	Version   int    `json:"version"`
+	Namespace string `json:"namespace"`
+	Counts    Counts `json:"counts"`
+	// Deploys counts the instances of each deploy (the live one and any
+	// in progress), Machines those on each machine.
+	Deploys  map[string]Counts `json:"deploys"`
+	Machines map[string]Counts `json:"machines"`
+	// MachinesTrimmed is set when Machines lists only the machines with
+	// something other than ready instances (a namespace on very many
+	// machines: the record must stay small).
+	MachinesTrimmed bool `json:"machines_trimmed,omitempty"`
+	// LastErrors is the latest error an instance recorded, by machine.
+	LastErrors map[string]string `json:"last_errors,omitempty"`
+	UpdatedAt  time.Time         `json:"updated_at"`
+}
+
+func (r *NamespaceStatus) version() int { return r.Version }
+
+// KeyOK checks the summary is filed under its namespace.
+func (r *NamespaceStatus) KeyOK(key string) error { return keyMust(key, r.Namespace) }
