@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/deploy"
+	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -112,8 +113,8 @@ func setupDeployDestroy(fs *flag.FlagSet) func(*call) error {
 
 func setupDeployStatus(*flag.FlagSet) func(*call) error {
 	return func(c *call) error {
-		return c.withDeployer(deploy.Options{}, func(d *deploy.Deployer) error {
-			return deployStatus(c.ctx, d, c.out, c.args)
+		return c.withStore(func(s *store.Store) error {
+			return deployStatus(c.ctx, s, deploy.New(s, deploy.Options{}), c.out, c.args)
 		})
 	}
 }
@@ -196,9 +197,20 @@ type statusView struct {
 	LiveSeq   uint64              `json:"live_seq,omitempty"`
 	Latest    *store.DeployStatus `json:"latest,omitempty"`
 	Phases    []store.PhaseRecord `json:"phases,omitempty"`
+	// Instances counts the latest deploy's instances, Machines the
+	// namespace's instances per machine, from the fleet status.
+	Instances *store.Counts           `json:"instances,omitempty"`
+	Machines  map[string]store.Counts `json:"machines,omitempty"`
 }
 
-func deployStatus(ctx context.Context, d *deploy.Deployer, out *output, pos []string) error {
+// maxMachinesShown bounds the machines deploy status names in text.
+const maxMachinesShown = 10
+
+func deployStatus(ctx context.Context, s *store.Store, d *deploy.Deployer, out *output, pos []string) error {
+	sums, err := fleet.Read(ctx, s)
+	if err != nil {
+		return err
+	}
 	nss := pos
 	if len(nss) == 0 {
 		var err error
@@ -225,6 +237,12 @@ func deployStatus(ctx context.Context, d *deploy.Deployer, out *output, pos []st
 		}
 		if live, err := d.Live(ctx, ns); err == nil {
 			v.Live, v.LiveSeq = live, live.Seq
+		}
+		if sum, ok := sums[ns]; ok {
+			if c, ok := sum.Deploys[v.Latest.DeployID]; ok {
+				v.Instances = &c
+			}
+			v.Machines = sum.Machines
 		}
 		views = append(views, v)
 	}
@@ -256,6 +274,25 @@ func deployStatus(ctx context.Context, d *deploy.Deployer, out *output, pos []st
 			}
 			for _, p := range v.Phases {
 				fmt.Fprintf(w, "  [%d] %-17s %-8s %s\n", p.Index, p.Name, p.State, p.Detail)
+			}
+			if c := v.Instances; c != nil {
+				fmt.Fprintf(w, "  instances: %d ready, %d starting, %d backoff, %d failed, %d stale\n", c.Ready, c.Starting, c.Backoff, c.Failed, c.Stale)
+			}
+			if len(v.Machines) > 0 {
+				var behind []string
+				for _, m := range slices.Sorted(maps.Keys(v.Machines)) {
+					if c := v.Machines[m]; c.Ready != c.Total() {
+						behind = append(behind, fmt.Sprintf("%s (%d of %d ready)", m, c.Ready, c.Total()))
+					}
+				}
+				fmt.Fprintf(w, "  machines:  %d, %d with all instances ready\n", len(v.Machines), len(v.Machines)-len(behind))
+				for i, b := range behind {
+					if i == maxMachinesShown {
+						fmt.Fprintf(w, "             and %d more\n", len(behind)-i)
+						break
+					}
+					fmt.Fprintf(w, "             %s\n", b)
+				}
 			}
 		}
 	})

@@ -130,6 +130,9 @@ func TestFleetStatus(t *testing.T) {
 		v := status()
 		return shop(v).Ready == 3 && v.Machines.Liveness[store.MachineFresh] == 2 && len(v.Gateways) == 1 && v.Gateways[0].Lag == 0
 	})
+	if ds := c.mustControl("deploy", "status", "shop"); !strings.Contains(ds, "instances: 3 ready, 0 starting") || !strings.Contains(ds, "machines:  2, 2 with all instances ready") {
+		t.Fatalf("deploy status without per-machine progress:\n%s", ds)
+	}
 	var onM2 []store.InstanceRecord
 	for _, in := range c.instances("shop") {
 		if in.Machine == "m2" {
@@ -150,6 +153,9 @@ func TestFleetStatus(t *testing.T) {
 	})
 	if text := c.mustControl("status"); !strings.Contains(text, "m2 (stale") && !strings.Contains(text, "m2 (offline") {
 		t.Fatalf("control status does not name m2:\n%s", text)
+	}
+	if ds := c.mustControl("deploy", "status", "shop"); !regexp.MustCompile(`m2 \(0 of \d ready\)`).MatchString(ds) {
+		t.Fatalf("deploy status does not name m2:\n%s", ds)
 	}
 	if m := scrape(t, metrics); !strings.Contains(m, fmt.Sprintf(`edgeplane_fleet_instances{namespace="shop",state="stale"} %d`, len(onM2))) {
 		t.Fatalf("server metrics:\n%s", m)
