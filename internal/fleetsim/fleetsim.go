@@ -1,0 +1,205 @@
+// Package fleetsim simulates a fleet of machines against a real store:
+// each simulated agent answers the real agent RPCs on its machine's
+// subject (capacity, start, readiness, stop, inventory), writes real
+// instance records, heartbeats and machine state, and runs nothing. The
+// control plane cannot tell it from a fleet of agents whose instances
+// become ready at once, so benchmarks measure the control plane alone at
+// fleet size (see control/deploy's BenchmarkApplyFleet).
+package fleetsim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Config describes a simulated fleet.
+type Config struct {
+	// Machines is how many; IDs are Prefix + a five-digit number.
+	Machines int
+	Prefix   string
+	// Capacity is each machine's instance limit; default 256.
+	Capacity int
+	// Beat is the heartbeat interval; default store.DefaultBeatInterval.
+	Beat time.Duration
+	// Address is where simulated instances claim to listen.
+	Address string
+}
+
+// Fleet is a running simulated fleet.
+type Fleet struct {
+	s   *store.Store
+	cfg Config
+	IDs []string
+
+	mu    sync.Mutex
+	insts map[string]map[string]store.InstanceRecord // by machine, by instance ID
+	stops []func()
+	wg    sync.WaitGroup
+}
+
+// Start records the machines (as admission would) and starts their
+// simulated agents on s's connection until ctx ends or Stop. One
+// connection carries every agent: the server routes each machine's
+// subject to its handler all the same.
+func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
+	if cfg.Prefix == "" {
+		cfg.Prefix = "sim"
+	}
+	if cfg.Capacity <= 0 {
+		cfg.Capacity = 256
+	}
+	if cfg.Beat <= 0 {
+		cfg.Beat = store.DefaultBeatInterval
+	}
+	if cfg.Address == "" {
+		cfg.Address = "127.0.0.1"
+	}
+	f := &Fleet{s: s, cfg: cfg, insts: map[string]map[string]store.InstanceRecord{}}
+	now := time.Now().UTC()
+	for i := range cfg.Machines {
+		id := fmt.Sprintf("%s%05d", cfg.Prefix, i)
+		f.IDs = append(f.IDs, id)
+		f.insts[id] = map[string]store.InstanceRecord{}
+		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cfg.Address, JoinedAt: now, UpdatedAt: now}
+		if _, err := store.PutJSON(ctx, s.Machines, id, &rec); err != nil {
+			f.Stop()
+			return nil, fmt.Errorf("recording simulated machine %s: %w", id, err)
+		}
+		stop, err := store.Serve(ctx, s.NC, s.Names.NodeListenSubject(id), s.Names.NodeQueueGroup(id), "node."+id,
+			func(ctx context.Context, command string, data []byte) (any, error) { return f.handle(ctx, id, command, data) })
+		if err != nil {
+			f.Stop()
+			return nil, err
+		}
+		f.stops = append(f.stops, stop)
+		if err := f.writeObservations(ctx, id); err != nil {
+			f.Stop()
+			return nil, err
+		}
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		t := time.NewTicker(cfg.Beat)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			for _, id := range f.IDs {
+				_ = s.PutMachineBeat(ctx, id, cfg.Beat)
+			}
+		}
+	}()
+	return f, nil
+}
+
+// Stop ends every simulated agent.
+func (f *Fleet) Stop() {
+	for _, stop := range f.stops {
+		stop()
+	}
+	f.stops = nil
+}
+
+// Instances counts the simulated instances running now.
+func (f *Fleet) Instances() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, m := range f.insts {
+		n += len(m)
+	}
+	return n
+}
+
+func (f *Fleet) writeObservations(ctx context.Context, id string) error {
+	if err := f.s.PutMachineBeat(ctx, id, f.cfg.Beat); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	n := len(f.insts[id])
+	f.mu.Unlock()
+	return f.s.PutMachineState(ctx, &store.MachineState{Machine: id, Instances: n, Free: max(0, f.cfg.Capacity-n),
+		Capacity: f.cfg.Capacity, Drivers: []string{"process"}, ByState: map[string]int{store.InstanceReady: n}})
+}
+
+func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (any, error) {
+	switch command {
+	case store.CmdCapacity:
+		f.mu.Lock()
+		n := len(f.insts[id])
+		f.mu.Unlock()
+		return store.CapacityReply{Machine: id, Address: f.cfg.Address, Driver: "process", Drivers: []string{"process"},
+			Instances: n, Free: max(0, f.cfg.Capacity-n)}, nil
+	case store.CmdStartCandidate:
+		var req store.StartRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding start: %v", err)
+		}
+		rec := req.Instance
+		now := time.Now().UTC()
+		rec.Version, rec.Machine, rec.Address, rec.Port = store.RecordVersion, id, f.cfg.Address, 20000+len(rec.ID)
+		rec.State, rec.Driver, rec.CreatedAt, rec.UpdatedAt = store.InstanceStarting, "sim", now, now
+		if _, err := store.PutJSON(ctx, f.s.Instances, rec.Key(), &rec); err != nil {
+			return nil, err
+		}
+		f.mu.Lock()
+		f.insts[id][rec.ID] = rec
+		f.mu.Unlock()
+		if err := f.writeObservations(ctx, id); err != nil {
+			return nil, err
+		}
+		return store.StartReply{Instance: rec}, nil
+	case store.CmdReadiness:
+		var req store.ReadinessRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding readiness: %v", err)
+		}
+		f.mu.Lock()
+		rec, ok := f.insts[id][req.InstanceID]
+		f.mu.Unlock()
+		if !ok {
+			return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, id)
+		}
+		rec.State, rec.UpdatedAt = store.InstanceReady, time.Now().UTC()
+		if _, err := store.PutJSON(ctx, f.s.Instances, rec.Key(), &rec); err != nil {
+			return nil, err
+		}
+		f.mu.Lock()
+		f.insts[id][rec.ID] = rec
+		f.mu.Unlock()
+		return store.ReadinessReply{Ready: true, Instance: rec}, nil
+	case store.CmdStopInstance, store.CmdDrainInstance:
+		var req store.InstanceRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding stop: %v", err)
+		}
+		if command == store.CmdDrainInstance {
+			return nil, nil
+		}
+		f.mu.Lock()
+		delete(f.insts[id], req.InstanceID)
+		f.mu.Unlock()
+		if req.Forget {
+			_ = f.s.Instances.Delete(ctx, store.InstanceKey(req.Namespace, id, req.InstanceID))
+		}
+		return nil, f.writeObservations(ctx, id)
+	case store.CmdInventory:
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		out := store.InventoryReply{Machine: id}
+		for _, r := range f.insts[id] {
+			out.Instances = append(out.Instances, store.InventoryItem{ID: r.ID, Namespace: r.Namespace, Service: r.Service, DeployID: r.DeployID, Running: true})
+		}
+		return out, nil
+	}
+	return nil, store.Errorf(store.CodeInvalid, "simulated agent: unknown command %q", command)
+}
