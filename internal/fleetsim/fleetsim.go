@@ -71,7 +71,9 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 			return nil, fmt.Errorf("recording simulated machine %s: %w", id, err)
 		}
 		stop, err := store.Serve(ctx, s.NC, s.Names.NodeListenSubject(id), s.Names.NodeQueueGroup(id), "node."+id,
-			func(ctx context.Context, command string, data []byte) (any, error) { return f.handle(ctx, id, command, data) })
+			func(ctx context.Context, command string, data []byte) (any, error) {
+				return f.handle(ctx, id, command, data)
+			})
 		if err != nil {
 			f.Stop()
 			return nil, err

@@ -13,22 +13,31 @@ import (
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
+// startFleet starts a store, the control plane's routing republish
+// service, and a simulated fleet of n machines, all ended with the test.
+func startFleet(tb testing.TB, n int) (*storetest.Server, *fleetsim.Fleet) {
+	tb.Helper()
+	srv := storetest.Start(tb)
+	ctx, cancel := context.WithCancel(context.Background())
+	tb.Cleanup(cancel)
+	stopRepublish, err := srv.Store.ServeRepublish(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(stopRepublish)
+	f, err := fleetsim.Start(ctx, srv.Connect(tb), fleetsim.Config{Machines: n})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(f.Stop)
+	return srv, f
+}
+
 // A small simulated fleet takes a real apply: every replica placed, started
 // and ready, the routing published; machine ls sees them all fresh.
 func TestSimulatedFleetTakesAnApply(t *testing.T) {
-	srv := storetest.Start(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stopRepublish, err := srv.Store.ServeRepublish(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopRepublish()
-	f, err := fleetsim.Start(ctx, srv.Connect(t), fleetsim.Config{Machines: 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Stop()
+	ctx := context.Background()
+	srv, f := startFleet(t, 20)
 	replicas := 40
 	m := &store.Manifest{Namespace: "sim", Services: map[string]store.ServiceSpec{"web": {
 		Command: []string{"/simulated"}, Replicas: &replicas, Routes: []store.Route{{Hosts: []string{"sim.example.com"}}}}}}
@@ -65,19 +74,8 @@ func TestSimulatedFleetTakesAnApply(t *testing.T) {
 func BenchmarkApplyFleet(b *testing.B) {
 	for _, n := range []int{100, 1000} {
 		b.Run(fmt.Sprintf("machines=%d", n), func(b *testing.B) {
-			srv := storetest.Start(b)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			stopRepublish, err := srv.Store.ServeRepublish(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer stopRepublish()
-			f, err := fleetsim.Start(ctx, srv.Connect(b), fleetsim.Config{Machines: n})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer f.Stop()
+			ctx := context.Background()
+			srv, _ := startFleet(b, n)
 			replicas := n
 			manifest := func(v int) *store.Manifest {
 				return &store.Manifest{Namespace: "sim", Services: map[string]store.ServiceSpec{"web": {
