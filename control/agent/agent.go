@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -914,7 +915,26 @@ func (a *Agent) leased(ctx context.Context, command string, req store.LeasedComm
 	return reply, nil
 }
 
+// Instance ports are chosen at random below Linux's ephemeral range
+// (32768-60999): the kernel's own choice for a port-0 listener tends to
+// hand the port just released to the next asker, so two agents on one
+// host (or two quick starts) picked the same one; outgoing connections
+// never take ports below the range either.
+const (
+	instancePortMin = 20000
+	instancePortMax = 32767
+)
+
 func freePort(host string) (int, error) {
+	for range 64 {
+		p := instancePortMin + rand.IntN(instancePortMax-instancePortMin+1)
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			continue // taken
+		}
+		l.Close()
+		return p, nil
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, err
