@@ -95,7 +95,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	}
 	// Images become digests here, once: the plan compares specs with
 	// them, and the commit records them.
-	if err := d.pinImages(ctx, r.m, r.st.machines); err != nil {
+	if err := d.pinImages(ctx, r.m, r.st); err != nil {
 		return nil, err
 	}
 	r.plan = buildPlan(m, r.st.live, r.st.insts, r.st.machines)
@@ -270,7 +270,7 @@ func (r *run) writeStatus(ctx context.Context) {
 // too: its probe decides. Nothing is written here.
 func (r *run) probeAndPlace(ctx context.Context) error {
 	d := r.d
-	states, beats, err := d.s.MachineObservations(ctx)
+	states, beats, err := r.st.observations(ctx, d.s)
 	if err != nil {
 		return err
 	}
@@ -374,7 +374,7 @@ func (r *run) probeAndPlace(ctx context.Context) error {
 // say), which must all agree; an image
 // the manifest already pins (a rollback to a commit) must be present on
 // each. Nothing is written: a failure here changes nothing.
-func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[string]store.MachineRecord) error {
+func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, st *state) error {
 	var names []string
 	for _, name := range slices.Sorted(maps.Keys(m.Services)) {
 		if m.Services[name].Image != "" {
@@ -386,14 +386,14 @@ func (d *Deployer) pinImages(ctx context.Context, m *store.Manifest, known map[s
 	}
 	// The machines with an engine, as their agents last said (fresh
 	// heartbeat); one that never sent a heartbeat is asked.
-	states, beats, err := d.s.MachineObservations(ctx)
+	states, beats, err := st.observations(ctx, d.s)
 	if err != nil {
 		return err
 	}
 	now := time.Now()
 	var engines, ask []string
-	for _, id := range slices.Sorted(maps.Keys(known)) {
-		if known[id].State != store.MachineActive {
+	for _, id := range slices.Sorted(maps.Keys(st.machines)) {
+		if st.machines[id].State != store.MachineActive {
 			continue
 		}
 		b, seen := beats[id]

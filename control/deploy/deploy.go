@@ -152,6 +152,24 @@ type state struct {
 	live     *store.DeployCommit
 	insts    map[string]*store.InstanceRecord
 	machines map[string]store.MachineRecord
+
+	// What agents last wrote of their machines, read once on first use
+	// (image pinning and placement both need it).
+	states map[string]store.MachineState
+	beats  map[string]store.MachineBeat
+}
+
+// observations returns the machines' states and heartbeats, reading them
+// on first use.
+func (st *state) observations(ctx context.Context, s *store.Store) (map[string]store.MachineState, map[string]store.MachineBeat, error) {
+	if st.beats == nil {
+		states, beats, err := s.MachineObservations(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		st.states, st.beats = states, beats
+	}
+	return st.states, st.beats, nil
 }
 
 func (d *Deployer) load(ctx context.Context, ns string) (*state, error) {
@@ -192,7 +210,7 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 		return nil, err
 	}
 	// As the apply will: images compared by what they are now.
-	if err := d.pinImages(ctx, m, st.machines); err != nil {
+	if err := d.pinImages(ctx, m, st); err != nil {
 		return nil, err
 	}
 	p := buildPlan(m, st.live, st.insts, st.machines)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -270,18 +271,8 @@ func (d *Container) List(ctx context.Context) ([]Listed, error) {
 	for _, c := range res.Items {
 		out = append(out, Listed{Instance: c.Labels[LabelInstance], Container: c.ID, Running: c.State == container.StateRunning, Labels: c.Labels})
 	}
-	slices.SortFunc(out, func(a, b Listed) int { return cmpString(a.Instance, b.Instance) })
+	slices.SortFunc(out, func(a, b Listed) int { return strings.Compare(a.Instance, b.Instance) })
 	return out, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // ctrHandle is a started or adopted container.
