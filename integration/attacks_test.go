@@ -52,6 +52,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"8_machine_records_and_invites", attackMachineRecords},
 		{"9_host_claims", attackHostClaims},
 		{"10_machine_observations", attackMachineObservations},
+		{"11_agent_rpcs_and_fleet_status", attackAgentRPCs},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -735,6 +736,32 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 	// Its own key back to the truth.
 	if err := agent.st.PutMachineBeat(ctx, "m1", time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// 11. The agent RPCs that read a machine (its inventory, its instances'
+// output, its images) are the control plane's to call: no edge credential
+// asks them, not even of its own machine; and the fleet summaries are the
+// control server's to write.
+func attackAgentRPCs(t *testing.T, f *attackFixture) {
+	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"mesh", f.meshCreds}, {"gateway", f.gwCreds}} {
+		th := f.as(t, role.creds)
+		for _, call := range []struct {
+			cmd string
+			req any
+		}{
+			{store.CmdInventory, struct{}{}},
+			{store.CmdLogs, store.LogsRequest{InstanceID: "x", Namespace: "shop", Offset: -1}},
+			{store.CmdResolveImage, store.ResolveImageRequest{Image: "hello"}},
+		} {
+			th.try(t, role.name+" calls m1's "+call.cmd, func(ctx context.Context) error {
+				return th.st.Call(ctx, "m1", call.cmd, call.req, nil)
+			})
+		}
+		th.try(t, role.name+" writes a fleet summary", func(ctx context.Context) error {
+			_, err := store.PutJSON(ctx, th.st.FleetStatus, "shop", &store.NamespaceStatus{Version: store.RecordVersion, Namespace: "shop"})
+			return err
+		})
 	}
 }
 
