@@ -212,3 +212,32 @@ func lastEndpoints(t *testing.T, c *cluster) []store.Endpoint {
 	}
 	return ev.Endpoints
 }
+
+// Without a container engine anywhere, an image service is refused before
+// anything is written, saying why; an agent asked directly to start one
+// refuses it the same way. (No podman needed.)
+func TestImageWithoutAnEngineIsRefused(t *testing.T) {
+	c := newCluster(t)
+	c.agentArgs = []string{"--engine", "none"}
+	c.join("m1")
+	statuses, head := countKeys(t, c.store.Status), routingHead(t, c)
+	manifest := c.manifest("image.yaml", strings.ReplaceAll(imageApp, "@IMAGE@", "localhost/edgeplane-none:v1"))
+	for _, cmd := range [][]string{{"deploy", "preview", "-f", manifest}, {"deploy", "apply", "-f", manifest}} {
+		_, errOut, code := c.control(cmd...)
+		if code != 1 || !strings.Contains(errOut, "no reachable active machine has a container engine for shop.web (image localhost/edgeplane-none:v1)") {
+			t.Fatalf("%s: exit %d\n%s", cmd[1], code, errOut)
+		}
+	}
+	if n := countKeys(t, c.store.Status); n != statuses || routingHead(t, c) != head || len(c.instances("shop")) != 0 {
+		t.Fatalf("a refused image manifest wrote something: %d statuses (was %d)", n, statuses)
+	}
+	var rep store.StartReply
+	err := c.store.Call(context.Background(), "m1", store.CmdStartCandidate, store.StartRequest{
+		Instance: store.InstanceRecord{ID: "direct", Namespace: "shop", Service: "web"}, Spec: store.ServiceSpec{Image: "hello", ImageID: "sha256:" + strings.Repeat("0", 64)}}, &rep)
+	if se := store.AsError(err); se == nil || se.Code != store.CodeUnavailable || !strings.Contains(se.Message, "machine m1 has no container engine for image hello") {
+		t.Fatalf("start of an image on an agent without an engine: %v", err)
+	}
+	if len(c.instances("shop")) != 0 {
+		t.Fatal("a refused start left a record")
+	}
+}

@@ -583,7 +583,9 @@ func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.Start
 	}
 	h, err := a.launch(ctx, rec, req.Spec, port)
 	if err != nil {
-		return nil, store.Errorf(store.CodeInternal, "%v", err).With("instance", rec.ID)
+		// A refusal keeps its code (no engine is unavailable, not
+		// internal); anything else is internal.
+		return nil, store.AsError(err).With("instance", rec.ID)
 	}
 	now := time.Now().UTC()
 	rec.Machine, rec.Address, rec.Port = a.cfg.Machine.ID, a.cfg.Machine.Address, port
