@@ -672,14 +672,9 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout)
 	defer cancel()
-	for _, a := range r.started {
-		err := d.s.Call(ctx, a.Machine, store.CmdStopInstance, store.InstanceRequest{
-			InstanceID: a.InstanceID, Namespace: r.ns, Grace: store.Duration(d.opts.StopGrace), Forget: true,
-		}, nil)
-		if err != nil {
-			d.printf("warning: stopping candidate %s on %s: %v", a.InstanceID, a.Machine, err)
-			r.status.Cleanup = append(r.status.Cleanup, store.CleanupFailure{InstanceID: a.InstanceID, Machine: a.Machine, Error: err.Error()})
-		}
+	for _, c := range r.stopSlots(r.started) {
+		d.printf("warning: stopping candidate %s on %s: %s", c.InstanceID, c.Machine, c.Error)
+		r.status.Cleanup = append(r.status.Cleanup, c)
 	}
 	r.releaseClaims()
 	se := store.AsError(cause)
@@ -700,6 +695,16 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 	d.printf("deploy %s %s before the final commit; %d candidates stopped; nothing was routed, the previous revision keeps serving",
 		r.id, verb, len(r.started)-len(r.status.Cleanup))
 	return r.status, se
+}
+
+// stopSlots stops and forgets the instances of slots (see stopAll); the
+// stops are not cut short by the apply's own end.
+func (r *run) stopSlots(slots []SlotAction) []store.CleanupFailure {
+	recs := make([]*store.InstanceRecord, len(slots))
+	for i, a := range slots {
+		recs[i] = &store.InstanceRecord{ID: a.InstanceID, Namespace: r.ns, Service: a.Service, Machine: a.Machine}
+	}
+	return r.d.stopAll(context.Background(), r.ns, recs)
 }
 
 func (r *run) finalCommit() *store.DeployCommit {
@@ -748,25 +753,7 @@ func (r *run) drainOld(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout)
-	defer cancel()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	for _, a := range stops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := d.s.Call(sctx, a.Machine, store.CmdStopInstance, store.InstanceRequest{
-				InstanceID: a.InstanceID, Namespace: r.ns, Grace: store.Duration(d.opts.StopGrace), Forget: true,
-			}, nil)
-			if err != nil {
-				mu.Lock()
-				r.status.Cleanup = append(r.status.Cleanup, store.CleanupFailure{InstanceID: a.InstanceID, Machine: a.Machine, Error: err.Error()})
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	r.status.Cleanup = append(r.status.Cleanup, r.stopSlots(stops)...)
 	detail := fmt.Sprintf("%d stopped", len(stops)-len(r.status.Cleanup))
 	if n := len(r.status.Cleanup); n > 0 {
 		detail += fmt.Sprintf(", %d cleanup failures (recoverable; retried by the next apply)", n)
