@@ -40,6 +40,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
 	metrics := fs.String("metrics-listen", "", "serve Prometheus metrics (edgeplane_fleet_*) on this address's /metrics; empty: off")
+	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much)")
 	cf := addClusterFlags(fs)
 	lf := addLogFlags(fs)
 	return func(c *call) error {
@@ -64,6 +65,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			withAgent: *withAgent, machine: *machine, advertise: *advertise,
 			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshCooldown: *meshCooldown, meshSubnet: *meshSubnet,
 			metricsListen: *metrics,
+			statusFlush:   *statusFlush,
 		})
 	}
 }
@@ -82,6 +84,7 @@ type serverConfig struct {
 	meshCooldown              time.Duration
 	meshSubnet                string
 	metricsListen             string
+	statusFlush               time.Duration
 }
 
 // runServer runs the control plane until ctx ends. Progress a person
@@ -148,27 +151,16 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 		defer wg.Done()
 		runCompleter(ctx, s, stdout, logger)
 	}()
-	// The fleet at a glance (control status), flushed at most once a
-	// second per namespace.
-	agg, err := fleet.New(s, fleet.Config{Logger: logger.Named("fleet")})
+	// The fleet at a glance (control status), each namespace written at
+	// most once per --status-flush, by one control server at a time.
+	agg, err := fleet.New(s, fleet.Config{FlushEvery: cfg.statusFlush, Logger: logger.Named("fleet")})
 	if err != nil {
 		return err
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for {
-			err := agg.Run(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			logger.Warn("fleet status stopped; starting again", zap.Error(err))
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(2 * time.Second):
-			}
-		}
+		agg.RunElected(ctx, store.DefaultHolder())
 	}()
 	if cfg.metricsListen != "" {
 		reg := prometheus.NewRegistry()

@@ -55,7 +55,12 @@ type NamespaceStatus struct {
 	MachinesTrimmed bool `json:"machines_trimmed,omitempty"`
 	// LastErrors is the latest error an instance recorded, by machine.
 	LastErrors map[string]string `json:"last_errors,omitempty"`
-	UpdatedAt  time.Time         `json:"updated_at"`
+	// Revision is the instance records' stream sequence the counts are
+	// complete up to: every instance record write at or below it is
+	// counted. A reader that wrote a record at revision R sees its effect
+	// in the first summary with Revision >= R.
+	Revision  uint64    `json:"revision,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func (r *NamespaceStatus) version() int { return r.Version }

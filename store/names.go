@@ -231,6 +231,10 @@ func AcmeAccountLockKey(issuerURL string) string {
 }
 func SubnetLockKey(subnet string) string { return "cp.lock.subnet." + KeySafe(subnet) }
 
+// FleetStatusLockKey is held by the one control server whose aggregator
+// writes the fleet status; the others stand by.
+const FleetStatusLockKey = "cp.lock.fleet_status"
+
 // KeySafe encodes s reversibly into characters a KV key and a subject token
 // sequence accept. Letters, digits, '-' and '.' pass through (a '.' that would
 // leave an empty token is escaped); every other byte, including '_', becomes

@@ -5,17 +5,18 @@
 // instance records and machine heartbeats with KV watches (their initial
 // values rebuild it at start), marks the namespaces that changed, and
 // writes their summaries at a bounded rate (seed 003: a dirty set flushed
-// at 1 Hz) to the fleet status bucket, which `control status` and `control
+// at 1 Hz; here every half second by default) to the fleet status bucket, which `control status` and `control
 // deploy status` read.
 package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,12 +26,19 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
+// DefaultFlushEvery is how often changed summaries are written unless
+// told otherwise. Seed 003 flushes at 1 Hz; half a second keeps the lag a
+// reader sees (up to one interval, plus the write) within a second.
+const DefaultFlushEvery = 500 * time.Millisecond
+
 // Config tunes an Aggregator.
 type Config struct {
 	// FlushEvery bounds how often a namespace's summary is written;
-	// default 1s.
+	// default DefaultFlushEvery.
 	FlushEvery time.Duration
-	Logger     *zap.Logger
+	// LeaseTTL is RunElected's lease; default DefaultLeaseTTL.
+	LeaseTTL time.Duration
+	Logger   *zap.Logger
 }
 
 // Aggregator follows the store and writes namespace summaries.
@@ -40,36 +48,54 @@ type Aggregator struct {
 	cfg Config
 	log *zap.Logger
 
-	mu    sync.Mutex
-	insts map[string]store.InstanceRecord // by KV key
-	beats map[string]store.MachineBeat
+	mu sync.Mutex
+	// byNS holds the instance records by namespace and KV key, so that a
+	// namespace's summary costs its own instances, not the fleet's.
+	byNS map[string]map[string]*store.InstanceRecord
+	// nsOf is each KV key's namespace, for updates and deletes.
+	nsOf map[string]string
+	// onMachine counts each machine's instances by namespace, so that a
+	// machine going stale marks only its namespaces dirty.
+	onMachine map[string]map[string]int
+	beats     map[string]store.MachineBeat
 	// live is each machine's liveness at the last look, to notice it
 	// change with time alone.
-	live  map[string]string
-	dirty map[string]bool
+	live map[string]string
+	// rev is the last instance record revision taken in.
+	rev   uint64
+	dirty map[string]time.Time // namespace → its oldest unflushed change
 	// flushed is what was last written, for metrics.
 	flushed map[string]store.NamespaceStatus
-	// lag is the time from the oldest unflushed change to its flush, last
-	// time.
+	// lastLag is the time from the oldest change in the last flush to
+	// that flush.
 	lastLag time.Duration
-	since   map[string]time.Time
+	// leading is set while RunElected holds the lease.
+	leading atomic.Bool
 }
 
 // New returns an Aggregator over s writing to the fleet status bucket.
 func New(s *store.Store, cfg Config) (*Aggregator, error) {
 	if cfg.FlushEvery <= 0 {
-		cfg.FlushEvery = time.Second
+		cfg.FlushEvery = DefaultFlushEvery
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
 	return &Aggregator{s: s, kv: s.FleetStatus, cfg: cfg, log: cfg.Logger,
-		insts: map[string]store.InstanceRecord{}, beats: map[string]store.MachineBeat{}, live: map[string]string{},
-		dirty: map[string]bool{}, flushed: map[string]store.NamespaceStatus{}, since: map[string]time.Time{}}, nil
+		byNS: map[string]map[string]*store.InstanceRecord{}, nsOf: map[string]string{}, onMachine: map[string]map[string]int{},
+		beats: map[string]store.MachineBeat{}, live: map[string]string{},
+		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{}}, nil
 }
 
-// Run follows the store until ctx ends or a watch fails.
+// Run follows the store until ctx ends or a watch fails. Run again after
+// a failure, it rebuilds what it holds from the store: the watches'
+// initial values are the store as it is now, so nothing changed or
+// deleted while it was away is missed.
 func (a *Aggregator) Run(ctx context.Context) error {
+	a.reset()
 	iw, err := a.s.Instances.WatchAll(ctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("watching instance records: %w", err))
@@ -82,25 +108,41 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	defer func() { _ = bw.Stop() }()
 	t := time.NewTicker(a.cfg.FlushEvery)
 	defer t.Stop()
+	// Nothing is written until both watches have delivered the store as
+	// it is: a summary of half the records would be a wrong one.
+	var instancesLoaded, beatsLoaded bool
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case ent, ok := <-iw.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return store.Errorf(store.CodeUnavailable, "instance record watch ended")
 			}
-			if ent != nil {
+			if ent == nil {
+				instancesLoaded = true
+			} else {
 				a.instance(ent)
 			}
 		case ent, ok := <-bw.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return store.Errorf(store.CodeUnavailable, "heartbeat watch ended")
 			}
-			if ent != nil {
+			if ent == nil {
+				beatsLoaded = true
+			} else {
 				a.beat(ent)
 			}
 		case <-t.C:
+			if !instancesLoaded || !beatsLoaded {
+				continue
+			}
 			a.ageBeats()
 			if err := a.flush(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn("writing fleet status", zap.Error(err))
@@ -109,27 +151,77 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 }
 
-func (a *Aggregator) touch(ns string) {
-	a.dirty[ns] = true
-	if _, ok := a.since[ns]; !ok {
-		a.since[ns] = time.Now()
+func (a *Aggregator) reset() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	for ns := range a.byNS {
+		a.touch(ns, now)
+	}
+	for ns := range a.flushed {
+		a.touch(ns, now)
+	}
+	clear(a.byNS)
+	clear(a.nsOf)
+	clear(a.onMachine)
+	clear(a.beats)
+	clear(a.live)
+}
+
+func (a *Aggregator) touch(ns string, at time.Time) {
+	if _, ok := a.dirty[ns]; !ok {
+		a.dirty[ns] = at
 	}
 }
 
 func (a *Aggregator) instance(ent jetstream.KeyValueEntry) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := time.Now()
 	key := ent.Key()
-	if old, ok := a.insts[key]; ok {
-		a.touch(old.Namespace)
+	a.rev = max(a.rev, ent.Revision())
+	if ns, ok := a.nsOf[key]; ok {
+		old := a.byNS[ns][key]
+		a.forget(ns, key, old.Machine)
+		a.touch(ns, now)
 	}
 	var rec store.InstanceRecord
 	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.Instances.Bucket(), key, ent.Value(), &rec) != nil {
-		delete(a.insts, key)
 		return
 	}
-	a.insts[key] = rec
-	a.touch(rec.Namespace)
+	insts := a.byNS[rec.Namespace]
+	if insts == nil {
+		insts = map[string]*store.InstanceRecord{}
+		a.byNS[rec.Namespace] = insts
+	}
+	insts[key] = &rec
+	a.nsOf[key] = rec.Namespace
+	m := a.onMachine[rec.Machine]
+	if m == nil {
+		m = map[string]int{}
+		a.onMachine[rec.Machine] = m
+	}
+	m[rec.Namespace]++
+	a.touch(rec.Namespace, now)
+}
+
+// forget drops the record under key; a.mu is held.
+func (a *Aggregator) forget(ns, key, machine string) {
+	delete(a.nsOf, key)
+	if insts := a.byNS[ns]; insts != nil {
+		delete(insts, key)
+		if len(insts) == 0 {
+			delete(a.byNS, ns)
+		}
+	}
+	if m := a.onMachine[machine]; m != nil {
+		if m[ns]--; m[ns] <= 0 {
+			delete(m, ns)
+		}
+		if len(m) == 0 {
+			delete(a.onMachine, machine)
+		}
+	}
 }
 
 func (a *Aggregator) beat(ent jetstream.KeyValueEntry) {
@@ -141,55 +233,52 @@ func (a *Aggregator) beat(ent jetstream.KeyValueEntry) {
 	} else {
 		a.beats[b.Machine] = b
 	}
-	a.machineChanged(ent.Key())
+	a.machineChanged(ent.Key(), time.Now())
 }
 
 // ageBeats notices machines whose liveness changed with time alone.
 func (a *Aggregator) ageBeats() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := time.Now()
 	for m := range a.beats {
-		a.machineChanged(m)
+		a.machineChanged(m, now)
 	}
 }
 
 // machineChanged marks the namespaces with instances on m dirty if m's
 // liveness changed; a.mu is held.
-func (a *Aggregator) machineChanged(m string) {
-	var now string
-	if b, ok := a.beats[m]; ok {
-		now = b.Liveness(time.Now())
-	} else {
-		now = store.MachineNeverSeen
-	}
-	if a.live[m] == now {
+func (a *Aggregator) machineChanged(m string, now time.Time) {
+	l := liveness(a.beats, m, now)
+	if a.live[m] == l {
 		return
 	}
-	a.live[m] = now
-	for _, rec := range a.insts {
-		if rec.Machine == m {
-			a.touch(rec.Namespace)
-		}
+	a.live[m] = l
+	for ns := range a.onMachine[m] {
+		a.touch(ns, now)
 	}
 }
 
-// stale says whether instances on m count as stale; a machine that never
-// beat (an older agent) is taken at its records' word.
-func (a *Aggregator) stale(m string) bool {
-	l := a.live[m]
-	return l == store.MachineStale || l == store.MachineOffline
+func liveness(beats map[string]store.MachineBeat, m string, now time.Time) string {
+	if b, ok := beats[m]; ok {
+		return b.Liveness(now)
+	}
+	return store.MachineNeverSeen
 }
 
-// Summary computes ns's summary from what the aggregator holds.
+// isStale says whether instances on a machine of liveness l count as
+// stale; a machine that never beat (an older agent) is taken at its
+// records' word.
+func isStale(l string) bool { return l == store.MachineStale || l == store.MachineOffline }
+
+// summary computes ns's summary from what the aggregator holds; a.mu is
+// held.
 func (a *Aggregator) summary(ns string) store.NamespaceStatus {
 	st := store.NamespaceStatus{Version: store.RecordVersion, Namespace: ns, Deploys: map[string]store.Counts{}, Machines: map[string]store.Counts{},
-		LastErrors: map[string]string{}, UpdatedAt: time.Now().UTC()}
+		LastErrors: map[string]string{}, Revision: a.rev, UpdatedAt: time.Now().UTC()}
 	lastErrAt := map[string]time.Time{}
-	for _, rec := range a.insts {
-		if rec.Namespace != ns {
-			continue
-		}
-		stale := a.stale(rec.Machine)
+	for _, rec := range a.byNS[ns] {
+		stale := isStale(a.live[rec.Machine])
 		st.Counts.Add(rec.State, stale)
 		d := st.Deploys[rec.DeployID]
 		d.Add(rec.State, stale)
@@ -216,55 +305,189 @@ func (a *Aggregator) summary(ns string) store.NamespaceStatus {
 // full.
 const maxMachinesListed = 500
 
+// flushWriters is how many summaries are written at once: a flush after a
+// fleet-wide change writes one per namespace, and one at a time would
+// take a round trip each.
+const flushWriters = 16
+
 // flush writes the summaries of the namespaces that changed.
 func (a *Aggregator) flush(ctx context.Context) error {
 	a.mu.Lock()
-	var out []store.NamespaceStatus
+	out := make([]store.NamespaceStatus, 0, len(a.dirty))
 	var oldest time.Time
-	for _, ns := range slices.Sorted(maps.Keys(a.dirty)) {
+	for ns, since := range a.dirty {
 		out = append(out, a.summary(ns))
-		if t := a.since[ns]; oldest.IsZero() || t.Before(oldest) {
-			oldest = t
+		if oldest.IsZero() || since.Before(oldest) {
+			oldest = since
 		}
 	}
-	a.dirty, a.since = map[string]bool{}, map[string]time.Time{}
+	dirty := a.dirty
+	a.dirty = map[string]time.Time{}
 	a.mu.Unlock()
-	var errs []string
+
+	errs := make([]error, len(out))
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range min(flushWriters, len(out)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				errs[i] = a.write(ctx, &out[i])
+			}
+		}()
+	}
+	for i := range out {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+
+	var msgs []string
+	a.mu.Lock()
 	for i := range out {
 		st := &out[i]
-		var err error
-		if st.Counts.Total() == 0 {
-			err = a.kv.Delete(ctx, st.Namespace)
-			if err == jetstream.ErrKeyNotFound {
-				err = nil
-			}
-		} else {
-			_, err = store.PutJSON(ctx, a.kv, st.Namespace, st)
-		}
-		if err != nil {
-			errs = append(errs, err.Error())
-			a.mu.Lock()
-			a.touch(st.Namespace) // written next time
-			a.mu.Unlock()
-			continue
-		}
-		a.mu.Lock()
-		if st.Counts.Total() == 0 {
+		switch {
+		case errs[i] != nil:
+			msgs = append(msgs, errs[i].Error())
+			a.touch(st.Namespace, dirty[st.Namespace]) // written next time
+		case st.Counts.Total() == 0:
 			delete(a.flushed, st.Namespace)
-		} else {
+		default:
 			a.flushed[st.Namespace] = *st
 		}
-		a.mu.Unlock()
 	}
 	if !oldest.IsZero() {
-		a.mu.Lock()
 		a.lastLag = time.Since(oldest)
-		a.mu.Unlock()
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	a.mu.Unlock()
+	if len(msgs) > 0 {
+		slices.Sort(msgs)
+		return fmt.Errorf("%s", strings.Join(msgs, "; "))
 	}
 	return nil
+}
+
+// write stores one summary, or deletes it once the namespace has no
+// instances left.
+func (a *Aggregator) write(ctx context.Context, st *store.NamespaceStatus) error {
+	if st.Counts.Total() == 0 {
+		if err := a.kv.Delete(ctx, st.Namespace); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("deleting the summary of %s: %w", st.Namespace, err)
+		}
+		return nil
+	}
+	_, err := store.PutJSON(ctx, a.kv, st.Namespace, st)
+	return err
+}
+
+// DefaultLeaseTTL is how long a control server that stopped keeps the
+// fleet status to itself before another takes over.
+const DefaultLeaseTTL = 10 * time.Second
+
+// RunElected runs the aggregator while this process holds the fleet
+// status lease (store.FleetStatusLockKey), and stands by while another
+// control server holds it: one writer, however many control servers, and
+// a standby takes over within the lease's TTL of the holder stopping. It returns
+// when ctx ends.
+func (a *Aggregator) RunElected(ctx context.Context, holder string) {
+	wait := func(d time.Duration) bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	for ctx.Err() == nil {
+		l, err := a.s.AcquireLease(ctx, store.FleetStatusLockKey, store.LeaseOptions{TTL: a.cfg.LeaseTTL, Holder: holder,
+			Purpose: "fleet status", KeepAlive: true})
+		if err != nil {
+			if !store.HasCode(err, store.CodeBusy) && ctx.Err() == nil {
+				a.log.Warn("taking the fleet status lease", zap.Error(err))
+			}
+			a.leading.Store(false)
+			if !wait(a.cfg.LeaseTTL / 3) {
+				return
+			}
+			continue
+		}
+		a.leading.Store(true)
+		a.log.Info("writing the fleet status", zap.String("holder", holder))
+		err = a.runWhile(ctx, l)
+		a.leading.Store(false)
+		a.mu.Lock()
+		clear(a.flushed) // the next writer's now
+		a.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = l.Release(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("fleet status stopped; starting again", zap.Error(err))
+		if !wait(2 * time.Second) {
+			return
+		}
+	}
+}
+
+// runWhile runs the aggregator until ctx ends, it fails, or l is lost.
+func (a *Aggregator) runWhile(ctx context.Context, l *store.Lease) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := l.Lost(); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		}
+	}()
+	err := a.Run(ctx)
+	if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {
+		return cause
+	}
+	return err
+}
+
+// Writing says whether this aggregator writes the fleet status now (it
+// holds the lease).
+func (a *Aggregator) Writing() bool { return a.leading.Load() }
+
+// Pending is how many namespaces have changes not yet written.
+func (a *Aggregator) Pending() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.dirty)
+}
+
+// Recount computes every namespace's counts afresh from the instance
+// records and heartbeats in the store, judged at now as the aggregator
+// judges them: what its summaries must equal once it has caught up.
+func Recount(ctx context.Context, s *store.Store, now time.Time) (map[string]store.Counts, error) {
+	beats := map[string]store.MachineBeat{}
+	if err := store.ListJSON(ctx, s, s.MachineBeats, ">", func(_ string, b *store.MachineBeat) error {
+		beats[b.Machine] = *b
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := map[string]store.Counts{}
+	err := store.ListJSON(ctx, s, s.Instances, ">", func(_ string, rec *store.InstanceRecord) error {
+		c := out[rec.Namespace]
+		c.Add(rec.State, isStale(liveness(beats, rec.Machine, now)))
+		out[rec.Namespace] = c
+		return nil
+	})
+	return out, err
 }
 
 // Read returns every namespace summary in the store, by namespace.
@@ -280,13 +503,15 @@ func Read(ctx context.Context, s *store.Store) (map[string]store.NamespaceStatus
 var (
 	instancesDesc = prometheus.NewDesc("edgeplane_fleet_instances", "Instances per namespace and state, as last flushed (stale: on a machine whose heartbeat is stale or offline).",
 		[]string{"namespace", "state"}, nil)
-	lagDesc = prometheus.NewDesc("edgeplane_fleet_status_lag_seconds", "From the oldest change in the last flush to that flush.", nil, nil)
+	lagDesc    = prometheus.NewDesc("edgeplane_fleet_status_lag_seconds", "From the oldest change in the last flush to that flush.", nil, nil)
+	leaderDesc = prometheus.NewDesc("edgeplane_fleet_status_writer", "1 while this control server writes the fleet status, 0 while it stands by.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (a *Aggregator) Describe(ch chan<- *prometheus.Desc) {
 	ch <- instancesDesc
 	ch <- lagDesc
+	ch <- leaderDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -301,4 +526,9 @@ func (a *Aggregator) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, a.lastLag.Seconds())
+	leading := 0.0
+	if a.leading.Load() {
+		leading = 1
+	}
+	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leading)
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,6 +29,10 @@ type Config struct {
 	Beat time.Duration
 	// Address is where simulated instances claim to listen.
 	Address string
+	// Dial, if set, opens the store each simulated agent serves and
+	// writes on: its own connection, with its machine's agent credentials
+	// (Dialer.Agent). Unset, every agent shares the store Start is given.
+	Dial func(ctx context.Context, machine string) (*store.Store, error)
 }
 
 // Fleet is a running simulated fleet.
@@ -35,15 +40,20 @@ type Fleet struct {
 	s   *store.Store
 	cfg Config
 	IDs []string
+	// agents is each machine's store (s itself without Config.Dial).
+	agents map[string]*store.Store
 
 	mu    sync.Mutex
 	insts map[string]map[string]store.InstanceRecord // by machine, by instance ID
-	stops []func()
-	wg    sync.WaitGroup
+	// placed are the instances Place wrote (machine, instance ID): what
+	// Churn changes. Applies' instances are left to the applies.
+	placed [][2]string
+	stops  []func()
+	wg     sync.WaitGroup
 }
 
-// Start records the machines (as admission would) and starts their
-// simulated agents on s's connection until ctx ends or Stop. One
+// Start records the machines (as admission would, on s) and starts their
+// simulated agents until ctx ends or Stop. Without Config.Dial one
 // connection carries every agent: the server routes each machine's
 // subject to its handler all the same.
 func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
@@ -59,56 +69,127 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 	if cfg.Address == "" {
 		cfg.Address = "127.0.0.1"
 	}
-	f := &Fleet{s: s, cfg: cfg, insts: map[string]map[string]store.InstanceRecord{}}
-	now := time.Now().UTC()
+	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, insts: map[string]map[string]store.InstanceRecord{}}
 	for i := range cfg.Machines {
 		id := fmt.Sprintf("%s%05d", cfg.Prefix, i)
 		f.IDs = append(f.IDs, id)
 		f.insts[id] = map[string]store.InstanceRecord{}
+	}
+	now := time.Now().UTC()
+	runCtx := ctx // the agents' own, beyond starting them
+	err := parallel(ctx, f.IDs, func(ctx context.Context, id string) error {
 		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cfg.Address, JoinedAt: now, UpdatedAt: now}
 		if _, err := store.PutJSON(ctx, s.Machines, id, &rec); err != nil {
-			f.Stop()
-			return nil, fmt.Errorf("recording simulated machine %s: %w", id, err)
+			return fmt.Errorf("recording simulated machine %s: %w", id, err)
 		}
-		stop, err := store.Serve(ctx, s.NC, s.Names.NodeListenSubject(id), s.Names.NodeQueueGroup(id), "node."+id,
+		as := s
+		if cfg.Dial != nil {
+			var err error
+			if as, err = cfg.Dial(ctx, id); err != nil {
+				return err
+			}
+			f.onStop(as.NC.Close)
+		}
+		f.mu.Lock()
+		f.agents[id] = as
+		f.mu.Unlock()
+		stop, err := store.Serve(runCtx, as.NC, as.Names.NodeListenSubject(id), as.Names.NodeQueueGroup(id), "node."+id,
 			func(ctx context.Context, command string, data []byte) (any, error) {
 				return f.handle(ctx, id, command, data)
 			})
 		if err != nil {
-			f.Stop()
-			return nil, err
+			return err
 		}
-		f.stops = append(f.stops, stop)
-		if err := f.writeObservations(ctx, id); err != nil {
-			f.Stop()
-			return nil, err
-		}
+		f.onStop(stop)
+		return f.writeObservations(ctx, id)
+	})
+	if err != nil {
+		f.Stop()
+		return nil, err
 	}
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		t := time.NewTicker(cfg.Beat)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			for _, id := range f.IDs {
-				_ = s.PutMachineBeat(ctx, id, cfg.Beat)
-			}
-		}
+		f.beat(ctx)
 	}()
 	return f, nil
 }
 
+// beat writes every machine's heartbeat each interval, spread evenly over
+// it as a fleet's beats are.
+func (f *Fleet) beat(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	start, next := time.Now(), 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			due := int(float64(now.Sub(start)) / float64(f.cfg.Beat) * float64(len(f.IDs)))
+			for ; next < due && ctx.Err() == nil; next++ {
+				id := f.IDs[next%len(f.IDs)]
+				_ = f.agent(id).PutMachineBeat(ctx, id, f.cfg.Beat)
+			}
+		}
+	}
+}
+
+func (f *Fleet) agent(id string) *store.Store {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.agents[id]
+}
+
+func (f *Fleet) onStop(fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stops = append(f.stops, fn)
+}
+
+// parallel runs fn for every item on a few goroutines, stopping at the
+// first error.
+func parallel[T any](ctx context.Context, items []T, fn func(context.Context, T) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	work := make(chan T)
+	var wg sync.WaitGroup
+	for range min(32, len(items)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range work {
+				if err := fn(ctx, it); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+feed:
+	for _, it := range items {
+		select {
+		case work <- it:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && err != context.Canceled {
+		return err
+	}
+	return nil
+}
+
 // Stop ends every simulated agent.
 func (f *Fleet) Stop() {
-	for _, stop := range f.stops {
+	f.mu.Lock()
+	stops := f.stops
+	f.stops = nil
+	f.mu.Unlock()
+	for _, stop := range slices.Backward(stops) {
 		stop()
 	}
-	f.stops = nil
 }
 
 // Instances counts the simulated instances running now.
@@ -123,13 +204,14 @@ func (f *Fleet) Instances() int {
 }
 
 func (f *Fleet) writeObservations(ctx context.Context, id string) error {
-	if err := f.s.PutMachineBeat(ctx, id, f.cfg.Beat); err != nil {
+	as := f.agent(id)
+	if err := as.PutMachineBeat(ctx, id, f.cfg.Beat); err != nil {
 		return err
 	}
 	f.mu.Lock()
 	n := len(f.insts[id])
 	f.mu.Unlock()
-	return f.s.PutMachineState(ctx, &store.MachineState{Machine: id, Instances: n, Free: max(0, f.cfg.Capacity-n),
+	return as.PutMachineState(ctx, &store.MachineState{Machine: id, Instances: n, Free: max(0, f.cfg.Capacity-n),
 		Capacity: f.cfg.Capacity, Drivers: []string{"process"}, ByState: map[string]int{store.InstanceReady: n}})
 }
 
@@ -150,7 +232,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 		now := time.Now().UTC()
 		rec.Version, rec.Machine, rec.Address, rec.Port = store.RecordVersion, id, f.cfg.Address, 20000+len(rec.ID)
 		rec.State, rec.Driver, rec.CreatedAt, rec.UpdatedAt = store.InstanceStarting, "sim", now, now
-		if _, err := store.PutJSON(ctx, f.s.Instances, rec.Key(), &rec); err != nil {
+		if _, err := store.PutJSON(ctx, f.agent(id).Instances, rec.Key(), &rec); err != nil {
 			return nil, err
 		}
 		f.mu.Lock()
@@ -172,7 +254,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 			return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, id)
 		}
 		rec.State, rec.UpdatedAt = store.InstanceReady, time.Now().UTC()
-		if _, err := store.PutJSON(ctx, f.s.Instances, rec.Key(), &rec); err != nil {
+		if _, err := store.PutJSON(ctx, f.agent(id).Instances, rec.Key(), &rec); err != nil {
 			return nil, err
 		}
 		f.mu.Lock()
@@ -191,7 +273,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 		delete(f.insts[id], req.InstanceID)
 		f.mu.Unlock()
 		if req.Forget {
-			_ = f.s.Instances.Delete(ctx, store.InstanceKey(req.Namespace, id, req.InstanceID))
+			_ = f.agent(id).Instances.Delete(ctx, store.InstanceKey(req.Namespace, id, req.InstanceID))
 		}
 		return nil, f.writeObservations(ctx, id)
 	case store.CmdInventory:

@@ -1,11 +1,22 @@
 // Command fleetsim runs a simulated fleet against a running control plane:
-// N machines whose agents answer the real RPCs, write real records,
-// heartbeats and machine state, and run nothing, until Ctrl-C. With it,
-// `control machine ls`, `control status` and `control deploy apply` can be
-// tried at fleet size on one box. It writes machine records directly, so it
-// needs control credentials (or none, on a loopback box).
+// N machines whose agents answer the real RPCs, write real instance
+// records, heartbeats and machine state, and run nothing. Without --rate it
+// keeps them running until Ctrl-C, so that `control machine ls`, `control
+// status` and `control deploy apply` can be tried at fleet size on one box.
+// With --rate it runs a load (issue 15's goals table) and reports: instance
+// state writes at that rate for --duration, with --gateways routing
+// projections following and --applies deploys measured to every one of
+// them.
+//
+// It writes machine records, so its own connection needs control
+// credentials (or none, on a loopback box without authentication). With
+// --auth-dir (the storage node's, holding the account keys) every
+// simulated agent and gateway connects on its own with credentials of its
+// role issued for it alone; without, they share one connection.
 //
 //	go run ./internal/fleetsim/cmd/fleetsim --machines 1000
+//	go run ./internal/fleetsim/cmd/fleetsim --auth-dir DATA/auth --machines 10000 \
+//	    --namespaces 1000 --rate 10000 --duration 60s --gateways 100 --server-pid PID
 package main
 
 import (
@@ -14,11 +25,16 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/edgeplane/edgeplane/internal/fleetsim"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 func main() {
@@ -33,6 +49,15 @@ func run(args []string) int {
 	prefix := fs.String("prefix", "sim", "machine IDs are PREFIX plus a five-digit number")
 	capacity := fs.Int("capacity", 256, "instances each machine accepts")
 	beat := fs.Duration("heartbeat", store.DefaultBeatInterval, "heartbeat interval of every simulated agent")
+	authDir := fs.String("auth-dir", "", "a storage node's auth dir: issue each simulated agent and gateway its own credentials from it")
+	namespaces := fs.Int("namespaces", 1000, "with --rate: deployments placed on the fleet")
+	perNS := fs.Int("per-namespace", 10, "with --rate: instances of each deployment")
+	rate := fs.Int("rate", 0, "run a load: instance state writes per second (0: no load, run until Ctrl-C)")
+	duration := fs.Duration("duration", time.Minute, "with --rate: how long the writes go on")
+	gateways := fs.Int("gateways", 0, "with --rate: simulated gateways (routing projections)")
+	applies := fs.Int("applies", 5, "with --rate and --gateways: applies measured to every gateway, before and during the writes")
+	signingKey := fs.String("signing-key", os.Getenv("EDGEPLANE_SIGNING_KEY"), "with --applies: signer key `FILE` the applies sign their intent with (control server writes DATA/signer.nk)")
+	serverPID := fs.Int("server-pid", 0, "with --rate: report this process's memory (the control server's) after the run")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -42,6 +67,10 @@ func run(args []string) int {
 	if *n <= 0 {
 		fmt.Fprintln(os.Stderr, "fleetsim: --machines must be positive")
 		return 2
+	}
+	if err := fleetsim.RaiseFileLimit(uint64(*n+*gateways) + 1024); err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+		return 1
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -53,8 +82,46 @@ func run(args []string) int {
 		return 1
 	}
 	defer s.NC.Close()
+	if *signingKey != "" {
+		k, err := signing.OpenKeyFile(*signingKey)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+			return 1
+		}
+		s.SignWith(k)
+	}
+	dialer, err := newDialer(s, *authDir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+		return 1
+	}
+	if dialer.Dir != "" {
+		defer os.RemoveAll(dialer.Dir)
+	}
+
+	if *rate > 0 {
+		rep, err := fleetsim.RunLoad(ctx, s, fleetsim.LoadSpec{Machines: *n, Namespaces: *namespaces, PerNamespace: *perNS,
+			Rate: *rate, Duration: *duration, Gateways: *gateways, Applies: *applies, Beat: *beat, Dialer: dialer, Log: os.Stdout})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+			return 1
+		}
+		fmt.Println(rep.Summary())
+		if *serverPID > 0 {
+			fmt.Printf("control server (pid %d): %s\n", *serverPID, memoryOf(*serverPID))
+		}
+		if rep.Lost != nil || rep.SummaryErr != nil || rep.Unseen > 0 {
+			return 1
+		}
+		return 0
+	}
+
 	start := time.Now()
-	f, err := fleetsim.Start(ctx, s, fleetsim.Config{Machines: *n, Prefix: *prefix, Capacity: *capacity, Beat: *beat})
+	sc := fleetsim.Config{Machines: *n, Prefix: *prefix, Capacity: *capacity, Beat: *beat}
+	if *authDir != "" {
+		sc.Dial = dialer.Agent
+	}
+	f, err := fleetsim.Start(ctx, s, sc)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
 		return 1
@@ -65,4 +132,42 @@ func run(args []string) int {
 	<-ctx.Done()
 	fmt.Printf("stopping; %d simulated instances were running\n", f.Instances())
 	return 0
+}
+
+// newDialer returns what opens the simulated agents' and gateways'
+// connections: with authDir, each its own with credentials issued for it;
+// without, each its own without credentials.
+func newDialer(s *store.Store, authDir string) (*fleetsim.Dialer, error) {
+	d := &fleetsim.Dialer{URLs: s.NC.ConnectedUrl(), Names: s.Names}
+	if servers := s.NC.Servers(); len(servers) > 0 {
+		d.URLs = strings.Join(servers, ",")
+	}
+	if authDir == "" {
+		return d, nil
+	}
+	auth, err := storagenode.LoadAuth(authDir, false)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", authDir, err)
+	}
+	dir, err := os.MkdirTemp("", "fleetsim-creds-")
+	if err != nil {
+		return nil, err
+	}
+	d.Auth, d.Dir = auth, dir
+	return d, nil
+}
+
+// memoryOf reads a process's resident memory now and at its peak.
+func memoryOf(pid int) string {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && (k == "VmRSS" || k == "VmHWM") {
+			out = append(out, k+" "+strings.Join(strings.Fields(v), " "))
+		}
+	}
+	return strings.Join(out, ", ")
 }

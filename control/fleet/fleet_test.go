@@ -1,0 +1,219 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/fleet"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+func startAggregator(t *testing.T, s *store.Store) *fleet.Aggregator {
+	t.Helper()
+	a, err := fleet.New(s, fleet.Config{FlushEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("aggregator: %v", err)
+		}
+	})
+	return a
+}
+
+// caughtUp waits until the summaries in the store equal want (a
+// recount), and the one of namespace ns counts writes up to rev.
+func caughtUp(t *testing.T, s *store.Store, ns string, rev uint64, want map[string]store.Counts) {
+	t.Helper()
+	var diff string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sums, err := fleet.Read(context.Background(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		diff = ""
+		if sums[ns].Revision < rev {
+			diff = fmt.Sprintf("%s summarised through revision %d, written at %d", ns, sums[ns].Revision, rev)
+		}
+		for n, c := range want {
+			if got := sums[n].Counts; got != c {
+				diff += fmt.Sprintf("; %s: summary %+v, recount %+v", n, got, c)
+			}
+		}
+		for n := range sums {
+			if _, ok := want[n]; !ok {
+				diff += fmt.Sprintf("; %s summarised without instances", n)
+			}
+		}
+		if diff == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("summaries never caught up: %s", diff)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the store, not synchronising
+	}
+}
+
+func record(ns, machine, id, state string) *store.InstanceRecord {
+	now := time.Now().UTC()
+	return &store.InstanceRecord{Version: store.RecordVersion, ID: id, Namespace: ns, Service: "web", Machine: machine,
+		DeployID: ns + "-r1", State: state, Driver: "test", CreatedAt: now, UpdatedAt: now}
+}
+
+// Concurrent writers change instance states in many namespaces while the
+// aggregator follows: once it has caught up, every summary equals a recount
+// from the store, and a summary's revision says which writes it includes.
+func TestSummariesEqualARecountAfterConcurrentWrites(t *testing.T) {
+	srv := storetest.Start(t)
+	s := srv.Store
+	ctx := context.Background()
+	a := startAggregator(t, s)
+
+	const namespaces, machines, perNS, writers, writesEach = 20, 10, 15, 8, 300
+	states := []string{store.InstanceReady, store.InstanceStarting, store.InstanceBackoff, store.InstanceFailed, store.InstanceDraining}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for range writesEach {
+				ns := fmt.Sprintf("ns%02d", r.IntN(namespaces))
+				i := r.IntN(perNS)
+				rec := record(ns, fmt.Sprintf("m%d", i%machines), fmt.Sprintf("%s-web-%d", ns, i), states[r.IntN(len(states))])
+				var err error
+				if r.IntN(10) == 0 {
+					err = s.Instances.Delete(ctx, rec.Key())
+				} else {
+					_, err = store.PutJSON(ctx, s.Instances, rec.Key(), rec)
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// A last write after all the others: a summary that includes it
+	// includes them.
+	rev, err := store.PutJSON(ctx, s.Instances, "ns00.m0.ns00-web-0", record("ns00", "m0", "ns00-web-0", store.InstanceReady))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := fleet.Recount(ctx, s, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	caughtUp(t, s, "ns00", rev, want)
+	if a.Pending() != 0 {
+		t.Errorf("%d namespaces still pending", a.Pending())
+	}
+}
+
+// Instances on a machine whose heartbeat went stale count as stale, not
+// as what their records say; a record filed under another instance's key
+// is not counted at all; a new aggregator rebuilds the same summaries
+// from the store.
+func TestStaleMachinesAndMisfiledRecords(t *testing.T) {
+	srv := storetest.Start(t)
+	s := srv.Store
+	ctx := context.Background()
+	put := func(key string, rec *store.InstanceRecord) uint64 {
+		t.Helper()
+		rev, err := store.PutJSON(ctx, s.Instances, key, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	for i, m := range []string{"m1", "m1", "m2"} {
+		rec := record("shop", m, fmt.Sprintf("shop-web-%d", i), store.InstanceReady)
+		put(rec.Key(), rec)
+	}
+	// m2's agent wrote its last beat long ago; m1 beats.
+	if err := s.PutMachineBeat(ctx, "m1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	old := &store.MachineBeat{Version: store.RecordVersion, Machine: "m2", At: time.Now().Add(-time.Hour), Interval: store.Duration(time.Second)}
+	if _, err := store.PutJSON(ctx, s.MachineBeats, "m2", old); err != nil {
+		t.Fatal(err)
+	}
+	// A record whose body names another namespace than its key.
+	rev := put("shop.m1.shop-web-9", record("other", "m1", "shop-web-9", store.InstanceFailed))
+
+	want := map[string]store.Counts{"shop": {Ready: 2, Stale: 1}}
+	startAggregator(t, s)
+	caughtUp(t, s, "shop", rev, want)
+	// A second aggregator (another control server, or this one
+	// restarted) rebuilds the same from the store.
+	startAggregator(t, s)
+	rev = put("shop.m1.shop-web-0", record("shop", "m1", "shop-web-0", store.InstanceStarting))
+	caughtUp(t, s, "shop", rev, map[string]store.Counts{"shop": {Ready: 1, Starting: 1, Stale: 1}})
+	got, err := fleet.Recount(ctx, s, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["shop"] != (store.Counts{Ready: 1, Starting: 1, Stale: 1}) || len(got) != 1 {
+		t.Fatalf("recount: %+v", got)
+	}
+}
+
+// Two control servers: one writes the fleet status, the other stands by
+// and takes over once the first stops; the summaries stay right across.
+func TestOneWriterAmongControlServers(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	aggs := make([]*fleet.Aggregator, 2)
+	cancels := make([]context.CancelFunc, 2)
+	dones := make([]chan struct{}, 2)
+	for i := range aggs {
+		var err error
+		if aggs[i], err = fleet.New(srv.Connect(t), fleet.Config{FlushEvery: 50 * time.Millisecond, LeaseTTL: time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		var rctx context.Context
+		rctx, cancels[i] = context.WithCancel(ctx)
+		dones[i] = make(chan struct{})
+		go func() {
+			defer close(dones[i])
+			aggs[i].RunElected(rctx, fmt.Sprintf("server-%d", i))
+		}()
+		t.Cleanup(func() { cancels[i](); <-dones[i] })
+	}
+	storetest.Eventually(t, 5*time.Second, "one writer", func() bool { return aggs[0].Writing() != aggs[1].Writing() })
+	writer := 0
+	if aggs[1].Writing() {
+		writer = 1
+	}
+	rec := record("shop", "m1", "shop-web-0", store.InstanceReady)
+	rev, err := store.PutJSON(ctx, srv.Store.Instances, rec.Key(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caughtUp(t, srv.Store, "shop", rev, map[string]store.Counts{"shop": {Ready: 1}})
+	if aggs[1-writer].Writing() {
+		t.Fatal("both write")
+	}
+	// The writer stops (its lease released); the other takes over.
+	cancels[writer]()
+	<-dones[writer]
+	storetest.Eventually(t, 5*time.Second, "the standby to take over", func() bool { return aggs[1-writer].Writing() })
+	rec.State = store.InstanceFailed
+	if rev, err = store.PutJSON(ctx, srv.Store.Instances, rec.Key(), rec); err != nil {
+		t.Fatal(err)
+	}
+	caughtUp(t, srv.Store, "shop", rev, map[string]store.Counts{"shop": {Failed: 1}})
+}
