@@ -161,19 +161,6 @@ func BenchmarkEventApply(b *testing.B) {
 			for p.Status().Loads == 0 {
 				time.Sleep(time.Millisecond)
 			}
-			key, err := signing.ReadKeyFile(srv.SignerFile())
-			if err != nil {
-				b.Fatal(err)
-			}
-			payloads := make([][]byte, 1000)
-			subjects := make([]string, 1000)
-			for i := range payloads {
-				ev := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: fmt.Sprintf("s%d", i),
-					Routes:    []store.Route{{Hosts: []string{fmt.Sprintf("s%d.bench.test", i)}}},
-					Endpoints: []store.Endpoint{{InstanceID: "i1", Address: "10.100.0.1", Port: 8000}, {InstanceID: "i2", Address: "10.100.0.2", Port: 8000}}}
-				payloads[i], _ = json.Marshal(&ev)
-				subjects[i] = srv.Store.Names.RoutingServiceSubject("bench", ev.Service)
-			}
 			info, err := srv.Store.Routing.Info(context.Background())
 			if err != nil {
 				b.Fatal(err)
@@ -182,33 +169,10 @@ func BenchmarkEventApply(b *testing.B) {
 			// Signed for the sequence each gets, as the control plane
 			// does, before the clock starts: what is timed is the
 			// gateway's side.
-			msgs := make([]*nats.Msg, b.N)
-			for i := range msgs {
-				seq := base + uint64(i) + 1
-				m := nats.NewMsg(subjects[i%len(subjects)])
-				m.Data = payloads[i%len(payloads)]
-				m.Header.Set(signing.Header, key.Sign(signing.Message{Subject: m.Subject, Seq: seq, Body: m.Data}))
-				msgs[i] = m
-			}
+			msgs := benchEvents(b, srv, base, b.N)
 			b.ResetTimer()
 			start := time.Now()
-			acks := make([]jetstream.PubAckFuture, 0, b.N)
-			for i, m := range msgs {
-				// In order on one connection, each expecting the last.
-				f, err := srv.Store.JS.PublishMsgAsync(m, jetstream.WithExpectLastSequence(base+uint64(i)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				acks = append(acks, f)
-			}
-			<-srv.Store.JS.PublishAsyncComplete()
-			for _, f := range acks {
-				select {
-				case <-f.Ok():
-				case err := <-f.Err():
-					b.Fatal(err)
-				}
-			}
+			publishInOrder(b, srv, base, msgs)
 			last := base + uint64(b.N)
 			for p.View().Seq < last {
 				time.Sleep(100 * time.Microsecond)
@@ -216,6 +180,158 @@ func BenchmarkEventApply(b *testing.B) {
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
 			if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 {
 				b.Fatalf("%d refused, %d bad", st.Signatures.Refused, st.BadEvents)
+			}
+		})
+	}
+}
+
+// benchEvents returns n routing events for 1000 services of namespace
+// "bench", each signed, as the control plane signs, for the sequence it
+// gets when published in order after base.
+func benchEvents(b *testing.B, srv *storetest.Server, base uint64, n int) []*nats.Msg {
+	b.Helper()
+	key, err := signing.ReadKeyFile(srv.SignerFile())
+	if err != nil {
+		b.Fatal(err)
+	}
+	payloads := make([][]byte, 1000)
+	subjects := make([]string, 1000)
+	for i := range payloads {
+		ev := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: fmt.Sprintf("s%d", i),
+			Routes:    []store.Route{{Hosts: []string{fmt.Sprintf("s%d.bench.test", i)}}},
+			Endpoints: []store.Endpoint{{InstanceID: "i1", Address: "10.100.0.1", Port: 8000}, {InstanceID: "i2", Address: "10.100.0.2", Port: 8000}}}
+		payloads[i], _ = json.Marshal(&ev)
+		subjects[i] = srv.Store.Names.RoutingServiceSubject("bench", ev.Service)
+	}
+	msgs := make([]*nats.Msg, n)
+	for i := range msgs {
+		seq := base + uint64(i) + 1
+		m := nats.NewMsg(subjects[i%len(subjects)])
+		m.Data = payloads[i%len(payloads)]
+		m.Header.Set(signing.Header, key.Sign(signing.Message{Subject: m.Subject, Seq: seq, Body: m.Data}))
+		msgs[i] = m
+	}
+	return msgs
+}
+
+// publishInOrder publishes msgs on one connection, each expecting the last
+// sequence before it, and waits for every acknowledgement.
+func publishInOrder(b *testing.B, srv *storetest.Server, base uint64, msgs []*nats.Msg) {
+	b.Helper()
+	acks := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for i, m := range msgs {
+		f, err := srv.Store.JS.PublishMsgAsync(m, jetstream.WithExpectLastSequence(base+uint64(i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		acks = append(acks, f)
+	}
+	<-srv.Store.JS.PublishAsyncComplete()
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEventCatchUp measures the gateway's side alone: routing events
+// already stored (signed beforehand), read with direct gets from the
+// applied sequence, verified and swapped into the view, 4000 at a time, as
+// a gateway does when it is behind the stream. The unsigned sub-benchmark
+// applies the same events without checking signatures.
+func BenchmarkEventCatchUp(b *testing.B) {
+	for _, verify := range []bool{true, false} {
+		name := "signed"
+		if !verify {
+			name = "unsigned"
+		}
+		b.Run(name, func(b *testing.B) {
+			srv := storetest.Start(b)
+			st := srv.Connect(b)
+			p, err := projection.New(projection.Config{Store: st})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !verify {
+				projection.Unverified(p)
+			}
+			catchUp, err := projection.Loaded(context.Background(), p, st)
+			if err != nil {
+				b.Fatal(err)
+			}
+			first := p.View().Seq
+			msgs := benchEvents(b, srv, first, b.N)
+			b.ResetTimer()
+			var took time.Duration
+			// The stream keeps the last 4 events of each of the 1000
+			// subjects: publish 4000 at a time (not timed), then catch up.
+			for done := 0; done < b.N; {
+				chunk := msgs[done:min(done+4000, b.N)]
+				base := first + uint64(done)
+				b.StopTimer()
+				publishInOrder(b, srv, base, chunk)
+				b.StartTimer()
+				start := time.Now()
+				if err := catchUp(); err != nil {
+					b.Fatal(err)
+				}
+				took += time.Since(start)
+				done += len(chunk)
+				if got, want := p.View().Seq, first+uint64(done); got != want {
+					b.Fatalf("applied %d, want %d", got, want)
+				}
+			}
+			b.ReportMetric(float64(b.N)/took.Seconds(), "events/s")
+			if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 || st.EventsApplied != uint64(b.N) {
+				b.Fatalf("%d applied, %d refused, %d bad", st.EventsApplied, st.Signatures.Refused, st.BadEvents)
+			}
+		})
+	}
+}
+
+// BenchmarkEventVerifyApply measures the projection's own work per routing
+// event, without NATS: events as read from the stream (signed for their
+// sequences), verified, decoded and applied in the batches a catch-up
+// applies, with 1000 services in the view.
+func BenchmarkEventVerifyApply(b *testing.B) {
+	for _, verify := range []bool{true, false} {
+		name := "signed"
+		if !verify {
+			name = "unsigned"
+		}
+		b.Run(name, func(b *testing.B) {
+			srv := storetest.Start(b)
+			st := srv.Connect(b)
+			p, err := projection.New(projection.Config{Store: st})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !verify {
+				projection.Unverified(p)
+			}
+			if _, err := projection.Loaded(context.Background(), p, st); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := st.LoadSigners(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+			first := p.View().Seq
+			stored := make([]*store.StoredMsg, b.N)
+			now := time.Now()
+			for i, m := range benchEvents(b, srv, first, b.N) {
+				stored[i] = &store.StoredMsg{Subject: m.Subject, Seq: first + uint64(i) + 1, Time: now, Header: m.Header, Data: m.Data}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			if err := projection.ApplyStored(context.Background(), p, st, stored); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+			if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 || st.EventsApplied != uint64(b.N) {
+				b.Fatalf("%d applied, %d refused, %d bad", st.EventsApplied, st.Signatures.Refused, st.BadEvents)
 			}
 		})
 	}

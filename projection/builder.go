@@ -2,6 +2,7 @@ package projection
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"time"
@@ -24,12 +25,15 @@ func newBuilder(base *View) *builder {
 	return b
 }
 
-func cowShard[V any](s *shards[V], own *[nShards]bool, key string, sizeHint int) map[string]V {
+func cowShard[V any](s *shards[V], own *[nShards]bool, key string) map[string]V {
 	i := shardOf(key)
 	if !own[i] {
-		m := make(map[string]V, max(len(s[i])+1, sizeHint))
-		for k, v := range s[i] {
-			m[k] = v
+		// Clone copies the table as it is, without hashing every key
+		// again: a batch that touches every shard costs a copy of the
+		// index, not its rebuild.
+		m := maps.Clone(s[i])
+		if m == nil {
+			m = map[string]V{}
 		}
 		s[i] = m
 		own[i] = true
@@ -74,7 +78,7 @@ func (b *builder) upsertService(ev *store.RoutingEvent) {
 	}
 	key := s.Key()
 	b.removeService(key)
-	cowShard(&b.v.services, &b.ownSvc, key, 0)[key] = s
+	cowShard(&b.v.services, &b.ownSvc, key)[key] = s
 	b.v.numServices++
 	b.v.numEndpoints += len(s.Endpoints)
 	for _, hp := range routeEntries(s) {
@@ -92,7 +96,7 @@ func (b *builder) removeService(key string) {
 	if !ok {
 		return
 	}
-	delete(cowShard(&b.v.services, &b.ownSvc, key, 0), key)
+	delete(cowShard(&b.v.services, &b.ownSvc, key), key)
 	b.v.numServices--
 	b.v.numEndpoints -= len(old.Endpoints)
 	for _, hp := range routeEntries(old) {
@@ -106,7 +110,7 @@ func (b *builder) removeService(key string) {
 }
 
 func (b *builder) addHost(idx *shards[[]hostRoute], own *[nShards]bool, host string, r hostRoute) {
-	m := cowShard(idx, own, host, 0)
+	m := cowShard(idx, own, host)
 	old := m[host]
 	rs := make([]hostRoute, 0, len(old)+1)
 	for _, o := range old {
@@ -145,7 +149,7 @@ func (b *builder) dropHost(idx *shards[[]hostRoute], own *[nShards]bool, host st
 	if !ok {
 		return
 	}
-	m := cowShard(idx, own, host, 0)
+	m := cowShard(idx, own, host)
 	rs := make([]hostRoute, 0, len(cur))
 	for _, r := range cur {
 		if r.Service != svc {
@@ -163,7 +167,7 @@ func (b *builder) upsertMachine(m store.MachineRecord) {
 	if _, ok := b.v.machines.get(m.ID); !ok {
 		b.v.numMachines++
 	}
-	cowShard(&b.v.machines, &b.ownMachs, m.ID, 0)[m.ID] = m
+	cowShard(&b.v.machines, &b.ownMachs, m.ID)[m.ID] = m
 	b.changed = true
 }
 
@@ -171,7 +175,7 @@ func (b *builder) removeMachine(id string) {
 	if _, ok := b.v.machines.get(id); !ok {
 		return
 	}
-	delete(cowShard(&b.v.machines, &b.ownMachs, id, 0), id)
+	delete(cowShard(&b.v.machines, &b.ownMachs, id), id)
 	b.v.numMachines--
 	b.changed = true
 }

@@ -1,6 +1,10 @@
 package projection
 
-import "github.com/edgeplane/edgeplane/store"
+import (
+	"context"
+
+	"github.com/edgeplane/edgeplane/store"
+)
 
 // BuildView builds a view from events, for tests outside the package.
 func BuildView(evs []store.RoutingEvent) (*View, error) {
@@ -24,4 +28,30 @@ func Rebuilt(v *View) *View {
 	c := *v
 	c.lists = new(lazyLists)
 	return &c
+}
+
+// Loaded loads p from st as a session does, without following the stream,
+// and returns what reads and applies every event stored since: a gateway
+// catching up. For BenchmarkEventCatchUp.
+func Loaded(ctx context.Context, p *Projection, st *store.Store) (catchUp func() error, err error) {
+	created, err := p.load(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return p.catchUp(ctx, st, created) }, nil
+}
+
+// ApplyStored verifies and applies msgs as read from the stream, in the
+// batches a catch-up applies, without reading them: the projection's own
+// work per event. For BenchmarkEventVerifyApply.
+func ApplyStored(ctx context.Context, p *Projection, st *store.Store, msgs []*store.StoredMsg) error {
+	created := p.View().StreamCreated
+	for len(msgs) > 0 {
+		n := min(len(msgs), maxBatch)
+		if err := p.applyBatch(ctx, st, msgs[:n], created, false); err != nil {
+			return err
+		}
+		msgs = msgs[n:]
+	}
+	return nil
 }
