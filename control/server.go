@@ -40,7 +40,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
 	metrics := fs.String("metrics-listen", "", "serve Prometheus metrics (edgeplane_fleet_*) on this address's /metrics; empty: off")
-	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much)")
+	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much); 0: this server never writes it (another control server does)")
 	cf := addClusterFlags(fs)
 	lf := addLogFlags(fs)
 	return func(c *call) error {
@@ -153,18 +153,22 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 	}()
 	// The fleet at a glance (control status), each namespace written at
 	// most once per --status-flush, by one control server at a time.
-	agg, err := fleet.New(s, fleet.Config{FlushEvery: cfg.statusFlush, Logger: logger.Named("fleet")})
-	if err != nil {
-		return err
+	var agg *fleet.Aggregator
+	if cfg.statusFlush > 0 {
+		if agg, err = fleet.New(s, fleet.Config{FlushEvery: cfg.statusFlush, Logger: logger.Named("fleet")}); err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			agg.RunElected(ctx, store.DefaultHolder())
+		}()
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		agg.RunElected(ctx, store.DefaultHolder())
-	}()
 	if cfg.metricsListen != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(agg)
+		if agg != nil {
+			reg.MustRegister(agg)
+		}
 		stop, err := serveMetrics(ctx, cfg.metricsListen, reg)
 		if err != nil {
 			return err

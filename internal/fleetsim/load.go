@@ -284,8 +284,13 @@ type LagMeter struct {
 	// seen are the latest summaries seen of each namespace, for a write
 	// noted after the summary that counts it arrived.
 	seen map[string][]seenSummary
-	lags []time.Duration
+	lags []lagSample
 	stop func()
+}
+
+type lagSample struct {
+	sent time.Time
+	lag  time.Duration
 }
 
 type seenSummary struct {
@@ -324,7 +329,7 @@ func (m *LagMeter) Wrote(w Write) {
 	defer m.mu.Unlock()
 	for _, s := range m.seen[w.Namespace] {
 		if s.rev >= w.Revision {
-			m.lags = append(m.lags, s.at.Sub(w.At))
+			m.lags = append(m.lags, lagSample{w.At, s.at.Sub(w.At)})
 			return
 		}
 	}
@@ -338,7 +343,7 @@ func (m *LagMeter) summary(ns string, rev uint64, at time.Time) {
 	keep := p[:0]
 	for _, w := range p {
 		if w.Revision <= rev {
-			m.lags = append(m.lags, at.Sub(w.At))
+			m.lags = append(m.lags, lagSample{w.At, at.Sub(w.At)})
 		} else {
 			keep = append(keep, w)
 		}
@@ -351,15 +356,22 @@ func (m *LagMeter) summary(ns string, rev uint64, at time.Time) {
 // Stop ends the watch.
 func (m *LagMeter) Stop() { m.stop() }
 
-// Lags are the measured lags, sorted, and how many writes no summary has
-// counted yet.
-func (m *LagMeter) Lags() (lags []time.Duration, unseen int) {
+// Lags are the measured lags of the writes sent in [from, to) (zero
+// times: unbounded), sorted, and how many writes no summary has counted
+// yet.
+func (m *LagMeter) Lags(from, to time.Time) (lags []time.Duration, unseen int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, p := range m.pending {
 		unseen += len(p)
 	}
-	return slices.Sorted(slices.Values(m.lags)), unseen
+	for _, s := range m.lags {
+		if (from.IsZero() || !s.sent.Before(from)) && (to.IsZero() || s.sent.Before(to)) {
+			lags = append(lags, s.lag)
+		}
+	}
+	slices.Sort(lags)
+	return lags, unseen
 }
 
 // Percentile is the p-th percentile (0-100) of sorted durations.

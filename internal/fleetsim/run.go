@@ -34,6 +34,8 @@ type LoadSpec struct {
 	// Midway, if set, is called halfway through the churn (a storage
 	// node killed, say) and its result reported.
 	Midway func() string
+	// OnChurn, if set, is told when the writes start (true) and end.
+	OnChurn func(started bool)
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -45,11 +47,18 @@ type LoadReport struct {
 	// StatusLag: from a write sent to the first summary counting it.
 	StatusLag []time.Duration
 	Unseen    int
+	// LagWindows are the status lags of the writes sent in each tenth of
+	// the churn: how the lag moved (around a storage node's death, say).
+	LagWindows []LagWindow
 	// CommitLagIdle and CommitLagBusy: from a final commit to each
 	// gateway's view applying its routing, without and with the churn.
 	CommitLagIdle, CommitLagBusy []time.Duration
 	// Midway is what Midway said.
 	Midway string
+	// ApplyErrors are the applies during the churn that failed (one that
+	// meets a storage node's failover fails unavailable; the control
+	// server's completer finishes or cleans up after it).
+	ApplyErrors []string
 	// Lost is the error of Verify, SummaryErr that of VerifySummaries.
 	Lost, SummaryErr error
 }
@@ -107,7 +116,6 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	var busyErr error
 	if gws != nil && spec.Applies > 0 {
 		wg.Add(1)
 		go func() {
@@ -122,13 +130,15 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 				// Once started, an apply runs to its end.
 				lags, err := ap.apply(ctx, spec.Applies+i)
 				if err != nil {
-					busyErr = err
-					return
+					rep.ApplyErrors = append(rep.ApplyErrors, err.Error())
+					logf("apply %d failed: %v", spec.Applies+i, err)
+					continue
 				}
 				rep.CommitLagBusy = append(rep.CommitLagBusy, lags...)
 			}
 		}()
 	}
+	midStart := time.Now()
 	if spec.Midway != nil {
 		wg.Add(1)
 		go func() {
@@ -136,20 +146,24 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 			select {
 			case <-cctx.Done():
 			case <-time.After(spec.Duration / 2):
-				rep.Midway = spec.Midway()
+				rep.Midway = fmt.Sprintf("%s (%.1fs into the writes)", spec.Midway(), time.Since(midStart).Seconds())
 				logf("midway: %s", rep.Midway)
 			}
 		}()
 	}
 	logf("churning %d writes/s for %s", spec.Rate, spec.Duration)
+	if spec.OnChurn != nil {
+		spec.OnChurn(true)
+	}
+	churnStart := time.Now()
 	rep.Churn, err = f.Churn(ctx, spec.Rate, spec.Duration, meter.Wrote)
+	if spec.OnChurn != nil {
+		spec.OnChurn(false)
+	}
 	cancel()
 	wg.Wait()
 	if err != nil {
 		return rep, fmt.Errorf("churn: %w", err)
-	}
-	if busyErr != nil {
-		return rep, fmt.Errorf("apply during the churn: %w", busyErr)
 	}
 	rep.Lost = f.Verify(ctx)
 	rep.SummaryErr = VerifySummaries(ctx, s, 30*time.Second)
@@ -157,14 +171,26 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 	// give the meter the last flush.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		lags, unseen := meter.Lags()
+		lags, unseen := meter.Lags(time.Time{}, time.Time{})
 		rep.StatusLag, rep.Unseen = lags, unseen
 		if unseen == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	step := rep.Churn.Elapsed / 10
+	for i := range 10 {
+		w := LagWindow{From: time.Duration(i) * step, To: time.Duration(i+1) * step}
+		w.Lags, _ = meter.Lags(churnStart.Add(w.From), churnStart.Add(w.To))
+		rep.LagWindows = append(rep.LagWindows, w)
+	}
 	return rep, nil
+}
+
+// LagWindow is the status lag of the writes sent in one window.
+type LagWindow struct {
+	From, To time.Duration // since the writes began
+	Lags     []time.Duration
 }
 
 // applier deploys a one-service manifest on the simulated fleet and
@@ -208,6 +234,13 @@ func (r *LoadReport) Summary() string {
 		r.Churn.Writes, r.Churn.Elapsed.Round(time.Millisecond), r.Churn.Rate(), r.Churn.Retries, r.Churn.Behind)
 	fmt.Fprintf(&b, "status lag: p50 %s, p99 %s, max %s over %d writes; %d never counted\n",
 		ms(Percentile(r.StatusLag, 50)), ms(Percentile(r.StatusLag, 99)), ms(Percentile(r.StatusLag, 100)), len(r.StatusLag), r.Unseen)
+	if len(r.LagWindows) > 0 {
+		b.WriteString("status lag p99 of the writes sent in each tenth of the writes:")
+		for _, w := range r.LagWindows {
+			fmt.Fprintf(&b, " %s", ms(Percentile(w.Lags, 99)))
+		}
+		b.WriteString("\n")
+	}
 	for _, c := range []struct {
 		what string
 		lags []time.Duration
@@ -221,6 +254,9 @@ func (r *LoadReport) Summary() string {
 	}
 	if r.Midway != "" {
 		fmt.Fprintf(&b, "midway: %s\n", r.Midway)
+	}
+	for _, e := range r.ApplyErrors {
+		fmt.Fprintf(&b, "apply failed during the writes: %s\n", e)
 	}
 	lost, sums := "none", "equal to a recount"
 	if r.Lost != nil {

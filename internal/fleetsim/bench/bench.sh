@@ -1,42 +1,91 @@
 #!/usr/bin/env bash
-# Issue 15's fleet load against a real `control server` process (embedded
-# storage node, credentials required): fleetsim's agents and gateways each
-# connect with their own role's credentials; the control server's memory
-# (the aggregator's process) is read from /proc at the end.
+# Issue 15's fleet load against real processes: storage nodes (`control
+# server --status-flush 0`, credentials required), one control server
+# without storage that writes the fleet status (the aggregator's process),
+# and fleetsim, whose agents and gateways each connect with their own
+# role's credentials. The processes' memory is read from /proc at the end.
 #
-#   internal/fleetsim/bench/bench.sh [fleetsim flags...]
+#   internal/fleetsim/bench/bench.sh [--nodes 3] [fleetsim flags...]
 #
 # Defaults are the goals table's: 10,000 machines, 1,000 deployments,
-# 10,000 writes/s for 60 s, 100 gateways, 5 applies before and during.
+# 10,000 writes/s for 60 s, 100 gateways, 5 applies before and 5 during.
+# With --nodes 3 the storage nodes form a JetStream cluster (replicas 3)
+# and the third is killed (SIGKILL) halfway through the writes.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
+nodes=1
+if [ "${1:-}" = "--nodes" ]; then
+	nodes=$2
+	shift 2
+fi
 work=$(mktemp -d)
-server_pid=
+pids=()
 cleanup() {
-	[ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	[ -n "${KEEP:-}" ] && { echo "kept $work" >&2; return; }
 	rm -rf "$work"
 }
 trap cleanup EXIT
 go build -o "$work/control" ./control
 go build -o "$work/fleetsim" ./internal/fleetsim/cmd/fleetsim
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-# Each simulated connection is one file on the server's side.
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Every simulated connection is a file on a server's side and on
+# fleetsim's.
 ulimit -n "$(ulimit -Hn)"
-"$work/control" server --data "$work/server" --listen "127.0.0.1:$port" --auth on --stun-listen "" \
-	--log-level warn 2>"$work/server.log" &
-server_pid=$!
-# Ready once the store answers the control credentials it wrote.
+
+urls=() routes=()
+for i in $(seq "$nodes"); do
+	urls+=("nats://127.0.0.1:$(freeport)")
+	routes+=("127.0.0.1:$(freeport)")
+done
+nats=$(IFS=,; echo "${urls[*]}")
+node_pids=()
+start_node() {
+	local i=$1 args=()
+	if [ "$nodes" -gt 1 ]; then
+		args=(--name "s$i" --cluster-name edge --cluster-listen "${routes[$((i - 1))]}" --routes "$(IFS=,; echo "${routes[*]}")")
+	fi
+	"$work/control" server --data "$work/s$i" --listen "${urls[$((i - 1))]#nats://}" --auth on --auth-dir "$work/auth" \
+		--stun-listen "" --status-flush 0 --log-level warn "${args[@]}" >"$work/s$i.out" 2>&1 &
+	pids+=($!)
+	node_pids+=($!)
+}
+start_node 1
+# The first node creates the auth dir the others share.
+for _ in $(seq 100); do [ -f "$work/auth/signing-root.nk" ] && break; sleep 0.2; done
+for i in $(seq 2 "$nodes"); do start_node "$i"; done
+"$work/control" creds issue --role control --auth-dir "$work/auth" -o "$work/control.creds" >/dev/null
 ready=
-for _ in $(seq 150); do
-	if "$work/control" machine ls --nats "nats://127.0.0.1:$port" --creds "$work/server/control.creds" >/dev/null 2>&1; then
+for _ in $(seq 300); do
+	if "$work/control" machine ls --nats "$nats" --creds "$work/control.creds" >/dev/null 2>&1; then
 		ready=1
 		break
 	fi
-	kill -0 "$server_pid" || { cat "$work/server.log" >&2; exit 1; }
 	sleep 0.2
 done
-[ -n "$ready" ] || { echo "control server not ready after 30s" >&2; cat "$work/server.log" >&2; exit 1; }
-"$work/fleetsim" --nats "nats://127.0.0.1:$port" --creds "$work/server/control.creds" --auth-dir "$work/server/auth" \
-	--signing-key "$work/server/signer.nk" \
+[ -n "$ready" ] || { echo "storage not ready after 60s" >&2; cat "$work"/s*.out >&2; exit 1; }
+
+# The control plane without storage: the fleet status writer.
+"$work/control" server --storage=false --nats "$nats" --creds "$work/control.creds" --data "$work/cp" --auth-dir "$work/auth" \
+	--stun-listen "" --log-level warn >"$work/cp.out" 2>&1 &
+pids+=($!)
+control_pid=$!
+for _ in $(seq 300); do grep -q "control server ready" "$work/cp.out" && break; sleep 0.2; done
+grep -q "control server ready" "$work/cp.out" || { echo "control server not ready after 60s" >&2; cat "$work/cp.out" >&2; exit 1; }
+
+watch="control-server=$control_pid"
+for i in $(seq "$nodes"); do watch+=",storage-node-s$i=${node_pids[$((i - 1))]}"; done
+kill_args=()
+if [ "$nodes" -gt 1 ]; then
+	kill_args=(--midway-kill "${node_pids[$((nodes - 1))]}")
+fi
+status=0
+"$work/fleetsim" --nats "$nats" --creds "$work/control.creds" --auth-dir "$work/auth" \
+	--signing-key "$work/cp/signer.nk" \
 	--machines 10000 --namespaces 1000 --rate 10000 --duration 60s --gateways 100 --applies 5 \
-	--server-pid "$server_pid" "$@"
+	--watch "$watch" "${kill_args[@]}" "$@" || status=$?
+if [ "$status" -ne 0 ]; then
+	for f in "$work"/*.out; do echo "== $f" >&2; tail -5 "$f" >&2; done
+fi
+exit "$status"

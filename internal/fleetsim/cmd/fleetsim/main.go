@@ -16,7 +16,7 @@
 //
 //	go run ./internal/fleetsim/cmd/fleetsim --machines 1000
 //	go run ./internal/fleetsim/cmd/fleetsim --auth-dir DATA/auth --machines 10000 \
-//	    --namespaces 1000 --rate 10000 --duration 60s --gateways 100 --server-pid PID
+//	    --namespaces 1000 --rate 10000 --duration 60s --gateways 100 --watch server=PID
 package main
 
 import (
@@ -57,7 +57,8 @@ func run(args []string) int {
 	gateways := fs.Int("gateways", 0, "with --rate: simulated gateways (routing projections)")
 	applies := fs.Int("applies", 5, "with --rate and --gateways: applies measured to every gateway, before and during the writes")
 	signingKey := fs.String("signing-key", os.Getenv("EDGEPLANE_SIGNING_KEY"), "with --applies: signer key `FILE` the applies sign their intent with (control server writes DATA/signer.nk)")
-	serverPID := fs.Int("server-pid", 0, "with --rate: report this process's memory (the control server's) after the run")
+	midwayKill := fs.Int("midway-kill", 0, "with --rate: kill this process (a storage node) with SIGKILL halfway through the writes")
+	watch := fs.String("watch", "", "with --rate: `NAME=PID,...` processes (control server, storage nodes) whose CPU during the writes and memory after the run are reported")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -100,15 +101,35 @@ func run(args []string) int {
 	}
 
 	if *rate > 0 {
-		rep, err := fleetsim.RunLoad(ctx, s, fleetsim.LoadSpec{Machines: *n, Namespaces: *namespaces, PerNamespace: *perNS,
-			Rate: *rate, Duration: *duration, Gateways: *gateways, Applies: *applies, Beat: *beat, Dialer: dialer, Log: os.Stdout})
+		spec := fleetsim.LoadSpec{Machines: *n, Namespaces: *namespaces, PerNamespace: *perNS,
+			Rate: *rate, Duration: *duration, Gateways: *gateways, Applies: *applies, Beat: *beat, Dialer: dialer, Log: os.Stdout}
+		if pid := *midwayKill; pid > 0 {
+			spec.Midway = func() string {
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					return fmt.Sprintf("killing pid %d: %v", pid, err)
+				}
+				return fmt.Sprintf("killed pid %d (SIGKILL)", pid)
+			}
+		}
+		procs, err := parseWatch(*watch)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
+			return 2
+		}
+		procs = append(procs, &proc{name: "fleetsim", pid: os.Getpid()})
+		spec.OnChurn = func(started bool) {
+			for _, p := range procs {
+				p.mark(started)
+			}
+		}
+		rep, err := fleetsim.RunLoad(ctx, s, spec)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
 			return 1
 		}
 		fmt.Println(rep.Summary())
-		if *serverPID > 0 {
-			fmt.Printf("control server (pid %d): %s\n", *serverPID, memoryOf(*serverPID))
+		for _, p := range procs {
+			fmt.Println(p.report())
 		}
 		if rep.Lost != nil || rep.SummaryErr != nil || rep.Unseen > 0 {
 			return 1
@@ -155,6 +176,66 @@ func newDialer(s *store.Store, authDir string) (*fleetsim.Dialer, error) {
 	}
 	d.Auth, d.Dir = auth, dir
 	return d, nil
+}
+
+// proc is a process whose resources a load run reports.
+type proc struct {
+	name       string
+	pid        int
+	cpu0, cpu1 time.Duration
+	t0, t1     time.Time
+}
+
+func parseWatch(list string) ([]*proc, error) {
+	var out []*proc
+	for _, item := range strings.Split(list, ",") {
+		if item == "" {
+			continue
+		}
+		name, pidStr, ok := strings.Cut(item, "=")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid <= 0 {
+			return nil, fmt.Errorf("--watch %q: want NAME=PID", item)
+		}
+		out = append(out, &proc{name: name, pid: pid})
+	}
+	return out, nil
+}
+
+// mark notes the process's CPU time at the start or end of the writes.
+func (p *proc) mark(start bool) {
+	cpu, _ := cpuTime(p.pid)
+	if start {
+		p.cpu0, p.t0 = cpu, time.Now()
+	} else {
+		p.cpu1, p.t1 = cpu, time.Now()
+	}
+}
+
+func (p *proc) report() string {
+	out := fmt.Sprintf("%s (pid %d):", p.name, p.pid)
+	if p.t1.After(p.t0) && p.cpu1 > 0 {
+		out += fmt.Sprintf(" CPU during the writes %.0f%% (of one core),", 100*float64(p.cpu1-p.cpu0)/float64(p.t1.Sub(p.t0)))
+	}
+	return out + " " + memoryOf(p.pid)
+}
+
+// cpuTime is the user and system time a process has used, from
+// /proc/PID/stat (in clock ticks of 1/100 s, Linux's USER_HZ).
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces; fields are counted after it.
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 // memoryOf reads a process's resident memory now and at its peak.
