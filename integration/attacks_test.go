@@ -741,8 +741,8 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 
 // 11. The agent RPCs that read a machine (its inventory, its instances'
 // output, its images) are the control plane's to call: no edge credential
-// asks them, not even of its own machine; and the fleet summaries are the
-// control server's to write.
+// asks them, not even of its own machine; and the fleet summaries, and the
+// lease of the one writing them, are the control server's.
 func attackAgentRPCs(t *testing.T, f *attackFixture) {
 	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"mesh", f.meshCreds}, {"gateway", f.gwCreds}} {
 		th := f.as(t, role.creds)
@@ -760,6 +760,14 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 		}
 		th.try(t, role.name+" writes a fleet summary", func(ctx context.Context) error {
 			_, err := store.PutJSON(ctx, th.st.FleetStatus, "shop", &store.NamespaceStatus{Version: store.RecordVersion, Namespace: "shop"})
+			return err
+		})
+		// Holding the writer's lease would silence the fleet status.
+		th.try(t, role.name+" takes the fleet status lease", func(ctx context.Context) error {
+			l, err := store.AcquireLease(ctx, th.st.JS, th.st.Locks, store.FleetStatusLockKey, store.LeaseOptions{TTL: time.Minute, Holder: "thief"})
+			if err == nil {
+				_ = l.Release(ctx)
+			}
 			return err
 		})
 	}
