@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -53,6 +56,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"9_host_claims", attackHostClaims},
 		{"10_machine_observations", attackMachineObservations},
 		{"11_agent_rpcs_and_fleet_status", attackAgentRPCs},
+		{"12_mesh_preshared_keys", attackMeshPSKs},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -770,6 +774,81 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 			}
 			return err
 		})
+	}
+}
+
+// 12. Every pair of meshd nodes shares a preshared key that only those two
+// are told: m1's mesh credentials (and m1's node secret, stolen with the
+// box) get m1's pairs' keys, never another pair's, nor the secret they are
+// derived from.
+func attackMeshPSKs(t *testing.T, f *attackFixture) {
+	ctx := context.Background()
+	s := f.c.store
+	secrets := map[string]string{}
+	for _, m := range []string{"m1", "m2", "m3"} {
+		tok, _, err := s.CreateInvite(ctx, "", nil, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pub [32]byte
+		_, _ = rand.Read(pub[:])
+		var rep store.MeshRegisterReply
+		if err := store.Call(ctx, s.NC, s.Names.RegistrarSubject("register."+m), "registrar", "register", store.MeshRegisterRequest{
+			Version: store.RecordVersion, Token: tok, Machine: m, PublicKey: base64.StdEncoding.EncodeToString(pub[:]),
+			Capabilities: map[string]string{store.MeshCapPSK: "v1"}}, &rep); err != nil {
+			t.Fatal(err)
+		}
+		secrets[m] = rep.Secret
+	}
+	t.Cleanup(func() {
+		for m, secret := range secrets {
+			_ = store.Call(ctx, s.NC, s.Names.RegistrarSubject("leave."+m), "registrar", "leave", store.MeshLeaveRequest{Machine: m, Secret: secret}, nil)
+		}
+	})
+	th := f.as(t, f.meshCreds) // m1's
+	var own store.MeshPSKReply
+	if err := store.Call(ctx, th.nc, s.Names.RegistrarSubject("psk.m1"), "registrar", "psk",
+		store.MeshPSKRequest{Version: store.RecordVersion, Machine: "m1", Secret: secrets["m1"], Peers: []string{"m2", "m3"}}, &own); err != nil {
+		t.Fatalf("m1 asking for its own pairs' keys: %v", err)
+	}
+	secret, err := s.MeshPSKSecret(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := store.MeshPSK(secret, "m2", "m3")
+	for peer, k := range own.PSKs {
+		want := store.MeshPSK(secret, "m1", peer)
+		if k != base64.StdEncoding.EncodeToString(want[:]) || k == base64.StdEncoding.EncodeToString(other[:]) {
+			t.Fatalf("m1 was told %s for its pair with %s", k, peer)
+		}
+	}
+	if len(own.PSKs) != 2 {
+		t.Fatalf("m1's keys: %v", own.PSKs)
+	}
+	ask := func(subject string, req store.MeshPSKRequest) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			var rep store.MeshPSKReply
+			err := store.Call(ctx, th.nc, s.Names.RegistrarSubject(subject), "registrar", "psk", req, &rep)
+			if err == nil && len(rep.PSKs) > 0 {
+				return nil
+			}
+			return cmp.Or(err, errors.New("no key"))
+		}
+	}
+	m2 := store.MeshPSKRequest{Version: store.RecordVersion, Machine: "m2", Secret: secrets["m2"], Peers: []string{"m3"}}
+	th.try(t, "m1's mesh credentials ask for m2-m3's key on m2's subject", ask("psk.m2", m2))
+	th.try(t, "m1's mesh credentials ask for m2-m3's key on m1's subject", ask("psk.m1", m2))
+	th.try(t, "m1's mesh credentials ask on the unbound subject", ask("psk", m2))
+	th.try(t, "m1's mesh credentials read the secret the keys derive from", func(ctx context.Context) error {
+		_, err := th.st.MeshKeys.Get(ctx, store.MeshPSKSecretKey)
+		return err
+	})
+	th.try(t, "m1's mesh credentials overwrite the secret the keys derive from", func(ctx context.Context) error {
+		_, err := th.st.MeshKeys.Put(ctx, store.MeshPSKSecretKey, make([]byte, 32))
+		return err
+	})
+	if again, err := s.MeshPSKSecret(ctx); err != nil || string(again) != string(secret) {
+		t.Fatalf("the secret changed: %v", err)
 	}
 }
 

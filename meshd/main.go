@@ -180,18 +180,23 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fmt.Fprintf(stdout, "machine %s  mesh %s  %s/%s  port %d  key %s\n", s.Machine, s.MeshIP, s.Mode, s.Interface, s.ListenPort, s.PublicKey)
 	fmt.Fprintf(stdout, "control %s connected=%v watch=%s source=%s\n", s.Control.URL, s.Control.Connected, s.Control.Watch, s.Control.Source)
 	fmt.Fprintf(stdout, "nat %s endpoint=%s\n", s.NAT.Type, s.NAT.Endpoint)
+	psk := fmt.Sprintf("preshared keys ready=%v", s.Control.PSKReady)
+	if s.Control.PSKError != "" {
+		psk += " error=" + s.Control.PSKError
+	}
+	fmt.Fprintln(stdout, psk)
 	if s.Drift != nil {
 		fmt.Fprintf(stdout, "drift in_sync=%v desired=%s actual=%s at %s added=%v removed=%v dropped=%v\n",
 			s.Drift.InSync, s.Drift.DesiredHash, s.Drift.ActualHash, s.Drift.At.Format(time.RFC3339), s.Drift.Added, s.Drift.Removed, s.Drift.Dropped)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tMESH IP\tENDPOINT\tACTIVE\tLIVENESS\tHANDSHAKE\tRX\tTX")
+	fmt.Fprintln(tw, "PEER\tMESH IP\tENDPOINT\tACTIVE\tPSK\tLIVENESS\tHANDSHAKE\tRX\tTX")
 	for _, p := range s.Peers {
 		hs := "never"
 		if !p.LastHandshake.IsZero() {
 			hs = (time.Duration(p.HandshakeAgeSec) * time.Second).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\t%s\t%d\t%d\n", p.Machine, p.MeshIP, p.Endpoint, p.Active, p.Liveness, hs, p.RxBytes, p.TxBytes)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%s\t%s\t%d\t%d\n", p.Machine, p.MeshIP, p.Endpoint, p.Active, p.PSK, p.Liveness, hs, p.RxBytes, p.TxBytes)
 	}
 	return tw.Flush()
 }

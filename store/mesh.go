@@ -2,12 +2,18 @@ package store
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Mesh wire records. The registrar (in `control server`) writes peer records
@@ -322,4 +328,82 @@ func (s *Store) MeshHeartbeats(ctx context.Context) (map[string]MeshHeartbeat, e
 		return nil
 	})
 	return out, err
+}
+
+// Per-pair preshared keys. Every pair of meshd nodes shares a WireGuard
+// preshared key (a second secret in the handshake besides the two nodes'
+// keys) that only those two nodes are told: a node's mesh credentials ask
+// the registrar for the keys of its own pairs, on its own machine's subject
+// (RegistrarSubject("psk.<machine>")), proving itself with its node secret
+// too. Keys are derived from one secret the control plane keeps
+// (MeshPSKSecretKey in MeshKeysBucket), so nothing grows with the square
+// of the fleet.
+
+// MeshCapPSK is the peer record capability of a node that uses per-pair
+// preshared keys (value "v1"); a pair uses its key only when both records
+// carry it, so a node joined before them keeps connecting without.
+const MeshCapPSK = "psk"
+
+// MeshPSKSecretKey is the derivation secret's key in MeshKeysBucket.
+const MeshPSKSecretKey = "psk_secret"
+
+// MaxPSKPeers bounds the peers one PSK request names.
+const MaxPSKPeers = 1024
+
+// MeshPSKRequest asks for the preshared keys of the asking node's pairs
+// with Peers.
+type MeshPSKRequest struct {
+	Version int      `json:"version"`
+	Machine string   `json:"machine"`
+	Secret  string   `json:"secret"`
+	Peers   []string `json:"peers"`
+}
+
+// MeshPSKReply holds a base64 key per peer that has one: meshd nodes
+// registered through the registrar (a static peer, a plain WireGuard
+// endpoint, has none).
+type MeshPSKReply struct {
+	Version int               `json:"version"`
+	PSKs    map[string]string `json:"psks"`
+}
+
+// MeshPSKSecret returns the derivation secret, creating it on first use;
+// concurrent first uses agree on one.
+func (s *Store) MeshPSKSecret(ctx context.Context) ([]byte, error) {
+	for range 3 {
+		ent, err := s.MeshKeys.Get(ctx, MeshPSKSecretKey)
+		if err == nil {
+			if len(ent.Value()) != 32 {
+				return nil, Errorf(CodeInternal, "%s/%s holds %d bytes, want 32", s.MeshKeys.Bucket(), MeshPSKSecretKey, len(ent.Value()))
+			}
+			return ent.Value(), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, classify(fmt.Errorf("reading the mesh key secret: %w", err))
+		}
+		secret := make([]byte, 32)
+		if _, err := rand.Read(secret); err != nil {
+			return nil, err
+		}
+		if _, err := s.MeshKeys.Create(ctx, MeshPSKSecretKey, secret); err == nil {
+			return secret, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, classify(fmt.Errorf("creating the mesh key secret: %w", err))
+		}
+		// Another control server created it first: read theirs.
+	}
+	return nil, Errorf(CodeUnavailable, "the mesh key secret could not be read or created")
+}
+
+// MeshPSK is the preshared key of machines a and b (in either order)
+// under secret.
+func MeshPSK(secret []byte, a, b string) [32]byte {
+	if b < a {
+		a, b = b, a
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("edgeplane mesh psk v1\x00" + a + "\x00" + b))
+	var out [32]byte
+	copy(out[:], m.Sum(nil))
+	return out
 }

@@ -70,6 +70,10 @@ func (n Names) MeshHeartbeatsBucket() string { return "cp_mesh_heartbeats_" + n.
 func (n Names) MeshIPsBucket() string        { return "cp_mesh_ips_" + n.Authority }
 func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Authority }
 
+// MeshKeysBucket holds the mesh's control-plane secrets (the key per-pair
+// preshared keys are derived from): the control plane's alone.
+func (n Names) MeshKeysBucket() string { return "cp_mesh_keys_" + n.Authority }
+
 // RevocationsBucket lists refused credentials, by user public key.
 func (n Names) RevocationsBucket() string { return "cp_revocations_" + n.Authority }
 

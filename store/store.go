@@ -121,7 +121,9 @@ type Store struct {
 	MeshBeats  jetstream.KeyValue
 	MeshIPs    jetstream.KeyValue
 	MeshDrift  jetstream.KeyValue
-	Gateways   jetstream.KeyValue
+	// MeshKeys holds the mesh's secrets (MeshPSKSecretKey).
+	MeshKeys jetstream.KeyValue
+	Gateways jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
 
@@ -247,6 +249,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.MeshBeats, names.MeshHeartbeatsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MeshIPs, names.MeshIPsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.MeshDrift, names.MeshDriftBucket(), 1, 256*mib, 64*kib),
+		bucket(&s.MeshKeys, names.MeshKeysBucket(), 1, 8*mib, 4*kib),
 		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),

@@ -226,6 +226,7 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 	}
 	n.refreshBeats(ctx)
 	n.reconcile(ctx, true)
+	n.requestPSKs()
 	prefix := "$KV." + s.Names.MeshPeersBucket() + ".peer."
 	for {
 		select {
@@ -238,6 +239,7 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 				return live, err
 			}
 			n.requestApply()
+			n.requestPSKs()
 		case m := <-signers:
 			if sm, err := store.StoredFromMsg(m); err == nil {
 				if err := s.ApplySignerMsg(ctx, sm); err != nil {
@@ -273,6 +275,7 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 			}
 			n.mu.Unlock()
 			n.requestApply()
+			n.requestPSKs()
 		}
 	}
 }

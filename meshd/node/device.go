@@ -117,6 +117,7 @@ func (w *wg) close() {
 // devPeer is one peer as the device has it.
 type devPeer struct {
 	PublicKey     Key
+	PSK           Key
 	Endpoint      string
 	AllowedIPs    []string
 	Keepalive     int
@@ -170,6 +171,12 @@ func parseUAPI(s string) (map[Key]*devPeer, error) {
 		switch k {
 		case "endpoint":
 			cur.Endpoint = v
+		case "preshared_key":
+			b, err := hex.DecodeString(v)
+			if err != nil || len(b) != 32 {
+				return nil, fmt.Errorf("uapi: bad preshared key")
+			}
+			copy(cur.PSK[:], b)
 		case "allowed_ip":
 			cur.AllowedIPs = append(cur.AllowedIPs, v)
 		case "persistent_keepalive_interval":

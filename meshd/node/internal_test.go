@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,12 +37,12 @@ func TestDesiredDropsOfflineAndDiffs(t *testing.T) {
 		"live": {At: now, Interval: iv},
 		"gone": {At: now.Add(-11 * time.Second), Interval: iv},
 	}
-	ds := computeDesired("self", peers, beats, now, "")
+	ds := computeDesired("self", peers, beats, now, "", nil)
 	if len(ds.Peers) != 3 || len(ds.Dropped) != 1 || ds.Dropped[0] != "gone" {
 		t.Fatalf("desired %v dropped %v", ds.Peers, ds.Dropped)
 	}
 	// The same stale snapshot read long ago judges as of its read time.
-	if ds2 := computeDesired("self", peers, beats, now.Add(-time.Hour), ""); len(ds2.Dropped) != 0 {
+	if ds2 := computeDesired("self", peers, beats, now.Add(-time.Hour), "", nil); len(ds2.Dropped) != 0 {
 		t.Fatalf("judged a stale snapshot against now: %v", ds2.Dropped)
 	}
 	// Device has "gone" (to remove) and "live" with a wrong allowed IP.
@@ -132,5 +133,58 @@ func TestParseUAPI(t *testing.T) {
 	}
 	if _, err := parseUAPI("public_key=zz\n"); err == nil {
 		t.Fatal("bad key accepted")
+	}
+}
+
+// A pair's preshared key is used only when both peer records say their
+// nodes use keys (and this node holds the pair's): the two ends agree, or
+// a tunnel could not form. A static peer never gets one. The plan sets,
+// changes and removes keys on the device.
+func TestDesiredPresharedKeys(t *testing.T) {
+	now := time.Now()
+	iv := store.Duration(time.Second)
+	caps := map[string]string{store.MeshCapPSK: "v1"}
+	peers := map[string]store.MeshPeerRecord{
+		"self": {Machine: "self", PublicKey: key(1).String(), MeshIP: "10.100.0.1", Capabilities: caps},
+		"a":    {Machine: "a", PublicKey: key(2).String(), MeshIP: "10.100.0.2", Capabilities: caps},
+		"b":    {Machine: "b", PublicKey: key(3).String(), MeshIP: "10.100.0.3"}, // joined before keys
+		"wg":   {Machine: "wg", PublicKey: key(4).String(), MeshIP: "10.100.0.4", Static: true, Capabilities: caps},
+	}
+	beats := map[string]store.MeshHeartbeat{"a": {At: now, Interval: iv}, "b": {At: now, Interval: iv}}
+	psks := map[string]Key{"a": key(20), "b": key(30), "wg": key(40)}
+	ds := computeDesired("self", peers, beats, now, "", func(m string) Key { return psks[m] })
+	if ds.Peers[key(2)].PSK != key(20) || ds.Peers[key(3)].PSK != (Key{}) || ds.Peers[key(4)].PSK != (Key{}) {
+		t.Fatalf("keys: a %v, b %v, wg %v", ds.Peers[key(2)].PSK, ds.Peers[key(3)].PSK, ds.Peers[key(4)].PSK)
+	}
+	// A node joined before keys uses none, with anyone.
+	old := peers["self"]
+	old.Capabilities = nil
+	peers["self"] = old
+	if d := computeDesired("self", peers, beats, now, "", func(m string) Key { return psks[m] }); d.Peers[key(2)].PSK != (Key{}) {
+		t.Fatal("a node without the capability uses a key")
+	}
+	peers["self"] = store.MeshPeerRecord{Machine: "self", PublicKey: key(1).String(), MeshIP: "10.100.0.1", Capabilities: caps}
+	names := func(k Key) string { return k.String() }
+	synced := map[Key]*devPeer{}
+	applied := map[Key]string{}
+	for k, d := range ds.Peers {
+		synced[k] = &devPeer{PublicKey: k, AllowedIPs: d.AllowedIPs, Keepalive: PersistentKeepalive}
+		applied[k] = d.Endpoint
+	}
+	// The device lacks a's key and has a stale one for b.
+	synced[key(3)].PSK = key(99)
+	p := diff(ds, synced, applied, names)
+	want := "public_key=" + key(2).Hex() + "\nupdate_only=true\npreshared_key=" + key(20).Hex()
+	if !strings.Contains(p.uapi.String(), want) || !strings.Contains(p.uapi.String(), "preshared_key="+(Key{}).Hex()) || len(p.updated) != 2 {
+		t.Fatalf("plan %q, updated %v", p.uapi.String(), p.updated)
+	}
+	synced[key(2)].PSK, synced[key(3)].PSK = key(20), Key{}
+	if p := diff(ds, synced, applied, names); p.uapi.Len() != 0 {
+		t.Fatalf("in-sync plan not empty: %q", p.uapi.String())
+	}
+	// The device's own report of a key is read back.
+	got, err := parseUAPI("public_key=" + key(2).Hex() + "\npreshared_key=" + key(20).Hex() + "\n")
+	if err != nil || got[key(2)].PSK != key(20) {
+		t.Fatalf("parsed %+v, %v", got[key(2)], err)
 	}
 }

@@ -146,6 +146,7 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 		Capabilities: map[string]string{
 			"mode": o.Mode, "tun": fmt.Sprint(tunAvailable()), "netstack": "true",
 			"os": runtime.GOOS + "/" + runtime.GOARCH, "stun_demux": "true",
+			store.MeshCapPSK: "v1",
 		},
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)

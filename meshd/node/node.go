@@ -51,16 +51,18 @@ type Config struct {
 
 // Node is a running mesh member.
 type Node struct {
-	cfg   Config
-	st    *State
-	key   Key
-	log   *zap.Logger
-	dev   *wg
-	stun  *stunClient
-	kick  chan struct{}
-	ready chan struct{}
-	met   *metrics
-	stop  context.CancelFunc
+	cfg  Config
+	st   *State
+	key  Key
+	log  *zap.Logger
+	dev  *wg
+	stun *stunClient
+	kick chan struct{}
+	// pskKick asks pskLoop to look for peers without a key.
+	pskKick chan struct{}
+	ready   chan struct{}
+	met     *metrics
+	stop    context.CancelFunc
 
 	storeP atomic.Pointer[store.Store]
 	// anchor is where the trust in peer records starts.
@@ -85,6 +87,11 @@ type Node struct {
 	// lastRefusal says why the latest was refused.
 	refusedRecords uint64
 	lastRefusal    string
+	// psks are the preshared keys of this node's pairs, by peer, and
+	// pskReady that the registrar has told it them (see pskLoop).
+	psks     map[string]Key
+	pskReady bool
+	pskErr   string
 }
 
 // New loads the data dir; Run starts everything.
@@ -139,12 +146,18 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, st: st, key: key, anchor: anchor, log: cfg.Logger.With(zap.String("machine", st.Machine)),
-		kick: make(chan struct{}, 1), ready: make(chan struct{}),
+		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), ready: make(chan struct{}),
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
 		applied: make(map[Key]string), names: make(map[Key]string), member: true,
+		psks: make(map[string]Key), pskReady: cache.PSKReady,
 	}
 	if n.beats == nil {
 		n.beats = map[string]store.MeshHeartbeat{}
+	}
+	for m, v := range cache.PSKs {
+		if k, err := ParseKey(v); err == nil {
+			n.psks[m] = k
+		}
 	}
 	n.met = newMetrics(n)
 	return n, nil
@@ -220,6 +233,7 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	close(n.ready)
 	run(n.controlLoop)
+	run(n.pskLoop)
 	run(n.reconcileLoop)
 	run(n.stunLoop)
 	<-ctx.Done()
@@ -241,6 +255,13 @@ func (n *Node) Shutdown() {
 func (n *Node) requestApply() {
 	select {
 	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (n *Node) requestPSKs() {
+	select {
+	case n.pskKick <- struct{}{}:
 	default:
 	}
 }
@@ -268,7 +289,7 @@ func (n *Node) reconcileLoop(ctx context.Context) {
 // drift. With report it publishes a drift report (an observation).
 func (n *Node) reconcile(ctx context.Context, report bool) {
 	n.mu.Lock()
-	ds := computeDesired(n.st.Machine, n.peers, n.beats, n.beatsAt, n.nat.Endpoint)
+	ds := computeDesired(n.st.Machine, n.peers, n.beats, n.beatsAt, n.nat.Endpoint, n.pskOf)
 	for k, p := range ds.Peers {
 		n.names[k] = p.Machine
 	}
@@ -341,6 +362,10 @@ func (n *Node) reconcile(ctx context.Context, report bool) {
 	}
 }
 
+// pskOf is the key of this node's pair with machine, zero until the
+// registrar has told it; n.mu is held.
+func (n *Node) pskOf(machine string) Key { return n.psks[machine] }
+
 func (n *Node) nameOf(k Key) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -359,6 +384,13 @@ func (n *Node) saveCache() {
 	}
 	for k, v := range n.beats {
 		c.Beats[k] = v
+	}
+	c.PSKReady = n.pskReady
+	if len(n.psks) > 0 {
+		c.PSKs = make(map[string]string, len(n.psks))
+		for m, k := range n.psks {
+			c.PSKs[m] = k.String()
+		}
 	}
 	n.mu.Unlock()
 	if err := saveJSON(n.cfg.DataDir, peersFile, c); err != nil {
@@ -427,6 +459,10 @@ type ControlInfo struct {
 	// signature did not verify; LastRefusal says why the latest was.
 	RefusedRecords uint64 `json:"refused_records"`
 	LastRefusal    string `json:"last_refusal,omitempty"`
+	// PSKReady says the registrar has told this node its pairs'
+	// preshared keys; PSKError why it could not, last time.
+	PSKReady bool   `json:"psk_ready"`
+	PSKError string `json:"psk_error,omitempty"`
 }
 
 // PeerStatus is one peer as the node sees it.
@@ -441,6 +477,8 @@ type PeerStatus struct {
 	HandshakeAgeSec float64   `json:"handshake_age_seconds,omitempty"`
 	RxBytes         uint64    `json:"rx_bytes"`
 	TxBytes         uint64    `json:"tx_bytes"`
+	// PSK says the tunnel uses the pair's preshared key.
+	PSK bool `json:"psk"`
 }
 
 // Status snapshots the node.
@@ -458,7 +496,7 @@ func (n *Node) Status() (*Status, error) {
 		Machine: n.st.Machine, MeshIP: n.st.MeshIP, PublicKey: n.key.Public().String(), Mode: n.st.Mode,
 		Interface: n.dev.iface, ListenPort: n.dev.port, Member: n.member, NAT: n.nat, Drift: n.lastDrift,
 		Control: ControlInfo{URL: n.st.NATSURL, Connected: n.connected, Source: n.source, LastSync: n.lastSync, Watch: "down",
-			RefusedRecords: n.refusedRecords, LastRefusal: n.lastRefusal},
+			RefusedRecords: n.refusedRecords, LastRefusal: n.lastRefusal, PSKReady: n.pskReady, PSKError: n.pskErr},
 	}
 	if st := n.storeP.Load(); st != nil {
 		if _, a, err := st.Trust(context.Background()); err == nil {
@@ -506,6 +544,7 @@ func (n *Node) Status() (*Status, error) {
 
 func fillDev(ps *PeerStatus, a *devPeer, now time.Time) {
 	ps.Active = true
+	ps.PSK = a.PSK != Key{}
 	ps.Endpoint = a.Endpoint
 	ps.RxBytes, ps.TxBytes = a.RxBytes, a.TxBytes
 	if !a.LastHandshake.IsZero() {

@@ -179,6 +179,11 @@ func TestNetstackMesh(t *testing.T) {
 	if !ok || !p.Active || p.Liveness != store.LivenessAlive || p.LastHandshake.IsZero() {
 		t.Fatalf("beta's view of alpha: %+v (found %v)", p, ok)
 	}
+	// The pair's preshared key, on both ends.
+	bothEnds(t, a, b, "the tunnel to use the pair's preshared key", func(n *runningNode, other string) bool {
+		p, ok := n.peer(t, other)
+		return ok && p.PSK && n.status(t).Control.PSKReady
+	})
 	// Beta's Prometheus metrics tell the same.
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
@@ -235,6 +240,12 @@ func TestOfflineRestartFromCache(t *testing.T) {
 			return err == nil && strings.Contains(string(b), `"`+x.other+`"`)
 		})
 	}
+	// Both use the pair's preshared key, and keep it in the cache.
+	bothEnds(t, a, b, "the preshared key in use and cached", func(n *runningNode, other string) bool {
+		p, ok := n.peer(t, other)
+		b, err := os.ReadFile(filepath.Join(n.dir, "peers.json"))
+		return ok && p.PSK && err == nil && strings.Contains(string(b), `"psks"`)
+	})
 	// A full reconcile has saved the cache once beta is known.
 	c.srv.NATS.Shutdown()
 	c.srv.NATS.WaitForShutdown()
@@ -260,9 +271,26 @@ func TestOfflineRestartFromCache(t *testing.T) {
 			t.Logf("beta: %s", js)
 		}
 	})
+	// The restarted node's first handshake uses the cached key: beta,
+	// holding the same, accepts it.
+	if p, ok := a2.peer(t, "beta"); !ok || !p.PSK {
+		t.Fatalf("restarted alpha's beta: %+v (found %v)", p, ok)
+	}
 	storetest.Eventually(t, 20*time.Second, "TCP from restarted alpha to beta without NATS", func() bool {
 		return pongs(context.Background(), a2, ipB)
 	})
+}
+
+// bothEnds waits until cond holds on alpha about beta and on beta about
+// alpha.
+func bothEnds(t *testing.T, a, b *runningNode, what string, cond func(n *runningNode, other string) bool) {
+	t.Helper()
+	for _, x := range []struct {
+		n     *runningNode
+		other string
+	}{{a, "beta"}, {b, "alpha"}} {
+		storetest.Eventually(t, 10*time.Second, x.other+": "+what, func() bool { return cond(x.n, x.other) })
+	}
 }
 
 // pongPort is where servePong listens on a node's mesh IP.

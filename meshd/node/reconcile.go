@@ -18,6 +18,8 @@ type desiredPeer struct {
 	PublicKey  Key
 	AllowedIPs []string
 	Endpoint   string
+	// PSK is the pair's preshared key; zero: none.
+	PSK Key
 }
 
 // desiredSet is the active peer config computed from peer records and
@@ -32,7 +34,7 @@ type desiredSet struct {
 // consistent verdicts instead of declaring everyone offline while the
 // control plane is away.
 func computeDesired(self string, peers map[string]store.MeshPeerRecord, beats map[string]store.MeshHeartbeat,
-	beatsAt time.Time, myReflexive string) desiredSet {
+	beatsAt time.Time, myReflexive string, psk func(machine string) Key) desiredSet {
 	ds := desiredSet{Peers: make(map[Key]desiredPeer)}
 	for machine, rec := range peers {
 		if machine == self {
@@ -54,14 +56,24 @@ func computeDesired(self string, peers map[string]store.MeshPeerRecord, beats ma
 			ds.Dropped = append(ds.Dropped, machine)
 			continue
 		}
-		ds.Peers[key] = desiredPeer{
+		d := desiredPeer{
 			Machine: machine, PublicKey: key,
 			AllowedIPs: []string{netip.PrefixFrom(ip, ip.BitLen()).String()},
 			Endpoint:   chooseEndpoint(rec, hb, myReflexive),
 		}
+		// Both ends of a pair use its key, or neither: both records say
+		// the nodes use keys (a node joined before them does not).
+		if psk != nil && usesPSK(peers[self]) && usesPSK(rec) {
+			d.PSK = psk(machine)
+		}
+		ds.Peers[key] = d
 	}
 	sort.Strings(ds.Dropped)
 	return ds
+}
+
+func usesPSK(rec store.MeshPeerRecord) bool {
+	return !rec.Static && rec.Capabilities[store.MeshCapPSK] != ""
 }
 
 // chooseEndpoint picks the address to reach a peer at: the STUN-discovered
@@ -150,12 +162,21 @@ func diff(ds desiredSet, actual map[Key]*devPeer, applied map[Key]string, names 
 		setEP := d.Endpoint != "" && (!have || applied[k] != d.Endpoint)
 		sameCfg := have && strings.Join(a.AllowedIPs, ",") == strings.Join(sortedCopy(d.AllowedIPs), ",") &&
 			a.Keepalive == PersistentKeepalive
-		if sameCfg && !setEP {
+		setPSK := (!have && d.PSK != Key{}) || (have && a.PSK != d.PSK)
+		if sameCfg && !setEP && !setPSK {
 			continue
 		}
 		fmt.Fprintf(&p.uapi, "public_key=%s\n", k.Hex())
 		if have {
 			p.uapi.WriteString("update_only=true\n")
+		}
+		if setPSK {
+			// A zero key removes it. The change takes effect at the next
+			// handshake; the session in use runs on until then.
+			fmt.Fprintf(&p.uapi, "preshared_key=%s\n", d.PSK.Hex())
+			if have && sameCfg {
+				p.updated = append(p.updated, d.Machine)
+			}
 		}
 		if setEP {
 			fmt.Fprintf(&p.uapi, "endpoint=%s\n", d.Endpoint)

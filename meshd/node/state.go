@@ -67,6 +67,11 @@ type PeerCache struct {
 	SavedAt time.Time                       `json:"saved_at"`
 	Peers   map[string]store.MeshPeerRecord `json:"peers"`
 	Beats   map[string]store.MeshHeartbeat  `json:"beats,omitempty"`
+	// PSKs are the preshared keys of this node's pairs (base64, by peer)
+	// and PSKReady that the registrar has told it them: a restart without
+	// the control plane keeps using them.
+	PSKs     map[string]string `json:"psks,omitempty"`
+	PSKReady bool              `json:"psk_ready,omitempty"`
 }
 
 // ErrNotJoined means the data dir holds no membership.

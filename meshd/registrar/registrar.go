@@ -116,7 +116,7 @@ func (r *Registrar) Serve(ctx context.Context) (func(), error) {
 func (r *Registrar) handle(ctx context.Context, command string, data []byte) (any, error) {
 	verb, bound, isBound := strings.Cut(command, ".")
 	if isBound && !store.ValidToken(bound) {
-		return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine> or leave.<machine>)", command)
+		return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine> or psk.<machine>)", command)
 	}
 	// The subject's machine is what the server checked the credentials
 	// against; the request must be about that machine.
@@ -137,6 +137,20 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 			return nil, err
 		}
 		return r.Register(ctx, req)
+	case "psk":
+		// Only the bound form: the subject names who asks, which is what
+		// the server checked the credentials against.
+		if !isBound {
+			return nil, store.Errorf(store.CodeInvalid, "preshared keys are asked for on psk.<machine>")
+		}
+		var req store.MeshPSKRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding psk request: %v", err)
+		}
+		if err := checkBound(req.Machine); err != nil {
+			return nil, err
+		}
+		return r.PSKs(ctx, req)
 	case "leave":
 		var req store.MeshLeaveRequest
 		if err := json.Unmarshal(data, &req); err != nil {
@@ -147,7 +161,70 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 		}
 		return r.Leave(ctx, req)
 	}
-	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine> or leave.<machine>)", command)
+	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine> or psk.<machine>)", command)
+}
+
+// PSKs tells a node the preshared keys of its pairs with req.Peers: the
+// asker must be a registered meshd node holding its node secret, and each
+// peer one too (a static peer has no key; an unknown one is left out).
+func (r *Registrar) PSKs(ctx context.Context, req store.MeshPSKRequest) (*store.MeshPSKReply, error) {
+	if req.Version > store.RecordVersion {
+		return nil, store.Errorf(store.CodeInvalid, "psk request version %d is newer than this registrar (%d)", req.Version, store.RecordVersion)
+	}
+	if !store.ValidToken(req.Machine) {
+		return nil, store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
+	}
+	if len(req.Peers) > store.MaxPSKPeers {
+		return nil, store.Errorf(store.CodeInvalid, "%d peers in one psk request; at most %d", len(req.Peers), store.MaxPSKPeers)
+	}
+	self, err := r.member(ctx, req.Machine)
+	if err != nil {
+		return nil, err
+	}
+	if self == nil || self.Static {
+		return nil, store.Errorf(store.CodeNotFound, "machine %s is not a meshd node of this mesh", req.Machine).With("machine", req.Machine)
+	}
+	ip, err := netip.ParseAddr(self.MeshIP)
+	if err != nil {
+		return nil, store.Errorf(store.CodeInternal, "machine %s's peer record has mesh IP %q", req.Machine, self.MeshIP)
+	}
+	var alloc store.MeshIPAllocation
+	if _, err := store.GetJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), &alloc); err != nil {
+		return nil, err
+	}
+	if alloc.Machine != req.Machine || alloc.SecretHash == "" || !secretMatches(req.Secret, alloc.SecretHash) {
+		return nil, store.Errorf(store.CodeInvalid, "node secret does not match machine %s's registration", req.Machine).
+			With("machine", req.Machine)
+	}
+	secret, err := r.st.MeshPSKSecret(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &store.MeshPSKReply{Version: store.RecordVersion, PSKs: map[string]string{}}
+	for _, peer := range req.Peers {
+		if peer == req.Machine || !store.ValidToken(peer) {
+			continue
+		}
+		rec, err := r.member(ctx, peer)
+		if err != nil {
+			return nil, err
+		}
+		if rec == nil || rec.Static {
+			continue
+		}
+		k := store.MeshPSK(secret, req.Machine, peer)
+		out.PSKs[peer] = base64.StdEncoding.EncodeToString(k[:])
+	}
+	return out, nil
+}
+
+// member reads machine's peer record, verified; nil if it has none.
+func (r *Registrar) member(ctx context.Context, machine string) (*store.MeshPeerRecord, error) {
+	rec, err := r.st.MeshPeer(ctx, machine)
+	if store.HasCode(err, store.CodeNotFound) {
+		return nil, nil
+	}
+	return rec, err
 }
 
 // validate checks a register request before anything is touched.

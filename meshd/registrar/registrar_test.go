@@ -248,3 +248,89 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+// A node is told the preshared keys of its own pairs only, the same key
+// each side of a pair; it must hold its node secret; static peers and
+// unknown machines get none; only the machine-bound subject answers.
+func TestPresharedKeysPerPair(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	r, err := registrar.New(srv.Store, registrar.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := r.Serve(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	secrets := map[string]string{}
+	for _, m := range []string{"m1", "m2", "m3"} {
+		rep, err := register(ctx, srv.Store, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: m, PublicKey: newKey(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets[m] = rep.Secret
+	}
+	if _, err := r.AddStatic(ctx, "plainwg", newKey(t), []string{"192.0.2.9:51820"}); err != nil {
+		t.Fatal(err)
+	}
+	ask := func(machine, secret string, peers ...string) (map[string]string, error) {
+		var rep store.MeshPSKReply
+		err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject("psk."+machine), "registrar", "psk",
+			store.MeshPSKRequest{Machine: machine, Secret: secret, Peers: peers}, &rep)
+		return rep.PSKs, err
+	}
+	k1, err := ask("m1", secrets["m1"], "m2", "m3", "plainwg", "ghost", "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(k1) != 2 || k1["m2"] == "" || k1["m3"] == "" || k1["m2"] == k1["m3"] {
+		t.Fatalf("m1's keys: %v (want m2's and m3's, different)", k1)
+	}
+	k2, err := ask("m2", secrets["m2"], "m1", "m3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k2["m1"] != k1["m2"] {
+		t.Fatal("m1 and m2 were told different keys for their pair")
+	}
+	if k2["m3"] == k1["m3"] || k2["m3"] == k1["m2"] {
+		t.Fatal("a pair's key repeats another pair's")
+	}
+	// The pair key is the derivation from the stored secret, and a second
+	// registrar (another control server) derives the same.
+	secret, err := srv.Connect(t).MeshPSKSecret(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := store.MeshPSK(secret, "m2", "m1")
+	if k1["m2"] != base64.StdEncoding.EncodeToString(want[:]) {
+		t.Fatal("the pair key is not the derivation from the mesh key secret")
+	}
+	for _, tc := range []struct {
+		what, subject, machine, secret string
+	}{
+		{"a wrong node secret", "psk.m1", "m1", secrets["m2"]},
+		{"no node secret", "psk.m1", "m1", ""},
+		{"another machine's subject", "psk.m3", "m1", secrets["m1"]},
+		{"the unbound subject", "psk", "m1", secrets["m1"]},
+	} {
+		var rep store.MeshPSKReply
+		err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject(tc.subject), "registrar", "psk",
+			store.MeshPSKRequest{Machine: tc.machine, Secret: tc.secret, Peers: []string{"m2"}}, &rep)
+		if !store.HasCode(err, store.CodeInvalid) || len(rep.PSKs) != 0 {
+			t.Fatalf("%s: %v %v", tc.what, rep.PSKs, err)
+		}
+	}
+	if _, err := ask("plainwg", "", "m1"); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("a static peer asking: %v", err)
+	}
+	many := make([]string, store.MaxPSKPeers+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("p%d", i)
+	}
+	if _, err := ask("m1", secrets["m1"], many...); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("%d peers: %v", len(many), err)
+	}
+}

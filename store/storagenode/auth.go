@@ -552,8 +552,10 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		writeKV(n.MeshHeartbeatsBucket(), store.MeshBeatKey(machine))
 		writeKV(n.MeshDriftBucket(), store.MeshDriftKey(machine))
 		// Only its own machine's registrar subjects: credentials for one
-		// machine cannot register (or remove) another.
-		p.Pub.Allow.Add(n.RegistrarSubject("register."+machine), n.RegistrarSubject("leave."+machine))
+		// machine cannot register (or remove) another, or be told the
+		// preshared keys of another's pairs.
+		p.Pub.Allow.Add(n.RegistrarSubject("register."+machine), n.RegistrarSubject("leave."+machine),
+			n.RegistrarSubject("psk."+machine))
 	default:
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}
