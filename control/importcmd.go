@@ -105,6 +105,10 @@ func storageImport(ctx context.Context, s *store.Store, root *signing.Key, from,
 	for _, b := range s.Names.ObservationBuckets() {
 		observation["KV_"+b] = true
 	}
+	// Leases are live coordination, not data: their holders (the box's
+	// processes, the cluster's control servers, which take the fleet
+	// status lease as they start) take them again.
+	observation["KV_"+s.Names.LocksBucket()] = true
 	// The cluster keeps its own trust root and signers; the box's are
 	// carried over by certificate (signers.Adopt), not copied.
 	signersStream := "KV_" + s.Names.SignersBucket()
@@ -194,7 +198,7 @@ func storageImport(ctx context.Context, s *store.Store, root *signing.Key, from,
 			fmt.Fprintf(w, "already imported: %s\n", strings.Join(view.Already, ", "))
 		}
 		if len(view.Skipped) > 0 {
-			fmt.Fprintf(w, "not carried over (live observations their writers rebuild): %s\n", strings.Join(view.Skipped, ", "))
+			fmt.Fprintf(w, "not carried over (live observations their writers rebuild, and leases): %s\n", strings.Join(view.Skipped, ", "))
 		}
 		fmt.Fprintf(w, "imported %d streams and buckets from %s; point agents, gateways and meshd at the cluster now\n", len(view.Imported), from)
 	})
