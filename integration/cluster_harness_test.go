@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // extraBins are binaries only some tests need, built on first use.
@@ -62,12 +62,7 @@ func buildExtra(t *testing.T) {
 // free in practice on a test box).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return storetest.FreeAddr(t)
 }
 
 func run(t *testing.T, name string, args ...string) {
