@@ -92,6 +92,8 @@ type instance struct {
 	// exponent of its restart backoff.
 	Failures int `json:"failures,omitempty"`
 
+	// handle is the current run; nil for an instance that did not
+	// survive an agent restart and waits for its restart.
 	handle   runtime.Handle
 	stopping bool
 	// readySince is when it last became ready (zero while not).
@@ -508,21 +510,19 @@ func (a *Agent) capacity() store.CapacityReply {
 // inventory lists what the agent runs, and containers with edgeplane's
 // labels that it does not know (strays).
 func (a *Agent) inventory(ctx context.Context) store.InventoryReply {
-	a.mu.Lock()
-	out := store.InventoryReply{Machine: a.cfg.Machine.ID, Instances: make([]store.InventoryItem, 0, len(a.instances))}
+	out := store.InventoryReply{Machine: a.cfg.Machine.ID}
 	known := map[string]bool{}
-	for _, inst := range a.instances {
-		running := true
-		select {
-		case <-inst.handle.Exited():
-			running = false
-		default:
+	func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		out.Instances = make([]store.InventoryItem, 0, len(a.instances))
+		for _, inst := range a.instances {
+			r := inst.Record
+			known[r.ID] = true
+			out.Instances = append(out.Instances, store.InventoryItem{ID: r.ID, Namespace: r.Namespace, Service: r.Service,
+				DeployID: r.DeployID, Running: running(inst.handle)})
 		}
-		r := inst.Record
-		known[r.ID] = true
-		out.Instances = append(out.Instances, store.InventoryItem{ID: r.ID, Namespace: r.Namespace, Service: r.Service, DeployID: r.DeployID, Running: running})
-	}
-	a.mu.Unlock()
+	}()
 	if a.cfg.Containers != nil {
 		list, err := a.cfg.Containers.List(ctx)
 		if err != nil {
@@ -671,7 +671,7 @@ func (a *Agent) drivers() []string {
 
 // driverOf is the driver that runs h.
 func (a *Agent) driverOf(h runtime.Handle) runtime.Driver {
-	if a.cfg.Containers != nil && h.State().Driver == a.cfg.Containers.Name() {
+	if a.cfg.Containers != nil && h != nil && h.State().Driver == a.cfg.Containers.Name() {
 		return a.cfg.Containers
 	}
 	return a.cfg.Driver
@@ -694,6 +694,20 @@ func (a *Agent) setRecord(inst *instance, rec store.InstanceRecord) {
 	inst.Record = rec
 	a.mu.Unlock()
 	_ = a.persist(inst)
+}
+
+// running says whether h's run is still going; a nil handle (an instance
+// that did not survive an agent restart, waiting for its own) is not.
+func running(h runtime.Handle) bool {
+	if h == nil {
+		return false
+	}
+	select {
+	case <-h.Exited():
+		return false
+	default:
+		return true
+	}
 }
 
 func (a *Agent) lookup(id string) (*instance, bool) {
@@ -722,6 +736,9 @@ func (a *Agent) awaitReady(ctx context.Context, inst *instance, timeout time.Dur
 	a.mu.Lock()
 	rec, h := inst.Record, inst.handle
 	a.mu.Unlock()
+	if h == nil {
+		return &store.ReadinessReply{Ready: false, Error: "instance is not running (it waits for its restart)", Instance: rec}, nil
+	}
 	probe := readinessProbe(rec.Address, rec.Port, inst.Spec.Readiness.Path)
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
@@ -812,12 +829,17 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 			inst.healCancel = nil
 		}
 		inst.stopping = true
+		h := inst.handle
 		a.mu.Unlock()
-		if err := a.driverOf(inst.handle).Stop(ctx, inst.handle, grace); err != nil {
-			a.mu.Lock()
-			inst.stopping = false
-			a.mu.Unlock()
-			return store.Errorf(store.CodeInternal, "%v", err).With("instance", req.InstanceID)
+		// No handle: it did not survive an agent restart and waits for
+		// its own; nothing runs to stop.
+		if h != nil {
+			if err := a.driverOf(h).Stop(ctx, h, grace); err != nil {
+				a.mu.Lock()
+				inst.stopping = false
+				a.mu.Unlock()
+				return store.Errorf(store.CodeInternal, "%v", err).With("instance", req.InstanceID)
+			}
 		}
 		a.mu.Lock()
 		delete(a.instances, req.InstanceID)

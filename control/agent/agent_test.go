@@ -60,13 +60,17 @@ func serveRepublish(t *testing.T, srv *storetest.Server) {
 
 // startAgentAlone starts the agent without anything answering its routing
 // republish requests.
-func startAgentAlone(t *testing.T, srv *storetest.Server, dir string) *fixture {
+func startAgentAlone(t *testing.T, srv *storetest.Server, dir string, opts ...func(*Config)) *fixture {
 	t.Helper()
-	a, err := New(Config{
+	cfg := Config{
 		Store: srv.Connect(t), Machine: store.MachineRecord{ID: "m1", Address: "127.0.0.1", State: store.MachineActive},
 		DataDir: dir, Driver: &runtime.Process{PollInterval: 20 * time.Millisecond}, StopGrace: time.Second,
 		RepublishRetry: 100 * time.Millisecond, RestartBackoff: 100 * time.Millisecond, RestartBackoffMax: 800 * time.Millisecond,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

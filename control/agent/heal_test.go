@@ -138,3 +138,45 @@ func TestBackoffSurvivesAnAgentRestart(t *testing.T) {
 		t.Fatalf("after the agent restart: %+v", up)
 	}
 }
+
+// An instance that died while its agent was away waits for its restart
+// with no run behind it: the agent still answers everything about it
+// (inventory, readiness, stop) and keeps answering after. Before, the
+// inventory dereferenced the missing run while holding the agent's lock:
+// the panic was recovered, the lock was not released, and the agent never
+// answered again (`control doctor` after `make up` on a box whose
+// instances had been killed).
+func TestInstanceAwaitingItsRestartAnswersEverything(t *testing.T) {
+	srv := storetest.Start(t)
+	dir := t.TempDir()
+	f := startAgent(t, srv, dir)
+	commitOne(t, srv.Store, "web-0-a")
+	rec := startReady(t, srv.Store, "web-0-a", nil)
+	f.stop()
+	<-f.done
+	if err := killPID(rec.PID); err != nil {
+		t.Fatal(err)
+	}
+	startAgentAlone(t, srv, dir, func(c *Config) { c.RestartBackoff, c.RestartBackoffMax = time.Hour, time.Hour })
+	ctx := context.Background()
+	storetest.Eventually(t, 5*time.Second, "the instance in backoff", func() bool {
+		return record(t, srv.Store, rec).State == store.InstanceBackoff
+	})
+	var inv store.InventoryReply
+	if err := srv.Store.Call(ctx, "m1", store.CmdInventory, struct{}{}, &inv); err != nil {
+		t.Fatalf("inventory: %v", err)
+	}
+	if len(inv.Instances) != 1 || inv.Instances[0].Running {
+		t.Fatalf("inventory: %+v", inv.Instances)
+	}
+	var rr store.ReadinessReply
+	if err := srv.Store.Call(ctx, "m1", store.CmdReadiness, store.ReadinessRequest{InstanceID: rec.ID, Timeout: store.Duration(time.Second)}, &rr); err != nil || rr.Ready {
+		t.Fatalf("readiness: %+v %v", rr, err)
+	}
+	if err := srv.Store.Call(ctx, "m1", store.CmdStopInstance, store.InstanceRequest{InstanceID: rec.ID, Namespace: rec.Namespace}, nil); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if err := srv.Store.Call(ctx, "m1", store.CmdInventory, struct{}{}, &inv); err != nil || len(inv.Instances) != 0 {
+		t.Fatalf("inventory after the stop: %+v %v", inv.Instances, err)
+	}
+}
