@@ -1,11 +1,17 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -14,19 +20,9 @@ import (
 // (scripts/up.sh, here with --once and free ports) and checks that it shows
 // the sample app answering through the gateway and DNS, then stops cleanly.
 func TestReadmeUp(t *testing.T) {
-	if _, err := exec.LookPath("curl"); err != nil {
-		t.Skip("scripts/up.sh needs curl (make test installs it as root)")
-	}
-	port := func() string {
-		_, p, _ := net.SplitHostPort(freeAddr(t))
-		return p
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "../scripts/up.sh", "--once")
-	cmd.Env = append(os.Environ(), "BIN="+bins.dir, "EDGEPLANE_DATA="+t.TempDir(),
-		"UP_NATS_PORT="+port(), "UP_HTTP_PORT="+port(), "UP_HTTPS_PORT="+port(), "UP_ADMIN_PORT="+port(),
-		"UP_DNS_PORT="+port(), "UP_STUN_PORT="+port())
+	cmd := upCommand(ctx, t, t.TempDir(), "--once")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("scripts/up.sh --once: %v\n%s", err, out)
@@ -41,4 +37,84 @@ func TestReadmeUp(t *testing.T) {
 	if !strings.Contains(text, "==> stopped") {
 		t.Fatalf("the demo did not stop cleanly:\n%s", text)
 	}
+}
+
+// upCommand is scripts/up.sh with its data in data and free ports.
+func upCommand(ctx context.Context, t *testing.T, data string, args ...string) *exec.Cmd {
+	t.Helper()
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("scripts/up.sh needs curl (make test installs it as root)")
+	}
+	port := func() string {
+		_, p, _ := net.SplitHostPort(freeAddr(t))
+		return p
+	}
+	cmd := exec.CommandContext(ctx, "../scripts/up.sh", args...)
+	cmd.Env = append(os.Environ(), "BIN="+bins.dir, "EDGEPLANE_DATA="+data,
+		"UP_NATS_PORT="+port(), "UP_HTTP_PORT="+port(), "UP_HTTPS_PORT="+port(), "UP_ADMIN_PORT="+port(),
+		"UP_DNS_PORT="+port(), "UP_STUN_PORT="+port())
+	return cmd
+}
+
+// Ctrl-C in the terminal that runs `make up` (SIGINT to its whole
+// foreground process group) stops the appliance and leaves no instance of
+// the demo running: the control server and gateway are out of that group,
+// so the script removes the demo through them before stopping them.
+func TestReadmeUpStopsOnCtrlC(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	data := t.TempDir()
+	cmd := upCommand(ctx, t, data)
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Minute, "the appliance to run", func() bool { return strings.Contains(out.String(), "running; Ctrl-C") })
+	var pids []int
+	files, _ := filepath.Glob(filepath.Join(data, "control", "agent", "instances", "*.json"))
+	for _, f := range files {
+		var st struct {
+			Runtime struct{ PID int } `json:"runtime"`
+		}
+		b, _ := os.ReadFile(f)
+		if json.Unmarshal(b, &st) == nil && st.Runtime.PID > 0 {
+			pids = append(pids, st.Runtime.PID)
+		}
+	}
+	if len(pids) != 2 {
+		t.Fatalf("want the demo's 2 instances recorded, found %v\n%s", pids, out.String())
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if !strings.Contains(out.String(), "==> stopped") {
+		t.Fatalf("no clean stop:\n%s", out.String())
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("instance pid %d still runs after Ctrl-C", pid)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer a process writes while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -72,7 +72,10 @@ mkdir -p "$DATA"
 down
 
 log "starting control server with the local agent (data in $DATA/control)"
-"$BIN/control" server --data "$DATA/control" --agent --machine local --listen "127.0.0.1:$NATS_PORT" \
+# The control server and the gateway get sessions of their own: Ctrl-C in
+# the terminal reaches this script alone, whose exit trap removes the demo
+# through the still running control plane and then stops both.
+setsid "$BIN/control" server --data "$DATA/control" --agent --machine local --listen "127.0.0.1:$NATS_PORT" \
 	--stun-listen "127.0.0.1:$STUN_PORT,127.0.0.1:$((STUN_PORT + 1))" >"$DATA/control.log" 2>&1 &
 echo $! >"$DATA/control.pid"
 wait_for 30 "control server" grep -q "control server ready" "$DATA/control.log" || { cat "$DATA/control.log"; exit 1; }
@@ -82,7 +85,7 @@ sed -e "s#/var/lib/edgeplane#$DATA#g" -e "s#127.0.0.1:4222#127.0.0.1:$NATS_PORT#
 	-e "s#:8080#:$HTTP_PORT#g; s#: 8080#: $HTTP_PORT#g; s#:8443#:$HTTPS_PORT#g; s#: 8443#: $HTTPS_PORT#g" \
 	-e "s#localhost:2019#localhost:$ADMIN_PORT#g; s#127.0.0.1:1053#127.0.0.1:$DNS_PORT#g" caddy.json >"$DATA/caddy.json"
 XDG_DATA_HOME="$DATA/caddy-data" XDG_CONFIG_HOME="$DATA/caddy-config" \
-	"$BIN/caddy" run --config "$DATA/caddy.json" >"$DATA/caddy.log" 2>&1 &
+	setsid "$BIN/caddy" run --config "$DATA/caddy.json" >"$DATA/caddy.log" 2>&1 &
 echo $! >"$DATA/caddy.pid"
 wait_for 30 "the gateway's admin API" curl -fsS "http://localhost:$ADMIN_PORT/edgeplane/projection" || { cat "$DATA/caddy.log"; exit 1; }
 
