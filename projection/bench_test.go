@@ -146,42 +146,71 @@ func start1(b *testing.B, cfg projection.Config) *running {
 // sub-benchmark applies the same events without checking signatures: the
 // baseline the cost of verification is a ratio to.
 func BenchmarkEventApply(b *testing.B) {
-	for _, verify := range []bool{true, false} {
-		name := "signed"
+	signedAndUnsigned(b, func(b *testing.B, verify bool) {
+		srv := storetest.Start(b)
+		var opts []func(*projection.Projection)
 		if !verify {
-			name = "unsigned"
+			opts = append(opts, projection.Unverified)
 		}
-		b.Run(name, func(b *testing.B) {
-			srv := storetest.Start(b)
-			var opts []func(*projection.Projection)
-			if !verify {
-				opts = append(opts, projection.Unverified)
-			}
-			p := start(b, projection.Config{Store: srv.Connect(b)}, opts...)
-			for p.Status().Loads == 0 {
-				time.Sleep(time.Millisecond)
-			}
-			info, err := srv.Store.Routing.Info(context.Background())
-			if err != nil {
-				b.Fatal(err)
-			}
-			base := info.State.LastSeq
-			// Signed for the sequence each gets, as the control plane
-			// does, before the clock starts: what is timed is the
-			// gateway's side.
-			msgs := benchEvents(b, srv, base, b.N)
-			b.ResetTimer()
-			start := time.Now()
-			publishInOrder(b, srv, base, msgs)
-			last := base + uint64(b.N)
-			for p.View().Seq < last {
-				time.Sleep(100 * time.Microsecond)
-			}
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
-			if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 {
-				b.Fatalf("%d refused, %d bad", st.Signatures.Refused, st.BadEvents)
-			}
-		})
+		p := start(b, projection.Config{Store: srv.Connect(b)}, opts...)
+		for p.Status().Loads == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		info, err := srv.Store.Routing.Info(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		base := info.State.LastSeq
+		// Signed for the sequence each gets, as the control plane
+		// does, before the clock starts: what is timed is the
+		// gateway's side.
+		msgs := benchEvents(b, srv, base, b.N)
+		b.ResetTimer()
+		start := time.Now()
+		publishInOrder(b, srv, base, msgs)
+		last := base + uint64(b.N)
+		for p.View().Seq < last {
+			time.Sleep(100 * time.Microsecond)
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+		if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 {
+			b.Fatalf("%d refused, %d bad", st.Signatures.Refused, st.BadEvents)
+		}
+	})
+}
+
+// signedAndUnsigned runs bench as the sub-benchmarks "signed" (every
+// event's signature verified) and "unsigned" (the baseline without).
+func signedAndUnsigned(b *testing.B, bench func(b *testing.B, verify bool)) {
+	b.Run("signed", func(b *testing.B) { bench(b, true) })
+	b.Run("unsigned", func(b *testing.B) { bench(b, false) })
+}
+
+// loadedProjection is a projection loaded from a fresh store, not
+// following it (unverified unless verify), and what catches it up.
+func loadedProjection(b *testing.B, verify bool) (*storetest.Server, *store.Store, *projection.Projection, func() error) {
+	b.Helper()
+	srv := storetest.Start(b)
+	st := srv.Connect(b)
+	p, err := projection.New(projection.Config{Store: st})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !verify {
+		projection.Unverified(p)
+	}
+	catchUp, err := projection.Loaded(context.Background(), p, st)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return srv, st, p, catchUp
+}
+
+// allApplied fails b unless p applied n events, none refused or bad.
+func allApplied(b *testing.B, p *projection.Projection, n int) {
+	b.Helper()
+	if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 || st.EventsApplied != uint64(n) {
+		b.Fatalf("%d applied, %d refused, %d bad", st.EventsApplied, st.Signatures.Refused, st.BadEvents)
 	}
 }
 
@@ -242,53 +271,33 @@ func publishInOrder(b *testing.B, srv *storetest.Server, base uint64, msgs []*na
 // a gateway does when it is behind the stream. The unsigned sub-benchmark
 // applies the same events without checking signatures.
 func BenchmarkEventCatchUp(b *testing.B) {
-	for _, verify := range []bool{true, false} {
-		name := "signed"
-		if !verify {
-			name = "unsigned"
+	signedAndUnsigned(b, func(b *testing.B, verify bool) {
+		srv, _, p, catchUp := loadedProjection(b, verify)
+		first := p.View().Seq
+		msgs := benchEvents(b, srv, first, b.N)
+		b.ResetTimer()
+		var took time.Duration
+		// The stream keeps the last 4 events of each of the 1000
+		// subjects: publish 4000 at a time (not timed), then catch up.
+		for done := 0; done < b.N; {
+			chunk := msgs[done:min(done+4000, b.N)]
+			base := first + uint64(done)
+			b.StopTimer()
+			publishInOrder(b, srv, base, chunk)
+			b.StartTimer()
+			start := time.Now()
+			if err := catchUp(); err != nil {
+				b.Fatal(err)
+			}
+			took += time.Since(start)
+			done += len(chunk)
+			if got, want := p.View().Seq, first+uint64(done); got != want {
+				b.Fatalf("applied %d, want %d", got, want)
+			}
 		}
-		b.Run(name, func(b *testing.B) {
-			srv := storetest.Start(b)
-			st := srv.Connect(b)
-			p, err := projection.New(projection.Config{Store: st})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if !verify {
-				projection.Unverified(p)
-			}
-			catchUp, err := projection.Loaded(context.Background(), p, st)
-			if err != nil {
-				b.Fatal(err)
-			}
-			first := p.View().Seq
-			msgs := benchEvents(b, srv, first, b.N)
-			b.ResetTimer()
-			var took time.Duration
-			// The stream keeps the last 4 events of each of the 1000
-			// subjects: publish 4000 at a time (not timed), then catch up.
-			for done := 0; done < b.N; {
-				chunk := msgs[done:min(done+4000, b.N)]
-				base := first + uint64(done)
-				b.StopTimer()
-				publishInOrder(b, srv, base, chunk)
-				b.StartTimer()
-				start := time.Now()
-				if err := catchUp(); err != nil {
-					b.Fatal(err)
-				}
-				took += time.Since(start)
-				done += len(chunk)
-				if got, want := p.View().Seq, first+uint64(done); got != want {
-					b.Fatalf("applied %d, want %d", got, want)
-				}
-			}
-			b.ReportMetric(float64(b.N)/took.Seconds(), "events/s")
-			if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 || st.EventsApplied != uint64(b.N) {
-				b.Fatalf("%d applied, %d refused, %d bad", st.EventsApplied, st.Signatures.Refused, st.BadEvents)
-			}
-		})
-	}
+		b.ReportMetric(float64(b.N)/took.Seconds(), "events/s")
+		allApplied(b, p, b.N)
+	})
 }
 
 // BenchmarkEventVerifyApply measures the projection's own work per routing
@@ -296,45 +305,26 @@ func BenchmarkEventCatchUp(b *testing.B) {
 // sequences), verified, decoded and applied in the batches a catch-up
 // applies, with 1000 services in the view.
 func BenchmarkEventVerifyApply(b *testing.B) {
-	for _, verify := range []bool{true, false} {
-		name := "signed"
-		if !verify {
-			name = "unsigned"
+	signedAndUnsigned(b, func(b *testing.B, verify bool) {
+		srv, st, p, _ := loadedProjection(b, verify)
+		if _, err := st.LoadSigners(context.Background()); err != nil {
+			b.Fatal(err)
 		}
-		b.Run(name, func(b *testing.B) {
-			srv := storetest.Start(b)
-			st := srv.Connect(b)
-			p, err := projection.New(projection.Config{Store: st})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if !verify {
-				projection.Unverified(p)
-			}
-			if _, err := projection.Loaded(context.Background(), p, st); err != nil {
-				b.Fatal(err)
-			}
-			if _, err := st.LoadSigners(context.Background()); err != nil {
-				b.Fatal(err)
-			}
-			first := p.View().Seq
-			stored := make([]*store.StoredMsg, b.N)
-			now := time.Now()
-			for i, m := range benchEvents(b, srv, first, b.N) {
-				stored[i] = &store.StoredMsg{Subject: m.Subject, Seq: first + uint64(i) + 1, Time: now, Header: m.Header, Data: m.Data}
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			start := time.Now()
-			if err := projection.ApplyStored(context.Background(), p, st, stored); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
-			if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 || st.EventsApplied != uint64(b.N) {
-				b.Fatalf("%d applied, %d refused, %d bad", st.EventsApplied, st.Signatures.Refused, st.BadEvents)
-			}
-		})
-	}
+		first := p.View().Seq
+		stored := make([]*store.StoredMsg, b.N)
+		now := time.Now()
+		for i, m := range benchEvents(b, srv, first, b.N) {
+			stored[i] = &store.StoredMsg{Subject: m.Subject, Seq: first + uint64(i) + 1, Time: now, Header: m.Header, Data: m.Data}
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		if err := projection.ApplyStored(context.Background(), p, st, stored); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+		allApplied(b, p, b.N)
+	})
 }
 
 // BenchmarkLookup measures View.Lookup in a view of 10k services, parallel,
