@@ -116,8 +116,10 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	}
 }
 
-// An agent restarted while an instance waits in backoff restarts it.
-func TestBackoffSurvivesAnAgentRestart(t *testing.T) {
+// diedWithItsAgentAway starts an instance, stops its agent, and kills the
+// instance: what the next agent on dir finds.
+func diedWithItsAgentAway(t *testing.T) (*storetest.Server, string, store.InstanceRecord) {
+	t.Helper()
 	srv := storetest.Start(t)
 	dir := t.TempDir()
 	f := startAgent(t, srv, dir)
@@ -128,6 +130,12 @@ func TestBackoffSurvivesAnAgentRestart(t *testing.T) {
 	if err := killPID(rec.PID); err != nil {
 		t.Fatal(err)
 	}
+	return srv, dir, rec
+}
+
+// An agent restarted while an instance waits in backoff restarts it.
+func TestBackoffSurvivesAnAgentRestart(t *testing.T) {
+	srv, dir, rec := diedWithItsAgentAway(t)
 	startAgent(t, srv, dir)
 	var up store.InstanceRecord
 	storetest.Eventually(t, 10*time.Second, "the instance that died with its agent away to run again", func() bool {
@@ -147,16 +155,7 @@ func TestBackoffSurvivesAnAgentRestart(t *testing.T) {
 // answered again (`control doctor` after `make up` on a box whose
 // instances had been killed).
 func TestInstanceAwaitingItsRestartAnswersEverything(t *testing.T) {
-	srv := storetest.Start(t)
-	dir := t.TempDir()
-	f := startAgent(t, srv, dir)
-	commitOne(t, srv.Store, "web-0-a")
-	rec := startReady(t, srv.Store, "web-0-a", nil)
-	f.stop()
-	<-f.done
-	if err := killPID(rec.PID); err != nil {
-		t.Fatal(err)
-	}
+	srv, dir, rec := diedWithItsAgentAway(t)
 	startAgentAlone(t, srv, dir, func(c *Config) { c.RestartBackoff, c.RestartBackoffMax = time.Hour, time.Hour })
 	ctx := context.Background()
 	storetest.Eventually(t, 5*time.Second, "the instance in backoff", func() bool {
