@@ -275,37 +275,11 @@ func (d *Container) List(ctx context.Context) ([]Listed, error) {
 	return out, nil
 }
 
-// ctrHandle is a started or adopted container.
-type ctrHandle struct {
-	st     State
-	exited chan struct{}
-	once   sync.Once
-	err    error
-}
-
-func (h *ctrHandle) State() State            { return h.st }
-func (h *ctrHandle) Exited() <-chan struct{} { return h.exited }
-func (h *ctrHandle) ExitErr() error {
-	select {
-	case <-h.exited:
-		return h.err
-	default:
-		return nil
-	}
-}
-
-func (h *ctrHandle) finish(err error) {
-	h.once.Do(func() {
-		h.err = err
-		close(h.exited)
-	})
-}
-
 // follow returns a handle whose Exited closes when the container stops
 // running: an engine wait, or polling if the wait fails (the engine
 // restarted, say).
-func (d *Container) follow(st State) *ctrHandle {
-	h := &ctrHandle{st: st, exited: make(chan struct{})}
+func (d *Container) follow(st State) *run {
+	h := newRun(st)
 	go func() {
 		ctx := context.Background()
 		w := d.c.ContainerWait(ctx, st.Container, client.ContainerWaitOptions{Condition: container.WaitConditionNotRunning})

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -30,28 +29,6 @@ type Process struct {
 var _ Driver = (*Process)(nil)
 
 func (p *Process) Name() string { return "process" }
-
-type procHandle struct {
-	st     State
-	exited chan struct{}
-	mu     sync.Mutex
-	err    error
-}
-
-func (h *procHandle) State() State            { return h.st }
-func (h *procHandle) Exited() <-chan struct{} { return h.exited }
-func (h *procHandle) ExitErr() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.err
-}
-
-func (h *procHandle) finish(err error) {
-	h.mu.Lock()
-	h.err = err
-	h.mu.Unlock()
-	close(h.exited)
-}
 
 // Start launches spec.Command with HOST and PORT set.
 func (p *Process) Start(ctx context.Context, spec Spec) (Handle, error) {
@@ -82,10 +59,7 @@ func (p *Process) Start(ctx context.Context, spec Spec) (Handle, error) {
 		return nil, fmt.Errorf("starting %s: %w", spec.ID, err)
 	}
 	ticks, _ := startTicks(cmd.Process.Pid)
-	h := &procHandle{
-		st:     State{ID: spec.ID, Driver: p.Name(), PID: cmd.Process.Pid, StartTicks: ticks, LogPath: logPath},
-		exited: make(chan struct{}),
-	}
+	h := newRun(State{ID: spec.ID, Driver: p.Name(), PID: cmd.Process.Pid, StartTicks: ticks, LogPath: logPath})
 	go func() { h.finish(describeExit(cmd.Wait())) }()
 	return h, nil
 }
@@ -121,7 +95,7 @@ func (p *Process) Adopt(ctx context.Context, st State) (Handle, error) {
 	if !sameProcess(st.PID, st.StartTicks) {
 		return nil, fmt.Errorf("adopting %s (pid %d): %w", st.ID, st.PID, ErrGone)
 	}
-	h := &procHandle{st: st, exited: make(chan struct{})}
+	h := newRun(st)
 	interval := p.PollInterval
 	if interval <= 0 {
 		interval = 200 * time.Millisecond

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -84,6 +85,35 @@ type Handle interface {
 	Exited() <-chan struct{}
 	// ExitErr describes how it ended; valid after Exited is closed.
 	ExitErr() error
+}
+
+// run is the Handle both drivers return: the run's state, and how it
+// ended once it has (finish, which only the first call does).
+type run struct {
+	st     State
+	exited chan struct{}
+	once   sync.Once
+	err    error
+}
+
+func newRun(st State) *run { return &run{st: st, exited: make(chan struct{})} }
+
+func (r *run) State() State            { return r.st }
+func (r *run) Exited() <-chan struct{} { return r.exited }
+func (r *run) ExitErr() error {
+	select {
+	case <-r.exited:
+		return r.err // written before exited closed
+	default:
+		return nil
+	}
+}
+
+func (r *run) finish(err error) {
+	r.once.Do(func() {
+		r.err = err
+		close(r.exited)
+	})
 }
 
 // Driver runs instances.
