@@ -52,8 +52,6 @@ type Aggregator struct {
 	// byNS holds the instance records by namespace and KV key, so that a
 	// namespace's summary costs its own instances, not the fleet's.
 	byNS map[string]map[string]*store.InstanceRecord
-	// nsOf is each KV key's namespace, for updates and deletes.
-	nsOf map[string]string
 	// onMachine counts each machine's instances by namespace, so that a
 	// machine going stale marks only its namespaces dirty.
 	onMachine map[string]map[string]int
@@ -85,7 +83,7 @@ func New(s *store.Store, cfg Config) (*Aggregator, error) {
 		cfg.Logger = zap.NewNop()
 	}
 	return &Aggregator{s: s, kv: s.FleetStatus, cfg: cfg, log: cfg.Logger,
-		byNS: map[string]map[string]*store.InstanceRecord{}, nsOf: map[string]string{}, onMachine: map[string]map[string]int{},
+		byNS: map[string]map[string]*store.InstanceRecord{}, onMachine: map[string]map[string]int{},
 		beats: map[string]store.MachineBeat{}, live: map[string]string{},
 		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{}}, nil
 }
@@ -151,6 +149,8 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	}
 }
 
+// reset forgets what the aggregator holds, marking every namespace it
+// knew dirty so that one gone meanwhile has its summary deleted.
 func (a *Aggregator) reset() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -162,7 +162,6 @@ func (a *Aggregator) reset() {
 		a.touch(ns, now)
 	}
 	clear(a.byNS)
-	clear(a.nsOf)
 	clear(a.onMachine)
 	clear(a.beats)
 	clear(a.live)
@@ -180,8 +179,10 @@ func (a *Aggregator) instance(ent jetstream.KeyValueEntry) {
 	now := time.Now()
 	key := ent.Key()
 	a.rev = max(a.rev, ent.Revision())
-	if ns, ok := a.nsOf[key]; ok {
-		old := a.byNS[ns][key]
+	// The key starts with the namespace (store.InstanceKey), and a
+	// record whose body disagrees with its key is never taken in.
+	ns, _, _ := strings.Cut(key, ".")
+	if old, ok := a.byNS[ns][key]; ok {
 		a.forget(ns, key, old.Machine)
 		a.touch(ns, now)
 	}
@@ -195,7 +196,6 @@ func (a *Aggregator) instance(ent jetstream.KeyValueEntry) {
 		a.byNS[rec.Namespace] = insts
 	}
 	insts[key] = &rec
-	a.nsOf[key] = rec.Namespace
 	m := a.onMachine[rec.Machine]
 	if m == nil {
 		m = map[string]int{}
@@ -207,7 +207,6 @@ func (a *Aggregator) instance(ent jetstream.KeyValueEntry) {
 
 // forget drops the record under key; a.mu is held.
 func (a *Aggregator) forget(ns, key, machine string) {
-	delete(a.nsOf, key)
 	if insts := a.byNS[ns]; insts != nil {
 		delete(insts, key)
 		if len(insts) == 0 {
