@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -325,22 +326,15 @@ func (a *Aggregator) flush(ctx context.Context) error {
 	a.mu.Unlock()
 
 	errs := make([]error, len(out))
-	var wg sync.WaitGroup
-	work := make(chan int)
-	for range min(flushWriters, len(out)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				errs[i] = a.write(ctx, &out[i])
-			}
-		}()
-	}
+	var g errgroup.Group
+	g.SetLimit(flushWriters)
 	for i := range out {
-		work <- i
+		g.Go(func() error {
+			errs[i] = a.write(ctx, &out[i])
+			return nil
+		})
 	}
-	close(work)
-	wg.Wait()
+	_ = g.Wait()
 
 	var msgs []string
 	a.mu.Lock()

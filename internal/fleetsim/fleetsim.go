@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -147,38 +149,18 @@ func (f *Fleet) onStop(fn func()) {
 	f.stops = append(f.stops, fn)
 }
 
-// parallel runs fn for every item on a few goroutines, stopping at the
-// first error.
+// parallel runs fn for every item, a few at a time, stopping at the first
+// error.
 func parallel[T any](ctx context.Context, items []T, fn func(context.Context, T) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	work := make(chan T)
-	var wg sync.WaitGroup
-	for range min(32, len(items)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for it := range work {
-				if err := fn(ctx, it); err != nil {
-					cancel(err)
-				}
-			}
-		}()
-	}
-feed:
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(32)
 	for _, it := range items {
-		select {
-		case work <- it:
-		case <-ctx.Done():
-			break feed
+		if ctx.Err() != nil {
+			break
 		}
+		g.Go(func() error { return fn(ctx, it) })
 	}
-	close(work)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil && err != context.Canceled {
-		return err
-	}
-	return nil
+	return g.Wait()
 }
 
 // Stop ends every simulated agent.
