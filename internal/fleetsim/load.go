@@ -47,7 +47,6 @@ func (f *Fleet) Place(ctx context.Context, namespaces, perNS int) error {
 // Write is one acknowledged instance record write of a churn.
 type Write struct {
 	Namespace string
-	Key       string
 	Revision  uint64
 	// At is when the write was sent.
 	At time.Time
@@ -123,7 +122,7 @@ func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, onWrite fu
 				locks[k].Unlock()
 				writes.Add(1)
 				if onWrite != nil {
-					onWrite(Write{Namespace: rec.Namespace, Key: rec.Key(), Revision: rev, At: at})
+					onWrite(Write{Namespace: rec.Namespace, Revision: rev, At: at})
 				}
 			}
 		}()

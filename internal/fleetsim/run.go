@@ -138,7 +138,7 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 			}
 		}()
 	}
-	midStart := time.Now()
+	churnStart := time.Now()
 	if spec.Midway != nil {
 		wg.Add(1)
 		go func() {
@@ -146,7 +146,7 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 			select {
 			case <-cctx.Done():
 			case <-time.After(spec.Duration / 2):
-				rep.Midway = fmt.Sprintf("%s (%.1fs into the writes)", spec.Midway(), time.Since(midStart).Seconds())
+				rep.Midway = fmt.Sprintf("%s (%.1fs into the writes)", spec.Midway(), time.Since(churnStart).Seconds())
 				logf("midway: %s", rep.Midway)
 			}
 		}()
@@ -155,7 +155,6 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 	if spec.OnChurn != nil {
 		spec.OnChurn(true)
 	}
-	churnStart := time.Now()
 	rep.Churn, err = f.Churn(ctx, spec.Rate, spec.Duration, meter.Wrote)
 	if spec.OnChurn != nil {
 		spec.OnChurn(false)
