@@ -1,6 +1,7 @@
 package fleetsim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -89,15 +90,7 @@ func (g *Gateways) Reached(seq uint64, from time.Time) (lags []time.Duration, ok
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, r := range g.reached {
-		i, _ := slices.BinarySearchFunc(r, seq, func(x reachedAt, s uint64) int {
-			switch {
-			case x.seq < s:
-				return -1
-			case x.seq > s:
-				return 1
-			}
-			return 0
-		})
+		i, _ := slices.BinarySearchFunc(r, seq, func(x reachedAt, s uint64) int { return cmp.Compare(x.seq, s) })
 		if i == len(r) {
 			return nil, false
 		}
