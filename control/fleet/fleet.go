@@ -483,6 +483,25 @@ func Recount(ctx context.Context, s *store.Store, now time.Time) (map[string]sto
 	return out, err
 }
 
+// Differences lists where summaries disagree with counts (a Recount, say):
+// namespaces counted otherwise, and summaries of namespaces without
+// instances. Sorted; empty when they agree.
+func Differences(sums map[string]store.NamespaceStatus, want map[string]store.Counts) []string {
+	var diff []string
+	for ns, c := range want {
+		if got := sums[ns].Counts; got != c {
+			diff = append(diff, fmt.Sprintf("%s: summary %+v, recount %+v", ns, got, c))
+		}
+	}
+	for ns := range sums {
+		if _, ok := want[ns]; !ok {
+			diff = append(diff, ns+" summarised without instances")
+		}
+	}
+	slices.Sort(diff)
+	return diff
+}
+
 // Read returns every namespace summary in the store, by namespace.
 func Read(ctx context.Context, s *store.Store) (map[string]store.NamespaceStatus, error) {
 	out := map[string]store.NamespaceStatus{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,20 +43,11 @@ func caughtUp(t *testing.T, s *store.Store, ns string, rev uint64, want map[stri
 		if err != nil {
 			t.Fatal(err)
 		}
-		diff = ""
+		diffs := fleet.Differences(sums, want)
 		if sums[ns].Revision < rev {
-			diff = fmt.Sprintf("%s summarised through revision %d, written at %d", ns, sums[ns].Revision, rev)
+			diffs = append(diffs, fmt.Sprintf("%s summarised through revision %d, written at %d", ns, sums[ns].Revision, rev))
 		}
-		for n, c := range want {
-			if got := sums[n].Counts; got != c {
-				diff += fmt.Sprintf("; %s: summary %+v, recount %+v", n, got, c)
-			}
-		}
-		for n := range sums {
-			if _, ok := want[n]; !ok {
-				diff += fmt.Sprintf("; %s summarised without instances", n)
-			}
-		}
+		diff = strings.Join(diffs, "; ")
 		if diff == "" {
 			return
 		}

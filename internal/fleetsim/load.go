@@ -254,17 +254,7 @@ func summaryDiff(ctx context.Context, s *store.Store) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var diff []string
-	for ns, c := range want {
-		if got := sums[ns].Counts; got != c {
-			diff = append(diff, fmt.Sprintf("%s: summary %+v, recount %+v", ns, got, c))
-		}
-	}
-	for ns := range sums {
-		if _, ok := want[ns]; !ok {
-			diff = append(diff, ns+" summarised without instances")
-		}
-	}
+	diff := fleet.Differences(sums, want)
 	if len(diff) > 5 {
 		diff = append(diff[:5], fmt.Sprintf("and %d more", len(diff)-5))
 	}
