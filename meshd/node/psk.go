@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/base64"
 	"time"
 
 	"go.uber.org/zap"
@@ -81,13 +80,11 @@ func (n *Node) fetchPSKs(ctx context.Context, unknown map[string]time.Time) {
 			return
 		}
 		for _, m := range chunk {
-			b, err := base64.StdEncoding.DecodeString(rep.PSKs[m])
-			if err != nil || len(b) != len(Key{}) {
+			k, err := ParseKey(rep.PSKs[m])
+			if err != nil {
 				unknown[m] = now
 				continue
 			}
-			var k Key
-			copy(k[:], b)
 			got[m] = k
 		}
 		ready = true
