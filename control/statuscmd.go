@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/fleet"
+	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -82,31 +83,18 @@ func readFleet(ctx context.Context, s *store.Store) (*fleetView, error) {
 		}
 		v.Namespaces = append(v.Namespaces, nv)
 	}
-	var recs []string
-	if err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
-		recs = append(recs, m.ID)
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-	_, beats, err := s.MachineObservations(ctx)
+	list, err := machines.List(ctx, s, false, 0)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
-	v.Machines = machinesView{Total: len(recs), Liveness: map[string]int{}}
-	slices.Sort(recs)
-	for _, id := range recs {
-		var b *store.MachineBeat
-		if beat, ok := beats[id]; ok {
-			b = &beat
-		}
-		l := b.Liveness(now)
-		v.Machines.Liveness[l]++
-		if l != store.MachineFresh {
-			what := id + " (" + l
-			if b != nil {
-				what += ", last beat " + now.Sub(b.At).Round(time.Second).String() + " ago"
+	v.Machines = machinesView{Total: len(list), Liveness: map[string]int{}}
+	for _, m := range list {
+		v.Machines.Liveness[m.Liveness]++
+		if m.Liveness != store.MachineFresh {
+			what := m.ID + " (" + m.Liveness
+			if !m.LastBeat.IsZero() {
+				what += ", last beat " + now.Sub(m.LastBeat).Round(time.Second).String() + " ago"
 			}
 			v.Machines.NotFresh = append(v.Machines.NotFresh, what+")")
 		}
