@@ -1,7 +1,8 @@
 // Package wgbind provides the UDP side of meshd's WireGuard device: a
 // conn.Bind wrapper that lets STUN share the WireGuard socket (so the mapping
-// STUN discovers is the WireGuard port's), and a Bind on one specific local
-// address for boxes and tests that must not listen on 0.0.0.0.
+// STUN discovers is the WireGuard port's) and lets WireGuard reach peers
+// through a TURN relay allocation (relay.go), and a Bind on one specific
+// local address for boxes and tests that must not listen on 0.0.0.0.
 package wgbind
 
 import (
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"golang.zx2c4.com/wireguard/conn"
+	"golang.zx2c4.com/wireguard/device"
 )
 
 // stunMagicCookie sits at bytes 4..8 of every RFC 5389 STUN message.
@@ -36,7 +38,24 @@ type Demux struct {
 	conn.Bind
 	handler atomic.Pointer[STUNHandler]
 	// STUNPackets counts packets diverted to the handler.
-	STUNPackets atomic.Uint64
+	STUNPackets  atomic.Uint64
+	onInitiation atomic.Pointer[func()]
+	relay        relayState
+}
+
+// initiationSize is the size of a WireGuard handshake initiation (type 1).
+const initiationSize = device.MessageInitiationSize
+
+// OnInitiation installs f (nil: none), called on the receive path, before
+// WireGuard sees it, for each packet that looks like a handshake initiation:
+// meshd reacts to a peer that switched keys before its data follows. f must
+// not block.
+func (d *Demux) OnInitiation(f func()) {
+	if f == nil {
+		d.onInitiation.Store(nil)
+		return
+	}
+	d.onInitiation.Store(&f)
 }
 
 // NewDemux wraps inner.
@@ -51,23 +70,30 @@ func (d *Demux) SetHandler(h STUNHandler) {
 	d.handler.Store(&h)
 }
 
-// Open opens the inner bind and wraps each receive function.
+// Open opens the inner bind and wraps each receive function, and adds one
+// that receives from the relay (see SetRelay).
 func (d *Demux) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
 	fns, actual, err := d.Bind.Open(port)
 	if err != nil {
 		return nil, 0, err
 	}
-	out := make([]conn.ReceiveFunc, len(fns))
+	out := make([]conn.ReceiveFunc, len(fns), len(fns)+1)
 	for i, fn := range fns {
 		out[i] = d.wrap(fn)
 	}
-	return out, actual, nil
+	return append(out, d.openRelay()), actual, nil
 }
 
 func (d *Demux) wrap(fn conn.ReceiveFunc) conn.ReceiveFunc {
 	return func(packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
 		n, err := fn(packets, sizes, eps)
 		for i := 0; i < n; i++ {
+			if sizes[i] == initiationSize && packets[i][0] == 1 {
+				if f := d.onInitiation.Load(); f != nil {
+					(*f)()
+				}
+				continue
+			}
 			if sizes[i] < 20 || !IsSTUN(packets[i][:sizes[i]]) {
 				continue
 			}
