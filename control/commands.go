@@ -22,6 +22,9 @@ var commands = []command{
 	{name: "machine rm", aliases: []string{"machine remove"}, synopsis: "ID [--force]", summary: "retire a machine: records, routing, DNS name, mesh peer and invite go",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineRemove},
 
+	{name: "mesh rotate", synopsis: "[--machine ID]", summary: "give meshd nodes new WireGuard keys; peers accept the old key for an overlap, so no tunnel drops",
+		client: writes, setup: setupMeshRotate},
+
 	{name: "deploy preview", synopsis: "-f FILE", summary: "show what applying a manifest would start, keep and stop; writes nothing",
 		client: reads, setup: setupDeployPreview},
 	{name: "deploy apply", synopsis: "-f FILE", summary: "apply a manifest: the nine-step deploy, printing each step",

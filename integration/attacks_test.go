@@ -56,7 +56,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"9_host_claims", attackHostClaims},
 		{"10_machine_observations", attackMachineObservations},
 		{"11_agent_rpcs_and_fleet_status", attackAgentRPCs},
-		{"12_mesh_preshared_keys", attackMeshPSKs},
+		{"12_mesh_pair_keys_and_rotation", attackMeshPSKs},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -780,7 +780,8 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 // 12. Every pair of meshd nodes shares a preshared key that only those two
 // are told: m1's mesh credentials (and m1's node secret, stolen with the
 // box) get m1's pairs' keys, never another pair's, nor the secret they are
-// derived from.
+// derived from. Nor do they rotate another node's key: a thief who could
+// would put their own key in its place.
 func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	ctx := context.Background()
 	s := f.c.store
@@ -849,6 +850,37 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	})
 	if again, err := s.MeshPSKSecret(ctx); err != nil || string(again) != string(secret) {
 		t.Fatalf("the secret changed: %v", err)
+	}
+
+	m2Key := func() string {
+		rec, err := s.MeshPeer(ctx, "m2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.PublicKey
+	}
+	before := m2Key()
+	var thief [32]byte
+	_, _ = rand.Read(thief[:])
+	rotate := func(subject string, req store.MeshRotateRequest) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			req.Version, req.PublicKey = store.RecordVersion, base64.StdEncoding.EncodeToString(thief[:])
+			return store.Call(ctx, th.nc, s.Names.RegistrarSubject(subject), "registrar", "rotate", req, nil)
+		}
+	}
+	th.try(t, "m1's mesh credentials rotate m2's key on m2's subject", rotate("rotate.m2", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"]}))
+	th.try(t, "m1's mesh credentials rotate m2's key on m1's subject", rotate("rotate.m1", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"]}))
+	th.try(t, "m1's mesh credentials rotate on the unbound subject", rotate("rotate", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"]}))
+	th.try(t, "m1's mesh credentials ask for m2's rotation in its peer record", func(ctx context.Context) error {
+		_, err := th.st.MeshPeers.Put(ctx, store.MeshPeerKey("m2"), []byte(`{"rotate_requested":"2099-01-01T00:00:00Z"}`))
+		return err
+	})
+	if after := m2Key(); after != before {
+		t.Fatalf("m2's key changed from %s to %s", before, after)
+	}
+	// The same credentials rotate their own machine's key.
+	if err := rotate("rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"]})(ctx); err != nil {
+		t.Fatalf("m1 rotating its own key: %v", err)
 	}
 }
 

@@ -42,9 +42,39 @@ type MeshPeerRecord struct {
 	// operator added); it sends no heartbeats, so liveness never drops it.
 	Static       bool      `json:"static,omitempty"`
 	RegisteredAt time.Time `json:"registered_at"`
+	// KeySince is when PublicKey was registered (zero on records written
+	// before rotation: RegisteredAt stands in).
+	KeySince time.Time `json:"key_since,omitempty"`
+	// PreviousKey is the key the node rotated away from. Peers keep
+	// accepting handshakes under it until PreviousUntil, so tunnels stay
+	// up while the node switches keys; after that it is refused.
+	PreviousKey   string    `json:"previous_key,omitempty"`
+	PreviousUntil time.Time `json:"previous_until,omitempty"`
+	// RotateRequested is when an operator asked for a new key (`control
+	// mesh rotate`): the node rotates when it is later than KeyAge().
+	RotateRequested time.Time `json:"rotate_requested,omitempty"`
 }
 
 func (r *MeshPeerRecord) version() int { return r.Version }
+
+// KeyAge is when the record's key was registered.
+func (r *MeshPeerRecord) KeyAge() time.Time {
+	if !r.KeySince.IsZero() {
+		return r.KeySince
+	}
+	return r.RegisteredAt
+}
+
+// RotationDue says the node should rotate its key: a rotation was asked
+// for after its key was registered.
+func (r *MeshPeerRecord) RotationDue() bool {
+	return !r.Static && r.RotateRequested.After(r.KeyAge())
+}
+
+// PreviousValid says peers still accept PreviousKey at now.
+func (r *MeshPeerRecord) PreviousValid(now time.Time) bool {
+	return r.PreviousKey != "" && now.Before(r.PreviousUntil)
+}
 
 // MeshHeartbeat is a node's periodic liveness observation. Key:
 // MeshBeatKey(machine).
@@ -406,4 +436,36 @@ func MeshPSK(secret []byte, a, b string) [32]byte {
 	var out [32]byte
 	copy(out[:], m.Sum(nil))
 	return out
+}
+
+// Key rotation. A node rotates its WireGuard key without dropping a tunnel:
+// it asks the registrar, on its own machine's subject
+// (RegistrarSubject("rotate.<machine>")) and with its node secret, to
+// register a new public key; the record then carries the old one as
+// PreviousKey until PreviousUntil. Peers hold both keys for that overlap and
+// move the node's mesh IP to the new key once a handshake under it
+// completes; the node switches its device to the new key shortly after the
+// record changed.
+
+// DefaultMeshKeyOverlap is how long peers accept a rotated-away key.
+const DefaultMeshKeyOverlap = 5 * time.Minute
+
+// MaxMeshKeyOverlap bounds the overlap a node may ask for.
+const MaxMeshKeyOverlap = 24 * time.Hour
+
+// MeshRotateRequest registers PublicKey as the asking node's new key.
+type MeshRotateRequest struct {
+	Version   int    `json:"version"`
+	Machine   string `json:"machine"`
+	Secret    string `json:"secret"`
+	PublicKey string `json:"public_key"`
+	// Overlap is how long peers keep accepting the old key; zero:
+	// DefaultMeshKeyOverlap.
+	Overlap Duration `json:"overlap,omitempty"`
+}
+
+// MeshRotateReply is the record as the rotation left it.
+type MeshRotateReply struct {
+	Version int            `json:"version"`
+	Record  MeshPeerRecord `json:"record"`
 }

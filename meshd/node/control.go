@@ -227,6 +227,7 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 	n.refreshBeats(ctx)
 	n.reconcile(ctx, true)
 	n.requestPSKs()
+	n.requestRotate()
 	prefix := "$KV." + s.Names.MeshPeersBucket() + ".peer."
 	for {
 		select {
@@ -240,6 +241,7 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 			}
 			n.requestApply()
 			n.requestPSKs()
+			n.requestRotate()
 		case m := <-signers:
 			if sm, err := store.StoredFromMsg(m); err == nil {
 				if err := s.ApplySignerMsg(ctx, sm); err != nil {
@@ -272,6 +274,7 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 			n.lastSync = time.Now()
 			if machine == n.st.Machine {
 				_, n.member = n.peers[machine]
+				n.requestRotate()
 			}
 			n.mu.Unlock()
 			n.requestApply()

@@ -126,6 +126,12 @@ type devPeer struct {
 	TxBytes       uint64
 }
 
+// heardFrom says the peer has sent an authenticated message under its key.
+// The first is its handshake initiation: WireGuard counts it in rx_bytes
+// when it checks it, before it answers, while LastHandshake waits for the
+// first data packet, which a rotating peer's mesh IP must already be on.
+func (p *devPeer) heardFrom() bool { return p.RxBytes > 0 || !p.LastHandshake.IsZero() }
+
 // peers reads the device's peers through UAPI.
 func (w *wg) peers() (map[Key]*devPeer, error) {
 	s, err := w.dev.IpcGet()

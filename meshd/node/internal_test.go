@@ -37,12 +37,12 @@ func TestDesiredDropsOfflineAndDiffs(t *testing.T) {
 		"live": {At: now, Interval: iv},
 		"gone": {At: now.Add(-11 * time.Second), Interval: iv},
 	}
-	ds := computeDesired("self", peers, beats, now, "", nil)
+	ds := computeDesired(desiredInputs{self: "self", peers: peers, beats: beats, beatsAt: now, now: now})
 	if len(ds.Peers) != 3 || len(ds.Dropped) != 1 || ds.Dropped[0] != "gone" {
 		t.Fatalf("desired %v dropped %v", ds.Peers, ds.Dropped)
 	}
 	// The same stale snapshot read long ago judges as of its read time.
-	if ds2 := computeDesired("self", peers, beats, now.Add(-time.Hour), "", nil); len(ds2.Dropped) != 0 {
+	if ds2 := computeDesired(desiredInputs{self: "self", peers: peers, beats: beats, beatsAt: now.Add(-time.Hour), now: now}); len(ds2.Dropped) != 0 {
 		t.Fatalf("judged a stale snapshot against now: %v", ds2.Dropped)
 	}
 	// Device has "gone" (to remove) and "live" with a wrong allowed IP.
@@ -152,7 +152,7 @@ func TestDesiredPresharedKeys(t *testing.T) {
 	}
 	beats := map[string]store.MeshHeartbeat{"a": {At: now, Interval: iv}, "b": {At: now, Interval: iv}}
 	psks := map[string]Key{"a": key(20), "b": key(30), "wg": key(40)}
-	ds := computeDesired("self", peers, beats, now, "", func(m string) Key { return psks[m] })
+	ds := computeDesired(desiredInputs{self: "self", peers: peers, beats: beats, beatsAt: now, now: now, psk: func(m string) Key { return psks[m] }})
 	if ds.Peers[key(2)].PSK != key(20) || ds.Peers[key(3)].PSK != (Key{}) || ds.Peers[key(4)].PSK != (Key{}) {
 		t.Fatalf("keys: a %v, b %v, wg %v", ds.Peers[key(2)].PSK, ds.Peers[key(3)].PSK, ds.Peers[key(4)].PSK)
 	}
@@ -160,7 +160,7 @@ func TestDesiredPresharedKeys(t *testing.T) {
 	old := peers["self"]
 	old.Capabilities = nil
 	peers["self"] = old
-	if d := computeDesired("self", peers, beats, now, "", func(m string) Key { return psks[m] }); d.Peers[key(2)].PSK != (Key{}) {
+	if d := computeDesired(desiredInputs{self: "self", peers: peers, beats: beats, beatsAt: now, now: now, psk: func(m string) Key { return psks[m] }}); d.Peers[key(2)].PSK != (Key{}) {
 		t.Fatal("a node without the capability uses a key")
 	}
 	peers["self"] = store.MeshPeerRecord{Machine: "self", PublicKey: key(1).String(), MeshIP: "10.100.0.1", Capabilities: caps}
@@ -186,5 +186,47 @@ func TestDesiredPresharedKeys(t *testing.T) {
 	got, err := parseUAPI("public_key=" + key(2).Hex() + "\npreshared_key=" + key(20).Hex() + "\n")
 	if err != nil || got[key(2)].PSK != key(20) {
 		t.Fatalf("parsed %+v, %v", got[key(2)], err)
+	}
+}
+
+// A peer in its key overlap: both keys in the device, the mesh IP on the
+// old one until the peer has been heard from under the new one, on the new
+// one after; the old key gone when the overlap ends.
+func TestDesiredKeyOverlap(t *testing.T) {
+	now := time.Now()
+	iv := store.Duration(time.Second)
+	rotated := store.MeshPeerRecord{Machine: "a", PublicKey: key(3).String(), MeshIP: "10.100.0.2", Endpoints: []string{"192.0.2.2:51820"},
+		PreviousKey: key(2).String(), PreviousUntil: now.Add(time.Minute), KeySince: now}
+	peers := map[string]store.MeshPeerRecord{"self": {Machine: "self", PublicKey: key(1).String(), MeshIP: "10.100.0.1"}, "a": rotated}
+	beats := map[string]store.MeshHeartbeat{"a": {At: now, Interval: iv}}
+	in := desiredInputs{self: "self", peers: peers, beats: beats, beatsAt: now, now: now, actual: map[Key]*devPeer{}}
+	ds := computeDesired(in)
+	oldK, newK := ds.Peers[key(2)], ds.Peers[key(3)]
+	if len(ds.Peers) != 2 || !oldK.Previous || len(oldK.AllowedIPs) != 1 || len(newK.AllowedIPs) != 0 ||
+		oldK.Endpoint != newK.Endpoint || !ds.Rotating || !ds.Expires.Equal(rotated.PreviousUntil) {
+		t.Fatalf("before the new key is heard from: %+v (rotating %v, expires %v)", ds.Peers, ds.Rotating, ds.Expires)
+	}
+	// Its handshake initiation counted: the address moves.
+	in.actual[key(3)] = &devPeer{PublicKey: key(3), RxBytes: 148}
+	ds = computeDesired(in)
+	if oldK, newK := ds.Peers[key(2)], ds.Peers[key(3)]; len(oldK.AllowedIPs) != 0 || len(newK.AllowedIPs) != 1 || ds.Rotating {
+		t.Fatalf("after: %+v", ds.Peers)
+	}
+	// Past the overlap only the new key is left.
+	in.now = now.Add(2 * time.Minute)
+	in.beatsAt = in.now
+	beats["a"] = store.MeshHeartbeat{At: in.now, Interval: iv}
+	if ds = computeDesired(in); len(ds.Peers) != 1 || len(ds.Peers[key(3)].AllowedIPs) != 1 || !ds.Expires.IsZero() {
+		t.Fatalf("after the overlap: %+v", ds.Peers)
+	}
+	// A rotation asked for after the key was registered is due; one the
+	// node already answered is not.
+	asked := store.MeshPeerRecord{RegisteredAt: now.Add(-time.Hour), RotateRequested: now}
+	if !asked.RotationDue() {
+		t.Fatal("a requested rotation is not due")
+	}
+	asked.KeySince = now.Add(time.Second)
+	if asked.RotationDue() {
+		t.Fatal("a rotation already done is still due")
 	}
 }

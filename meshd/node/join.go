@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -106,7 +108,7 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	if prev, err := LoadState(o.DataDir); err == nil && prev.Machine != o.Machine {
 		return nil, fmt.Errorf("data dir %s belongs to machine %s; leave first or use another --data", o.DataDir, prev.Machine)
 	}
-	key, found, err := loadKey(o.DataDir)
+	key, found, err := loadKey(o.DataDir, keyFile)
 	if err != nil {
 		return nil, err
 	}
@@ -159,9 +161,14 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 		return nil, fmt.Errorf("registering with the mesh registrar: %w", err)
 	}
 	if !found {
-		if err := saveKey(o.DataDir, key); err != nil {
+		if err := saveKey(o.DataDir, keyFile, key); err != nil {
 			return nil, err
 		}
+	}
+	// The registrar now holds keyFile's key: a rotation left half done
+	// before this join is void.
+	if err := os.Remove(filepath.Join(o.DataDir, nextKeyFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
 	}
 	st := &State{
 		Version: store.RecordVersion, Machine: rep.Machine, MeshIP: rep.MeshIP, Subnet: rep.Subnet,

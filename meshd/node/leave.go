@@ -84,7 +84,7 @@ func Leave(ctx context.Context, o LeaveOptions) (*store.MeshLeaveReply, error) {
 }
 
 func purge(dir string) error {
-	for _, f := range []string{keyFile, stateFile, peersFile, SocketName} {
+	for _, f := range []string{keyFile, nextKeyFile, stateFile, peersFile, SocketName} {
 		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("purging %s: %w", f, err)
 		}

@@ -42,6 +42,12 @@ type Config struct {
 	// WatchFallback is how long the peer watch may be down before the node
 	// polls the full state every reconcile interval.
 	WatchFallback time.Duration
+	// KeyOverlap is how long peers keep accepting this node's old key
+	// after it rotates; zero: store.DefaultMeshKeyOverlap.
+	KeyOverlap time.Duration
+	// RotatePrepare is how long the node waits after registering a new
+	// key before switching to it, for peers to add it.
+	RotatePrepare time.Duration
 	// MetricsAddr serves Prometheus metrics at /metrics when set.
 	MetricsAddr string
 	// NoSocket disables the status socket in the data dir.
@@ -60,9 +66,14 @@ type Node struct {
 	kick chan struct{}
 	// pskKick asks pskLoop to look for peers without a key.
 	pskKick chan struct{}
-	ready   chan struct{}
-	met     *metrics
-	stop    context.CancelFunc
+	// rotateKick asks rotateLoop to look at this node's own record.
+	rotateKick chan struct{}
+	// initiations is signalled when a handshake initiation arrives (see
+	// reconcileLoop).
+	initiations chan struct{}
+	ready       chan struct{}
+	met         *metrics
+	stop        context.CancelFunc
 
 	storeP atomic.Pointer[store.Store]
 	// anchor is where the trust in peer records starts.
@@ -137,6 +148,8 @@ func New(cfg Config) (*Node, error) {
 	def(&cfg.ReconcileInterval, DefaultReconcileInterval)
 	def(&cfg.STUNInterval, DefaultSTUNInterval)
 	def(&cfg.WatchFallback, DefaultWatchFallback)
+	def(&cfg.KeyOverlap, store.DefaultMeshKeyOverlap)
+	def(&cfg.RotatePrepare, DefaultRotatePrepare)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -144,9 +157,12 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if key, err = adoptNextKey(cfg.DataDir, key, cache.Peers[st.Machine]); err != nil {
+		return nil, fmt.Errorf("finishing an interrupted key rotation: %w", err)
+	}
 	n := &Node{
 		cfg: cfg, st: st, key: key, anchor: anchor, log: cfg.Logger.With(zap.String("machine", st.Machine)),
-		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), ready: make(chan struct{}),
+		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), rotateKick: make(chan struct{}, 1), initiations: make(chan struct{}, 1), ready: make(chan struct{}),
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
 		applied: make(map[Key]string), names: make(map[Key]string), member: true,
 		psks: make(map[string]Key), pskReady: cache.PSKReady,
@@ -167,7 +183,11 @@ func New(cfg Config) (*Node, error) {
 func (n *Node) State() State { return *n.st }
 
 // PublicKey is the node's WireGuard public key.
-func (n *Node) PublicKey() Key { return n.key.Public() }
+func (n *Node) PublicKey() Key {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.key.Public()
+}
 
 // Ready is closed once the device is up with the cached peers applied.
 func (n *Node) Ready() <-chan struct{} { return n.ready }
@@ -205,6 +225,12 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	n.dev = dev
 	defer dev.close()
+	dev.demux.OnInitiation(func() {
+		select {
+		case n.initiations <- struct{}{}:
+		default:
+		}
+	})
 	n.stun = newSTUNClient(dev.demux)
 	n.log.Info("mesh device up", zap.String("interface", dev.iface), zap.String("mesh_ip", n.st.MeshIP),
 		zap.Int("listen_port", n.st.ListenPort), zap.String("mode", n.st.Mode), zap.Int("cached_peers", len(n.peers)))
@@ -234,6 +260,7 @@ func (n *Node) Run(ctx context.Context) error {
 	close(n.ready)
 	run(n.controlLoop)
 	run(n.pskLoop)
+	run(n.rotateLoop)
 	run(n.reconcileLoop)
 	run(n.stunLoop)
 	<-ctx.Done()
@@ -268,28 +295,65 @@ func (n *Node) requestPSKs() {
 
 // reconcileLoop applies watch changes as they come and runs the full
 // reconcile (heartbeats re-read, drift report) every interval.
+//
+// A peer rotating its key needs more: its mesh IP moves to the new key as
+// soon as a handshake under it completes (soon polls the device for that
+// meanwhile), and its old key goes when the overlap ends.
 func (n *Node) reconcileLoop(ctx context.Context) {
 	t := time.NewTicker(n.cfg.ReconcileInterval)
 	defer t.Stop()
+	soon := time.NewTimer(time.Hour)
+	defer soon.Stop()
+	var ds desiredSet
+	// burst counts the quick looks left after a handshake initiation
+	// arrived while a peer is rotating: WireGuard checks the initiation
+	// on its own goroutine, so the first look may come too early.
+	burst := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-n.kick:
-			n.reconcile(ctx, false)
+			ds = n.reconcile(ctx, false)
+		case <-n.initiations:
+			if !ds.Rotating {
+				continue
+			}
+			burst = rotateBurst
+			ds = n.reconcile(ctx, false)
+		case <-soon.C:
+			ds = n.reconcile(ctx, false)
 		case <-t.C:
 			n.pollIfWatchLost(ctx)
 			n.refreshBeats(ctx)
-			n.reconcile(ctx, true)
+			ds = n.reconcile(ctx, true)
 		}
+		next := time.Hour
+		if ds.Rotating && burst > 0 {
+			burst--
+			next = rotateBurstPoll
+		} else if ds.Rotating {
+			burst = 0
+			next = rotateFastPoll
+		} else if !ds.Expires.IsZero() {
+			next = max(time.Until(ds.Expires), 0) + 10*time.Millisecond
+		}
+		soon.Reset(next)
 	}
 }
 
 // reconcile diffs the desired peers against the device by hash and corrects
 // drift. With report it publishes a drift report (an observation).
-func (n *Node) reconcile(ctx context.Context, report bool) {
+// It returns the desired set it applied (empty when it could not).
+func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
+	actual, err := n.dev.peers()
+	if err != nil {
+		n.log.Error("reading device peers", zap.Error(err))
+		return desiredSet{}
+	}
 	n.mu.Lock()
-	ds := computeDesired(n.st.Machine, n.peers, n.beats, n.beatsAt, n.nat.Endpoint, n.pskOf)
+	ds := computeDesired(desiredInputs{self: n.st.Machine, peers: n.peers, beats: n.beats, beatsAt: n.beatsAt,
+		myReflexive: n.nat.Endpoint, psk: n.pskOf, actual: actual, now: time.Now()})
 	for k, p := range ds.Peers {
 		n.names[k] = p.Machine
 	}
@@ -300,17 +364,12 @@ func (n *Node) reconcile(ctx context.Context, report bool) {
 	source := n.source
 	n.mu.Unlock()
 
-	actual, err := n.dev.peers()
-	if err != nil {
-		n.log.Error("reading device peers", zap.Error(err))
-		return
-	}
 	p := diff(ds, actual, applied, n.nameOf)
 	if p.uapi.Len() > 0 {
 		if err := n.dev.dev.IpcSet(p.uapi.String()); err != nil {
 			n.log.Error("applying peer config", zap.Error(err))
 			n.met.reconcileErrors.Inc()
-			return
+			return desiredSet{}
 		}
 	}
 	n.mu.Lock()
@@ -339,7 +398,7 @@ func (n *Node) reconcile(ctx context.Context, report bool) {
 			zap.Strings("removed", p.removed), zap.Strings("updated", p.updated), zap.Strings("dropped_offline", ds.Dropped))
 	}
 	if !report {
-		return
+		return ds
 	}
 	// Hashes of the desired set and of the device as it was before this
 	// correction: only the drift report needs them.
@@ -360,6 +419,7 @@ func (n *Node) reconcile(ctx context.Context, report bool) {
 			n.log.Debug("publishing drift report", zap.Error(err))
 		}
 	}
+	return ds
 }
 
 // pskOf is the key of this node's pair with machine, zero until the
@@ -479,7 +539,16 @@ type PeerStatus struct {
 	TxBytes         uint64    `json:"tx_bytes"`
 	// PSK says the tunnel uses the pair's preshared key.
 	PSK bool `json:"psk"`
+	// Key is KeyPrevious for the key a peer rotated away from, which
+	// the device accepts until PreviousUntil; empty for its current key.
+	Key           string    `json:"key,omitempty"`
+	PreviousUntil time.Time `json:"previous_until,omitempty"`
+	// KeySince is when the peer's current key was registered.
+	KeySince time.Time `json:"key_since,omitempty"`
 }
+
+// KeyPrevious marks a peer's rotated-away key in PeerStatus.Key.
+const KeyPrevious = "previous"
 
 // Status snapshots the node.
 func (n *Node) Status() (*Status, error) {
@@ -521,6 +590,8 @@ func (n *Node) Status() (*Status, error) {
 		ps := PeerStatus{Machine: machine, PublicKey: rec.PublicKey, MeshIP: rec.MeshIP, Liveness: store.LivenessUnknown}
 		if rec.Static {
 			ps.Liveness = "static"
+		} else {
+			ps.KeySince = rec.KeyAge()
 		}
 		if hb, ok := n.beats[machine]; ok && !rec.Static {
 			ps.Liveness = hb.Liveness(n.beatsAt)
@@ -530,6 +601,15 @@ func (n *Node) Status() (*Status, error) {
 		}
 		seen[k] = true
 		s.Peers = append(s.Peers, ps)
+		if prev, err := ParseKey(rec.PreviousKey); err == nil && prev != k {
+			if a, ok := actual[prev]; ok {
+				old := PeerStatus{Machine: machine, PublicKey: rec.PreviousKey, MeshIP: rec.MeshIP, Liveness: ps.Liveness,
+					Key: KeyPrevious, PreviousUntil: rec.PreviousUntil}
+				fillDev(&old, a, now)
+				seen[prev] = true
+				s.Peers = append(s.Peers, old)
+			}
+		}
 	}
 	for k, a := range actual {
 		if !seen[k] {
@@ -538,7 +618,12 @@ func (n *Node) Status() (*Status, error) {
 			s.Peers = append(s.Peers, ps)
 		}
 	}
-	sort.Slice(s.Peers, func(i, j int) bool { return s.Peers[i].Machine < s.Peers[j].Machine })
+	sort.Slice(s.Peers, func(i, j int) bool {
+		if s.Peers[i].Machine != s.Peers[j].Machine {
+			return s.Peers[i].Machine < s.Peers[j].Machine
+		}
+		return s.Peers[i].Key < s.Peers[j].Key // the current key first
+	})
 	return s, nil
 }
 

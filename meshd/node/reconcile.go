@@ -20,6 +20,9 @@ type desiredPeer struct {
 	Endpoint   string
 	// PSK is the pair's preshared key; zero: none.
 	PSK Key
+	// Previous marks the key a peer rotated away from, accepted for the
+	// overlap.
+	Previous bool
 }
 
 // desiredSet is the active peer config computed from peer records and
@@ -27,17 +30,37 @@ type desiredPeer struct {
 type desiredSet struct {
 	Peers   map[Key]desiredPeer
 	Dropped []string
+	// Rotating: a peer's new key has not shaken hands yet, so its mesh IP
+	// is still on the old one (reconcile soon to move it).
+	Rotating bool
+	// Expires is the earliest end of a peer's key overlap (zero: none),
+	// when the old key must go.
+	Expires time.Time
+}
+
+// desiredInputs is what the active config is computed from.
+type desiredInputs struct {
+	self  string
+	peers map[string]store.MeshPeerRecord
+	beats map[string]store.MeshHeartbeat
+	// beatsAt is when the heartbeats were read.
+	beatsAt     time.Time
+	myReflexive string
+	psk         func(machine string) Key
+	// actual is the device as it is: a rotating peer's mesh IP moves to
+	// its new key once the device has shaken hands under it.
+	actual map[Key]*devPeer
+	now    time.Time
 }
 
 // computeDesired derives the active config. Liveness is judged as of when
 // the heartbeats were read (beatsAt): a stale snapshot gives old but
 // consistent verdicts instead of declaring everyone offline while the
 // control plane is away.
-func computeDesired(self string, peers map[string]store.MeshPeerRecord, beats map[string]store.MeshHeartbeat,
-	beatsAt time.Time, myReflexive string, psk func(machine string) Key) desiredSet {
+func computeDesired(in desiredInputs) desiredSet {
 	ds := desiredSet{Peers: make(map[Key]desiredPeer)}
-	for machine, rec := range peers {
-		if machine == self {
+	for machine, rec := range in.peers {
+		if machine == in.self {
 			continue
 		}
 		key, err := ParseKey(rec.PublicKey)
@@ -49,24 +72,46 @@ func computeDesired(self string, peers map[string]store.MeshPeerRecord, beats ma
 			continue
 		}
 		var hb *store.MeshHeartbeat
-		if b, ok := beats[machine]; ok {
+		if b, ok := in.beats[machine]; ok {
 			hb = &b
 		}
-		if !rec.Static && hb != nil && hb.Liveness(beatsAt) == store.LivenessOffline {
+		if !rec.Static && hb != nil && hb.Liveness(in.beatsAt) == store.LivenessOffline {
 			ds.Dropped = append(ds.Dropped, machine)
 			continue
 		}
 		d := desiredPeer{
 			Machine: machine, PublicKey: key,
 			AllowedIPs: []string{netip.PrefixFrom(ip, ip.BitLen()).String()},
-			Endpoint:   chooseEndpoint(rec, hb, myReflexive),
+			Endpoint:   chooseEndpoint(rec, hb, in.myReflexive),
 		}
 		// Both ends of a pair use its key, or neither: both records say
 		// the nodes use keys (a node joined before them does not).
-		if psk != nil && usesPSK(peers[self]) && usesPSK(rec) {
-			d.PSK = psk(machine)
+		if in.psk != nil && usesPSK(in.peers[in.self]) && usesPSK(rec) {
+			d.PSK = in.psk(machine)
 		}
 		ds.Peers[key] = d
+		// A peer in its key overlap has both keys in the device. WireGuard
+		// routes an address to one peer only, so the mesh IP stays with
+		// the old key until the peer has used the new one, then moves.
+		prev, err := ParseKey(rec.PreviousKey)
+		if err != nil || prev == key || !rec.PreviousValid(in.now) {
+			continue
+		}
+		old := d
+		old.PublicKey, old.Previous = prev, true
+		if a := in.actual[key]; a == nil || !a.heardFrom() {
+			old.AllowedIPs, d.AllowedIPs = d.AllowedIPs, nil
+			ds.Peers[key] = d
+			if in.now.Before(rec.KeyAge().Add(rotateFastWindow)) {
+				ds.Rotating = true
+			}
+		} else {
+			old.AllowedIPs = nil
+		}
+		ds.Peers[prev] = old
+		if ds.Expires.IsZero() || rec.PreviousUntil.Before(ds.Expires) {
+			ds.Expires = rec.PreviousUntil
+		}
 	}
 	sort.Strings(ds.Dropped)
 	return ds

@@ -23,10 +23,12 @@ import (
 
 // Files in the data dir.
 const (
-	keyFile    = "private.key" // base64 WireGuard private key, 0600
-	stateFile  = "state.json"  // membership: machine, mesh IP, secret, NATS
-	peersFile  = "peers.json"  // last known peer records and heartbeats
-	SocketName = "meshd.sock"  // status and control socket
+	keyFile = "private.key" // base64 WireGuard private key, 0600
+	// nextKeyFile holds a rotation's new key until the device runs on it.
+	nextKeyFile = "private.key.next"
+	stateFile   = "state.json" // membership: machine, mesh IP, secret, NATS
+	peersFile   = "peers.json" // last known peer records and heartbeats
+	SocketName  = "meshd.sock" // status and control socket
 )
 
 // State is a node's membership, written by join and read by run and leave.
@@ -161,19 +163,23 @@ func ParseKey(s string) (Key, error) {
 
 // LoadOrCreateKey returns the node's private key, creating it on first use.
 func LoadOrCreateKey(dir string) (Key, error) {
-	k, found, err := loadKey(dir)
+	return loadOrCreateKey(dir, keyFile)
+}
+
+func loadOrCreateKey(dir, name string) (Key, error) {
+	k, found, err := loadKey(dir, name)
 	if err != nil || found {
 		return k, err
 	}
 	if k, err = newKey(); err != nil {
 		return Key{}, err
 	}
-	return k, saveKey(dir, k)
+	return k, saveKey(dir, name, k)
 }
 
-// loadKey reads the node's private key; found is false if there is none.
-func loadKey(dir string) (k Key, found bool, err error) {
-	path := filepath.Join(dir, keyFile)
+// loadKey reads a private key file; found is false if there is none.
+func loadKey(dir, name string) (k Key, found bool, err error) {
+	path := filepath.Join(dir, name)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return Key{}, false, nil
@@ -198,13 +204,19 @@ func newKey() (Key, error) {
 	return k, nil
 }
 
-func saveKey(dir string, k Key) error {
+// saveKey writes a private key file whole or not at all: a crash while a
+// rotation replaces the key must leave one of the two keys, never neither.
+func saveKey(dir, name string, k Key) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
-	path := filepath.Join(dir, keyFile)
-	if err := os.WriteFile(path, []byte(k.String()+"\n"), 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
+	path := filepath.Join(dir, name)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(k.String()+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("replacing %s: %w", path, err)
 	}
 	return nil
 }

@@ -119,6 +119,8 @@ type metrics struct {
 	watchRestarts   prometheus.Counter
 	polls           prometheus.Counter
 	refused         *prometheus.CounterVec
+	rotations       prometheus.Counter
+	rotateErrors    prometheus.Counter
 }
 
 func newMetrics(n *Node) *metrics {
@@ -140,9 +142,13 @@ func newMetrics(n *Node) *metrics {
 			Help: "Full-state polls made while the watch was down past the fallback."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshd_peer_records_refused_total",
 			Help: "Peer records not applied because their signature did not verify (the peer's last good record stays), by reason."}, []string{"reason"}),
+		rotations: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_key_rotations_total",
+			Help: "Times this node switched its device to a new key."}),
+		rotateErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_key_rotation_errors_total",
+			Help: "Key rotation steps that failed (retried every reconcile interval)."}),
 	}
 	m.reg.MustRegister(m.heartbeats, m.reconciles, m.reconcileErrors, m.corrections, m.peers, m.watchRestarts, m.polls, m.refused,
-		&peerCollector{n: n}, prometheus.NewGoCollector())
+		m.rotations, m.rotateErrors, &peerCollector{n: n}, prometheus.NewGoCollector())
 	return m
 }
 
@@ -191,7 +197,7 @@ func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, p := range s.Peers {
-		if !p.Active {
+		if !p.Active || p.Key == KeyPrevious {
 			continue
 		}
 		if !p.LastHandshake.IsZero() {

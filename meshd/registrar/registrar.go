@@ -116,7 +116,7 @@ func (r *Registrar) Serve(ctx context.Context) (func(), error) {
 func (r *Registrar) handle(ctx context.Context, command string, data []byte) (any, error) {
 	verb, bound, isBound := strings.Cut(command, ".")
 	if isBound && !store.ValidToken(bound) {
-		return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine> or psk.<machine>)", command)
+		return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine>, psk.<machine> or rotate.<machine>)", command)
 	}
 	// The subject's machine is what the server checked the credentials
 	// against; the request must be about that machine.
@@ -151,6 +151,18 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 			return nil, err
 		}
 		return r.PSKs(ctx, req)
+	case "rotate":
+		if !isBound {
+			return nil, store.Errorf(store.CodeInvalid, "key rotations are asked for on rotate.<machine>")
+		}
+		var req store.MeshRotateRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding rotate request: %v", err)
+		}
+		if err := checkBound(req.Machine); err != nil {
+			return nil, err
+		}
+		return r.Rotate(ctx, req)
 	case "leave":
 		var req store.MeshLeaveRequest
 		if err := json.Unmarshal(data, &req); err != nil {
@@ -161,7 +173,7 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 		}
 		return r.Leave(ctx, req)
 	}
-	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine> or psk.<machine>)", command)
+	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine>, psk.<machine> or rotate.<machine>)", command)
 }
 
 // PSKs tells a node the preshared keys of its pairs with req.Peers: the
@@ -177,24 +189,8 @@ func (r *Registrar) PSKs(ctx context.Context, req store.MeshPSKRequest) (*store.
 	if len(req.Peers) > store.MaxPSKPeers {
 		return nil, store.Errorf(store.CodeInvalid, "%d peers in one psk request; at most %d", len(req.Peers), store.MaxPSKPeers)
 	}
-	self, err := r.member(ctx, req.Machine)
-	if err != nil {
+	if _, err := r.authenticate(ctx, req.Machine, req.Secret); err != nil {
 		return nil, err
-	}
-	if self == nil || self.Static {
-		return nil, store.Errorf(store.CodeNotFound, "machine %s is not a meshd node of this mesh", req.Machine).With("machine", req.Machine)
-	}
-	ip, err := netip.ParseAddr(self.MeshIP)
-	if err != nil {
-		return nil, store.Errorf(store.CodeInternal, "machine %s's peer record has mesh IP %q", req.Machine, self.MeshIP)
-	}
-	var alloc store.MeshIPAllocation
-	if _, err := store.GetJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), &alloc); err != nil {
-		return nil, err
-	}
-	if alloc.Machine != req.Machine || alloc.SecretHash == "" || !secretMatches(req.Secret, alloc.SecretHash) {
-		return nil, store.Errorf(store.CodeInvalid, "node secret does not match machine %s's registration", req.Machine).
-			With("machine", req.Machine)
 	}
 	secret, err := r.st.MeshPSKSecret(ctx)
 	if err != nil {
@@ -216,6 +212,124 @@ func (r *Registrar) PSKs(ctx context.Context, req store.MeshPSKRequest) (*store.
 		out.PSKs[peer] = base64.StdEncoding.EncodeToString(k[:])
 	}
 	return out, nil
+}
+
+// authenticate checks that machine is a registered meshd node and secret
+// its node secret, and returns its peer record.
+func (r *Registrar) authenticate(ctx context.Context, machine, secret string) (*store.MeshPeerRecord, error) {
+	self, err := r.member(ctx, machine)
+	if err != nil {
+		return nil, err
+	}
+	if self == nil || self.Static {
+		return nil, store.Errorf(store.CodeNotFound, "machine %s is not a meshd node of this mesh", machine).With("machine", machine)
+	}
+	ip, err := netip.ParseAddr(self.MeshIP)
+	if err != nil {
+		return nil, store.Errorf(store.CodeInternal, "machine %s's peer record has mesh IP %q", machine, self.MeshIP)
+	}
+	var alloc store.MeshIPAllocation
+	if _, err := store.GetJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), &alloc); err != nil {
+		return nil, err
+	}
+	if alloc.Machine != machine || alloc.SecretHash == "" || !secretMatches(secret, alloc.SecretHash) {
+		return nil, store.Errorf(store.CodeInvalid, "node secret does not match machine %s's registration", machine).
+			With("machine", machine)
+	}
+	return self, nil
+}
+
+// Rotate registers req.PublicKey as the node's new key. The old one stays
+// in the record as PreviousKey, accepted by peers for the overlap. Asking
+// again with the key already registered changes nothing, so a node whose
+// reply was lost retries safely with the same key.
+func (r *Registrar) Rotate(ctx context.Context, req store.MeshRotateRequest) (*store.MeshRotateReply, error) {
+	if req.Version > store.RecordVersion {
+		return nil, store.Errorf(store.CodeInvalid, "rotate request version %d is newer than this registrar (%d)", req.Version, store.RecordVersion)
+	}
+	if !store.ValidToken(req.Machine) {
+		return nil, store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
+	}
+	if _, err := ParseKey(req.PublicKey); err != nil {
+		return nil, store.Errorf(store.CodeInvalid, "public key: %v", err)
+	}
+	overlap := time.Duration(req.Overlap)
+	if overlap == 0 {
+		overlap = store.DefaultMeshKeyOverlap
+	}
+	if overlap < time.Second || overlap > store.MaxMeshKeyOverlap {
+		return nil, store.Errorf(store.CodeInvalid, "key overlap %s: want 1s to %s", overlap, store.MaxMeshKeyOverlap)
+	}
+	if _, err := r.authenticate(ctx, req.Machine, req.Secret); err != nil {
+		return nil, err
+	}
+	rec, err := r.update(ctx, req.Machine, func(rec *store.MeshPeerRecord) (bool, error) {
+		if rec.PublicKey == req.PublicKey {
+			return false, nil
+		}
+		if other, err := r.keyOwner(ctx, req.PublicKey); err != nil {
+			return false, err
+		} else if other != "" {
+			return false, store.Errorf(store.CodeConflict, "public key already belongs to machine %s", other).With("machine", other)
+		}
+		now := time.Now().UTC()
+		rec.PreviousKey, rec.PreviousUntil = rec.PublicKey, now.Add(overlap)
+		rec.PublicKey, rec.KeySince = req.PublicKey, now
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.log.Info("mesh node rotated its key", zap.String("machine", req.Machine), zap.Time("previous_until", rec.PreviousUntil))
+	return &store.MeshRotateReply{Version: store.RecordVersion, Record: *rec}, nil
+}
+
+// RequestRotation asks machine's node to rotate its key (`control mesh
+// rotate`): the node sees the request in its own peer record.
+func (r *Registrar) RequestRotation(ctx context.Context, machine string) (*store.MeshPeerRecord, error) {
+	return r.update(ctx, machine, func(rec *store.MeshPeerRecord) (bool, error) {
+		if rec.Static {
+			return false, store.Errorf(store.CodeInvalid, "machine %s is a static WireGuard peer: its key is its operator's, not meshd's", machine).
+				With("machine", machine)
+		}
+		rec.RotateRequested = time.Now().UTC()
+		return true, nil
+	})
+}
+
+// update changes machine's peer record under the subnet lease, as admit
+// writes it, so a rotation and a re-registration never interleave. change
+// returns false to leave the record as it is.
+func (r *Registrar) update(ctx context.Context, machine string, change func(*store.MeshPeerRecord) (bool, error)) (*store.MeshPeerRecord, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	lease, err := r.lease(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+	}()
+	rec, err := r.member(ctx, machine)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, store.Errorf(store.CodeNotFound, "machine %s is not in the mesh", machine).With("machine", machine)
+	}
+	changed, err := change(rec)
+	if err != nil || !changed {
+		return rec, err
+	}
+	if err := lease.Check(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := r.st.PutMeshPeer(ctx, rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }
 
 // member reads machine's peer record, verified; nil if it has none.
@@ -414,8 +528,9 @@ func (r *Registrar) keyOwner(ctx context.Context, pub string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	now := time.Now()
 	for _, p := range peers {
-		if p.PublicKey == pub {
+		if p.PublicKey == pub || (p.PreviousKey == pub && p.PreviousValid(now)) {
 			return p.Machine, nil
 		}
 	}

@@ -334,3 +334,104 @@ func TestPresharedKeysPerPair(t *testing.T) {
 		t.Fatalf("%d peers: %v", len(many), err)
 	}
 }
+
+// A node rotates its key on its own subject with its node secret: the
+// record carries the new key and the old one until the overlap ends, a
+// retry with the same key changes nothing, and every bad request is refused
+// with the record left as it was.
+func TestRotateKey(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	r, err := registrar.New(srv.Store, registrar.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := r.Serve(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	keys, secrets := map[string]string{}, map[string]string{}
+	for _, m := range []string{"m1", "m2"} {
+		keys[m] = newKey(t)
+		rep, err := register(ctx, srv.Store, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: m, PublicKey: keys[m]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets[m] = rep.Secret
+	}
+	static := newKey(t)
+	if _, err := r.AddStatic(ctx, "plainwg", static, []string{"192.0.2.9:51820"}); err != nil {
+		t.Fatal(err)
+	}
+	rotate := func(subject string, req store.MeshRotateRequest) (*store.MeshRotateReply, error) {
+		var rep store.MeshRotateReply
+		err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject(subject), "registrar", "rotate", req, &rep)
+		return &rep, err
+	}
+
+	// Asked for by an operator: the record says so, and only a meshd
+	// node's can.
+	asked, err := r.RequestRotation(ctx, "m1")
+	if err != nil || !asked.RotationDue() {
+		t.Fatalf("request: %+v %v", asked, err)
+	}
+	if _, err := r.RequestRotation(ctx, "plainwg"); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("rotating a static peer: %v", err)
+	}
+	if _, err := r.RequestRotation(ctx, "ghost"); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("rotating an unknown machine: %v", err)
+	}
+
+	next := newKey(t)
+	for _, tc := range []struct {
+		what, subject string
+		req           store.MeshRotateRequest
+		code          string
+	}{
+		{"a wrong node secret", "rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m2"], PublicKey: next}, store.CodeInvalid},
+		{"another machine's subject", "rotate.m2", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"], PublicKey: next}, store.CodeInvalid},
+		{"the unbound subject", "rotate", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"], PublicKey: next}, store.CodeInvalid},
+		{"a malformed key", "rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"], PublicKey: "nope"}, store.CodeInvalid},
+		{"another machine's key", "rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"], PublicKey: keys["m2"]}, store.CodeConflict},
+		{"a static peer's key", "rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"], PublicKey: static}, store.CodeConflict},
+		{"an overlap too long", "rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"], PublicKey: next,
+			Overlap: store.Duration(48 * time.Hour)}, store.CodeInvalid},
+		{"a static peer asking", "rotate.plainwg", store.MeshRotateRequest{Machine: "plainwg", PublicKey: next}, store.CodeNotFound},
+	} {
+		if _, err := rotate(tc.subject, tc.req); !store.HasCode(err, tc.code) {
+			t.Fatalf("%s: %v, want %s", tc.what, err, tc.code)
+		}
+		rec, err := srv.Store.MeshPeer(ctx, "m1")
+		if err != nil || rec.PublicKey != keys["m1"] || rec.PreviousKey != "" {
+			t.Fatalf("%s changed the record: %+v %v", tc.what, rec, err)
+		}
+	}
+
+	req := store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"], PublicKey: next, Overlap: store.Duration(time.Minute)}
+	rep, err := rotate("rotate.m1", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := rep.Record
+	if rec.PublicKey != next || rec.PreviousKey != keys["m1"] || !rec.PreviousValid(time.Now()) ||
+		rec.PreviousValid(time.Now().Add(time.Minute+time.Second)) || rec.RotationDue() {
+		t.Fatalf("rotated record: %+v", rec)
+	}
+	stored, err := srv.Store.MeshPeer(ctx, "m1")
+	if err != nil || stored.PublicKey != next || stored.PreviousKey != keys["m1"] {
+		t.Fatalf("stored record: %+v %v", stored, err)
+	}
+	// A retry (the reply was lost) leaves the overlap as it was.
+	again, err := rotate("rotate.m1", req)
+	if err != nil || !again.Record.PreviousUntil.Equal(rec.PreviousUntil) || again.Record.PreviousKey != keys["m1"] {
+		t.Fatalf("retry: %+v %v", again, err)
+	}
+	// Neither key of m1 can be taken by another machine while the old one
+	// is still accepted.
+	for _, k := range []string{next, keys["m1"]} {
+		if _, err := rotate("rotate.m2", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"], PublicKey: k}); !store.HasCode(err, store.CodeConflict) {
+			t.Fatalf("m2 taking m1's key: %v", err)
+		}
+	}
+}
