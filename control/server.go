@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -19,6 +21,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
+	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -37,6 +40,9 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	natsLogs := fs.Bool("nats-logs", false, "log the embedded NATS server's own lines too")
 	stunListen := fs.String("stun-listen", "127.0.0.1:3478,127.0.0.1:3479", "STUN server addresses for meshd NAT discovery (two ports let nodes classify their NAT); empty disables")
 	stunAdvertise := fs.String("stun-advertise", "", "STUN addresses meshd nodes are told to use (default: --stun-listen; required when listening on 0.0.0.0)")
+	meshRelay := fs.String("mesh-relay", "", "run a mesh relay (TURN) on this UDP address, for meshd nodes with no direct path to each other; empty: none")
+	meshRelayIP := fs.String("mesh-relay-ip", "", "with --mesh-relay: the address nodes reach the relay and its relayed ports at (default: --mesh-relay's IP; required when that is 0.0.0.0)")
+	meshRelays := fs.String("mesh-relays", "", "relays (host:port) meshd nodes are told to use, comma-separated, the same on every control server (default: this server's --mesh-relay)")
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
 	metrics := fs.String("metrics-listen", "", "serve Prometheus metrics (edgeplane_fleet_*) on this address's /metrics; empty: off")
@@ -63,7 +69,8 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 		return runServer(c.ctx, c.stdout, logger, serverConfig{
 			data: *data, listen: *listen, external: *external, creds: *creds, names: names, cluster: cf, natsLogger: natsLogger,
 			withAgent: *withAgent, machine: *machine, advertise: *advertise,
-			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshCooldown: *meshCooldown, meshSubnet: *meshSubnet,
+			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshRelay: *meshRelay, meshRelayIP: *meshRelayIP, meshRelays: *meshRelays,
+			meshCooldown: *meshCooldown, meshSubnet: *meshSubnet,
 			metricsListen: *metrics,
 			statusFlush:   *statusFlush,
 		})
@@ -81,6 +88,8 @@ type serverConfig struct {
 	machine, advertise string
 
 	stunListen, stunAdvertise string
+	meshRelay, meshRelayIP    string
+	meshRelays                string
 	meshCooldown              time.Duration
 	meshSubnet                string
 	metricsListen             string
@@ -123,12 +132,18 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 	if err != nil {
 		return err
 	}
-	stopReg, err := registrar.Serve(ctx, s, registrar.Config{STUN: stunAddrs, Cooldown: cfg.meshCooldown, Subnet: cfg.meshSubnet, Logger: logger.Named("registrar")})
+	relays, err := startRelay(ctx, s, cfg, logger.Named("relay"))
+	if err != nil {
+		return err
+	}
+	stopReg, err := registrar.Serve(ctx, s, registrar.Config{STUN: stunAddrs, Relays: relays, Cooldown: cfg.meshCooldown, Subnet: cfg.meshSubnet,
+		Logger: logger.Named("registrar")})
 	if err != nil {
 		return err
 	}
 	defer stopReg()
-	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s)\n", cfg.names.RegistrarSubject(">"), strings.Join(stunAddrs, ","))
+	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s; relays %s)\n", cfg.names.RegistrarSubject(">"), strings.Join(stunAddrs, ","),
+		cmp.Or(strings.Join(relays, ","), "none"))
 	// Agents may not write machine records; they ask here instead.
 	stopAdmission, err := machines.ServeAdmission(ctx, s)
 	if err != nil {
@@ -234,6 +249,48 @@ func runCompleter(ctx context.Context, s *store.Store, stdout io.Writer, logger 
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// startRelay runs this server's mesh relay (--mesh-relay) for as long as
+// ctx lives, and returns the relays nodes are told: --mesh-relays, or this
+// one.
+func startRelay(ctx context.Context, s *store.Store, cfg serverConfig, logger *zap.Logger) ([]string, error) {
+	var list []string
+	for _, a := range strings.Split(cfg.meshRelays, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, usagef("--mesh-relays %q: %v", a, err)
+		}
+		list = append(list, a)
+	}
+	if cfg.meshRelay == "" {
+		if cfg.meshRelayIP != "" {
+			return nil, usagef("--mesh-relay-ip needs --mesh-relay")
+		}
+		return list, nil
+	}
+	var ip netip.Addr
+	if cfg.meshRelayIP != "" {
+		var err error
+		if ip, err = netip.ParseAddr(cfg.meshRelayIP); err != nil {
+			return nil, usagef("--mesh-relay-ip %q: %v", cfg.meshRelayIP, err)
+		}
+	}
+	secret, err := s.MeshRelaySecret(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("mesh relay: %w", err)
+	}
+	srv, err := relay.Listen(ctx, relay.ServerConfig{Listen: cfg.meshRelay, RelayIP: ip, Secret: secret, Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("starting the mesh relay: %w", err)
+	}
+	own := netip.AddrPortFrom(srv.RelayIP(), srv.Addr().Port()).String()
+	if len(list) == 0 {
+		list = []string{own}
+	}
+	return list, nil
 }
 
 // startSTUN listens on each address of list (comma separated) for as long as

@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -93,6 +94,13 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.Machine, "machine", store.DefaultMachineID(), "machine ID")
 	fs.IntVar(&o.ListenPort, "listen-port", node.DefaultListenPort, "WireGuard UDP port (0 picks a free one and keeps it)")
 	fs.StringVar(&o.Bind, "bind", "", "local IP to listen on (default: all addresses)")
+	fs.Func("advertise", "`IP:PORT` peers can reach this node's WireGuard port at, tried before its own addresses: a port forward on its router (repeatable)", func(v string) error {
+		if _, err := netip.ParseAddrPort(v); err != nil {
+			return fmt.Errorf("want ip:port: %w", err)
+		}
+		o.Advertise = append(o.Advertise, v)
+		return nil
+	})
 	fs.StringVar(&o.Mode, "mode", node.ModeTUN, "tun (kernel TUN interface) or netstack (userspace)")
 	fs.StringVar(&o.Interface, "interface", "mesh0", "TUN interface name")
 	fs.StringVar(&o.Installation, "installation", "", "installation (default local)")
@@ -126,6 +134,9 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&c.ReconcileInterval, "reconcile-interval", node.DefaultReconcileInterval, "full reconcile interval")
 	fs.DurationVar(&c.STUNInterval, "stun-interval", node.DefaultSTUNInterval, "NAT discovery refresh interval")
 	fs.DurationVar(&c.WatchFallback, "watch-fallback", node.DefaultWatchFallback, "poll full state after the watch is down this long")
+	fs.DurationVar(&c.KeyOverlap, "key-overlap", store.DefaultMeshKeyOverlap, "after this node rotates its key, how long peers keep accepting the old one")
+	fs.DurationVar(&c.RelayAfter, "relay-after", node.DefaultRelayAfter, "send to a peer through the mesh relay when no handshake completed over the direct path for this long")
+	fs.DurationVar(&c.ProbeInterval, "probe-interval", node.DefaultProbeInterval, "how often a relayed peer's direct path is probed (the tunnel moves back when it answers)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -133,10 +144,13 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if c.DataDir == "" {
 		return errors.New("run: --data is required")
 	}
-	for _, d := range []time.Duration{c.HeartbeatInterval, c.ReconcileInterval, c.STUNInterval, c.WatchFallback} {
+	for _, d := range []time.Duration{c.HeartbeatInterval, c.ReconcileInterval, c.STUNInterval, c.WatchFallback, c.RelayAfter, c.ProbeInterval} {
 		if d < 100*time.Millisecond {
 			return fmt.Errorf("run: interval %s too short (minimum 100ms)", d)
 		}
+	}
+	if c.KeyOverlap < time.Second || c.KeyOverlap > store.MaxMeshKeyOverlap {
+		return fmt.Errorf("run: --key-overlap %s: want 1s to %s", c.KeyOverlap, store.MaxMeshKeyOverlap)
 	}
 	if stun != "" {
 		c.STUN = strings.Split(stun, ",")
@@ -185,18 +199,32 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		psk += " error=" + s.Control.PSKError
 	}
 	fmt.Fprintln(stdout, psk)
+	switch {
+	case s.Relay.Address != "":
+		fmt.Fprintf(stdout, "relay %s address=%s until %s\n", s.Relay.Server, s.Relay.Address, s.Relay.Expires.Format(time.RFC3339))
+	case s.Relay.Error != "":
+		fmt.Fprintf(stdout, "relay none: %s\n", s.Relay.Error)
+	}
 	if s.Drift != nil {
 		fmt.Fprintf(stdout, "drift in_sync=%v desired=%s actual=%s at %s added=%v removed=%v dropped=%v\n",
 			s.Drift.InSync, s.Drift.DesiredHash, s.Drift.ActualHash, s.Drift.At.Format(time.RFC3339), s.Drift.Added, s.Drift.Removed, s.Drift.Dropped)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tMESH IP\tENDPOINT\tACTIVE\tPSK\tLIVENESS\tHANDSHAKE\tRX\tTX")
+	fmt.Fprintln(tw, "PEER\tMESH IP\tENDPOINT\tPATH\tACTIVE\tPSK\tLIVENESS\tHANDSHAKE\tRX\tTX")
 	for _, p := range s.Peers {
 		hs := "never"
 		if !p.LastHandshake.IsZero() {
 			hs = (time.Duration(p.HandshakeAgeSec) * time.Second).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%s\t%s\t%d\t%d\n", p.Machine, p.MeshIP, p.Endpoint, p.Active, p.PSK, p.Liveness, hs, p.RxBytes, p.TxBytes)
+		path := "-"
+		if p.Path != "" {
+			path = fmt.Sprintf("%s %s", p.Path, time.Since(p.PathSince).Round(time.Second))
+		}
+		name := p.Machine
+		if p.Key == node.KeyPrevious {
+			name += " (previous key until " + p.PreviousUntil.Format(time.TimeOnly) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%v\t%s\t%s\t%d\t%d\n", name, p.MeshIP, p.Endpoint, path, p.Active, p.PSK, p.Liveness, hs, p.RxBytes, p.TxBytes)
 	}
 	return tw.Flush()
 }

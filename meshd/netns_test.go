@@ -196,12 +196,12 @@ type control struct {
 	out *bufio.Reader
 }
 
-func startControl(t *testing.T, tp *topo, dir string) *control {
+func startControl(t *testing.T, tp *topo, dir string, extra ...string) *control {
 	t.Helper()
 	_, meshdev := binaries(t)
 	pr, pw := io.Pipe()
-	cmd := exec.Command("ip", "netns", "exec", tp.ctl, meshdev, "--data", filepath.Join(dir, "ctl"),
-		"--host", ctlAddr, "--cooldown", "2s")
+	cmd := exec.Command("ip", append([]string{"netns", "exec", tp.ctl, meshdev, "--data", filepath.Join(dir, "ctl"),
+		"--host", ctlAddr, "--cooldown", "2s"}, extra...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -249,12 +249,18 @@ type box struct {
 // box listens beyond loopback, so NATS requires them.
 func joinBox(t *testing.T, tp *topo, c *control, dir string, i int) *box {
 	t.Helper()
+	return joinNS(t, c, dir, tp.boxes[i], fmt.Sprintf("box%d", i+1))
+}
+
+// joinNS joins machine from namespace ns, with extra join flags.
+func joinNS(t *testing.T, c *control, dir, ns, machine string, extra ...string) *box {
+	t.Helper()
 	meshd, _ := binaries(t)
-	b := &box{ns: tp.boxes[i], dir: filepath.Join(dir, fmt.Sprintf("box%d", i+1)), machine: fmt.Sprintf("box%d", i+1)}
+	b := &box{ns: ns, dir: filepath.Join(dir, machine), machine: machine}
 	b.creds = c.ask(t, fmt.Sprintf("creds %s %s", b.machine, filepath.Join(dir, b.machine+".creds")), "CREDS")
 	tok := c.ask(t, "invite", "INVITE")
-	sh(t, "ip", "netns", "exec", b.ns, meshd, "join", "--token", tok, "--data", b.dir, "--creds", b.creds,
-		"--nats", "nats://"+ctlAddr+":4222", "--machine", b.machine, "--listen-port", "51820")
+	sh(t, append([]string{"ip", "netns", "exec", b.ns, meshd, "join", "--token", tok, "--data", b.dir, "--creds", b.creds,
+		"--nats", "nats://" + ctlAddr + ":4222", "--machine", b.machine, "--listen-port", "51820"}, extra...)...)
 	st, err := node.LoadState(b.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -266,12 +272,12 @@ func joinBox(t *testing.T, tp *topo, c *control, dir string, i int) *box {
 	return b
 }
 
-func (b *box) start(t *testing.T) {
+func (b *box) start(t *testing.T, extra ...string) {
 	t.Helper()
 	meshd, _ := binaries(t)
 	b.run = start(t, filepath.Join(filepath.Dir(b.dir), b.machine+fmt.Sprintf("-%d.log", time.Now().UnixNano())), nil, nil,
-		"ip", "netns", "exec", b.ns, meshd, "run", "--data", b.dir,
-		"--heartbeat-interval", "300ms", "--reconcile-interval", "500ms", "--stun-interval", "2s")
+		append([]string{"ip", "netns", "exec", b.ns, meshd, "run", "--data", b.dir,
+			"--heartbeat-interval", "300ms", "--reconcile-interval", "500ms", "--stun-interval", "2s"}, extra...)...)
 	storetest.Eventually(t, 10*time.Second, b.machine+" status socket", func() bool {
 		_, err := node.QueryStatus(context.Background(), b.dir)
 		return err == nil

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real peers the test suite drives: dig (DNS tests), curl (the
-# README demo), wg and ip (mesh tests), ping, wrk (load during a redeploy),
+# README demo), wg, ip, iptables and iperf3 (mesh tests: NAT namespaces, a
+# key rotation under load), ping, wrk (load during a redeploy),
 # podman with runc (the container driver's engine: internal/podmantest
 # starts its Docker-compatible service with the configuration these
 # machines need), and Pebble (the ACME test server). Safe to run again.
@@ -16,6 +17,8 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v wrk >/dev/null || need+=(wrk)
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
+command -v iptables >/dev/null || need+=(iptables)
+command -v iperf3 >/dev/null || need+=(iperf3)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "installing ${need[*]}"

@@ -92,6 +92,10 @@ type MeshHeartbeat struct {
 	ListenPort  int    `json:"listen_port,omitempty"`
 	PeersActive int    `json:"peers_active"`
 	Mode        string `json:"mode,omitempty"`
+	// Relay is the node's relayed address (ip:port on a mesh relay, see
+	// MeshRelayReply): peers with no direct path send to it through their
+	// own allocation on the same relay. "" when the node holds none.
+	Relay string `json:"relay,omitempty"`
 }
 
 func (r *MeshHeartbeat) version() int { return r.Version }
@@ -400,29 +404,41 @@ type MeshPSKReply struct {
 // MeshPSKSecret returns the derivation secret, creating it on first use;
 // concurrent first uses agree on one.
 func (s *Store) MeshPSKSecret(ctx context.Context) ([]byte, error) {
+	return s.meshSecret(ctx, MeshPSKSecretKey)
+}
+
+// MeshRelaySecret returns the secret mesh relays check TURN credentials
+// against, creating it on first use.
+func (s *Store) MeshRelaySecret(ctx context.Context) ([]byte, error) {
+	return s.meshSecret(ctx, MeshRelaySecretKey)
+}
+
+// meshSecret reads the 32-byte secret at key in MeshKeysBucket, creating it
+// on first use; concurrent first uses agree on one.
+func (s *Store) meshSecret(ctx context.Context, key string) ([]byte, error) {
 	for range 3 {
-		ent, err := s.MeshKeys.Get(ctx, MeshPSKSecretKey)
+		ent, err := s.MeshKeys.Get(ctx, key)
 		if err == nil {
 			if len(ent.Value()) != 32 {
-				return nil, Errorf(CodeInternal, "%s/%s holds %d bytes, want 32", s.MeshKeys.Bucket(), MeshPSKSecretKey, len(ent.Value()))
+				return nil, Errorf(CodeInternal, "%s/%s holds %d bytes, want 32", s.MeshKeys.Bucket(), key, len(ent.Value()))
 			}
 			return ent.Value(), nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, classify(fmt.Errorf("reading the mesh key secret: %w", err))
+			return nil, classify(fmt.Errorf("reading the mesh secret %s: %w", key, err))
 		}
 		secret := make([]byte, 32)
 		if _, err := rand.Read(secret); err != nil {
 			return nil, err
 		}
-		if _, err := s.MeshKeys.Create(ctx, MeshPSKSecretKey, secret); err == nil {
+		if _, err := s.MeshKeys.Create(ctx, key, secret); err == nil {
 			return secret, nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, classify(fmt.Errorf("creating the mesh key secret: %w", err))
+			return nil, classify(fmt.Errorf("creating the mesh secret %s: %w", key, err))
 		}
 		// Another control server created it first: read theirs.
 	}
-	return nil, Errorf(CodeUnavailable, "the mesh key secret could not be read or created")
+	return nil, Errorf(CodeUnavailable, "the mesh secret %s could not be read or created", key)
 }
 
 // MeshPSK is the preshared key of machines a and b (in either order)
@@ -468,4 +484,34 @@ type MeshRotateRequest struct {
 type MeshRotateReply struct {
 	Version int            `json:"version"`
 	Record  MeshPeerRecord `json:"record"`
+}
+
+// Relays. Two nodes with no direct UDP path (both behind NATs that map
+// every flow anew, or a firewall between them) reach each other through a
+// TURN relay that `control server --mesh-relay` runs: each node allocates a
+// relayed address there and announces it in its heartbeat. A node asks the
+// registrar, on its own subject (RegistrarSubject("relay.<machine>")) with
+// its node secret, for the relays and short-lived credentials for them.
+
+// MeshRelaySecretKey is the relay credential secret's key in MeshKeysBucket.
+const MeshRelaySecretKey = "relay_secret"
+
+// MeshRelayCredentialTTL is how long relay credentials stay valid.
+const MeshRelayCredentialTTL = 12 * time.Hour
+
+// MeshRelayRequest asks for relay credentials.
+type MeshRelayRequest struct {
+	Version int    `json:"version"`
+	Machine string `json:"machine"`
+	Secret  string `json:"secret"`
+}
+
+// MeshRelayReply lists the relays (host:port, UDP) in the order nodes
+// should try them, and TURN credentials valid on each until Expires.
+type MeshRelayReply struct {
+	Version  int       `json:"version"`
+	Servers  []string  `json:"servers"`
+	Username string    `json:"username,omitempty"`
+	Password string    `json:"password,omitempty"`
+	Expires  time.Time `json:"expires,omitempty"`
 }

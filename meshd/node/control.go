@@ -378,6 +378,9 @@ func (n *Node) heartbeat(ctx context.Context) {
 		Interval: store.Duration(n.cfg.HeartbeatInterval), Endpoint: n.nat.Endpoint, NATType: n.nat.Type,
 		ListenPort: n.st.ListenPort, Mode: n.st.Mode, PeersActive: len(n.applied),
 	}
+	if n.relay.addr.IsValid() {
+		hb.Relay = n.relay.addr.String()
+	}
 	n.mu.Unlock()
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

@@ -46,7 +46,11 @@ type JoinOptions struct {
 	ListenPort int
 	// Bind is the local address to listen on; "" means every address.
 	Bind string
-	Mode string
+	// Advertise lists ip:port addresses peers can reach the WireGuard port
+	// at besides the node's own (a port forward on its router); they are
+	// advertised first.
+	Advertise []string
+	Mode      string
 	// Interface is the TUN interface name; default "mesh0".
 	Interface string
 	Timeout   time.Duration
@@ -142,6 +146,7 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	eps = append(append([]string(nil), o.Advertise...), eps...)
 	req := store.MeshRegisterRequest{
 		Version: store.RecordVersion, Token: o.Token, Machine: o.Machine, PublicKey: key.Public().String(),
 		Endpoints: eps,

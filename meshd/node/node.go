@@ -48,6 +48,11 @@ type Config struct {
 	// RotatePrepare is how long the node waits after registering a new
 	// key before switching to it, for peers to add it.
 	RotatePrepare time.Duration
+	// RelayAfter is how long a peer's direct path may go without a
+	// handshake before the node sends through the mesh relay.
+	RelayAfter time.Duration
+	// ProbeInterval is how often a relayed peer's direct path is probed.
+	ProbeInterval time.Duration
 	// MetricsAddr serves Prometheus metrics at /metrics when set.
 	MetricsAddr string
 	// NoSocket disables the status socket in the data dir.
@@ -103,6 +108,14 @@ type Node struct {
 	psks     map[string]Key
 	pskReady bool
 	pskErr   string
+	// paths are this node's path choices per peer, seen the paths the
+	// device used, and forceEndpoint the peers whose endpoint the next
+	// reconcile sets again (see path.go).
+	paths         map[string]*pathChoice
+	seen          map[Key]pathSeen
+	forceEndpoint map[string]bool
+	// relay is this node's allocation on a mesh relay (see relay.go).
+	relay relayInfo
 }
 
 // New loads the data dir; Run starts everything.
@@ -150,6 +163,8 @@ func New(cfg Config) (*Node, error) {
 	def(&cfg.WatchFallback, DefaultWatchFallback)
 	def(&cfg.KeyOverlap, store.DefaultMeshKeyOverlap)
 	def(&cfg.RotatePrepare, DefaultRotatePrepare)
+	def(&cfg.RelayAfter, DefaultRelayAfter)
+	def(&cfg.ProbeInterval, DefaultProbeInterval)
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -166,6 +181,7 @@ func New(cfg Config) (*Node, error) {
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
 		applied: make(map[Key]string), names: make(map[Key]string), member: true,
 		psks: make(map[string]Key), pskReady: cache.PSKReady,
+		paths: map[string]*pathChoice{}, seen: map[Key]pathSeen{}, forceEndpoint: map[string]bool{},
 	}
 	if n.beats == nil {
 		n.beats = map[string]store.MeshHeartbeat{}
@@ -261,6 +277,8 @@ func (n *Node) Run(ctx context.Context) error {
 	run(n.controlLoop)
 	run(n.pskLoop)
 	run(n.rotateLoop)
+	run(n.relayLoop)
+	run(n.probeLoop)
 	run(n.reconcileLoop)
 	run(n.stunLoop)
 	<-ctx.Done()
@@ -351,15 +369,27 @@ func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
 		n.log.Error("reading device peers", zap.Error(err))
 		return desiredSet{}
 	}
+	now := time.Now()
 	n.mu.Lock()
-	ds := computeDesired(desiredInputs{self: n.st.Machine, peers: n.peers, beats: n.beats, beatsAt: n.beatsAt,
-		myReflexive: n.nat.Endpoint, psk: n.pskOf, actual: actual, now: time.Now()})
-	for k, p := range ds.Peers {
-		n.names[k] = p.Machine
+	n.observePaths(actual, now)
+	force := n.choosePaths(actual, now)
+	for m := range n.forceEndpoint {
+		force[m] = true
 	}
+	clear(n.forceEndpoint)
+	ds := computeDesired(desiredInputs{self: n.st.Machine, peers: n.peers, beats: n.beats, beatsAt: n.beatsAt,
+		myReflexive: n.nat.Endpoint, psk: n.pskOf, actual: actual, now: now, endpoint: n.endpointFor})
 	applied := make(map[Key]string, len(n.applied))
 	for k, v := range n.applied {
 		applied[k] = v
+	}
+	shake := map[Key]bool{}
+	for k, p := range ds.Peers {
+		n.names[k] = p.Machine
+		if force[p.Machine] {
+			delete(applied, k)
+			shake[k] = true
+		}
 	}
 	source := n.source
 	n.mu.Unlock()
@@ -372,6 +402,7 @@ func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
 			return desiredSet{}
 		}
 	}
+	n.keepaliveNow(sortedKeys(shake))
 	n.mu.Lock()
 	for k := range actual {
 		if _, ok := ds.Peers[k]; !ok {
@@ -501,6 +532,7 @@ type Status struct {
 	Control    ControlInfo            `json:"control"`
 	NAT        natResult              `json:"nat"`
 	Drift      *store.MeshDriftReport `json:"drift,omitempty"`
+	Relay      RelayStatus            `json:"relay"`
 	Peers      []PeerStatus           `json:"peers"`
 }
 
@@ -545,6 +577,10 @@ type PeerStatus struct {
 	PreviousUntil time.Time `json:"previous_until,omitempty"`
 	// KeySince is when the peer's current key was registered.
 	KeySince time.Time `json:"key_since,omitempty"`
+	// Path is how the device reaches the peer now, PathDirect or
+	// PathRelayed, and PathSince since when.
+	Path      string    `json:"path,omitempty"`
+	PathSince time.Time `json:"path_since,omitempty"`
 }
 
 // KeyPrevious marks a peer's rotated-away key in PeerStatus.Key.
@@ -563,7 +599,7 @@ func (n *Node) Status() (*Status, error) {
 	defer n.mu.Unlock()
 	s := &Status{
 		Machine: n.st.Machine, MeshIP: n.st.MeshIP, PublicKey: n.key.Public().String(), Mode: n.st.Mode,
-		Interface: n.dev.iface, ListenPort: n.dev.port, Member: n.member, NAT: n.nat, Drift: n.lastDrift,
+		Interface: n.dev.iface, ListenPort: n.dev.port, Member: n.member, NAT: n.nat, Drift: n.lastDrift, Relay: n.relay.status(),
 		Control: ControlInfo{URL: n.st.NATSURL, Connected: n.connected, Source: n.source, LastSync: n.lastSync, Watch: "down",
 			RefusedRecords: n.refusedRecords, LastRefusal: n.lastRefusal, PSKReady: n.pskReady, PSKError: n.pskErr},
 	}
@@ -578,6 +614,7 @@ func (n *Node) Status() (*Status, error) {
 		s.Control.Watch = "polling"
 	}
 	now := time.Now()
+	n.observePaths(actual, now)
 	seen := map[Key]bool{}
 	for machine, rec := range n.peers {
 		if machine == n.st.Machine {
@@ -598,6 +635,7 @@ func (n *Node) Status() (*Status, error) {
 		}
 		if a, ok := actual[k]; ok {
 			fillDev(&ps, a, now)
+			ps.Path, ps.PathSince = n.peerPath(k)
 		}
 		seen[k] = true
 		s.Peers = append(s.Peers, ps)

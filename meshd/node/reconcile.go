@@ -51,6 +51,9 @@ type desiredInputs struct {
 	// its new key once the device has shaken hands under it.
 	actual map[Key]*devPeer
 	now    time.Time
+	// endpoint, when set, picks the endpoint for machine given the direct
+	// one chooseEndpoint found (the relay, or a probed candidate).
+	endpoint func(machine, direct string) string
 }
 
 // computeDesired derives the active config. Liveness is judged as of when
@@ -83,6 +86,9 @@ func computeDesired(in desiredInputs) desiredSet {
 			Machine: machine, PublicKey: key,
 			AllowedIPs: []string{netip.PrefixFrom(ip, ip.BitLen()).String()},
 			Endpoint:   chooseEndpoint(rec, hb, in.myReflexive),
+		}
+		if in.endpoint != nil && !rec.Static {
+			d.Endpoint = in.endpoint(machine, d.Endpoint)
 		}
 		// Both ends of a pair use its key, or neither: both records say
 		// the nodes use keys (a node joined before them does not).

@@ -121,6 +121,7 @@ type metrics struct {
 	refused         *prometheus.CounterVec
 	rotations       prometheus.Counter
 	rotateErrors    prometheus.Counter
+	directProbes    *prometheus.CounterVec
 }
 
 func newMetrics(n *Node) *metrics {
@@ -146,9 +147,11 @@ func newMetrics(n *Node) *metrics {
 			Help: "Times this node switched its device to a new key."}),
 		rotateErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_key_rotation_errors_total",
 			Help: "Key rotation steps that failed (retried every reconcile interval)."}),
+		directProbes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshd_direct_probes_total",
+			Help: "Probes of relayed peers' direct paths: sent, and answered (the tunnel moved back)."}, []string{"result"}),
 	}
 	m.reg.MustRegister(m.heartbeats, m.reconciles, m.reconcileErrors, m.corrections, m.peers, m.watchRestarts, m.polls, m.refused,
-		m.rotations, m.rotateErrors, &peerCollector{n: n}, prometheus.NewGoCollector())
+		m.rotations, m.rotateErrors, m.directProbes, &peerCollector{n: n}, prometheus.NewGoCollector())
 	return m
 }
 
@@ -182,6 +185,8 @@ var (
 	descRx        = prometheus.NewDesc("meshd_peer_rx_bytes", "Bytes received from a peer.", []string{"peer"}, nil)
 	descTx        = prometheus.NewDesc("meshd_peer_tx_bytes", "Bytes sent to a peer.", []string{"peer"}, nil)
 	descSTUN      = prometheus.NewDesc("meshd_stun_packets_total", "STUN packets demultiplexed off the WireGuard socket.", nil, nil)
+	descRelayed   = prometheus.NewDesc("meshd_peer_relayed", "1 when the device reaches a peer through the mesh relay, 0 when directly.", []string{"peer"}, nil)
+	descPathAge   = prometheus.NewDesc("meshd_peer_path_age_seconds", "Seconds since the device's path to a peer last changed (or was first seen).", []string{"peer"}, nil)
 )
 
 func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -189,6 +194,8 @@ func (c *peerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRx
 	ch <- descTx
 	ch <- descSTUN
+	ch <- descRelayed
+	ch <- descPathAge
 }
 
 func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -205,6 +212,14 @@ func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descRx, prometheus.CounterValue, float64(p.RxBytes), p.Machine)
 		ch <- prometheus.MustNewConstMetric(descTx, prometheus.CounterValue, float64(p.TxBytes), p.Machine)
+		relayed := 0.0
+		if p.Path == PathRelayed {
+			relayed = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRelayed, prometheus.GaugeValue, relayed, p.Machine)
+		if !p.PathSince.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descPathAge, prometheus.GaugeValue, time.Since(p.PathSince).Seconds(), p.Machine)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descSTUN, prometheus.CounterValue, float64(c.n.dev.demux.STUNPackets.Load()))
 }

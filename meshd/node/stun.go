@@ -38,9 +38,16 @@ func newSTUNClient(d *wgbind.Demux) *stunClient {
 	return c
 }
 
-func (c *stunClient) handle(pkt []byte, _ netip.AddrPort) {
+func (c *stunClient) handle(pkt []byte, from netip.AddrPort) {
 	m := &stun.Message{Raw: append([]byte(nil), pkt...)}
-	if err := m.Decode(); err != nil || m.Type != stun.BindingSuccess {
+	if err := m.Decode(); err != nil {
+		return
+	}
+	if m.Type == stun.BindingRequest {
+		c.answerProbe(m, from)
+		return
+	}
+	if m.Type != stun.BindingSuccess {
 		return
 	}
 	var xa stun.XORMappedAddress

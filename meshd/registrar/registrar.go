@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"golang.zx2c4.com/wireguard/device"
 
+	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -40,6 +41,11 @@ type Config struct {
 	// STUN lists host:port addresses of the STUN servers nodes should use;
 	// they learn them from the register reply.
 	STUN []string
+	// Relays lists host:port addresses of mesh relays, in the order nodes
+	// try them; nodes learn them with their relay credentials. Every
+	// registrar of a mesh should list the same relays in the same order:
+	// two nodes reach each other only through a relay both allocated on.
+	Relays []string
 	// Holder names this registrar in the subnet lease; default hostname.
 	Holder string
 	// LeaseWait bounds how long a request waits for a subnet lease another
@@ -116,7 +122,7 @@ func (r *Registrar) Serve(ctx context.Context) (func(), error) {
 func (r *Registrar) handle(ctx context.Context, command string, data []byte) (any, error) {
 	verb, bound, isBound := strings.Cut(command, ".")
 	if isBound && !store.ValidToken(bound) {
-		return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine>, psk.<machine> or rotate.<machine>)", command)
+		return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine>, psk.<machine>, rotate.<machine> or relay.<machine>)", command)
 	}
 	// The subject's machine is what the server checked the credentials
 	// against; the request must be about that machine.
@@ -163,6 +169,18 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 			return nil, err
 		}
 		return r.Rotate(ctx, req)
+	case "relay":
+		if !isBound {
+			return nil, store.Errorf(store.CodeInvalid, "relay credentials are asked for on relay.<machine>")
+		}
+		var req store.MeshRelayRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding relay request: %v", err)
+		}
+		if err := checkBound(req.Machine); err != nil {
+			return nil, err
+		}
+		return r.RelayCredentials(ctx, req)
 	case "leave":
 		var req store.MeshLeaveRequest
 		if err := json.Unmarshal(data, &req); err != nil {
@@ -173,7 +191,7 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 		}
 		return r.Leave(ctx, req)
 	}
-	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine>, psk.<machine> or rotate.<machine>)", command)
+	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine>, psk.<machine>, rotate.<machine> or relay.<machine>)", command)
 }
 
 // PSKs tells a node the preshared keys of its pairs with req.Peers: the
@@ -282,6 +300,33 @@ func (r *Registrar) Rotate(ctx context.Context, req store.MeshRotateRequest) (*s
 	}
 	r.log.Info("mesh node rotated its key", zap.String("machine", req.Machine), zap.Time("previous_until", rec.PreviousUntil))
 	return &store.MeshRotateReply{Version: store.RecordVersion, Record: *rec}, nil
+}
+
+// RelayCredentials tells a node the mesh relays and TURN credentials for
+// them in its own name, valid for store.MeshRelayCredentialTTL.
+func (r *Registrar) RelayCredentials(ctx context.Context, req store.MeshRelayRequest) (*store.MeshRelayReply, error) {
+	if req.Version > store.RecordVersion {
+		return nil, store.Errorf(store.CodeInvalid, "relay request version %d is newer than this registrar (%d)", req.Version, store.RecordVersion)
+	}
+	if !store.ValidToken(req.Machine) {
+		return nil, store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
+	}
+	if _, err := r.authenticate(ctx, req.Machine, req.Secret); err != nil {
+		return nil, err
+	}
+	out := &store.MeshRelayReply{Version: store.RecordVersion, Servers: append([]string{}, r.cfg.Relays...)}
+	if len(out.Servers) == 0 {
+		return out, nil
+	}
+	secret, err := r.st.MeshRelaySecret(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out.Username, out.Password, out.Expires, err = relay.Credentials(secret, req.Machine, store.MeshRelayCredentialTTL)
+	if err != nil {
+		return nil, store.Errorf(store.CodeInternal, "%v", err)
+	}
+	return out, nil
 }
 
 // RequestRotation asks machine's node to rotate its key (`control mesh

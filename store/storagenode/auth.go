@@ -553,9 +553,10 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		writeKV(n.MeshDriftBucket(), store.MeshDriftKey(machine))
 		// Only its own machine's registrar subjects: credentials for one
 		// machine cannot register (or remove) another, or be told the
-		// preshared keys of another's pairs, or rotate another's key.
+		// preshared keys of another's pairs, rotate another's key or get
+		// relay credentials in another's name.
 		p.Pub.Allow.Add(n.RegistrarSubject("register."+machine), n.RegistrarSubject("leave."+machine),
-			n.RegistrarSubject("psk."+machine), n.RegistrarSubject("rotate."+machine))
+			n.RegistrarSubject("psk."+machine), n.RegistrarSubject("rotate."+machine), n.RegistrarSubject("relay."+machine))
 	default:
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}

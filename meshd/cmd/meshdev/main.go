@@ -33,6 +33,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
+	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -51,6 +52,7 @@ func run() error {
 	natsPort := flag.Int("nats-port", 4222, "NATS port")
 	stunPort := flag.Int("stun-port", 3478, "first STUN port; the second is one above")
 	cooldown := flag.Duration("cooldown", registrar.DefaultCooldown, "mesh IP cooldown after leave")
+	relayPort := flag.Int("relay-port", 0, "run a mesh relay (TURN) on this port of --host; 0: none")
 	flag.Parse()
 	if *data == "" {
 		return fmt.Errorf("--data is required")
@@ -96,7 +98,20 @@ func run() error {
 		defer s.Close()
 		stuns = append(stuns, s.Addr().String())
 	}
-	reg, err := registrar.New(st, registrar.Config{STUN: stuns, Cooldown: *cooldown})
+	var relays []string
+	if *relayPort != 0 {
+		secret, err := st.MeshRelaySecret(ctx)
+		if err != nil {
+			return err
+		}
+		r, err := relay.Listen(ctx, relay.ServerConfig{Listen: net.JoinHostPort(*host, strconv.Itoa(*relayPort)), Secret: secret})
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		relays = append(relays, r.Addr().String())
+	}
+	reg, err := registrar.New(st, registrar.Config{STUN: stuns, Relays: relays, Cooldown: *cooldown})
 	if err != nil {
 		return err
 	}
@@ -105,7 +120,7 @@ func run() error {
 		return err
 	}
 	defer stopReg()
-	ready, _ := json.Marshal(map[string]any{"nats": ns.ClientURL(), "stun": stuns, "auth": auth.Dir, "control_creds": ctlCreds})
+	ready, _ := json.Marshal(map[string]any{"nats": ns.ClientURL(), "stun": stuns, "relays": relays, "auth": auth.Dir, "control_creds": ctlCreds})
 	fmt.Printf("READY %s\n", ready)
 
 	lines := make(chan string)
@@ -150,6 +165,12 @@ func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, auth
 			return "ERR " + err.Error()
 		}
 		return "STATIC " + ip.String()
+	case len(f) == 2 && f[0] == "rotate":
+		rec, err := reg.RequestRotation(ctx, f[1])
+		if err != nil {
+			return "ERR " + err.Error()
+		}
+		return "ROTATE " + rec.PublicKey
 	case len(f) == 1 && f[0] == "peers":
 		list, err := st.MeshPeerList(ctx)
 		if err != nil {
