@@ -780,8 +780,9 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 // 12. Every pair of meshd nodes shares a preshared key that only those two
 // are told: m1's mesh credentials (and m1's node secret, stolen with the
 // box) get m1's pairs' keys, never another pair's, nor the secret they are
-// derived from. Nor do they rotate another node's key: a thief who could
-// would put their own key in its place.
+// derived from. Nor do they rotate another node's key (a thief who could
+// would put their own key in its place), or get relay credentials in
+// another node's name.
 func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	ctx := context.Background()
 	s := f.c.store
@@ -878,6 +879,23 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	if after := m2Key(); after != before {
 		t.Fatalf("m2's key changed from %s to %s", before, after)
 	}
+	th.try(t, "m1's mesh credentials get relay credentials in m2's name", func(ctx context.Context) error {
+		var rep store.MeshRelayReply
+		return store.Call(ctx, th.nc, s.Names.RegistrarSubject("relay.m2"), "registrar", "relay",
+			store.MeshRelayRequest{Version: store.RecordVersion, Machine: "m2", Secret: secrets["m2"]}, &rep)
+	})
+	th.try(t, "m1's mesh credentials ask for m2's relay credentials on m1's subject", func(ctx context.Context) error {
+		var rep store.MeshRelayReply
+		return store.Call(ctx, th.nc, s.Names.RegistrarSubject("relay.m1"), "registrar", "relay",
+			store.MeshRelayRequest{Version: store.RecordVersion, Machine: "m2", Secret: secrets["m2"]}, &rep)
+	})
+	th.try(t, "m1's mesh credentials read the secret relays check credentials against", func(ctx context.Context) error {
+		if _, err := s.MeshRelaySecret(ctx); err != nil {
+			t.Fatal(err)
+		}
+		_, err := th.st.MeshKeys.Get(ctx, store.MeshRelaySecretKey)
+		return err
+	})
 	// The same credentials rotate their own machine's key.
 	if err := rotate("rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"]})(ctx); err != nil {
 		t.Fatalf("m1 rotating its own key: %v", err)

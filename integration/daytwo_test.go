@@ -630,3 +630,40 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 	gw = c.restartGateway(gw)
 	healthy()
 }
+
+// control mesh rotate asks a node (or every node) for a new key through
+// its peer record, reports who rotated, and says so when a node did not
+// within --wait; an unknown machine is a clear error and asks nobody.
+func TestMeshRotateCommand(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	for _, m := range []string{"m1", "m2"} {
+		peer := store.MeshPeerRecord{Version: store.RecordVersion, Machine: m, PublicKey: m + "key", MeshIP: "10.100.0." + m[1:], RegisteredAt: time.Now()}
+		if _, err := c.store.PutMeshPeer(ctx, &peer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, errOut, code := c.control("mesh", "rotate", "--machine", "ghost"); code != 1 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("rotate ghost: exit %d\n%s", code, errOut)
+	}
+	out := c.mustControl("mesh", "rotate", "--machine", "m1", "--wait", "0")
+	if !strings.Contains(out, "m1  asked") {
+		t.Fatalf("rotate m1:\n%s", out)
+	}
+	rec, err := c.store.MeshPeer(ctx, "m1")
+	if err != nil || !rec.RotationDue() {
+		t.Fatalf("m1's record after the request: %+v %v", rec, err)
+	}
+	if other, err := c.store.MeshPeer(ctx, "m2"); err != nil || other.RotationDue() {
+		t.Fatalf("m2 was asked too: %+v %v", other, err)
+	}
+	// No meshd runs here: nobody rotates within --wait.
+	out, errOut, code := c.control("mesh", "rotate", "--wait", "500ms", "-o", "json")
+	var got []struct {
+		Machine string
+		Rotated bool
+	}
+	if code != 1 || !strings.Contains(errOut, "2 of 2 nodes did not rotate within 500ms") || json.Unmarshal([]byte(out), &got) != nil || len(got) != 2 {
+		t.Fatalf("rotate all: exit %d\n%s\n%s", code, out, errOut)
+	}
+}

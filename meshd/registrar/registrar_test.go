@@ -5,11 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgeplane/edgeplane/meshd/registrar"
+	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -433,5 +435,81 @@ func TestRotateKey(t *testing.T) {
 		if _, err := rotate("rotate.m2", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"], PublicKey: k}); !store.HasCode(err, store.CodeConflict) {
 			t.Fatalf("m2 taking m1's key: %v", err)
 		}
+	}
+}
+
+// A node gets the relays and TURN credentials in its own name, on its own
+// subject with its node secret; the credentials work on a relay that checks
+// them against the store's relay secret.
+func TestRelayCredentials(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	secret, err := srv.Store.MeshRelaySecret(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := relay.Listen(ctx, relay.ServerConfig{Listen: "127.0.0.1:0", Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	r, err := registrar.New(srv.Store, registrar.Config{Relays: []string{rs.Addr().String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := r.Serve(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	secrets := map[string]string{}
+	for _, m := range []string{"m1", "m2"} {
+		rep, err := register(ctx, srv.Store, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: m, PublicKey: newKey(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets[m] = rep.Secret
+	}
+	ask := func(subject string, req store.MeshRelayRequest) (*store.MeshRelayReply, error) {
+		var rep store.MeshRelayReply
+		err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject(subject), "registrar", "relay", req, &rep)
+		return &rep, err
+	}
+	rep, err := ask("relay.m1", store.MeshRelayRequest{Machine: "m1", Secret: secrets["m1"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Servers) != 1 || rep.Servers[0] != rs.Addr().String() || !strings.HasSuffix(rep.Username, ":m1") ||
+		time.Until(rep.Expires) < store.MeshRelayCredentialTTL-time.Minute {
+		t.Fatalf("reply: %+v", rep)
+	}
+	a, err := relay.Allocate(ctx, relay.ClientConfig{Server: rep.Servers[0], Username: rep.Username, Password: rep.Password, Local: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatalf("allocating with the registrar's credentials: %v", err)
+	}
+	a.Close()
+	for _, tc := range []struct {
+		what, subject string
+		req           store.MeshRelayRequest
+		code          string
+	}{
+		{"a wrong node secret", "relay.m1", store.MeshRelayRequest{Machine: "m1", Secret: secrets["m2"]}, store.CodeInvalid},
+		{"another machine's subject", "relay.m2", store.MeshRelayRequest{Machine: "m1", Secret: secrets["m1"]}, store.CodeInvalid},
+		{"the unbound subject", "relay", store.MeshRelayRequest{Machine: "m1", Secret: secrets["m1"]}, store.CodeInvalid},
+		{"an unknown machine", "relay.ghost", store.MeshRelayRequest{Machine: "ghost"}, store.CodeNotFound},
+	} {
+		if rep, err := ask(tc.subject, tc.req); !store.HasCode(err, tc.code) || rep.Password != "" {
+			t.Fatalf("%s: %+v %v, want %s", tc.what, rep, err, tc.code)
+		}
+	}
+	// Without relays a node is told so, and gets no credentials.
+	bare, err := registrar.New(srv.Store, registrar.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, err := bare.RelayCredentials(ctx, store.MeshRelayRequest{Machine: "m1", Secret: secrets["m1"]})
+	if err != nil || len(none.Servers) != 0 || none.Password != "" {
+		t.Fatalf("no relays: %+v %v", none, err)
 	}
 }
