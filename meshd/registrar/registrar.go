@@ -133,65 +133,43 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 		}
 		return nil
 	}
+	// psk, rotate and relay are answered only on the bound form: the
+	// subject names who asks, which is what the server checked the
+	// credentials against.
+	if !isBound && (verb == "psk" || verb == "rotate" || verb == "relay") {
+		return nil, store.Errorf(store.CodeInvalid, "%s requests are made on %s.<machine>", verb, verb)
+	}
 	switch verb {
 	case "register":
-		var req store.MeshRegisterRequest
-		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding register request: %v", err)
-		}
-		if err := checkBound(req.Machine); err != nil {
-			return nil, err
-		}
-		return r.Register(ctx, req)
+		return answer(verb, data, checkBound, func(q *store.MeshRegisterRequest) string { return q.Machine },
+			func(q store.MeshRegisterRequest) (any, error) { return r.Register(ctx, q) })
 	case "psk":
-		// Only the bound form: the subject names who asks, which is what
-		// the server checked the credentials against.
-		if !isBound {
-			return nil, store.Errorf(store.CodeInvalid, "preshared keys are asked for on psk.<machine>")
-		}
-		var req store.MeshPSKRequest
-		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding psk request: %v", err)
-		}
-		if err := checkBound(req.Machine); err != nil {
-			return nil, err
-		}
-		return r.PSKs(ctx, req)
+		return answer(verb, data, checkBound, func(q *store.MeshPSKRequest) string { return q.Machine },
+			func(q store.MeshPSKRequest) (any, error) { return r.PSKs(ctx, q) })
 	case "rotate":
-		if !isBound {
-			return nil, store.Errorf(store.CodeInvalid, "key rotations are asked for on rotate.<machine>")
-		}
-		var req store.MeshRotateRequest
-		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding rotate request: %v", err)
-		}
-		if err := checkBound(req.Machine); err != nil {
-			return nil, err
-		}
-		return r.Rotate(ctx, req)
+		return answer(verb, data, checkBound, func(q *store.MeshRotateRequest) string { return q.Machine },
+			func(q store.MeshRotateRequest) (any, error) { return r.Rotate(ctx, q) })
 	case "relay":
-		if !isBound {
-			return nil, store.Errorf(store.CodeInvalid, "relay credentials are asked for on relay.<machine>")
-		}
-		var req store.MeshRelayRequest
-		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding relay request: %v", err)
-		}
-		if err := checkBound(req.Machine); err != nil {
-			return nil, err
-		}
-		return r.RelayCredentials(ctx, req)
+		return answer(verb, data, checkBound, func(q *store.MeshRelayRequest) string { return q.Machine },
+			func(q store.MeshRelayRequest) (any, error) { return r.RelayCredentials(ctx, q) })
 	case "leave":
-		var req store.MeshLeaveRequest
-		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding leave request: %v", err)
-		}
-		if err := checkBound(req.Machine); err != nil {
-			return nil, err
-		}
-		return r.Leave(ctx, req)
+		return answer(verb, data, checkBound, func(q *store.MeshLeaveRequest) string { return q.Machine },
+			func(q store.MeshLeaveRequest) (any, error) { return r.Leave(ctx, q) })
 	}
 	return nil, store.Errorf(store.CodeInvalid, "unknown registrar command %q (want register, leave, register.<machine>, leave.<machine>, psk.<machine>, rotate.<machine> or relay.<machine>)", command)
+}
+
+// answer decodes data as a verb request, checks it is about the machine
+// check allows, and answers it with do.
+func answer[T any](verb string, data []byte, check func(machine string) error, machine func(*T) string, do func(T) (any, error)) (any, error) {
+	var req T
+	if err := json.Unmarshal(data, &req); err != nil {
+		return nil, store.Errorf(store.CodeInvalid, "decoding %s request: %v", verb, err)
+	}
+	if err := check(machine(&req)); err != nil {
+		return nil, err
+	}
+	return do(req)
 }
 
 // PSKs tells a node the preshared keys of its pairs with req.Peers: the
@@ -346,17 +324,11 @@ func (r *Registrar) RequestRotation(ctx context.Context, machine string) (*store
 // writes it, so a rotation and a re-registration never interleave. change
 // returns false to leave the record as it is.
 func (r *Registrar) update(ctx context.Context, machine string, change func(*store.MeshPeerRecord) (bool, error)) (*store.MeshPeerRecord, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	lease, err := r.lease(ctx)
+	lease, unlock, err := r.locked(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = lease.Release(rctx)
-	}()
+	defer unlock()
 	rec, err := r.member(ctx, machine)
 	if err != nil {
 		return nil, err
@@ -468,17 +440,11 @@ func (r *Registrar) AddStatic(ctx context.Context, machine, publicKey string, en
 // the peer record, all under the subnet lease with a fencing check before
 // each write.
 func (r *Registrar) admit(ctx context.Context, peer *store.MeshPeerRecord, secretHash string) (netip.Addr, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	lease, err := r.lease(ctx)
+	lease, unlock, err := r.locked(ctx)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = lease.Release(rctx)
-	}()
+	defer unlock()
 
 	used, owned, err := r.scan(ctx, peer.Machine)
 	if err != nil {
@@ -514,6 +480,23 @@ func (r *Registrar) admit(ctx context.Context, peer *store.MeshPeerRecord, secre
 		return netip.Addr{}, err
 	}
 	return ip, nil
+}
+
+// locked takes this process's allocation mutex and the subnet lease, which
+// every write of allocations and peer records holds; unlock gives both
+// back.
+func (r *Registrar) locked(ctx context.Context) (lease *store.Lease, unlock func(), err error) {
+	r.mu.Lock()
+	if lease, err = r.lease(ctx); err != nil {
+		r.mu.Unlock()
+		return nil, nil, err
+	}
+	return lease, func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+		r.mu.Unlock()
+	}, nil
 }
 
 func (r *Registrar) lease(ctx context.Context) (*store.Lease, error) {
@@ -621,17 +604,11 @@ func (r *Registrar) release(ctx context.Context, machine string, allowed func(*s
 	if !store.ValidToken(req.Machine) {
 		return nil, store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	lease, err := r.lease(ctx)
+	lease, unlock, err := r.locked(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = lease.Release(rctx)
-	}()
+	defer unlock()
 	var ip netip.Addr
 	err = store.ListJSON(ctx, r.st, r.st.MeshIPs, "ip.>", func(key string, a *store.MeshIPAllocation) error {
 		if a.Machine == req.Machine {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/relay"
+	"github.com/edgeplane/edgeplane/meshd/relay/relaytest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -28,6 +29,36 @@ func invite(t *testing.T, st *store.Store) string {
 		t.Fatal(err)
 	}
 	return tok
+}
+
+// serve runs a registrar over st until the test ends.
+func serve(t *testing.T, st *store.Store, cfg registrar.Config) *registrar.Registrar {
+	t.Helper()
+	r, err := registrar.New(st, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := r.Serve(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return r
+}
+
+// registered registers each machine with a fresh key and returns their
+// node secrets.
+func registered(t *testing.T, st *store.Store, machines ...string) map[string]string {
+	t.Helper()
+	secrets := map[string]string{}
+	for _, m := range machines {
+		rep, err := register(context.Background(), st, store.MeshRegisterRequest{Token: invite(t, st), Machine: m, PublicKey: newKey(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets[m] = rep.Secret
+	}
+	return secrets
 }
 
 func register(ctx context.Context, st *store.Store, req store.MeshRegisterRequest) (*store.MeshRegisterReply, error) {
@@ -257,23 +288,8 @@ func contains(s, sub string) bool {
 func TestPresharedKeysPerPair(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
-	r, err := registrar.New(srv.Store, registrar.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop, err := r.Serve(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	secrets := map[string]string{}
-	for _, m := range []string{"m1", "m2", "m3"} {
-		rep, err := register(ctx, srv.Store, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: m, PublicKey: newKey(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		secrets[m] = rep.Secret
-	}
+	r := serve(t, srv.Store, registrar.Config{})
+	secrets := registered(t, srv.Store, "m1", "m2", "m3")
 	if _, err := r.AddStatic(ctx, "plainwg", newKey(t), []string{"192.0.2.9:51820"}); err != nil {
 		t.Fatal(err)
 	}
@@ -344,23 +360,15 @@ func TestPresharedKeysPerPair(t *testing.T) {
 func TestRotateKey(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
-	r, err := registrar.New(srv.Store, registrar.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop, err := r.Serve(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	keys, secrets := map[string]string{}, map[string]string{}
+	r := serve(t, srv.Store, registrar.Config{})
+	secrets := registered(t, srv.Store, "m1", "m2")
+	keys := map[string]string{}
 	for _, m := range []string{"m1", "m2"} {
-		keys[m] = newKey(t)
-		rep, err := register(ctx, srv.Store, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: m, PublicKey: keys[m]})
+		rec, err := srv.Store.MeshPeer(ctx, m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		secrets[m] = rep.Secret
+		keys[m] = rec.PublicKey
 	}
 	static := newKey(t)
 	if _, err := r.AddStatic(ctx, "plainwg", static, []string{"192.0.2.9:51820"}); err != nil {
@@ -449,28 +457,9 @@ func TestRelayCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := relay.Listen(ctx, relay.ServerConfig{Listen: "127.0.0.1:0", Secret: secret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
-	r, err := registrar.New(srv.Store, registrar.Config{Relays: []string{rs.Addr().String()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop, err := r.Serve(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	secrets := map[string]string{}
-	for _, m := range []string{"m1", "m2"} {
-		rep, err := register(ctx, srv.Store, store.MeshRegisterRequest{Token: invite(t, srv.Store), Machine: m, PublicKey: newKey(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		secrets[m] = rep.Secret
-	}
+	rs := relaytest.Start(t, secret)
+	serve(t, srv.Store, registrar.Config{Relays: []string{rs.Addr().String()}})
+	secrets := registered(t, srv.Store, "m1", "m2")
 	ask := func(subject string, req store.MeshRelayRequest) (*store.MeshRelayReply, error) {
 		var rep store.MeshRelayReply
 		err := store.Call(ctx, srv.Store.NC, srv.Store.Names.RegistrarSubject(subject), "registrar", "relay", req, &rep)

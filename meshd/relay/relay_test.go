@@ -16,60 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/edgeplane/edgeplane/meshd/relay"
+	"github.com/edgeplane/edgeplane/meshd/relay/relaytest"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 var secret = []byte("test secret shared by control and relay")
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
-	}
-}
-
-func startServer(t *testing.T) *relay.Server {
-	t.Helper()
-	s, err := relay.Listen(context.Background(), relay.ServerConfig{
-		Listen: "127.0.0.1:0",
-		Secret: secret,
-		Logger: zaptest.NewLogger(t).Named("server"),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-func allocate(t *testing.T, s *relay.Server, machine string) *relay.Allocation {
-	t.Helper()
-	user, pass, _, err := relay.Credentials(secret, machine, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	a, err := relay.Allocate(ctx, relay.ClientConfig{
-		Server:   s.Addr().String(),
-		Username: user,
-		Password: pass,
-		Local:    "127.0.0.1:0",
-		Logger:   zaptest.NewLogger(t).Named(machine),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return a
-}
 
 // deliver sends payload from one allocation to another, resending until it
 // arrives (UDP) or the deadline passes.
@@ -100,9 +52,9 @@ func deliver(t *testing.T, from, to *relay.Allocation, payload []byte) {
 }
 
 func TestRelayBetweenAllocations(t *testing.T) {
-	s := startServer(t)
-	a := allocate(t, s, "box-a")
-	b := allocate(t, s, "box-b")
+	s := relaytest.Start(t, secret)
+	a := relaytest.Allocate(t, s, secret, "box-a")
+	b := relaytest.Allocate(t, s, secret, "box-b")
 	for _, al := range []*relay.Allocation{a, b} {
 		if al.RelayedAddr().Addr() != netip.MustParseAddr("127.0.0.1") || al.RelayedAddr().Port() < relay.DefaultMinPort {
 			t.Fatalf("relayed address %v: want 127.0.0.1 in the default port range", al.RelayedAddr())
@@ -121,7 +73,7 @@ func TestRelayBetweenAllocations(t *testing.T) {
 		deliver(t, b, a, []byte("b to a #"+strconv.Itoa(i)))
 	}
 	// The relay counts a datagram just after sending it on.
-	waitFor(t, 5*time.Second, "the relay to count 42 datagrams", func() bool { return s.Stats().Packets >= 42 })
+	storetest.Eventually(t, 5*time.Second, "the relay to count 42 datagrams", func() bool { return s.Stats().Packets >= 42 })
 	if st := s.Stats(); st.Bytes < 42*6 || st.Refused != 0 || st.AuthFailures != 0 {
 		t.Fatalf("stats %+v", st)
 	}
@@ -131,7 +83,7 @@ func TestRelayBetweenAllocations(t *testing.T) {
 	if _, _, err := a.ReadFrom(make([]byte, 10)); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("read after close: %v, want net.ErrClosed", err)
 	}
-	waitFor(t, 5*time.Second, "the relay to drop the closed allocation", func() bool { return s.Stats().Allocations == 1 })
+	storetest.Eventually(t, 5*time.Second, "the relay to drop the closed allocation", func() bool { return s.Stats().Allocations == 1 })
 }
 
 func TestCredentials(t *testing.T) {
@@ -163,7 +115,7 @@ func TestCredentials(t *testing.T) {
 }
 
 func TestBadCredentialsRefused(t *testing.T) {
-	s := startServer(t)
+	s := relaytest.Start(t, secret)
 	user, pass, _, err := relay.Credentials(secret, "box-a", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -208,9 +160,9 @@ func TestBadCredentialsRefused(t *testing.T) {
 // The relay is no open proxy: an authenticated client reaches neither
 // another address nor a port on the relay's address that is no allocation.
 func TestRelayRefusesOtherPeers(t *testing.T) {
-	s := startServer(t)
-	a := allocate(t, s, "box-a")
-	b := allocate(t, s, "box-b")
+	s := relaytest.Start(t, secret)
+	a := relaytest.Allocate(t, s, secret, "box-a")
+	b := relaytest.Allocate(t, s, secret, "box-b")
 	listen := func(ip string) *net.UDPConn {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(ip)})
 		if err != nil {
@@ -238,7 +190,7 @@ func TestRelayRefusesOtherPeers(t *testing.T) {
 			t.Fatalf("send %d: %v", i, err)
 		}
 	}
-	waitFor(t, 5*time.Second, "the relay to refuse the non-relay port", func() bool { return s.Stats().Refused >= refused+3 })
+	storetest.Eventually(t, 5*time.Second, "the relay to refuse the non-relay port", func() bool { return s.Stats().Refused >= refused+3 })
 	// Allocations still reach each other.
 	deliver(t, a, b, []byte("still relaying"))
 	for _, c := range []*net.UDPConn{elsewhere, onRelayIP} {
@@ -247,7 +199,7 @@ func TestRelayRefusesOtherPeers(t *testing.T) {
 			t.Fatalf("%v received %d bytes from %v through the relay", c.LocalAddr(), n, from)
 		}
 	}
-	waitFor(t, 5*time.Second, "the relay to count the relayed datagram", func() bool { return s.Stats().Packets > 0 })
+	storetest.Eventually(t, 5*time.Second, "the relay to count the relayed datagram", func() bool { return s.Stats().Packets > 0 })
 }
 
 func TestAllocateHonoursContext(t *testing.T) {
@@ -323,7 +275,7 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "the relay to drop both allocations", func() bool { return s.Stats().Allocations == 0 })
+	storetest.Eventually(t, 5*time.Second, "the relay to drop both allocations", func() bool { return s.Stats().Allocations == 0 })
 	cancel()
-	waitFor(t, 5*time.Second, "goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
+	storetest.Eventually(t, 5*time.Second, "goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 }

@@ -19,38 +19,13 @@ import (
 	"golang.zx2c4.com/wireguard/tun/netstack"
 
 	"github.com/edgeplane/edgeplane/meshd/relay"
+	"github.com/edgeplane/edgeplane/meshd/relay/relaytest"
 	"github.com/edgeplane/edgeplane/meshd/wgbind"
 )
 
 var relaySecret = []byte("wgbind relay test secret")
 
 var loopback = netip.MustParseAddr("127.0.0.1")
-
-func startRelay(t *testing.T) *relay.Server {
-	t.Helper()
-	s, err := relay.Listen(context.Background(), relay.ServerConfig{Listen: "127.0.0.1:0", Secret: relaySecret})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
-}
-
-func allocate(t *testing.T, s *relay.Server, machine string) *relay.Allocation {
-	t.Helper()
-	user, pass, _, err := relay.Credentials(relaySecret, machine, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	a, err := relay.Allocate(ctx, relay.ClientConfig{Server: s.Addr().String(), Username: user, Password: pass, Local: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return a
-}
 
 func TestRelayEndpoints(t *testing.T) {
 	d := wgbind.NewDemux(wgbind.NewAddrBind(loopback))
@@ -111,6 +86,21 @@ func receiveAll(fn conn.ReceiveFunc) <-chan received {
 
 // expectClosed waits for the receiver to end with net.ErrClosed, as
 // wireguard-go needs after the bind's Close.
+// closeAndReopen closes d, checks the relay receiver got (its last Open's)
+// ended, opens d again and returns the new relay receiver's packets.
+func closeAndReopen(t *testing.T, d *wgbind.Demux, got <-chan received) <-chan received {
+	t.Helper()
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expectClosed(t, got)
+	fns, _, err := d.Open(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return receiveAll(fns[len(fns)-1])
+}
+
 func expectClosed(t *testing.T, got <-chan received) {
 	t.Helper()
 	select {
@@ -156,8 +146,8 @@ func expect(t *testing.T, got <-chan received, from *relay.Allocation, to netip.
 // The relay receiver waits for a relay, follows swaps, survives the
 // installed allocation closing under it, and ends promptly on Close.
 func TestRelayReceiverSwapAndClose(t *testing.T) {
-	s := startRelay(t)
-	a, b, c := allocate(t, s, "a"), allocate(t, s, "b"), allocate(t, s, "c")
+	s := relaytest.Start(t, relaySecret)
+	a, b, c := relaytest.Allocate(t, s, relaySecret, "a"), relaytest.Allocate(t, s, relaySecret, "b"), relaytest.Allocate(t, s, relaySecret, "c")
 	d := wgbind.NewDemux(wgbind.NewAddrBind(loopback))
 	fns, _, err := d.Open(0)
 	if err != nil {
@@ -201,17 +191,8 @@ func TestRelayReceiverSwapAndClose(t *testing.T) {
 	}
 	d.SetRelay(a)
 
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	expectClosed(t, got)
-
-	// Reopened, the bind receives from the relay again.
-	fns, _, err = d.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got = receiveAll(fns[len(fns)-1])
+	// Closed and reopened, the bind receives from the relay again.
+	got = closeAndReopen(t, d, got)
 	expect(t, got, b, a.RelayedAddr(), "after reopening")
 	d.SetRelay(nil) // Close must also end a receiver waiting for a relay
 	if err := d.Close(); err != nil {
@@ -315,8 +296,8 @@ func endpointOf(t *testing.T, n *wgNode) string {
 // Two real WireGuard devices whose only path is a relay: each peer's
 // endpoint is the other's relayed address.
 func TestWireGuardThroughRelay(t *testing.T) {
-	s := startRelay(t)
-	allocA, allocB := allocate(t, s, "a"), allocate(t, s, "b")
+	s := relaytest.Start(t, relaySecret)
+	allocA, allocB := relaytest.Allocate(t, s, relaySecret, "a"), relaytest.Allocate(t, s, relaySecret, "b")
 	a, b := newNode(t, "10.77.0.1"), newNode(t, "10.77.0.2")
 	a.demux.SetRelay(allocA)
 	b.demux.SetRelay(allocB)
@@ -349,7 +330,7 @@ func TestWireGuardThroughRelay(t *testing.T) {
 
 	// A swap to a fresh allocation: b learns a's new relayed address as a
 	// roaming peer once a speaks from it.
-	allocA2 := allocate(t, s, "a2")
+	allocA2 := relaytest.Allocate(t, s, relaySecret, "a2")
 	a.demux.SetRelay(allocA2)
 	roundTrip(t, a, b, 8083, "after a swap")
 	if got, want := endpointOf(t, b), wgbind.RelayPrefix+allocA2.RelayedAddr().String(); got != want {
@@ -420,15 +401,7 @@ func TestRelayReceiverPlainSockets(t *testing.T) {
 	expectFrom(two, "two")
 	d.SetRelay(one)
 	expectFrom(one, "one again")
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	expectClosed(t, got)
-	fns, _, err = d.Open(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got = receiveAll(fns[len(fns)-1])
+	got = closeAndReopen(t, d, got)
 	expectFrom(one, "reopened")
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
