@@ -145,6 +145,7 @@ func (d *Demux) receiveRelay(done <-chan struct{}) conn.ReceiveFunc {
 					continue
 				}
 				sizes[0], eps[0] = n, RelayEndpoint{ap}
+				d.sawInitiation(packets[0][:n])
 				return 1, nil
 			}
 			// SetRelay and Close wake the read with a past deadline, and

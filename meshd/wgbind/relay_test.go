@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -301,6 +302,10 @@ func TestWireGuardThroughRelay(t *testing.T) {
 	a, b := newNode(t, "10.77.0.1"), newNode(t, "10.77.0.2")
 	a.demux.SetRelay(allocA)
 	b.demux.SetRelay(allocB)
+	// The initiation hook (meshd's cue during a peer's key rotation) sees
+	// handshakes that arrive through the relay too.
+	var initiations atomic.Int64
+	b.demux.OnInitiation(func() { initiations.Add(1) })
 	a.addPeer(t, b, wgbind.RelayPrefix+allocB.RelayedAddr().String())
 	b.addPeer(t, a, wgbind.RelayPrefix+allocA.RelayedAddr().String())
 	for _, n := range []*wgNode{a, b} {
@@ -309,6 +314,9 @@ func TestWireGuardThroughRelay(t *testing.T) {
 		}
 	}
 	roundTrip(t, a, b, 8080, "hello over the relay")
+	if initiations.Load() == 0 {
+		t.Fatal("a's handshake initiation through the relay did not reach b's hook")
+	}
 	roundTrip(t, b, a, 8081, "and back")
 	if got, want := endpointOf(t, a), wgbind.RelayPrefix+allocB.RelayedAddr().String(); got != want {
 		t.Fatalf("a's peer endpoint %q, want %q", got, want)

@@ -58,6 +58,18 @@ func (d *Demux) OnInitiation(f func()) {
 	d.onInitiation.Store(&f)
 }
 
+// sawInitiation calls the OnInitiation hook if pkt looks like a handshake
+// initiation, and says whether it did.
+func (d *Demux) sawInitiation(pkt []byte) bool {
+	if len(pkt) != initiationSize || pkt[0] != 1 {
+		return false
+	}
+	if f := d.onInitiation.Load(); f != nil {
+		(*f)()
+	}
+	return true
+}
+
 // NewDemux wraps inner.
 func NewDemux(inner conn.Bind) *Demux { return &Demux{Bind: inner} }
 
@@ -88,10 +100,7 @@ func (d *Demux) wrap(fn conn.ReceiveFunc) conn.ReceiveFunc {
 	return func(packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
 		n, err := fn(packets, sizes, eps)
 		for i := 0; i < n; i++ {
-			if sizes[i] == initiationSize && packets[i][0] == 1 {
-				if f := d.onInitiation.Load(); f != nil {
-					(*f)()
-				}
+			if d.sawInitiation(packets[i][:sizes[i]]) {
 				continue
 			}
 			if sizes[i] < 20 || !IsSTUN(packets[i][:sizes[i]]) {
