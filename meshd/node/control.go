@@ -228,6 +228,10 @@ func (n *Node) watch(ctx context.Context, s *store.Store, disc <-chan struct{}) 
 	n.reconcile(ctx, true)
 	n.requestPSKs()
 	n.requestRotate()
+	select {
+	case n.relayKick <- struct{}{}:
+	default:
+	}
 	prefix := "$KV." + s.Names.MeshPeersBucket() + ".peer."
 	for {
 		select {

@@ -73,6 +73,8 @@ type Node struct {
 	pskKick chan struct{}
 	// rotateKick asks rotateLoop to look at this node's own record.
 	rotateKick chan struct{}
+	// relayKick asks relayLoop to allocate now (a new connection).
+	relayKick chan struct{}
 	// initiations is signalled when a handshake initiation arrives (see
 	// reconcileLoop).
 	initiations chan struct{}
@@ -177,7 +179,7 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, st: st, key: key, anchor: anchor, log: cfg.Logger.With(zap.String("machine", st.Machine)),
-		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), rotateKick: make(chan struct{}, 1), initiations: make(chan struct{}, 1), ready: make(chan struct{}),
+		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), rotateKick: make(chan struct{}, 1), initiations: make(chan struct{}, 1), relayKick: make(chan struct{}, 1), ready: make(chan struct{}),
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
 		applied: make(map[Key]string), names: make(map[Key]string), member: true,
 		psks: make(map[string]Key), pskReady: cache.PSKReady,

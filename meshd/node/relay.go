@@ -19,6 +19,9 @@ import (
 // allocation outlives them by minutes at most.
 const relayRenewBefore = time.Hour
 
+// relayRetryMax bounds the backoff between failed attempts to allocate.
+const relayRetryMax = time.Hour
+
 // relayInfo is the node's allocation on a mesh relay; n.mu guards it.
 type relayInfo struct {
 	server  string
@@ -64,8 +67,9 @@ func (n *Node) relayLoop(ctx context.Context) {
 			cur.Close()
 		}
 	}()
-	t := time.NewTicker(n.cfg.ReconcileInterval)
+	t := time.NewTimer(n.cfg.ReconcileInterval)
 	defer t.Stop()
+	failures := 0
 	for {
 		n.mu.Lock()
 		due := cur == nil || time.Until(n.relay.expires) < relayRenewBefore
@@ -74,6 +78,7 @@ func (n *Node) relayLoop(ctx context.Context) {
 			next, err := n.allocate(ctx)
 			switch {
 			case err != nil && ctx.Err() == nil:
+				failures++
 				n.mu.Lock()
 				repeated := n.relay.err == err.Error()
 				n.mu.Unlock()
@@ -82,6 +87,7 @@ func (n *Node) relayLoop(ctx context.Context) {
 					n.log.Warn("mesh relay", zap.Error(err))
 				}
 			case next != nil:
+				failures = 0
 				n.dev.demux.SetRelay(next)
 				if cur != nil {
 					cur.Close()
@@ -92,10 +98,19 @@ func (n *Node) relayLoop(ctx context.Context) {
 				n.requestApply()
 			}
 		}
+		// Failures back off (a control plane that predates relays, or
+		// credentials without relay.<machine>, refuse every time), up to
+		// relayRetryMax; a new connection asks again at once.
+		wait := n.cfg.ReconcileInterval
+		if failures > 0 {
+			wait = min(n.cfg.ReconcileInterval<<min(failures-1, 10), relayRetryMax)
+		}
+		t.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-n.relayKick:
 		}
 	}
 }
