@@ -48,8 +48,8 @@ type Config struct {
 	// RotatePrepare is how long the node waits after registering a new
 	// key before switching to it, for peers to add it.
 	RotatePrepare time.Duration
-	// RelayAfter is how long a peer's direct path may go without a
-	// handshake before the node sends through the mesh relay.
+	// RelayAfter is how long a peer with no session may go unheard over
+	// the direct path before the node sends through the mesh relay.
 	RelayAfter time.Duration
 	// ProbeInterval is how often a relayed peer's direct path is probed.
 	ProbeInterval time.Duration
@@ -179,7 +179,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, st: st, key: key, anchor: anchor, log: cfg.Logger.With(zap.String("machine", st.Machine)),
-		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), rotateKick: make(chan struct{}, 1), initiations: make(chan struct{}, 1), relayKick: make(chan struct{}, 1), ready: make(chan struct{}),
+		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), rotateKick: make(chan struct{}, 1),
+		relayKick: make(chan struct{}, 1), initiations: make(chan struct{}, 1), ready: make(chan struct{}),
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
 		applied: make(map[Key]string), names: make(map[Key]string), member: true,
 		psks: make(map[string]Key), pskReady: cache.PSKReady,
