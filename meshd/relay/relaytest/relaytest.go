@@ -7,19 +7,17 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
-
 	"github.com/edgeplane/edgeplane/meshd/relay"
 )
 
 // Start runs a relay on 127.0.0.1 checking credentials against secret,
-// closed when the test ends.
+// closed when the test ends. It logs nowhere: pion's goroutines log after
+// Close returns, which a test's logger does not survive.
 func Start(t testing.TB, secret []byte) *relay.Server {
 	t.Helper()
 	s, err := relay.Listen(context.Background(), relay.ServerConfig{
 		Listen: "127.0.0.1:0",
 		Secret: secret,
-		Logger: zaptest.NewLogger(t).Named("relay"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +41,6 @@ func Allocate(t testing.TB, s *relay.Server, secret []byte, machine string) *rel
 		Username: user,
 		Password: pass,
 		Local:    "127.0.0.1:0",
-		Logger:   zaptest.NewLogger(t).Named(machine),
 	})
 	if err != nil {
 		t.Fatal(err)
