@@ -75,6 +75,8 @@ type Node struct {
 	rotateKick chan struct{}
 	// relayKick asks relayLoop to allocate now (a new connection).
 	relayKick chan struct{}
+	// relayEchoes carries relay probes the relay delivered back.
+	relayEchoes chan string
 	// initiations is signalled when a handshake initiation arrives (see
 	// reconcileLoop).
 	initiations chan struct{}
@@ -180,7 +182,7 @@ func New(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, st: st, key: key, anchor: anchor, log: cfg.Logger.With(zap.String("machine", st.Machine)),
 		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), rotateKick: make(chan struct{}, 1),
-		relayKick: make(chan struct{}, 1), initiations: make(chan struct{}, 1), ready: make(chan struct{}),
+		relayKick: make(chan struct{}, 1), relayEchoes: make(chan string, 4), initiations: make(chan struct{}, 1), ready: make(chan struct{}),
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
 		applied: make(map[Key]string), names: make(map[Key]string), member: true,
 		psks: make(map[string]Key), pskReady: cache.PSKReady,
@@ -247,6 +249,12 @@ func (n *Node) Run(ctx context.Context) error {
 	dev.demux.OnInitiation(func() {
 		select {
 		case n.initiations <- struct{}{}:
+		default:
+		}
+	})
+	dev.demux.OnRelayProbe(func(pkt []byte) {
+		select {
+		case n.relayEchoes <- string(pkt):
 		default:
 		}
 	})

@@ -8,9 +8,12 @@ import (
 	"net/netip"
 	"time"
 
+	"crypto/rand"
+
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/meshd/relay"
+	"github.com/edgeplane/edgeplane/meshd/wgbind"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -53,7 +56,7 @@ func (r relayInfo) status() RelayStatus {
 }
 
 // relayLoop keeps an allocation on a mesh relay while the registrar
-// announces one: it asks the registrar for relays and credentials, on its
+// announces one, and checks every reconcile interval that it still works: it asks the registrar for relays and credentials, on its
 // own subject with its node secret, allocates on the first relay that
 // answers, hands the allocation to the WireGuard bind, and announces the
 // relayed address in its heartbeat. It allocates anew before the
@@ -74,6 +77,14 @@ func (n *Node) relayLoop(ctx context.Context) {
 		n.mu.Lock()
 		due := cur == nil || time.Until(n.relay.expires) < relayRenewBefore
 		n.mu.Unlock()
+		if !due && !n.relayAnswers(ctx, cur) && ctx.Err() == nil {
+			// The relay forgot the allocation (it restarted) or cannot
+			// be reached: peers sending to the announced address reach
+			// nothing, so take a new one and announce that.
+			n.log.Warn("the relay allocation stopped answering its probe; allocating anew", zap.Stringer("address", cur.RelayedAddr()))
+			n.met.relayLost.Inc()
+			due = true
+		}
 		if due {
 			next, err := n.allocate(ctx)
 			switch {
@@ -168,4 +179,38 @@ func (n *Node) noteRelay(r relayInfo, keep bool) {
 		return
 	}
 	n.relay = r
+}
+
+// relayProbeWait is how long a relay probe may take to come back.
+const relayProbeWait = 2 * time.Second
+
+// relayAnswers sends a probe through the allocation to its own relayed
+// address and waits for the relay to deliver it back, twice before giving
+// up (it is UDP).
+func (n *Node) relayAnswers(ctx context.Context, a *relay.Allocation) bool {
+	nonce := make([]byte, 8)
+	_, _ = rand.Read(nonce)
+	probe := wgbind.RelayProbe(nonce)
+	to := net.UDPAddrFromAddrPort(a.RelayedAddr())
+	for range 2 {
+		if _, err := a.WriteTo(probe, to); err != nil {
+			return false
+		}
+		t := time.NewTimer(relayProbeWait)
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return true // shutting down: not the relay's fault
+			case echo := <-n.relayEchoes:
+				if echo == string(probe) {
+					t.Stop()
+					return true
+				}
+			case <-t.C:
+				waiting = false
+			}
+		}
+	}
+	return false
 }

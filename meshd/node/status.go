@@ -122,6 +122,7 @@ type metrics struct {
 	rotations       prometheus.Counter
 	rotateErrors    prometheus.Counter
 	directProbes    *prometheus.CounterVec
+	relayLost       prometheus.Counter
 }
 
 func newMetrics(n *Node) *metrics {
@@ -149,9 +150,11 @@ func newMetrics(n *Node) *metrics {
 			Help: "Key rotation steps that failed (retried every reconcile interval)."}),
 		directProbes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "meshd_direct_probes_total",
 			Help: "Probes of relayed peers' direct paths: sent, and answered (the tunnel moved back)."}, []string{"result"}),
+		relayLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "meshd_relay_allocations_lost_total",
+			Help: "Relay allocations that stopped answering their probe and were replaced."}),
 	}
 	m.reg.MustRegister(m.heartbeats, m.reconciles, m.reconcileErrors, m.corrections, m.peers, m.watchRestarts, m.polls, m.refused,
-		m.rotations, m.rotateErrors, m.directProbes, &peerCollector{n: n}, prometheus.NewGoCollector())
+		m.rotations, m.rotateErrors, m.directProbes, m.relayLost, &peerCollector{n: n}, prometheus.NewGoCollector())
 	return m
 }
 

@@ -1,6 +1,7 @@
 package wgbind
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -144,6 +145,12 @@ func (d *Demux) receiveRelay(done <-chan struct{}) conn.ReceiveFunc {
 				if !ok {
 					continue
 				}
+				if IsRelayProbe(packets[0][:n]) {
+					if f := d.onRelayProbe.Load(); f != nil {
+						(*f)(packets[0][:n])
+					}
+					continue
+				}
 				sizes[0], eps[0] = n, RelayEndpoint{ap}
 				d.sawInitiation(packets[0][:n])
 				return 1, nil
@@ -168,6 +175,31 @@ func (d *Demux) receiveRelay(done <-chan struct{}) conn.ReceiveFunc {
 			}
 		}
 	}
+}
+
+// relayProbeMagic starts a relay probe: a datagram a node sends through
+// its own allocation to its own relayed address, to learn that the
+// allocation still works (the relay forgets allocations when it restarts,
+// and the client is not told). No WireGuard message starts with 0xff.
+var relayProbeMagic = []byte{0xff, 'e', 'p', 'r', 'p'}
+
+// IsRelayProbe says pkt is a relay probe.
+func IsRelayProbe(pkt []byte) bool { return bytes.HasPrefix(pkt, relayProbeMagic) }
+
+// RelayProbe is a relay probe carrying nonce.
+func RelayProbe(nonce []byte) []byte {
+	return append(append([]byte(nil), relayProbeMagic...), nonce...)
+}
+
+// OnRelayProbe installs f (nil: none), called with each relay probe the
+// relay delivers, instead of handing it to WireGuard. The slice is only
+// valid during the call; f must not block.
+func (d *Demux) OnRelayProbe(f func(pkt []byte)) {
+	if f == nil {
+		d.onRelayProbe.Store(nil)
+		return
+	}
+	d.onRelayProbe.Store(&f)
 }
 
 func addrPortOf(a net.Addr) (netip.AddrPort, bool) {

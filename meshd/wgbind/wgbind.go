@@ -40,6 +40,7 @@ type Demux struct {
 	// STUNPackets counts packets diverted to the handler.
 	STUNPackets  atomic.Uint64
 	onInitiation atomic.Pointer[func()]
+	onRelayProbe atomic.Pointer[func([]byte)]
 	relay        relayState
 }
 

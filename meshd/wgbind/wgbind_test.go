@@ -120,3 +120,21 @@ func TestDemuxSharesSocket(t *testing.T) {
 		t.Fatalf("stun packets %d", d.STUNPackets.Load())
 	}
 }
+
+// A relay probe never passes for a WireGuard message, nor the reverse.
+func TestRelayProbeIsNotWireGuard(t *testing.T) {
+	p := wgbind.RelayProbe([]byte("12345678"))
+	if !wgbind.IsRelayProbe(p) {
+		t.Fatal("a probe is not recognised")
+	}
+	for typ := byte(1); typ <= 4; typ++ {
+		msg := make([]byte, 148)
+		msg[0] = typ
+		if wgbind.IsRelayProbe(msg) {
+			t.Fatalf("a WireGuard message of type %d taken for a probe", typ)
+		}
+	}
+	if wgbind.IsRelayProbe(p[:3]) {
+		t.Fatal("a truncated probe recognised")
+	}
+}

@@ -15,10 +15,13 @@ import (
 // Close returns, which a test's logger does not survive.
 func Start(t testing.TB, secret []byte) *relay.Server {
 	t.Helper()
-	s, err := relay.Listen(context.Background(), relay.ServerConfig{
-		Listen: "127.0.0.1:0",
-		Secret: secret,
-	})
+	return StartAt(t, secret, "127.0.0.1:0")
+}
+
+// StartAt is Start on addr: a test restarts a relay where it was.
+func StartAt(t testing.TB, secret []byte, addr string) *relay.Server {
+	t.Helper()
+	s, err := relay.Listen(context.Background(), relay.ServerConfig{Listen: addr, Secret: secret})
 	if err != nil {
 		t.Fatal(err)
 	}
