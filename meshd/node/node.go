@@ -394,12 +394,12 @@ func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
 	for k, v := range n.applied {
 		applied[k] = v
 	}
-	shake := map[Key]bool{}
+	var shake []Key
 	for k, p := range ds.Peers {
 		n.names[k] = p.Machine
 		if force[p.Machine] {
 			delete(applied, k)
-			shake[k] = true
+			shake = append(shake, k)
 		}
 	}
 	source := n.source
@@ -413,7 +413,7 @@ func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
 			return desiredSet{}
 		}
 	}
-	n.keepaliveNow(sortedKeys(shake))
+	n.keepaliveNow(shake)
 	n.mu.Lock()
 	for k := range actual {
 		if _, ok := ds.Peers[k]; !ok {

@@ -3,7 +3,7 @@ package node
 import (
 	"context"
 	"net/netip"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,7 +45,6 @@ const (
 // pathChoice is the node's choice for one peer.
 type pathChoice struct {
 	relayed bool
-	since   time.Time
 	// direct is the candidate that answered the last successful probe;
 	// "" until one did (the endpoint from the peer's record is used).
 	direct string
@@ -58,7 +57,7 @@ type pathChoice struct {
 
 // choose records a new choice.
 func (c *pathChoice) choose(relayed bool, now time.Time) {
-	c.relayed, c.since, c.heard, c.based = relayed, now, now, false
+	c.relayed, c.heard, c.based = relayed, now, false
 }
 
 // keepaliveWindow is how long a peer with a session may stay silent before
@@ -284,7 +283,7 @@ func (n *Node) probeTargets() map[string][]netip.AddrPort {
 		}
 		var cands []netip.AddrPort
 		add := func(s string) {
-			if ap, err := netip.ParseAddrPort(s); err == nil && !containsAddrPort(cands, ap) {
+			if ap, err := netip.ParseAddrPort(s); err == nil && !slices.Contains(cands, ap) {
 				cands = append(cands, ap)
 			}
 		}
@@ -300,15 +299,6 @@ func (n *Node) probeTargets() map[string][]netip.AddrPort {
 		}
 	}
 	return out
-}
-
-func containsAddrPort(list []netip.AddrPort, a netip.AddrPort) bool {
-	for _, b := range list {
-		if a == b {
-			return true
-		}
-	}
-	return false
 }
 
 // answerProbe answers a peer's direct-path probe (a STUN binding request
@@ -331,14 +321,4 @@ func (n *Node) peerPath(k Key) (string, time.Time) {
 		return "", time.Time{}
 	}
 	return s.path, s.since
-}
-
-// sortedKeys is for deterministic handshake order in tests and logs.
-func sortedKeys(m map[Key]bool) []Key {
-	out := make([]Key, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Slice(out, func(i, j int) bool { return string(out[i][:]) < string(out[j][:]) })
-	return out
 }

@@ -2,13 +2,12 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"time"
-
-	"crypto/rand"
 
 	"go.uber.org/zap"
 
@@ -56,11 +55,12 @@ func (r relayInfo) status() RelayStatus {
 }
 
 // relayLoop keeps an allocation on a mesh relay while the registrar
-// announces one, and checks every reconcile interval that it still works: it asks the registrar for relays and credentials, on its
+// announces one: it asks the registrar for relays and credentials, on its
 // own subject with its node secret, allocates on the first relay that
 // answers, hands the allocation to the WireGuard bind, and announces the
 // relayed address in its heartbeat. It allocates anew before the
-// credentials expire. Every node holds an allocation, so a peer that finds
+// credentials expire, and when the allocation stops answering its probe
+// (checked every reconcile interval). Every node holds an allocation, so a peer that finds
 // no direct path can reach it without waiting for it to allocate.
 func (n *Node) relayLoop(ctx context.Context) {
 	var cur *relay.Allocation

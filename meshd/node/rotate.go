@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.zx2c4.com/wireguard/device"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -26,7 +27,7 @@ import (
 //     which peers keep accepting until PreviousUntil;
 //  3. once its own record, verified, carries the new key, waits
 //     RotatePrepare after KeySince so peers have added the new key, then
-//     switches the device to it and starts a handshake with every peer.
+//     switches the device to it and shakes hands with every peer.
 //
 // Peers move the node's mesh IP to the new key when a handshake under it
 // completes, and drop the old key when the overlap ends.
@@ -145,18 +146,14 @@ func (n *Node) switchKey(ctx context.Context, next Key, since time.Time) error {
 	n.mu.Lock()
 	n.key = next
 	n.mu.Unlock()
-	// Sessions under the old key ended with it: shake hands now rather
-	// than at the next packet, so peers move the mesh IP to the new key
-	// at once.
+	// Sessions under the old key ended with it: a keepalive now finds no
+	// session and shakes hands, rather than at the next packet, so peers
+	// move the mesh IP to the new key at once.
 	peers, err := n.dev.peers()
 	if err != nil {
 		return err
 	}
-	for k := range peers {
-		if p := n.dev.dev.LookupPeer(device.NoisePublicKey(k)); p != nil {
-			_ = p.SendHandshakeInitiation(false)
-		}
-	}
+	n.keepaliveNow(slices.Collect(maps.Keys(peers)))
 	n.met.rotations.Inc()
 	n.log.Info("switched to the next key", zap.String("public_key", next.Public().String()))
 	return nil
