@@ -103,6 +103,11 @@ func saveJSON(dir, name string, v any) error {
 	if err != nil {
 		return err
 	}
+	return writeFile(dir, name, b)
+}
+
+// writeFile replaces dir/name with b (mode 0600) whole or not at all.
+func writeFile(dir, name string, b []byte) error {
 	tmp := filepath.Join(dir, "."+name+".tmp")
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return fmt.Errorf("writing %s: %w", name, err)
@@ -210,15 +215,7 @@ func saveKey(dir, name string, k Key) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("creating data dir: %w", err)
 	}
-	path := filepath.Join(dir, name)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(k.String()+"\n"), 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("replacing %s: %w", path, err)
-	}
-	return nil
+	return writeFile(dir, name, []byte(k.String()+"\n"))
 }
 
 func trimSpace(b []byte) []byte {
