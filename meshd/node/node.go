@@ -322,6 +322,22 @@ func (n *Node) requestPSKs() {
 	}
 }
 
+// repeat runs f now, then every interval and whenever kick fires, until ctx
+// ends.
+func repeat(ctx context.Context, every time.Duration, kick <-chan struct{}, f func()) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		f()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-kick:
+		}
+	}
+}
+
 // reconcileLoop applies watch changes as they come and runs the full
 // reconcile (heartbeats re-read, drift report) every interval.
 //

@@ -22,17 +22,7 @@ const pskRetryUnknown = time.Minute
 // pair's handshakes fail and WireGuard retries them.
 func (n *Node) pskLoop(ctx context.Context) {
 	unknown := map[string]time.Time{}
-	t := time.NewTicker(n.cfg.ReconcileInterval)
-	defer t.Stop()
-	for {
-		n.fetchPSKs(ctx, unknown)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-n.pskKick:
-		}
-	}
+	repeat(ctx, n.cfg.ReconcileInterval, n.pskKick, func() { n.fetchPSKs(ctx, unknown) })
 }
 
 func (n *Node) fetchPSKs(ctx context.Context, unknown map[string]time.Time) {

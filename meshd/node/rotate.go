@@ -60,20 +60,12 @@ func (n *Node) requestRotate() {
 
 // rotateLoop carries out rotations asked for in this node's peer record.
 func (n *Node) rotateLoop(ctx context.Context) {
-	t := time.NewTicker(n.cfg.ReconcileInterval)
-	defer t.Stop()
-	for {
+	repeat(ctx, n.cfg.ReconcileInterval, n.rotateKick, func() {
 		if err := n.rotateStep(ctx); err != nil && ctx.Err() == nil {
 			n.log.Warn("key rotation", zap.Error(err))
 			n.met.rotateErrors.Inc()
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-n.rotateKick:
-		}
-	}
+	})
 }
 
 // rotateStep does what the node's own record asks for now: register a new
