@@ -255,15 +255,9 @@ func runCompleter(ctx context.Context, s *store.Store, stdout io.Writer, logger 
 // ctx lives, and returns the relays nodes are told: --mesh-relays, or this
 // one.
 func startRelay(ctx context.Context, s *store.Store, cfg serverConfig, logger *zap.Logger) ([]string, error) {
-	var list []string
-	for _, a := range strings.Split(cfg.meshRelays, ",") {
-		if a = strings.TrimSpace(a); a == "" {
-			continue
-		}
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return nil, usagef("--mesh-relays %q: %v", a, err)
-		}
-		list = append(list, a)
+	list, err := hostPorts("--mesh-relays", cfg.meshRelays)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.meshRelay == "" {
 		if cfg.meshRelayIP != "" {
@@ -273,7 +267,6 @@ func startRelay(ctx context.Context, s *store.Store, cfg serverConfig, logger *z
 	}
 	var ip netip.Addr
 	if cfg.meshRelayIP != "" {
-		var err error
 		if ip, err = netip.ParseAddr(cfg.meshRelayIP); err != nil {
 			return nil, usagef("--mesh-relay-ip %q: %v", cfg.meshRelayIP, err)
 		}
@@ -314,13 +307,23 @@ func startSTUN(ctx context.Context, list, advertise string) ([]string, error) {
 		}
 	}
 	if advertise != "" {
-		adv = nil
-		for _, a := range strings.Split(advertise, ",") {
-			if _, _, err := net.SplitHostPort(strings.TrimSpace(a)); err != nil {
-				return nil, usagef("--stun-advertise %q: %v", a, err)
-			}
-			adv = append(adv, strings.TrimSpace(a))
-		}
+		return hostPorts("--stun-advertise", advertise)
 	}
 	return adv, nil
+}
+
+// hostPorts parses flag's comma-separated host:port list ("" is none).
+func hostPorts(flag, list string) ([]string, error) {
+	if list == "" {
+		return nil, nil
+	}
+	var out []string
+	for _, a := range strings.Split(list, ",") {
+		a = strings.TrimSpace(a)
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, usagef("%s %q: %v", flag, a, err)
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
