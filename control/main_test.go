@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -103,5 +106,28 @@ func TestCommandFailuresAreStructured(t *testing.T) {
 	}
 	if code != 1 || json.Unmarshal([]byte(errOut), &got) != nil || got.Error.Code != "unavailable" {
 		t.Fatalf("unreachable NATS, -o json: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// The relay flags are checked before a relay starts: a bad list or an IP
+// without a relay is a usage error naming the flag, and touches no store.
+func TestRelayFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  serverConfig
+		want string
+	}{
+		{serverConfig{meshRelays: "relay.example:3480,bad"}, `--mesh-relays "bad"`},
+		{serverConfig{meshRelays: "a:1,,b:2"}, `--mesh-relays ""`},
+		{serverConfig{meshRelayIP: "192.0.2.1"}, "--mesh-relay-ip needs --mesh-relay"},
+		{serverConfig{meshRelay: "127.0.0.1:0", meshRelayIP: "not-an-ip"}, `--mesh-relay-ip "not-an-ip"`},
+	} {
+		_, err := startRelay(context.Background(), nil, tc.cfg, zap.NewNop())
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want a usage error containing %q", tc.cfg, err, tc.want)
+		}
+	}
+	if list, err := startRelay(context.Background(), nil, serverConfig{meshRelays: " a:1 , b:2"}, zap.NewNop()); err != nil || len(list) != 2 || list[0] != "a:1" {
+		t.Fatalf("a list without a relay of its own: %v %v", list, err)
 	}
 }
