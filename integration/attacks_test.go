@@ -782,7 +782,8 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 // box) get m1's pairs' keys, never another pair's, nor the secret they are
 // derived from. Nor do they rotate another node's key (a thief who could
 // would put their own key in its place), or get relay credentials in
-// another node's name.
+// another node's name. The box's agent and gateway credentials get none of
+// the mesh's secrets or registrar answers.
 func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	ctx := context.Background()
 	s := f.c.store
@@ -861,11 +862,11 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 		return rec.PublicKey
 	}
 	before := m2Key()
-	var thief [32]byte
-	_, _ = rand.Read(thief[:])
+	var thiefKey [32]byte
+	_, _ = rand.Read(thiefKey[:])
 	rotate := func(subject string, req store.MeshRotateRequest) func(ctx context.Context) error {
 		return func(ctx context.Context) error {
-			req.Version, req.PublicKey = store.RecordVersion, base64.StdEncoding.EncodeToString(thief[:])
+			req.Version, req.PublicKey = store.RecordVersion, base64.StdEncoding.EncodeToString(thiefKey[:])
 			return store.Call(ctx, th.nc, s.Names.RegistrarSubject(subject), "registrar", "rotate", req, nil)
 		}
 	}
@@ -899,6 +900,24 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	// The same credentials rotate their own machine's key.
 	if err := rotate("rotate.m1", store.MeshRotateRequest{Machine: "m1", Secret: secrets["m1"]})(ctx); err != nil {
 		t.Fatalf("m1 rotating its own key: %v", err)
+	}
+	// The other edge roles of m1's box (agent, gateway) get none of it,
+	// even with m1's node secret.
+	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"gateway", f.gwCreds}} {
+		other := f.as(t, role.creds)
+		for _, key := range []string{store.MeshPSKSecretKey, store.MeshRelaySecretKey} {
+			other.try(t, role.name+" credentials read the mesh secret "+key, func(ctx context.Context) error {
+				_, err := other.st.MeshKeys.Get(ctx, key)
+				return err
+			})
+		}
+		for _, verb := range []string{"psk", "rotate", "relay"} {
+			other.try(t, role.name+" credentials ask the registrar "+verb+".m1", func(ctx context.Context) error {
+				req := map[string]any{"version": store.RecordVersion, "machine": "m1", "secret": secrets["m1"],
+					"peers": []string{"m2"}, "public_key": base64.StdEncoding.EncodeToString(thiefKey[:])}
+				return store.Call(ctx, other.nc, s.Names.RegistrarSubject(verb+".m1"), "registrar", verb, req, nil)
+			})
+		}
 	}
 }
 
