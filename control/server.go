@@ -19,7 +19,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"

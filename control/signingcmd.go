@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 )

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/zap"
 
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -631,7 +631,7 @@ func waitPlacement(ctx context.Context, s *store.Store, timeout time.Duration, w
 			err = fmt.Errorf("still waiting for %s", strings.Join(waiting, ", "))
 		}
 		if time.Now().After(deadline) {
-			return pl, store.Errorf(store.CodeUnavailable, "waiting for %s: not settled within %s: %v", what, timeout, err)
+			return pl, store.Errorf(store.CodeUnavailable, "waiting for %s: not settled within %s: %w", what, timeout, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"

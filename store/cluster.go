@@ -392,7 +392,7 @@ func (s *Store) SetReplicas(ctx context.Context, replicas int, wait time.Duratio
 				return classify(fmt.Errorf("setting %s to %d replicas: %w", name, replicas, err))
 			}
 			if time.Now().After(deadline) {
-				return Errorf(CodeUnavailable, "setting %s to %d replicas: the meta leader still cannot place them after %s: %v "+
+				return Errorf(CodeUnavailable, "setting %s to %d replicas: the meta leader still cannot place them after %s: %w "+
 					"(a storage node it has not heard a statistics report from counts as offline; see `control storage ls`)",
 					name, replicas, wait, err).With("stream", name).With("replicas", strconv.Itoa(replicas))
 			}

@@ -43,6 +43,10 @@ type Error struct {
 	Code    string            `json:"code"`
 	Message string            `json:"message"`
 	Detail  map[string]string `json:"detail,omitempty"`
+
+	// cause is what the message wrapped with %w, for errors.Is and
+	// errors.As in this process; it does not cross the wire.
+	cause error
 }
 
 func (e *Error) Error() string {
@@ -68,10 +72,21 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Errorf builds an *Error with code and a formatted message.
+// Errorf builds an *Error with code and a formatted message. As with
+// fmt.Errorf, an error formatted with %w stays reachable through
+// errors.Is and errors.As.
 func Errorf(code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+	err := fmt.Errorf(format, args...)
+	e := &Error{Code: code, Message: err.Error()}
+	switch err.(type) {
+	case interface{ Unwrap() error }, interface{ Unwrap() []error }:
+		e.cause = err
+	}
+	return e
 }
+
+// Unwrap returns the error the message wrapped, if any.
+func (e *Error) Unwrap() error { return e.cause }
 
 // With returns e with detail k=v added.
 func (e *Error) With(k, v string) *Error {

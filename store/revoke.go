@@ -33,11 +33,11 @@ func (r *Revocation) version() int { return r.Version }
 func UserOfCreds(creds []byte) (*Revocation, error) {
 	token, err := jwt.ParseDecoratedJWT(creds)
 	if err != nil {
-		return nil, Errorf(CodeInvalid, "reading credentials: %v", err)
+		return nil, Errorf(CodeInvalid, "reading credentials: %w", err)
 	}
 	uc, err := jwt.DecodeUserClaims(token)
 	if err != nil {
-		return nil, Errorf(CodeInvalid, "reading credentials: %v", err)
+		return nil, Errorf(CodeInvalid, "reading credentials: %w", err)
 	}
 	r := &Revocation{User: uc.Subject, Name: uc.Name}
 	for _, tag := range uc.Tags {

@@ -309,7 +309,7 @@ func (s *Store) ServeRepublish(ctx context.Context) (func(), error) {
 		func(ctx context.Context, machine string, data []byte) (any, error) {
 			var req RepublishRequest
 			if err := json.Unmarshal(data, &req); err != nil {
-				return nil, Errorf(CodeInvalid, "decoding republish request: %v", err)
+				return nil, Errorf(CodeInvalid, "decoding republish request: %w", err)
 			}
 			for what, tok := range map[string]string{"machine": machine, "namespace": req.Namespace, "service": req.Service} {
 				if !ValidToken(tok) {

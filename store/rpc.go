@@ -102,7 +102,7 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 			} else if res != nil {
 				b, err := json.Marshal(res)
 				if err != nil {
-					rep.Error = Errorf(CodeInternal, "encoding %s result: %v", command, err)
+					rep.Error = Errorf(CodeInternal, "encoding %s result: %w", command, err)
 				} else {
 					rep.Result = b
 				}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"

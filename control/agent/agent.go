@@ -493,7 +493,7 @@ func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, e
 
 func decode(command string, data []byte, v any) error {
 	if err := json.Unmarshal(data, v); err != nil {
-		return store.Errorf(store.CodeInvalid, "decoding %s request: %v", command, err)
+		return store.Errorf(store.CodeInvalid, "decoding %s request: %w", command, err)
 	}
 	return nil
 }
@@ -551,7 +551,7 @@ func (a *Agent) resolveImage(ctx context.Context, req store.ResolveImageRequest)
 			With("image", req.Image).With("machine", a.cfg.Machine.ID)
 	}
 	if err != nil {
-		return nil, store.Errorf(store.CodeUnavailable, "%v", err).With("machine", a.cfg.Machine.ID)
+		return nil, store.Errorf(store.CodeUnavailable, "%w", err).With("machine", a.cfg.Machine.ID)
 	}
 	return &store.ResolveImageReply{ID: img.ID, RepoTags: img.RepoTags, RepoDigests: img.RepoDigests}, nil
 }
@@ -577,7 +577,7 @@ func (a *Agent) start(ctx context.Context, req store.StartRequest) (*store.Start
 	if port == 0 {
 		p, err := freePort(a.cfg.Machine.Address)
 		if err != nil {
-			return nil, store.Errorf(store.CodeUnavailable, "start %s: choosing a port: %v", rec.ID, err)
+			return nil, store.Errorf(store.CodeUnavailable, "start %s: choosing a port: %w", rec.ID, err)
 		}
 		port = p
 	}
@@ -649,7 +649,7 @@ func (a *Agent) launch(ctx context.Context, rec store.InstanceRecord, spec store
 	if spec.Resources.Memory != "" {
 		n, err := manifest.MemoryBytes(spec.Resources.Memory)
 		if err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "%v", err)
+			return nil, store.Errorf(store.CodeInvalid, "%w", err)
 		}
 		rs.Memory = n
 	}
@@ -838,7 +838,7 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 				a.mu.Lock()
 				inst.stopping = false
 				a.mu.Unlock()
-				return store.Errorf(store.CodeInternal, "%v", err).With("instance", req.InstanceID)
+				return store.Errorf(store.CodeInternal, "%w", err).With("instance", req.InstanceID)
 			}
 		}
 		a.mu.Lock()

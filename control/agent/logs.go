@@ -116,12 +116,12 @@ func (a *Agent) readLogs(_ context.Context, req store.LogsRequest) (*store.LogsR
 		return &store.LogsReply{Data: []byte{}}, nil
 	}
 	if err != nil {
-		return nil, store.Errorf(store.CodeInternal, "reading the output of %s: %v", req.InstanceID, err)
+		return nil, store.Errorf(store.CodeInternal, "reading the output of %s: %w", req.InstanceID, err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, store.Errorf(store.CodeInternal, "reading the output of %s: %v", req.InstanceID, err)
+		return nil, store.Errorf(store.CodeInternal, "reading the output of %s: %w", req.InstanceID, err)
 	}
 	size := fi.Size()
 	off := req.Offset

@@ -38,7 +38,7 @@ func ServeAdmission(ctx context.Context, s *store.Store) (func(), error) {
 			verb, machine, _ := strings.Cut(command, ".")
 			var req AdmissionRequest
 			if err := json.Unmarshal(data, &req); err != nil {
-				return nil, store.Errorf(store.CodeInvalid, "admission request: %v", err)
+				return nil, store.Errorf(store.CodeInvalid, "admission request: %w", err)
 			}
 			// The subject is what the credentials bind; the body must agree.
 			if req.Machine != machine {

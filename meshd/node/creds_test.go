@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"

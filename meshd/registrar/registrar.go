@@ -164,7 +164,7 @@ func (r *Registrar) handle(ctx context.Context, command string, data []byte) (an
 func answer[T any](verb string, data []byte, check func(machine string) error, machine func(*T) string, do func(T) (any, error)) (any, error) {
 	var req T
 	if err := json.Unmarshal(data, &req); err != nil {
-		return nil, store.Errorf(store.CodeInvalid, "decoding %s request: %v", verb, err)
+		return nil, store.Errorf(store.CodeInvalid, "decoding %s request: %w", verb, err)
 	}
 	if err := check(machine(&req)); err != nil {
 		return nil, err
@@ -247,7 +247,7 @@ func (r *Registrar) Rotate(ctx context.Context, req store.MeshRotateRequest) (*s
 		return nil, store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
 	}
 	if _, err := ParseKey(req.PublicKey); err != nil {
-		return nil, store.Errorf(store.CodeInvalid, "public key: %v", err)
+		return nil, store.Errorf(store.CodeInvalid, "public key: %w", err)
 	}
 	overlap := time.Duration(req.Overlap)
 	if overlap == 0 {
@@ -302,7 +302,7 @@ func (r *Registrar) RelayCredentials(ctx context.Context, req store.MeshRelayReq
 	}
 	out.Username, out.Password, out.Expires, err = relay.Credentials(secret, req.Machine, store.MeshRelayCredentialTTL)
 	if err != nil {
-		return nil, store.Errorf(store.CodeInternal, "%v", err)
+		return nil, store.Errorf(store.CodeInternal, "%w", err)
 	}
 	return out, nil
 }
@@ -367,7 +367,7 @@ func validateRegister(req *store.MeshRegisterRequest) error {
 		return store.Errorf(store.CodeInvalid, "machine id %q: must be letters, digits, '-' or '_'", req.Machine)
 	}
 	if _, err := ParseKey(req.PublicKey); err != nil {
-		return store.Errorf(store.CodeInvalid, "public key: %v", err)
+		return store.Errorf(store.CodeInvalid, "public key: %w", err)
 	}
 	if len(req.Endpoints) > 16 {
 		return store.Errorf(store.CodeInvalid, "%d endpoints: at most 16", len(req.Endpoints))

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"

@@ -77,7 +77,7 @@ func CheckClusterable(dataDir string) error {
 		return err
 	}
 	if l.Standalone() {
-		return store.Errorf(store.CodeInvalid, "data dir %s %v; move it aside, start this node with an empty --data, and once the cluster is up run `control storage import --from <moved dir>`", dataDir, ErrSingleBoxStore).
+		return store.Errorf(store.CodeInvalid, "data dir %s %w; move it aside, start this node with an empty --data, and once the cluster is up run `control storage import --from <moved dir>`", dataDir, ErrSingleBoxStore).
 			With("data", dataDir)
 	}
 	return nil

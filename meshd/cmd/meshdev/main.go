@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgeplane/edgeplane/control/signers"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"

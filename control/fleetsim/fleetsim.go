@@ -208,7 +208,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 	case store.CmdStartCandidate:
 		var req store.StartRequest
 		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding start: %v", err)
+			return nil, store.Errorf(store.CodeInvalid, "decoding start: %w", err)
 		}
 		rec := req.Instance
 		now := time.Now().UTC()
@@ -227,7 +227,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 	case store.CmdReadiness:
 		var req store.ReadinessRequest
 		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding readiness: %v", err)
+			return nil, store.Errorf(store.CodeInvalid, "decoding readiness: %w", err)
 		}
 		f.mu.Lock()
 		rec, ok := f.insts[id][req.InstanceID]
@@ -246,7 +246,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 	case store.CmdStopInstance, store.CmdDrainInstance:
 		var req store.InstanceRequest
 		if err := json.Unmarshal(data, &req); err != nil {
-			return nil, store.Errorf(store.CodeInvalid, "decoding stop: %v", err)
+			return nil, store.Errorf(store.CodeInvalid, "decoding stop: %w", err)
 		}
 		if command == store.CmdDrainInstance {
 			return nil, nil

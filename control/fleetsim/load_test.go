@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/edgeplane/edgeplane/control/fleet"
-	"github.com/edgeplane/edgeplane/control/signers"
-	"github.com/edgeplane/edgeplane/internal/fleetsim"
+	"github.com/edgeplane/edgeplane/signing/signers"
+	"github.com/edgeplane/edgeplane/control/fleetsim"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -157,13 +157,13 @@ var (
 // role's credentials, writing instance states at a rate while applies go
 // through. Run it alone (it is sized for the whole machine):
 //
-//	go test -run '^$' -bench FleetLoad -benchtime 1x -timeout 30m ./internal/fleetsim/
+//	go test -run '^$' -bench FleetLoad -benchtime 1x -timeout 30m ./control/fleetsim/
 //
 // Smaller: -fleet.machines 1000 -fleet.duration 10s, etc.
 func BenchmarkFleetLoad(b *testing.B) {
 	// Each connection is two files here: the client's and the server's.
 	if err := fleetsim.RaiseFileLimit(uint64(2*(*loadMachines+*loadGateways)) + 4096); err != nil {
-		b.Skipf("%v: needs CAP_SYS_RESOURCE; use fewer -fleet.machines, or internal/fleetsim/bench/bench.sh, whose server is another process", err)
+		b.Skipf("%v: needs CAP_SYS_RESOURCE; use fewer -fleet.machines, or control/fleetsim/bench/bench.sh, whose server is another process", err)
 	}
 	for _, nodes := range []int{1, 3} {
 		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {

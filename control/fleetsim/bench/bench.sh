@@ -5,7 +5,7 @@
 # and fleetsim, whose agents and gateways each connect with their own
 # role's credentials. The processes' memory is read from /proc at the end.
 #
-#   internal/fleetsim/bench/bench.sh [--nodes 3] [fleetsim flags...]
+#   control/fleetsim/bench/bench.sh [--nodes 3] [fleetsim flags...]
 #
 # Defaults are the goals table's: 10,000 machines, 1,000 deployments,
 # 10,000 writes/s for 60 s, 100 gateways, 5 applies before and 5 during.
@@ -28,7 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 go build -o "$work/control" ./control
-go build -o "$work/fleetsim" ./internal/fleetsim/cmd/fleetsim
+go build -o "$work/fleetsim" ./control/fleetsim/cmd/fleetsim
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 # Every simulated connection is a file on a server's side and on
 # fleetsim's.

@@ -14,8 +14,8 @@
 // simulated agent and gateway connects on its own with credentials of its
 // role issued for it alone; without, they share one connection.
 //
-//	go run ./internal/fleetsim/cmd/fleetsim --machines 1000
-//	go run ./internal/fleetsim/cmd/fleetsim --auth-dir DATA/auth --machines 10000 \
+//	go run ./control/fleetsim/cmd/fleetsim --machines 1000
+//	go run ./control/fleetsim/cmd/fleetsim --auth-dir DATA/auth --machines 10000 \
 //	    --namespaces 1000 --rate 10000 --duration 60s --gateways 100 --watch server=PID
 package main
 
@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgeplane/edgeplane/internal/fleetsim"
+	"github.com/edgeplane/edgeplane/control/fleetsim"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
