@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -406,4 +407,86 @@ func TestAgentAdvertisesMeshIP(t *testing.T) {
 		}
 	}
 	allAnswer(t, insts)
+}
+
+// Changing only a service's replica count or its routes says nothing new
+// about what an instance runs: the instances that stay are the same
+// processes (same IDs, same PIDs), and the new routes are published.
+func TestScaleAndRouteChangesKeepInstances(t *testing.T) {
+	c := newCluster(t)
+	c.join("m1")
+	const two = `
+namespace: shop
+services:
+  web:
+    command: ["@HELLO@"]
+    replicas: 2
+    readiness: {path: /healthz, timeout: 10s}
+    routes: [{hosts: [shop.example.com]}]
+`
+	c.mustControl("deploy", "apply", "-f", c.manifest("two.yaml", two), "--drain-grace", "100ms")
+	before := bySlot(t, c.instances("shop"), 2)
+
+	one := strings.Replace(two, "replicas: 2", "replicas: 1", 1)
+	out := c.mustControl("deploy", "apply", "-f", c.manifest("one.yaml", one), "--drain-grace", "100ms")
+	if !strings.Contains(out, "0 to start, 1 to keep, 1 to stop") {
+		t.Fatalf("scaling 2 → 1:\n%s", out)
+	}
+	after := bySlot(t, c.instances("shop"), 1)
+	sameProcess(t, before[0], after[0])
+	if _, err := get(t, addrOf(before[1])); err == nil {
+		t.Fatalf("slot 1's instance %s still answers after the scale-down", before[1].ID)
+	}
+
+	routed := strings.Replace(one, "hosts: [shop.example.com]", "hosts: [shop.example.com, www.shop.example.com], path_prefixes: [/, /api]", 1)
+	out = c.mustControl("deploy", "apply", "-f", c.manifest("routed.yaml", routed), "--drain-grace", "100ms")
+	if !strings.Contains(out, "0 to start, 1 to keep, 0 to stop") {
+		t.Fatalf("adding a host:\n%s", out)
+	}
+	sameProcess(t, before[0], bySlot(t, c.instances("shop"), 1)[0])
+	st, err := c.store.LoadRouting(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hosts []string
+	for _, ev := range st.Services {
+		if ev.Namespace == "shop" && ev.Service == "web" && len(ev.Routes) > 0 {
+			hosts = ev.Routes[0].Hosts
+			if len(ev.Endpoints) != 1 || ev.Endpoints[0].InstanceID != before[0].ID {
+				t.Errorf("routing endpoints %+v, want only %s", ev.Endpoints, before[0].ID)
+			}
+		}
+	}
+	if !slices.Contains(hosts, "www.shop.example.com") {
+		t.Fatalf("the new host is not in the routing: %v", hosts)
+	}
+}
+
+// bySlot returns a namespace's instances indexed by slot, failing unless
+// there are n, all ready.
+func bySlot(t *testing.T, insts []store.InstanceRecord, n int) []store.InstanceRecord {
+	t.Helper()
+	out := make([]store.InstanceRecord, n)
+	for _, in := range insts {
+		if in.Slot >= n || in.State != store.InstanceReady || out[in.Slot].ID != "" {
+			t.Fatalf("want %d ready instances, one per slot: %+v", n, insts)
+		}
+		out[in.Slot] = in
+	}
+	return out
+}
+
+// sameProcess fails unless after is before's instance, still the same
+// running process.
+func sameProcess(t *testing.T, before, after store.InstanceRecord) {
+	t.Helper()
+	if after.ID != before.ID || after.PID != before.PID || before.PID == 0 {
+		t.Fatalf("slot %d was replaced: %s (pid %d) → %s (pid %d)", before.Slot, before.ID, before.PID, after.ID, after.PID)
+	}
+	if err := syscall.Kill(before.PID, 0); err != nil {
+		t.Fatalf("instance %s's process %d: %v", before.ID, before.PID, err)
+	}
+	if _, err := get(t, addrOf(after)); err != nil {
+		t.Fatalf("instance %s: %v", after.ID, err)
+	}
 }

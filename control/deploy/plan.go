@@ -90,13 +90,23 @@ func buildPlan(m *store.Manifest, live *store.DeployCommit, insts map[string]*st
 	for _, name := range slices.Sorted(maps.Keys(m.Services)) {
 		spec := m.Services[name]
 		hash := manifest.SpecHash(spec)
+		// Every slot of the live commit runs the live spec (started with
+		// it, or kept because it hashed the same), so comparing the two
+		// specs decides for all of them, whatever hash an older release
+		// recorded for a slot (one that hashed the routes too).
+		sameAsLive := false
+		if live != nil {
+			if ls, ok := live.Manifest.Services[name]; ok {
+				sameAsLive = manifest.SpecHash(ls) == hash
+			}
+		}
 		for slot := 0; slot < spec.ReplicaCount(); slot++ {
 			old, had := liveSlots[name+"/"+strconv.Itoa(slot)]
 			a := SlotAction{Service: name, Slot: slot, Revision: p.Revision, SpecHash: hash}
 			switch {
 			case !had:
 				a.Action, a.Reason = ActionStart, "new slot"
-			case old.SpecHash != hash:
+			case old.SpecHash != hash && !sameAsLive:
 				a.Action, a.Reason = ActionStart, "spec changed"
 			default:
 				inst := insts[old.InstanceID]

@@ -95,3 +95,47 @@ func TestPlanKeepsUnchangedAndStopsTheRest(t *testing.T) {
 		t.Fatalf("revision %d", p.Revision)
 	}
 }
+
+// Scaling down or changing routes keeps the slots that stay, also when the
+// live commit's slots carry a hash an older release computed over the
+// whole spec (replicas and routes included).
+func TestPlanKeepsSlotsWhenOnlyReplicasOrRoutesChange(t *testing.T) {
+	two, one := 2, 1
+	liveSpec := store.ServiceSpec{Command: []string{"x"}, Replicas: &two, Routes: []store.Route{{Hosts: []string{"a.example.com"}}}}
+	ready := func(id string, slot int) *store.InstanceRecord {
+		return &store.InstanceRecord{ID: id, Namespace: "ns", Service: "web", Slot: slot, Machine: "a", Revision: 1,
+			State: store.InstanceReady, Address: "127.0.0.1", Port: 1}
+	}
+	machines := map[string]store.MachineRecord{"a": machine("a", "", nil, store.MachineActive)}
+	for name, slotHash := range map[string]string{"current hash": manifest.SpecHash(liveSpec), "older release's hash": "0123456789abcdef"} {
+		t.Run(name, func(t *testing.T) {
+			live := &store.DeployCommit{ID: "d1", Namespace: "ns", Revision: 1,
+				Manifest: store.Manifest{Namespace: "ns", Services: map[string]store.ServiceSpec{"web": liveSpec}},
+				Slots: []store.SlotAssignment{
+					{Service: "web", Slot: 0, InstanceID: "w0", Machine: "a", Revision: 1, SpecHash: slotHash},
+					{Service: "web", Slot: 1, InstanceID: "w1", Machine: "a", Revision: 1, SpecHash: slotHash},
+				}}
+			insts := map[string]*store.InstanceRecord{"w0": ready("w0", 0), "w1": ready("w1", 1)}
+
+			scaled := liveSpec
+			scaled.Replicas = &one
+			scaled.Routes = []store.Route{{Hosts: []string{"a.example.com", "b.example.com"}}}
+			p := buildPlan(&store.Manifest{Namespace: "ns", Services: map[string]store.ServiceSpec{"web": scaled}}, live, insts, machines)
+			if start, keep, stop := p.Counts(); start != 0 || keep != 1 || stop != 1 {
+				t.Fatalf("scale 2→1 with a new host: %d to start, %d to keep, %d to stop, want 0/1/1: %+v", start, keep, stop, p.Actions)
+			}
+			for _, a := range p.Actions {
+				if a.Action == ActionKeep && a.InstanceID != "w0" || a.Action == ActionStop && (a.InstanceID != "w1" || a.Reason != "slot removed") {
+					t.Errorf("unexpected action %+v", a)
+				}
+			}
+
+			changed := scaled
+			changed.Env = map[string]string{"V": "2"}
+			p = buildPlan(&store.Manifest{Namespace: "ns", Services: map[string]store.ServiceSpec{"web": changed}}, live, insts, machines)
+			if start, keep, _ := p.Counts(); start != 1 || keep != 0 {
+				t.Fatalf("a changed environment kept an instance: %+v", p.Actions)
+			}
+		})
+	}
+}

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/deploy"
-	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/fleetsim"
+	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )

@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/edgeplane/edgeplane/control/fleet"
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/control/fleetsim"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"

@@ -293,9 +293,13 @@ func NormalizeHost(h string) (string, error) {
 	return ascii, nil
 }
 
-// SpecHash is a stable hash of a service spec: unchanged services keep their
-// instances across deploys.
+// SpecHash is a stable hash of what an instance of a service runs: slots
+// whose hash is unchanged keep their instances across deploys. The replica
+// count and the routes are left out: they say how many instances there are
+// and how traffic reaches them, not what one runs, so scaling a service or
+// giving it a host restarts nothing.
 func SpecHash(s store.ServiceSpec) string {
+	s.Replicas, s.Routes = nil, nil
 	b, _ := json.Marshal(s) // maps marshal with sorted keys
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])

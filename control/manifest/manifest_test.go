@@ -3,6 +3,8 @@ package manifest
 import (
 	"strings"
 	"testing"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 const good = `
@@ -158,6 +160,36 @@ func TestImageServices(t *testing.T) {
 	for _, f := range []string{"../../examples/hello.yaml", "../../examples/hello-image.yaml"} {
 		if _, err := ReadFile(f); err != nil {
 			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+// The replica count and the routes are not what an instance runs: changing
+// them keeps the hash; changing anything an instance sees does not.
+func TestSpecHashIgnoresReplicasAndRoutes(t *testing.T) {
+	one, three := 1, 3
+	base := store.ServiceSpec{Command: []string{"app"}, Replicas: &one, Env: map[string]string{"A": "1"},
+		Routes: []store.Route{{Hosts: []string{"a.example.com"}}}}
+	h := SpecHash(base)
+	same := base
+	same.Replicas = &three
+	same.Routes = []store.Route{{Hosts: []string{"a.example.com", "b.example.com"}, PathPrefixes: []string{"/api"}}}
+	if SpecHash(same) != h {
+		t.Error("scaling or routing changed the spec hash")
+	}
+	for name, change := range map[string]func(*store.ServiceSpec){
+		"command":   func(s *store.ServiceSpec) { s.Command = []string{"app", "-v"} },
+		"env":       func(s *store.ServiceSpec) { s.Env = map[string]string{"A": "2"} },
+		"port":      func(s *store.ServiceSpec) { s.Port = 8080 },
+		"readiness": func(s *store.ServiceSpec) { s.Readiness.Path = "/ready" },
+		"restart":   func(s *store.ServiceSpec) { s.Restart = store.RestartNever },
+		"image_id":  func(s *store.ServiceSpec) { s.ImageID = "sha256:00" },
+		"placement": func(s *store.ServiceSpec) { s.Placement.Regions = []string{"eu"} },
+	} {
+		s := base
+		change(&s)
+		if SpecHash(s) == h {
+			t.Errorf("changing %s kept the spec hash", name)
 		}
 	}
 }
