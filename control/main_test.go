@@ -131,3 +131,38 @@ func TestRelayFlagErrors(t *testing.T) {
 		t.Fatalf("a list without a relay of its own: %v %v", list, err)
 	}
 }
+
+// An invalid manifest fails before anything connects, listing each problem
+// once (in the detail, by field path), as text and as JSON.
+func TestInvalidManifestListsEachProblemOnce(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(file, []byte("namespace: Bad\nservices:\n  web:\n    replicas: -1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCLI(t, "deploy", "preview", "-f", file, "--nats", "nats://127.0.0.1:1")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1:\n%s", code, errOut)
+	}
+	for _, want := range []string{"namespace: must be a DNS label", "services.web.command: required", "services.web.replicas: must be >= 0"} {
+		if n := strings.Count(errOut, want); n != 1 {
+			t.Errorf("%q appears %d times, want once:\n%s", want, n, errOut)
+		}
+	}
+	if !strings.HasPrefix(errOut, "error: invalid: invalid manifest (3 problems)\n") {
+		t.Errorf("first line:\n%s", errOut)
+	}
+	code, _, errOut = runCLI(t, "deploy", "preview", "-f", file, "--nats", "nats://127.0.0.1:1", "-o", "json")
+	var v struct {
+		Error struct {
+			Code    string            `json:"code"`
+			Message string            `json:"message"`
+			Detail  map[string]string `json:"detail"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(errOut), &v); err != nil || code != 1 {
+		t.Fatalf("exit %d, %v:\n%s", code, err, errOut)
+	}
+	if v.Error.Code != "invalid" || v.Error.Message != "invalid manifest (3 problems)" || len(v.Error.Detail) != 3 {
+		t.Errorf("json error %+v", v.Error)
+	}
+}

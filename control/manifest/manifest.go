@@ -50,11 +50,8 @@ type Error struct {
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "invalid manifest (%d problem", len(e.Problems))
-	if len(e.Problems) != 1 {
-		b.WriteString("s")
-	}
-	b.WriteString("):")
+	b.WriteString(e.summary())
+	b.WriteString(":")
 	for _, p := range e.Problems {
 		b.WriteString("\n  ")
 		b.WriteString(p.String())
@@ -62,9 +59,19 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Structured returns the problems as a structured error for other processes.
+// summary is "invalid manifest (N problems)".
+func (e *Error) summary() string {
+	if len(e.Problems) == 1 {
+		return "invalid manifest (1 problem)"
+	}
+	return fmt.Sprintf("invalid manifest (%d problems)", len(e.Problems))
+}
+
+// Structured returns the problems as a structured error for other processes:
+// the message counts them and the detail names each by its field path, so
+// every problem is listed once.
 func (e *Error) Structured() *store.Error {
-	se := &store.Error{Code: store.CodeInvalid, Message: e.Error(), Detail: map[string]string{}}
+	se := &store.Error{Code: store.CodeInvalid, Message: e.summary(), Detail: map[string]string{}}
 	for _, p := range e.Problems {
 		se.Detail[p.Path] = p.Message
 	}
