@@ -131,22 +131,34 @@ func StartFor(t testing.TB, httpPort, tlsPort int) *Server {
 	return s
 }
 
-// binary finds Pebble: $PEBBLE_BIN, the install script's output, or a
-// fresh `go build` of the version in go.mod.
+// binary finds Pebble: $PEBBLE_BIN, or what install.sh put beside this
+// file, installing it there first if it is missing. Pebble is not
+// optional: a test that needs it fails, saying why, when it cannot be had.
 func binary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("PEBBLE_BIN"); p != "" {
+		if !fileExists(p) {
+			t.Fatalf("PEBBLE_BIN=%s: no such file", p)
+		}
 		return p
 	}
-	if p := installed(); fileExists(p) {
+	p := installed()
+	if fileExists(p) {
 		return p
 	}
-	out := filepath.Join(t.TempDir(), "pebble")
-	if b, err := exec.Command("go", "build", "-o", out, "github.com/letsencrypt/pebble/v2/cmd/pebble").CombinedOutput(); err != nil {
-		t.Skipf("pebble unavailable (run internal/pebbletest/install.sh or set PEBBLE_BIN): go build: %v\n%s", err, b)
+	// The same `go install` install.sh runs, outside this module, so that
+	// Pebble's own dependencies need not be in our go.mod. Concurrent test
+	// processes may race here: the install renames the binary into place.
+	cmd := exec.Command("go", "install", "github.com/letsencrypt/pebble/v2/cmd/pebble@"+Version)
+	cmd.Env = append(os.Environ(), "GOBIN="+filepath.Dir(p))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pebble %s is needed and could not be installed (run internal/pebbletest/install.sh or set PEBBLE_BIN): go install: %v\n%s", Version, err, b)
 	}
-	return out
+	return p
 }
+
+// Version is the Pebble release the tests run (install.sh installs the same).
+const Version = "v2.10.1"
 
 // installed is where install.sh, beside this file, puts Pebble. It is
 // found from this file's path, not the working directory, because the tests
