@@ -1,7 +1,8 @@
 # edgeplane — the two commands of the README:
 #   make up     start the whole appliance on this box (embedded NATS) and show
 #               the sample app answering through the gateway
-#   make test   run every test (needs root for the network-namespace tests)
+#   make test   run every test (needs root for the network-namespace tests),
+#               the packages with concurrency of their own under -race
 
 GO       ?= go
 BIN      ?= bin
@@ -38,10 +39,17 @@ down:
 deps-test:
 	scripts/test-deps.sh
 
+# Packages with goroutines of their own run their tests under the race
+# detector (once: not again in the plain run).
+MODULE    := github.com/edgeplane/edgeplane
+RACE_PKGS ?= store projection control/agent control/deploy control/fleet control/fleetsim \
+             meshd/node meshd/wgbind meshd/relay meshd/registrar certs dnsproj
+
 test: deps-test
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting" && exit 1)
-	$(GO) test -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -timeout $(TEST_TIMEOUT) $(addprefix ./,$(RACE_PKGS))
+	$(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v -x $(foreach p,$(RACE_PKGS),-e '$(MODULE)/$(p)'))
 
 vet:
 	$(GO) vet ./...

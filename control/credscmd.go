@@ -112,26 +112,3 @@ func setupCredsRevoke(fs *flag.FlagSet) func(*call) error {
 		})
 	}
 }
-
-// issueTempCreds issues short-lived credentials for a command's own
-// connection into a private temporary file; remove deletes it.
-func issueTempCreds(a *storagenode.Auth, r storagenode.CredsRequest) (file string, remove func(), err error) {
-	b, err := a.IssueCreds(r)
-	if err != nil {
-		return "", nil, err
-	}
-	f, err := os.CreateTemp("", "edgeplane-"+r.Name+"-*.creds")
-	if err != nil {
-		return "", nil, err
-	}
-	remove = func() { os.Remove(f.Name()) }
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		remove()
-		return "", nil, fmt.Errorf("writing %s credentials: %w", r.Name, err)
-	}
-	return f.Name(), remove, nil
-}

@@ -19,10 +19,10 @@ import (
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -103,8 +103,8 @@ func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg se
 	if err != nil {
 		return err
 	}
-	defer sn.close()
-	s := sn.store
+	defer sn.Close()
+	s := sn.Store
 
 	// Intent this server writes (republished routing, completed deploys,
 	// mesh peer records) is signed; what it reads is verified.

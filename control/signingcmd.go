@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/signing"
+	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
 )
 

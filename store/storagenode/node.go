@@ -4,6 +4,11 @@
 // revocation list, the storage status it answers and the import of a single
 // box's store into a cluster.
 //
+// Boot starts a whole storage node as `control server` runs it (data dir
+// lock, credentials, clustering, provisioning, status, revocations); Start
+// is the bare server beneath it, for tests and the import's private
+// server. Attach binds a process to storage nodes it does not run.
+//
 // Only `control server` and the storage commands of `control` run a storage
 // node, so only they link nats-server: the gateway, edgeplane-dns and meshd
 // are clients of package store alone.

@@ -1,0 +1,319 @@
+package storagenode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// BootConfig is everything a storage node's start-up needs: `control
+// server` fills it from its flags. The zero value of every field but
+// DataDir is a working default.
+type BootConfig struct {
+	// DataDir holds the JetStream store (DataDir/jetstream), the lock that
+	// keeps a second server off it, the control credentials Boot writes
+	// (DataDir/control.creds) and, by default, the auth dir. Required.
+	DataDir string
+	// Listen is the client address, host:port; default DefaultListen. Port
+	// 0 picks a free port (tests).
+	Listen string
+	// Name is the server's name, unique among storage nodes; default: the
+	// hostname when clustered, else "edgeplane".
+	Name string
+
+	// ClusterListen, if set, makes this node one storage node of a
+	// JetStream cluster, accepting routes on this host:port. A data dir
+	// holding a single box's store is refused then (CheckClusterable).
+	ClusterListen string
+	// ClusterName is the JetStream cluster's name, the same on every
+	// storage node; default "edgeplane".
+	ClusterName string
+	// Routes are seed peers' cluster addresses, host:port (may include
+	// this node's own).
+	Routes []string
+
+	// Auth says whether every connection needs credentials; default
+	// AuthAuto (required when any listener is not loopback).
+	Auth AuthMode
+	// AuthDir holds the operator and account keys and the cluster secret,
+	// created on first use; every storage node of a cluster needs a copy.
+	// Default DataDir/auth.
+	AuthDir string
+
+	// Names scope every stream and bucket; an empty field is its default
+	// (store.NewNames).
+	Names store.Names
+	// Replicas of every stream and bucket when first created; default 1,
+	// or 3 when clustered. Existing ones keep theirs.
+	Replicas int
+
+	// ClientName names this node's own connection in server monitoring;
+	// default "control server".
+	ClientName string
+	// Progress receives the lines a person starting the node wants to see
+	// (where it listens, its credentials, provisioning); nil discards them.
+	Progress io.Writer
+	// Logger receives warnings of the running node (revocations it could
+	// not apply); nil discards them.
+	Logger *zap.Logger
+	// NATSLogger, if set, receives nats-server's own log lines; nil keeps
+	// the server quiet.
+	NATSLogger *zap.Logger
+	// StartTimeout bounds the wait for JetStream and for provisioning (in a
+	// cluster, for enough storage nodes to have joined); default
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
+}
+
+// DefaultStartTimeout is how long Boot and Attach wait for JetStream and
+// the store: a cluster's nodes are started one by one, by hand.
+const DefaultStartTimeout = 2 * time.Minute
+
+// Node is a running storage node, or with Attach a binding to storage nodes
+// this process does not run.
+type Node struct {
+	// Server is the embedded nats-server; nil after Attach.
+	Server *server.Server
+	// Conn is this process's own connection; Store is bound on it.
+	Conn  *nats.Conn
+	Store *store.Store
+	// Auth is the node's key material when it requires credentials, else
+	// nil.
+	Auth *Auth
+	// CredsFile is the credentials Conn connected with: the control
+	// credentials Boot wrote, or the file Attach was given; "" when none.
+	CredsFile string
+
+	stops []func()
+}
+
+// Close stops what Boot or Attach started, in reverse order: the
+// revocation watch and status responder, the connection, the server, the
+// data dir lock. Calling it again does nothing.
+func (n *Node) Close() {
+	for i := len(n.stops) - 1; i >= 0; i-- {
+		n.stops[i]()
+	}
+	n.stops = nil
+}
+
+// Boot starts this box's storage node: it locks the data dir, resolves
+// cfg.Auth and, when credentials are required, loads (or creates) the auth
+// dir and writes fresh control credentials to DataDir/control.creds; it
+// starts the embedded server (clustered when cfg.ClusterListen is set),
+// connects, waits for JetStream, and provisions the store (or, on a
+// clustered node that is not the meta leader, binds to it), retrying until
+// enough storage nodes have joined (cfg.StartTimeout). The node then
+// answers the storage status subject and applies revocations until ctx
+// ends or Close: ctx is the node's life, not only its start-up, and Close
+// is still needed to stop the server.
+//
+// Errors are structured (store.Error) where an operator can act on them: a
+// data dir in use, a single box's store in a cluster, a listener that would
+// expose the store without credentials.
+func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("starting a storage node: a data dir is required")
+	}
+	mode, err := ParseAuthMode(string(cfg.Auth))
+	if err != nil {
+		return nil, err
+	}
+	names, err := store.NewNames(cfg.Names.Installation, cfg.Names.Authority)
+	if err != nil {
+		return nil, store.Errorf(store.CodeInvalid, "starting a storage node: %w", err)
+	}
+	listen := cfg.Listen
+	if listen == "" {
+		listen = DefaultListen
+	}
+	authDir := cfg.AuthDir
+	if authDir == "" {
+		authDir = filepath.Join(cfg.DataDir, "auth")
+	}
+	clusterName := cfg.ClusterName
+	if clusterName == "" {
+		clusterName = "edgeplane"
+	}
+	progress := orDiscard(cfg.Progress)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+
+	n := &Node{}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	release, err := LockDataDir(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	n.stops = append(n.stops, release)
+	clustered := cfg.ClusterListen != ""
+	if clustered {
+		if err := CheckClusterable(cfg.DataDir); err != nil {
+			return nil, err
+		}
+	}
+	sc := Config{DataDir: cfg.DataDir, Listen: listen, Logger: cfg.NATSLogger, ServerName: cfg.Name}
+	if mode.Required(listen, cfg.ClusterListen) {
+		a, err := LoadAuth(authDir, true)
+		if err != nil {
+			return nil, err
+		}
+		sc.Auth, n.Auth = a, a
+		// Fresh each start, in this node's own data dir (the auth dir may
+		// be shared), written whole before anyone reads it.
+		n.CredsFile = filepath.Join(cfg.DataDir, ControlCredsFile)
+		if err := a.WriteCredsFile(n.CredsFile, CredsRequest{Role: RoleControl, Names: names, Name: "control-server"}); err != nil {
+			return nil, fmt.Errorf("writing control credentials: %w", err)
+		}
+		fmt.Fprintf(progress, "credentials required on every connection; this node's control credentials: %s\n", n.CredsFile)
+	}
+	layout := store.Layout{Replicas: cfg.Replicas}
+	if clustered {
+		if sc.ServerName == "" {
+			sc.ServerName = store.HostName("edgeplane")
+		}
+		sc.Cluster = &ClusterConfig{Name: clusterName, Listen: cfg.ClusterListen, Routes: cfg.Routes}
+		if sc.Auth != nil {
+			sc.Cluster.Secret = sc.Auth.ClusterSecret
+		}
+		if layout.Replicas == 0 {
+			layout.Replicas = 3
+		}
+	}
+	ns, err := Start(sc)
+	if err != nil {
+		return nil, err
+	}
+	n.Server = ns
+	n.stops = append(n.stops, func() { ns.Shutdown(); ns.WaitForShutdown() })
+	fmt.Fprintf(progress, "embedded NATS with JetStream on %s (store %s)\n", ns.ClientURL(), filepath.Join(cfg.DataDir, "jetstream"))
+	if clustered {
+		fmt.Fprintf(progress, "storage node %s of cluster %s: routes on %s, seeds %s\n", ns.Name(), clusterName,
+			cfg.ClusterListen, strings.Join(cfg.Routes, ","))
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, orDefault(cfg.StartTimeout, DefaultStartTimeout))
+	defer cancel()
+	if err := n.connect(wctx, ns.ClientURL(), n.CredsFile, cfg.ClientName); err != nil {
+		return nil, err
+	}
+	// Concurrent creates of one stream from several nodes can go
+	// unanswered: in a cluster the meta leader provisions and the others
+	// bind once it is done (and take over if it dies first: leadership
+	// moves).
+	bindOnly := func() bool { return clustered && !ns.JetStreamIsLeader() }
+	if n.Store, err = provision(wctx, n.Conn, names, layout, progress, bindOnly); err != nil {
+		return nil, err
+	}
+
+	stop, err := ServeStatus(ctx, n.Conn, names, ns)
+	if err != nil {
+		return nil, err
+	}
+	n.stops = append(n.stops, stop)
+	if n.Auth != nil {
+		// Revoked credentials are refused here from the bucket's history
+		// on, and their connections closed as revocations arrive.
+		stop, err := WatchRevocations(ctx, n.Store, ns, n.Auth, func(err error) {
+			logger.Warn("applying revocations", zap.Error(err))
+		})
+		if err != nil {
+			return nil, err
+		}
+		n.stops = append(n.stops, stop)
+	}
+	return n, nil
+}
+
+// connect makes n's connection, which reconnects for as long as the node
+// runs, and waits until JetStream answers on it.
+func (n *Node) connect(ctx context.Context, url, creds, name string) error {
+	if name == "" {
+		name = "control server"
+	}
+	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: name, ReconnectForever: true})
+	if err != nil {
+		return err
+	}
+	n.Conn = nc
+	n.stops = append(n.stops, nc.Close)
+	return store.WaitForJetStream(ctx, nc)
+}
+
+// provision provisions the store with layout, or binds to it while
+// bindOnly (nil: never) says another node provisions, retrying until ctx
+// ends: in a cluster, stream placement needs enough storage nodes to have
+// joined, and provisioning is idempotent.
+func provision(ctx context.Context, nc *nats.Conn, names store.Names, layout store.Layout, progress io.Writer, bindOnly func() bool) (*store.Store, error) {
+	var s *store.Store
+	last := time.Now()
+	err := retry(ctx, func() error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var err error
+		if bindOnly != nil && bindOnly() {
+			s, err = store.Open(pctx, nc, names)
+		} else {
+			s, err = store.Provision(pctx, nc, names, layout)
+		}
+		if err != nil && time.Since(last) > 5*time.Second {
+			last = time.Now()
+			fmt.Fprintf(progress, "waiting for enough storage nodes to place %d replicas: %v\n", layout.Replicas, err)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	r := layout.Replicas
+	if r == 0 {
+		r = 1 // store.Provision's default
+	}
+	fmt.Fprintf(progress, "provisioned streams and buckets for installation %s, authority %s (replicas %d)\n", names.Installation, names.Authority, r)
+	return s, nil
+}
+
+// retry runs f until it succeeds or ctx ends, returning the last error.
+func retry(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
