@@ -347,7 +347,7 @@ func listInstances(ctx context.Context, s *store.Store, ns string, out *output) 
 }
 
 // setupInstanceCommand is `instance restart` and `instance stop`: a leased
-// command (seed 002) to the machine that runs the instance. Its attempt
+// command to the machine that runs the instance. Its attempt
 // number is the time in milliseconds, so a later command always wins over
 // an earlier one still in flight.
 func setupInstanceCommand(command string) func(*flag.FlagSet) func(*call) error {

@@ -153,9 +153,9 @@ func chooseEndpoint(rec store.MeshPeerRecord, hb *store.MeshHeartbeat, myReflexi
 	return hb.Endpoint
 }
 
-// hashPeers is the drift hash (seed 002): SHA-256 over the sorted peers'
-// keys, allowed IPs and keepalive. Endpoints are left out on purpose:
-// WireGuard roams them legitimately.
+// hashPeers is the drift hash a node reports: SHA-256 over the sorted
+// peers' keys, allowed IPs and keepalive. Endpoints are left out on
+// purpose: WireGuard roams them legitimately.
 func hashPeers(lines []string) string {
 	sort.Strings(lines)
 	h := sha256.New()
