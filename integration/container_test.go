@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/doctor"
-	"github.com/edgeplane/edgeplane/internal/podmantest"
+	"github.com/edgeplane/edgeplane/internal/enginetest"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -57,17 +58,23 @@ func servesVersion(gw *gateway, v string, n int) bool {
 	return true
 }
 
-// Container workloads over a real podman engine: an image deployed and
-// pinned by ID; a redeploy under load after the tag moved (0 failed
-// requests); a rollback that runs the old ID though the tag moved; a
-// rollback to a removed image refused before anything starts; an agent
-// restart that adopts the same containers; a container killed with kill -9
-// restarted and routed again; a crash-looping container backed off; a stray
-// container with our labels reported by doctor.
+// Container workloads over real podman and real Docker engines: an image
+// deployed and pinned by ID; a redeploy under load after the tag moved (0
+// failed requests); a rollback that runs the old ID though the tag moved;
+// a rollback to a removed image refused before anything starts; an image
+// named by digest in a registry pulled by the apply, and a digest the
+// registry lacks refused before anything starts; an agent restart that
+// adopts the same containers; a container killed with kill -9 restarted
+// and routed again; a crash-looping container backed off; a stray container
+// with our labels reported by doctor.
 func TestContainerWorkloads(t *testing.T) {
-	e := podmantest.Start(t)
+	reg := enginetest.StartRegistry(t)
+	hello := enginetest.BuildStatic(t, "github.com/edgeplane/edgeplane/examples/hello", t.TempDir())
+	enginetest.Run(t, func(t *testing.T, e *enginetest.Engine) { testContainerWorkloads(t, e, reg, hello) })
+}
+
+func testContainerWorkloads(t *testing.T, e *enginetest.Engine, reg *enginetest.Registry, hello string) {
 	ctx := context.Background()
-	hello := podmantest.BuildStatic(t, "github.com/edgeplane/edgeplane/examples/hello", t.TempDir())
 	tag := fmt.Sprintf("localhost/edgeplane-it-%d:v1", time.Now().UnixNano())
 	id1 := e.BuildImage(t, tag, hello, "ENV VERSION=1")
 	c := newCluster(t)
@@ -95,7 +102,16 @@ func TestContainerWorkloads(t *testing.T) {
 		}
 	}
 	eventually(t, 10*time.Second, "version 1 to be served", func() bool { return servesVersion(gw, "1", 4) })
-	if logs := c.mustControl("logs", "shop/web"); strings.Count(logs, "hello listening on") != 2 {
+	// The driver copies a container's output into the instance's log as
+	// the engine streams it, and podman's stream polls its log file: a
+	// line can reach the log ~250ms after the container answers, later on
+	// a loaded machine.
+	var logs string
+	eventually(t, 10*time.Second, "both containers' output in control logs", func() bool {
+		logs = c.mustControl("logs", "shop/web")
+		return strings.Count(logs, "hello listening on") >= 2
+	})
+	if strings.Count(logs, "hello listening on") != 2 {
 		t.Fatalf("control logs of the containers:\n%s", logs)
 	}
 
@@ -150,7 +166,7 @@ func TestContainerWorkloads(t *testing.T) {
 	// 6. Back to the tag (v2), then the first image goes: a rollback to it
 	// is refused before anything starts.
 	apply()
-	if _, err := e.Podman(ctx, "rmi", "-f", id1); err != nil {
+	if _, err := e.CLI(ctx, "rmi", "-f", id1); err != nil {
 		t.Fatal(err)
 	}
 	before := c.instances("shop")
@@ -163,21 +179,57 @@ func TestContainerWorkloads(t *testing.T) {
 		t.Fatalf("a refused rollback changed something: %d instances (was %d)", len(after), len(before))
 	}
 
-	// 7. A container with our labels that no agent runs is a stray.
+	// 7. An image named by digest in a registry, which the engine does not
+	// have, is pulled by the apply and pinned; a digest the registry lacks
+	// is refused before anything starts, naming the image.
+	id3 := e.BuildImage(t, "localhost/edgeplane-it-digest:v3", hello, "ENV VERSION=3")
+	repo := reg.Addr + "/edgeplane-it-" + e.Name
+	byDigest := repo + "@" + e.Push(t, id3, repo+":v3")
+	if _, err := e.CLI(ctx, "rmi", "-f", id3); err != nil {
+		t.Fatal(err)
+	}
+	digestManifest := c.manifest("digest.yaml", strings.ReplaceAll(imageApp, "@IMAGE@", byDigest))
+	out = c.mustControl("deploy", "apply", "-f", digestManifest, "--drain-grace", "500ms", "--stop-grace", "2s")
+	if !strings.Contains(out, "image "+byDigest+" is "+id3[:len("sha256:")+12]) {
+		t.Fatalf("the apply by digest does not say what it pinned:\n%s", out)
+	}
+	eventually(t, 10*time.Second, "version 3 (pulled by digest) to be served", func() bool { return servesVersion(gw, "3", 4) })
+	missing := repo + "@sha256:" + strings.Repeat("0", 64)
+	before, head = c.instances("shop"), routingHead(t, c)
+	containers := func() []string {
+		ids, err := e.CLI(ctx, "ps", "-a", "-q")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Sorted(slices.Values(strings.Fields(ids)))
+	}
+	had := containers()
+	_, errOut, code = c.control("deploy", "apply", "-f", c.manifest("missing.yaml", strings.ReplaceAll(imageApp, "@IMAGE@", missing)))
+	if code != 1 || !strings.Contains(errOut, "image "+missing+" is not on machine m1 and could not be pulled") {
+		t.Fatalf("apply of a digest the registry lacks: exit %d\n%s", code, errOut)
+	}
+	if after := c.instances("shop"); len(after) != len(before) || routingHead(t, c) != head || !servesVersion(gw, "3", 4) {
+		t.Fatalf("a refused apply changed something: %d instances (was %d)", len(after), len(before))
+	}
+	if now := containers(); !slices.Equal(now, had) {
+		t.Fatalf("containers after a refused apply: %v, before %v", now, had)
+	}
+
+	// 8. A container with our labels that no agent runs is a stray.
 	port := freeAddr(t)[len("127.0.0.1:"):]
-	if _, err := e.Podman(ctx, "run", "-d", "--network", "host", "--name", "edgeplane-stray-"+port,
+	if _, err := e.CLI(ctx, "run", "-d", "--network", "host", "--name", "edgeplane-stray-"+port,
 		"--label", "io.edgeplane.instance=stray-"+port, "--label", "io.edgeplane.namespace=shop", "--label", "io.edgeplane.service=web",
 		"-e", "PORT="+port, id2); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = e.Podman(context.Background(), "rm", "-f", "edgeplane-stray-"+port) })
+	t.Cleanup(func() { _, _ = e.CLI(context.Background(), "rm", "-f", "edgeplane-stray-"+port) })
 	rep, code, _ := doctorRun(t, c, gw)
 	if code != 1 {
 		t.Fatalf("doctor with a stray container: exit %d", code)
 	}
 	wantFinding(t, rep, doctor.LayerMachines, `runs instance stray-`+port+` \(shop/web\) that has no record: a stray`)
 
-	// 8. A container that keeps crashing is backed off and shown so.
+	// 9. A container that keeps crashing is backed off and shown so.
 	crashy := c.manifest("crashy.yaml", strings.Replace(strings.ReplaceAll(imageApp, "@IMAGE@", tag), "read_only: true",
 		"read_only: true\n    env: {HELLO_EXIT_AFTER: 1s}", 1))
 	c.mustControl("deploy", "apply", "-f", crashy, "--drain-grace", "100ms", "--stop-grace", "2s")
@@ -215,7 +267,7 @@ func lastEndpoints(t *testing.T, c *cluster) []store.Endpoint {
 
 // Without a container engine anywhere, an image service is refused before
 // anything is written, saying why; an agent asked directly to start one
-// refuses it the same way. (No podman needed.)
+// refuses it the same way. (No container engine needed.)
 func TestImageWithoutAnEngineIsRefused(t *testing.T) {
 	c := newCluster(t)
 	c.agentArgs = []string{"--engine", "none"}

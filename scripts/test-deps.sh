@@ -2,9 +2,11 @@
 # Installs the real peers the test suite drives: dig (DNS tests), curl (the
 # README demo), wg, ip, iptables and iperf3 (mesh tests: NAT namespaces, a
 # key rotation under load), ping, wrk (load during a redeploy),
-# podman with runc (the container driver's engine: internal/podmantest
-# starts its Docker-compatible service with the configuration these
-# machines need), and Pebble (the ACME test server). Safe to run again.
+# the container driver's engines (podman with runc, and Docker's dockerd
+# from docker.io: internal/enginetest starts each on a socket of its own
+# with its own storage), docker-registry (a registry on loopback for
+# pull-by-digest tests), and Pebble (the ACME test server). Safe to run
+# again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +19,8 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v wrk >/dev/null || need+=(wrk)
 command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v iptables >/dev/null || need+=(iptables)
 command -v iperf3 >/dev/null || need+=(iperf3)
 if [ ${#need[@]} -gt 0 ]; then
@@ -24,6 +28,12 @@ if [ ${#need[@]} -gt 0 ]; then
 		echo "installing ${need[*]}"
 		apt-get update -qq
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+		# The tests start engines and registries of their own; the system
+		# services these packages bring (a dockerd adding a bridge and
+		# iptables rules, a registry on :5000) would only get in the way.
+		if [ -d /run/systemd/system ] && [[ " ${need[*]} " =~ " docker.io "|" docker-registry " ]]; then
+			systemctl disable --now docker.service docker.socket docker-registry.service >/dev/null 2>&1 || true
+		fi
 	else
 		echo "warning: missing ${need[*]} (install them as root; tests that need them skip and say so)" >&2
 	fi

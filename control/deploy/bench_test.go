@@ -11,7 +11,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/control/runtime"
-	"github.com/edgeplane/edgeplane/internal/podmantest"
+	"github.com/edgeplane/edgeplane/internal/enginetest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 	"go.uber.org/zap"
@@ -30,8 +30,8 @@ func BenchmarkApply(b *testing.B) {
 // BenchmarkApplyContainers is BenchmarkApply with the instances in
 // containers of a real podman (each apply replaces every container).
 func BenchmarkApplyContainers(b *testing.B) {
-	e := podmantest.Start(b)
-	hello := podmantest.BuildStatic(b, "github.com/edgeplane/edgeplane/examples/hello", b.TempDir())
+	e := enginetest.Start(b, enginetest.Podman)
+	hello := enginetest.BuildStatic(b, "github.com/edgeplane/edgeplane/examples/hello", b.TempDir())
 	tag := fmt.Sprintf("localhost/edgeplane-bench-%d:v1", time.Now().UnixNano())
 	e.BuildImage(b, tag, hello)
 	ctr, err := runtime.ConnectEngine(context.Background(), e.Host)

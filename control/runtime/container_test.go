@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/runtime"
-	"github.com/edgeplane/edgeplane/internal/podmantest"
+	"github.com/edgeplane/edgeplane/internal/enginetest"
 )
 
 func freePort(t testing.TB) int {
@@ -50,22 +50,28 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// The container driver against a real podman: an image resolved to its ID
-// and pinned, the instance's environment, adoption by a second driver
-// (same container), a kill -9 seen as an exit, the labels that find
-// strays, a retagged image that does not change what a pinned start runs,
-// and a removed image refused by ID.
+// The container driver against real podman and real Docker: an image
+// resolved to its ID and pinned, the instance's environment, adoption by a
+// second driver (same container), a kill -9 seen as an exit, the labels
+// that find strays, a retagged image that does not change what a pinned
+// start runs, and a removed image refused by ID.
 func TestContainerDriver(t *testing.T) {
-	e := podmantest.Start(t)
+	if why := enginetest.Available(); why != "" {
+		t.Skip(why)
+	}
+	hello := enginetest.BuildStatic(t, "github.com/edgeplane/edgeplane/examples/hello", t.TempDir())
+	enginetest.Run(t, func(t *testing.T, e *enginetest.Engine) { testContainerDriver(t, e, hello) })
+}
+
+func testContainerDriver(t *testing.T, e *enginetest.Engine, hello string) {
 	ctx := context.Background()
-	hello := podmantest.BuildStatic(t, "github.com/edgeplane/edgeplane/examples/hello", t.TempDir())
 	v1 := e.BuildImage(t, "localhost/edgeplane-rt-hello:v1", hello, `ENV VERSION=1`)
 	d, err := runtime.ConnectEngine(ctx, e.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	t.Logf("Engine API version negotiated with podman: %s", d.APIVersion)
+	t.Logf("Engine API version negotiated with %s: %s", e.Name, d.APIVersion)
 
 	img, err := d.ResolveImage(ctx, "localhost/edgeplane-rt-hello:v1")
 	if err != nil || img.ID != v1 {
@@ -154,7 +160,7 @@ func TestContainerDriver(t *testing.T) {
 	}
 
 	// An image removed from the store cannot be resolved or started by ID.
-	if _, err := e.Podman(ctx, "rmi", "-f", v1); err != nil {
+	if _, err := e.CLI(ctx, "rmi", "-f", v1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.ResolveImage(ctx, v1); !errors.Is(err, runtime.ErrNoImage) {
@@ -166,14 +172,22 @@ func TestContainerDriver(t *testing.T) {
 }
 
 // BenchmarkStartToReady measures an instance's start until it answers
-// HTTP: through the container driver, and `podman run -d` of the same image
-// by hand, in the same process (the ratio is the figure; the machine is
-// noisy).
+// HTTP, on each engine: through the container driver, and the engine's
+// own `run -d` of the same image by hand (cli-run), in the same process
+// (the ratio is the figure; the machine is noisy).
 func BenchmarkStartToReady(b *testing.B) {
-	e := podmantest.Start(b)
+	if why := enginetest.Available(); why != "" {
+		b.Skip(why)
+	}
+	hello := enginetest.BuildStatic(b, "github.com/edgeplane/edgeplane/examples/hello", b.TempDir())
+	for _, name := range enginetest.Names {
+		b.Run(name, func(b *testing.B) { benchStartToReady(b, enginetest.Start(b, name), hello) })
+	}
+}
+
+func benchStartToReady(b *testing.B, e *enginetest.Engine, hello string) {
 	ctx := context.Background()
-	hello := podmantest.BuildStatic(b, "github.com/edgeplane/edgeplane/examples/hello", b.TempDir())
-	img := e.BuildImage(b, fmt.Sprintf("localhost/edgeplane-bench-rt-%d:v1", time.Now().UnixNano()), hello)
+	img := e.BuildImage(b, "localhost/edgeplane-bench-rt:v1", hello)
 	d, err := runtime.ConnectEngine(ctx, e.Host)
 	if err != nil {
 		b.Fatal(err)
@@ -204,16 +218,20 @@ func BenchmarkStartToReady(b *testing.B) {
 			b.StartTimer()
 		}
 	})
-	b.Run("podman-run", func(b *testing.B) {
+	rm := []string{"rm", "-f"}
+	if e.Name == enginetest.Podman {
+		rm = append(rm, "-t", "1") // podman's rm -f waits 10s for SIGTERM by default
+	}
+	b.Run("cli-run", func(b *testing.B) {
 		for i := range b.N {
 			port := freePort(b)
 			name := fmt.Sprintf("bench-run-%d-%d", time.Now().UnixNano(), i)
-			if _, err := e.Podman(ctx, "run", "-d", "--network", "host", "--name", name, "-e", "HOST=127.0.0.1", "-e", fmt.Sprintf("PORT=%d", port), img); err != nil {
+			if _, err := e.CLI(ctx, "run", "-d", "--network", "host", "--name", name, "-e", "HOST=127.0.0.1", "-e", fmt.Sprintf("PORT=%d", port), img); err != nil {
 				b.Fatal(err)
 			}
 			ready(port)
 			b.StopTimer()
-			_, _ = e.Podman(ctx, "rm", "-f", "-t", "1", name)
+			_, _ = e.CLI(ctx, append(rm, name)...)
 			b.StartTimer()
 		}
 	})
