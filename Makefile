@@ -35,7 +35,8 @@ up: build
 down:
 	scripts/up.sh --down
 
-# Installs what the tests drive as real peers (dig, wg, ping, ip, wrk, podman, Pebble).
+# Installs what the tests drive as real peers (dig, wg, ping, ip, wrk, podman,
+# Docker, a registry, Pebble).
 deps-test:
 	scripts/test-deps.sh
 
