@@ -109,8 +109,9 @@ func TestCommandFailuresAreStructured(t *testing.T) {
 	}
 }
 
-// The relay flags are checked before a relay starts: a bad list or an IP
-// without a relay is a usage error naming the flag, and touches no store.
+// The relay and STUN flags are checked before anything starts: a bad list,
+// an IP without a relay or a wildcard STUN listener nobody can be told is a
+// usage error naming the flag, and touches no store.
 func TestRelayFlagErrors(t *testing.T) {
 	for _, tc := range []struct {
 		cfg  serverConfig
@@ -121,14 +122,17 @@ func TestRelayFlagErrors(t *testing.T) {
 		{serverConfig{meshRelayIP: "192.0.2.1"}, "--mesh-relay-ip needs --mesh-relay"},
 		{serverConfig{meshRelay: "127.0.0.1:0", meshRelayIP: "not-an-ip"}, `--mesh-relay-ip "not-an-ip"`},
 	} {
-		_, err := startRelay(context.Background(), nil, tc.cfg, zap.NewNop())
+		_, err := tc.cfg.plane(nil, zap.NewNop())
 		var ue usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want a usage error containing %q", tc.cfg, err, tc.want)
 		}
 	}
-	if list, err := startRelay(context.Background(), nil, serverConfig{meshRelays: " a:1 , b:2"}, zap.NewNop()); err != nil || len(list) != 2 || list[0] != "a:1" {
-		t.Fatalf("a list without a relay of its own: %v %v", list, err)
+	if cfg, err := (serverConfig{meshRelays: " a:1 , b:2"}).plane(nil, zap.NewNop()); err != nil || len(cfg.MeshRelays) != 2 || cfg.MeshRelays[0] != "a:1" {
+		t.Fatalf("a list without a relay of its own: %v %v", cfg.MeshRelays, err)
+	}
+	if _, err := (serverConfig{stunListen: "0.0.0.0:3478"}).plane(nil, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "--stun-advertise") {
+		t.Fatalf("a wildcard STUN listener without --stun-advertise: %v", err)
 	}
 }
 

@@ -10,19 +10,14 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/edgeplane/edgeplane/control/deploy"
+	"github.com/edgeplane/edgeplane/control/controlplane"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
-	"github.com/edgeplane/edgeplane/meshd/relay"
-	"github.com/edgeplane/edgeplane/meshd/stunserver"
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -66,27 +61,41 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 		if *natsLogs {
 			natsLogger = logger.Named("nats")
 		}
-		return runServer(c.ctx, c.stdout, logger, serverConfig{
-			data: *data, listen: *listen, external: *external, creds: *creds, names: names, cluster: cf, natsLogger: natsLogger,
-			withAgent: *withAgent, machine: *machine, advertise: *advertise,
+		sn, err := cf.start(c.ctx, c.stdout, logger, *data, *listen, *external, *creds, natsLogger, names)
+		if err != nil {
+			return err
+		}
+		defer sn.Close()
+		cfg, err := serverConfig{
+			data: *data, authDir: cf.authDir, name: cf.name,
 			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshRelay: *meshRelay, meshRelayIP: *meshRelayIP, meshRelays: *meshRelays,
-			meshCooldown: *meshCooldown, meshSubnet: *meshSubnet,
-			metricsListen: *metrics,
-			statusFlush:   *statusFlush,
-		})
+			meshCooldown: *meshCooldown, meshSubnet: *meshSubnet, metricsListen: *metrics, statusFlush: *statusFlush,
+		}.plane(c.stdout, logger)
+		if err != nil {
+			return err
+		}
+		if *withAgent {
+			cfg.LocalAgent = func(ctx context.Context, s *store.Store) (func(context.Context) error, error) {
+				rec, err := machines.Register(ctx, s, cmp.Or(*machine, store.DefaultMachineID()), *advertise)
+				if err != nil {
+					return nil, err
+				}
+				fmt.Fprintf(c.stdout, "local agent for machine %s (%s)\n", rec.ID, rec.Address)
+				return func(ctx context.Context) error {
+					return runAgent(ctx, s, rec, agentOptions{dir: filepath.Join(*data, "agent"), maxInstances: 256, stopGrace: 10 * time.Second}, logger)
+				}, nil
+			}
+		}
+		err = controlplane.Run(c.ctx, sn.Store, cfg)
+		fmt.Fprintln(c.stdout, "control server stopping (instances keep running)")
+		return err
 	}
 }
 
-// serverConfig is `control server`'s command line.
+// serverConfig is `control server`'s flags that configure the control
+// plane's services, as given.
 type serverConfig struct {
-	data, listen, external, creds string
-	names                         store.Names
-	cluster                       *clusterFlags
-	natsLogger                    *zap.Logger
-
-	withAgent          bool
-	machine, advertise string
-
+	data, authDir, name       string
 	stunListen, stunAdvertise string
 	meshRelay, meshRelayIP    string
 	meshRelays                string
@@ -96,220 +105,43 @@ type serverConfig struct {
 	statusFlush               time.Duration
 }
 
-// runServer runs the control plane until ctx ends. Progress a person
-// starting it wants to see goes to stdout; everything else is logged.
-func runServer(ctx context.Context, stdout io.Writer, logger *zap.Logger, cfg serverConfig) error {
-	sn, err := cfg.cluster.start(ctx, stdout, logger, cfg.data, cfg.listen, cfg.external, cfg.creds, cfg.natsLogger, cfg.names)
-	if err != nil {
-		return err
+// plane checks the flags and turns them into the control plane's config;
+// a flag that cannot work is a usage error naming it, before anything
+// starts.
+func (f serverConfig) plane(progress io.Writer, logger *zap.Logger) (controlplane.Config, error) {
+	cfg := controlplane.Config{
+		Name: f.name, DataDir: f.data, AuthDir: cmp.Or(f.authDir, filepath.Join(f.data, "auth")),
+		MeshRelay: f.meshRelay, MeshCooldown: f.meshCooldown, MeshSubnet: f.meshSubnet,
+		MetricsListen: f.metricsListen, StatusFlush: f.statusFlush,
+		Progress: progress, Logger: logger,
 	}
-	defer sn.Close()
-	s := sn.Store
-
-	// Intent this server writes (republished routing, completed deploys,
-	// mesh peer records) is signed; what it reads is verified.
-	authDir := cfg.cluster.authDir
-	if authDir == "" {
-		authDir = filepath.Join(cfg.data, "auth")
+	if f.statusFlush == 0 {
+		cfg.StatusFlush = -1 // --status-flush 0: another control server writes it
 	}
-	name := cfg.cluster.name
-	if name == "" {
-		name = store.HostName("edgeplane")
+	var err error
+	if cfg.STUNListen, err = hostPorts("--stun-listen", f.stunListen); err != nil {
+		return cfg, err
 	}
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	setup, err := signers.Server(sctx, s, authDir, cfg.data, "control server "+name)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("signing keys: %w", err)
+	if cfg.STUNAdvertise, err = hostPorts("--stun-advertise", f.stunAdvertise); err != nil {
+		return cfg, err
 	}
-	key, err := setup.Signer.SigningKey()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "signing intent as %s (%s) under trust root %s\n", key.PublicKey(), setup.Signer.Path(), setup.Trust.Root())
-
-	stunAddrs, err := startSTUN(ctx, cfg.stunListen, cfg.stunAdvertise)
-	if err != nil {
-		return err
-	}
-	relays, err := startRelay(ctx, s, cfg, logger.Named("relay"))
-	if err != nil {
-		return err
-	}
-	stopReg, err := registrar.Serve(ctx, s, registrar.Config{STUN: stunAddrs, Relays: relays, Cooldown: cfg.meshCooldown, Subnet: cfg.meshSubnet,
-		Logger: logger.Named("registrar")})
-	if err != nil {
-		return err
-	}
-	defer stopReg()
-	fmt.Fprintf(stdout, "mesh registrar serving %s (STUN %s; relays %s)\n", cfg.names.RegistrarSubject(">"), strings.Join(stunAddrs, ","),
-		cmp.Or(strings.Join(relays, ","), "none"))
-	// Agents may not write machine records; they ask here instead.
-	stopAdmission, err := machines.ServeAdmission(ctx, s)
-	if err != nil {
-		return fmt.Errorf("serving admission requests: %w", err)
-	}
-	defer stopAdmission()
-	// Agents may not publish routing events; they ask here instead.
-	stopRepublish, err := s.ServeRepublish(ctx)
-	if err != nil {
-		return fmt.Errorf("serving routing republish requests: %w", err)
-	}
-	defer stopRepublish()
-
-	var wg sync.WaitGroup
-	// Deploys whose orchestrator stopped (killed, its laptop closed) are
-	// finished here: published, drained and cleaned up once its namespace
-	// lease expires, with no further command.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		runCompleter(ctx, s, stdout, logger)
-	}()
-	// The fleet at a glance (control status), each namespace written at
-	// most once per --status-flush, by one control server at a time.
-	var agg *fleet.Aggregator
-	if cfg.statusFlush > 0 {
-		if agg, err = fleet.New(s, fleet.Config{FlushEvery: cfg.statusFlush, Logger: logger.Named("fleet")}); err != nil {
-			return err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			agg.RunElected(ctx, store.DefaultHolder())
-		}()
-	}
-	if cfg.metricsListen != "" {
-		reg := prometheus.NewRegistry()
-		if agg != nil {
-			reg.MustRegister(agg)
-		}
-		stop, err := serveMetrics(ctx, cfg.metricsListen, reg)
-		if err != nil {
-			return err
-		}
-		defer stop()
-		fmt.Fprintf(stdout, "metrics on http://%s/metrics\n", cfg.metricsListen)
-	}
-	errc := make(chan error, 1)
-	if cfg.withAgent {
-		id := cfg.machine
-		if id == "" {
-			id = store.DefaultMachineID()
-		}
-		rec, err := machines.Register(ctx, s, id, cfg.advertise)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "local agent for machine %s (%s)\n", rec.ID, rec.Address)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := runAgent(ctx, s, rec, agentOptions{dir: filepath.Join(cfg.data, "agent"), maxInstances: 256, stopGrace: 10 * time.Second}, logger); err != nil {
-				errc <- err
-			}
-		}()
-	}
-	fmt.Fprintln(stdout, "control server ready")
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-	}
-	wg.Wait()
-	fmt.Fprintln(stdout, "control server stopping (instances keep running)")
-	return err
-}
-
-// runCompleter claims the hosts of stores written before host ownership
-// existed, then finishes abandoned deploys until ctx ends, starting again
-// whenever its watch fails (the store unreachable for a while).
-func runCompleter(ctx context.Context, s *store.Store, stdout io.Writer, logger *zap.Logger) {
-	log := logger.Named("completer")
-	bctx, cancel := context.WithTimeout(ctx, time.Minute)
-	conflicts, err := s.BackfillHosts(bctx)
-	cancel()
-	if err != nil && ctx.Err() == nil {
-		log.Warn("claiming the hosts of live commits", zap.Error(err))
-	}
-	for _, c := range conflicts {
-		log.Warn("host routed by two namespaces; the first keeps it", zap.String("conflict", c))
-	}
-	d := deploy.New(s, deploy.Options{Out: stdout})
-	for {
-		err := d.RunCompleter(ctx, deploy.CompleterOptions{OnError: func(ns string, err error) {
-			log.Warn("finishing deploys", zap.String("namespace", ns), zap.Error(err))
-		}})
-		if ctx.Err() != nil {
-			return
-		}
-		log.Warn("deploy completer stopped; starting again", zap.Error(err))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(2 * time.Second):
+	for _, a := range cfg.STUNListen {
+		if host, _, _ := net.SplitHostPort(a); len(cfg.STUNAdvertise) == 0 && (host == "" || net.ParseIP(host).IsUnspecified()) {
+			return cfg, usagef("--stun-listen %s is a wildcard address: set --stun-advertise to addresses nodes can reach", a)
 		}
 	}
-}
-
-// startRelay runs this server's mesh relay (--mesh-relay) for as long as
-// ctx lives, and returns the relays nodes are told: --mesh-relays, or this
-// one.
-func startRelay(ctx context.Context, s *store.Store, cfg serverConfig, logger *zap.Logger) ([]string, error) {
-	list, err := hostPorts("--mesh-relays", cfg.meshRelays)
-	if err != nil {
-		return nil, err
+	if cfg.MeshRelays, err = hostPorts("--mesh-relays", f.meshRelays); err != nil {
+		return cfg, err
 	}
-	if cfg.meshRelay == "" {
-		if cfg.meshRelayIP != "" {
-			return nil, usagef("--mesh-relay-ip needs --mesh-relay")
+	if f.meshRelayIP != "" {
+		if f.meshRelay == "" {
+			return cfg, usagef("--mesh-relay-ip needs --mesh-relay")
 		}
-		return list, nil
-	}
-	var ip netip.Addr
-	if cfg.meshRelayIP != "" {
-		if ip, err = netip.ParseAddr(cfg.meshRelayIP); err != nil {
-			return nil, usagef("--mesh-relay-ip %q: %v", cfg.meshRelayIP, err)
+		if cfg.MeshRelayIP, err = netip.ParseAddr(f.meshRelayIP); err != nil {
+			return cfg, usagef("--mesh-relay-ip %q: %v", f.meshRelayIP, err)
 		}
 	}
-	secret, err := s.MeshRelaySecret(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("mesh relay: %w", err)
-	}
-	srv, err := relay.Listen(ctx, relay.ServerConfig{Listen: cfg.meshRelay, RelayIP: ip, Secret: secret, Logger: logger})
-	if err != nil {
-		return nil, fmt.Errorf("starting the mesh relay: %w", err)
-	}
-	own := netip.AddrPortFrom(srv.RelayIP(), srv.Addr().Port()).String()
-	if len(list) == 0 {
-		list = []string{own}
-	}
-	return list, nil
-}
-
-// startSTUN listens on each address of list (comma separated) for as long as
-// ctx lives and returns the addresses meshd nodes should be told.
-func startSTUN(ctx context.Context, list, advertise string) ([]string, error) {
-	var listen []string
-	for _, a := range strings.Split(list, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			listen = append(listen, a)
-		}
-	}
-	var adv []string
-	for _, a := range listen {
-		srv, err := stunserver.Listen(ctx, a)
-		if err != nil {
-			return nil, fmt.Errorf("starting STUN on %s: %w", a, err)
-		}
-		adv = append(adv, srv.Addr().String())
-		if ip := srv.Addr().IP; ip.IsUnspecified() && advertise == "" {
-			return nil, usagef("--stun-listen %s is a wildcard address: set --stun-advertise to addresses nodes can reach", a)
-		}
-	}
-	if advertise != "" {
-		return hostPorts("--stun-advertise", advertise)
-	}
-	return adv, nil
+	return cfg, nil
 }
 
 // hostPorts parses flag's comma-separated host:port list ("" is none).
