@@ -2,36 +2,19 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/agent"
-	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/internal/metricsserver"
 	"github.com/edgeplane/edgeplane/store"
-	"go.uber.org/zap"
 )
-
-// agentIdentity is what `control agent --join` saves so that later starts
-// need only --data.
-type agentIdentity struct {
-	Machine  string    `json:"machine"`
-	Address  string    `json:"address"`
-	JoinedAt time.Time `json:"joined_at"`
-}
-
-func identityPath(dir string) string { return filepath.Join(dir, "agent.json") }
 
 func setupAgent(fs *flag.FlagSet) func(*call) error {
 	data := fs.String("data", "", "agent data dir: identity, instance state and logs (required)")
@@ -57,7 +40,10 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 		}
 		defer func() { _ = logger.Sync() }()
 		return c.withStore(func(s *store.Store) error {
-			rec, err := agentMachine(c.ctx, s, *data, *join, *machine, *advertise)
+			rec, err := agent.Identify(c.ctx, s, agent.JoinRequest{DataDir: *data, Token: *join, Machine: *machine, Advertise: *advertise})
+			if errors.Is(err, agent.ErrBadAdvertise) {
+				return usagef("--advertise %q is not an IP address", *advertise)
+			}
 			if err != nil {
 				return err
 			}
@@ -66,89 +52,6 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 			return runAgent(c.ctx, s, rec, o, logger)
 		})
 	}
-}
-
-// agentMachine resolves the machine this agent serves: joining with a token
-// once, then from the identity saved in the data dir.
-func agentMachine(ctx context.Context, s *store.Store, dir, token, id, advertise string) (*store.MachineRecord, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("agent data dir: %w", err)
-	}
-	var ident agentIdentity
-	b, err := os.ReadFile(identityPath(dir))
-	switch {
-	case err == nil:
-		if err := json.Unmarshal(b, &ident); err != nil {
-			return nil, fmt.Errorf("reading %s: %w", identityPath(dir), err)
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("reading agent identity: %w", err)
-	}
-	if token == "" {
-		if ident.Machine == "" {
-			return nil, store.Errorf(store.CodeNotFound, "this data dir has no machine identity; join first with --join TOKEN (from `control machine invite`)").With("data", dir)
-		}
-		if id != "" && id != ident.Machine {
-			return nil, store.Errorf(store.CodeConflict, "data dir belongs to machine %s, not %s", ident.Machine, id)
-		}
-		rec, err := machines.Get(ctx, s, ident.Machine)
-		if err != nil {
-			return nil, err
-		}
-		if advertise != "" && advertise != rec.Address {
-			if net.ParseIP(advertise) == nil {
-				return nil, usagef("--advertise %q is not an IP address", advertise)
-			}
-			req := machines.AdmissionRequest{Machine: rec.ID, Address: advertise}
-			if rec, err = machines.RequestAdmission(ctx, s, machines.AdmitAddress, req); err != nil {
-				return nil, err
-			}
-		}
-		return rec, nil
-	}
-	if id == "" {
-		id = ident.Machine
-	}
-	if id == "" {
-		id = store.DefaultMachineID()
-	}
-	addr, err := advertiseAddr(advertise, ident.Address, meshIP(ctx, s, id))
-	if err != nil {
-		return nil, err
-	}
-	rec, err := machines.RequestAdmission(ctx, s, machines.AdmitJoin, machines.AdmissionRequest{Machine: id, Token: token, Address: addr})
-	if err != nil {
-		return nil, err
-	}
-	ident = agentIdentity{Machine: rec.ID, Address: rec.Address, JoinedAt: rec.JoinedAt}
-	b, _ = json.MarshalIndent(ident, "", "  ")
-	if err := os.WriteFile(identityPath(dir), b, 0o600); err != nil {
-		return nil, fmt.Errorf("saving agent identity: %w", err)
-	}
-	return rec, nil
-}
-
-// meshIP is machine's mesh IP if meshd registered it, else "".
-func meshIP(ctx context.Context, s *store.Store, machine string) string {
-	if peer, err := s.MeshPeer(ctx, machine); err == nil {
-		return peer.MeshIP
-	}
-	return ""
-}
-
-// advertiseAddr picks the first of the flag, the saved address and the mesh
-// IP that is set, else loopback.
-func advertiseAddr(flagVal, saved, mesh string) (string, error) {
-	v := "127.0.0.1"
-	for _, c := range []string{mesh, saved, flagVal} {
-		if c != "" {
-			v = c
-		}
-	}
-	if net.ParseIP(v) == nil {
-		return "", usagef("--advertise %q is not an IP address", v)
-	}
-	return v, nil
 }
 
 // agentOptions are an agent's settings from its command line.
@@ -163,7 +66,7 @@ type agentOptions struct {
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
-	ctr, err := connectEngine(ctx, o.engine, logger)
+	ctr, err := agent.ConnectEngine(ctx, o.engine, logger)
 	if err != nil {
 		return err
 	}
@@ -181,7 +84,7 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 	if o.metricsListen != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(a.Collector())
-		stop, err := serveMetrics(ctx, o.metricsListen, reg)
+		stop, err := metricsserver.Serve(ctx, o.metricsListen, reg)
 		if err != nil {
 			return err
 		}
@@ -189,55 +92,4 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 		logger.Info("agent metrics", zap.String("listen", o.metricsListen))
 	}
 	return a.Run(ctx)
-}
-
-// connectEngine connects the container driver to engine; "" tries the
-// default sockets and settles for none, "none" is none.
-func connectEngine(ctx context.Context, engine string, logger *zap.Logger) (*runtime.Container, error) {
-	if engine == "none" {
-		return nil, nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if engine != "" {
-		c, err := runtime.ConnectEngine(cctx, engine)
-		if err != nil {
-			return nil, fmt.Errorf("--engine: %w", err)
-		}
-		logger.Info("container engine", zap.String("engine", engine), zap.String("api_version", c.APIVersion))
-		return c, nil
-	}
-	for _, sock := range runtime.DefaultEngineSockets {
-		if _, err := os.Stat(strings.TrimPrefix(sock, "unix://")); err != nil {
-			continue
-		}
-		if c, err := runtime.ConnectEngine(cctx, sock); err == nil {
-			logger.Info("container engine", zap.String("engine", sock), zap.String("api_version", c.APIVersion))
-			return c, nil
-		}
-	}
-	logger.Info("no container engine: services with an image are refused on this machine (see --engine)")
-	return nil, nil
-}
-
-// serveMetrics serves reg's /metrics on addr until stop is called.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry) (stop func(), err error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--metrics-listen %s: %w", addr, err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(l)
-	}()
-	return func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-done
-	}, nil
 }

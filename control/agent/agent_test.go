@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -212,9 +213,7 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	})
 	// The request went unanswered and is kept; nothing reached routing.
 	storetest.Eventually(t, 5*time.Second, "the republish to be pending", func() bool {
-		f.agent.mu.Lock()
-		defer f.agent.mu.Unlock()
-		return f.agent.unpublished[serviceRef{"shop", "web"}]
+		return slices.Contains(f.agent.republish.list(), serviceRef{"shop", "web"})
 	})
 	if info, _ := srv.Store.Routing.Info(ctx); info.State.LastSeq != before {
 		t.Fatalf("routing moved without a control plane: %d -> %d", before, info.State.LastSeq)
@@ -224,10 +223,7 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	f.stop()
 	<-f.done
 	f = startAgentAlone(t, srv, f.dir)
-	f.agent.mu.Lock()
-	pending := f.agent.unpublished[serviceRef{"shop", "web"}]
-	f.agent.mu.Unlock()
-	if !pending {
+	if !slices.Contains(f.agent.republish.list(), serviceRef{"shop", "web"}) {
 		t.Fatal("the restarted agent forgot the pending republish")
 	}
 	serveRepublish(t, srv)

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"sort"
@@ -40,12 +39,7 @@ func (a *Agent) sampleLogs() {
 			return
 		case <-t.C:
 		}
-		a.mu.Lock()
-		paths := make(map[string]string, len(a.instances))
-		for id, inst := range a.instances {
-			paths[id] = inst.Runtime.LogPath
-		}
-		a.mu.Unlock()
+		paths := a.logPaths()
 		now := time.Now()
 		for id, path := range paths {
 			if path == "" {
@@ -57,13 +51,29 @@ func (a *Agent) sampleLogs() {
 			}
 			a.noteLogSize(id, now, fi.Size())
 		}
-		a.logMu.Lock()
-		for id := range a.logSizes {
-			if _, ok := paths[id]; !ok {
-				delete(a.logSizes, id)
-			}
+		a.dropLogSizes(paths)
+	}
+}
+
+// logPaths is where each instance's output goes.
+func (a *Agent) logPaths() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	paths := make(map[string]string, len(a.instances))
+	for id, inst := range a.instances {
+		paths[id] = inst.Runtime.LogPath
+	}
+	return paths
+}
+
+// dropLogSizes forgets the samples of instances no longer in keep.
+func (a *Agent) dropLogSizes(keep map[string]string) {
+	a.logMu.Lock()
+	defer a.logMu.Unlock()
+	for id := range a.logSizes {
+		if _, ok := keep[id]; !ok {
+			delete(a.logSizes, id)
 		}
-		a.logMu.Unlock()
 	}
 }
 
@@ -97,17 +107,12 @@ func (a *Agent) sinceOffset(id string, t time.Time) int64 {
 
 // readLogs answers CmdLogs.
 func (a *Agent) readLogs(_ context.Context, req store.LogsRequest) (*store.LogsReply, error) {
-	a.mu.Lock()
-	inst, ok := a.instances[req.InstanceID]
-	var path string
-	if ok {
-		path = inst.Runtime.LogPath
-	}
-	a.mu.Unlock()
+	inst, ok := a.lookup(req.InstanceID)
 	if !ok {
-		return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, a.cfg.Machine.ID).
-			With("instance", req.InstanceID)
+		return nil, a.notHere(req.InstanceID)
 	}
+	var path string
+	a.locked(func() { path = inst.Runtime.LogPath })
 	if path == "" {
 		return nil, store.Errorf(store.CodeNotFound, "instance %s keeps no output here", req.InstanceID).With("instance", req.InstanceID)
 	}
@@ -137,7 +142,7 @@ func (a *Agent) readLogs(_ context.Context, req store.LogsRequest) (*store.LogsR
 	buf := make([]byte, min(size-off, store.MaxLogChunk))
 	n, err := f.ReadAt(buf, off)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, store.Errorf(store.CodeInternal, "reading the output of %s: %v", req.InstanceID, fmt.Errorf("at %d: %w", off, err))
+		return nil, store.Errorf(store.CodeInternal, "reading the output of %s at %d: %w", req.InstanceID, off, err)
 	}
 	return &store.LogsReply{Data: buf[:n], Offset: off, Next: off + int64(n), Size: size}, nil
 }

@@ -1,6 +1,10 @@
 package agent
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeplane/edgeplane/store"
+)
 
 // Collector reports the agent's instances (edgeplane_agent_*) at scrape
 // time, from what it holds in memory.
@@ -25,14 +29,17 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	a := c.a
+	var recs []store.InstanceRecord
+	a.locked(func() {
+		for _, inst := range a.instances {
+			recs = append(recs, inst.Record)
+		}
+	})
 	byState := map[string]int{}
-	a.mu.Lock()
-	for _, inst := range a.instances {
-		r := inst.Record
+	for _, r := range recs {
 		byState[r.State]++
 		ch <- prometheus.MustNewConstMetric(instanceRestartsDesc, prometheus.GaugeValue, float64(r.Restarts), r.Namespace, r.Service, r.ID)
 	}
-	a.mu.Unlock()
 	for state, n := range byState {
 		ch <- prometheus.MustNewConstMetric(instancesDesc, prometheus.GaugeValue, float64(n), state)
 	}
