@@ -72,3 +72,34 @@ func TestCoresAreCaddyFreeAndAdaptersStayApart(t *testing.T) {
 		}
 	}
 }
+
+// Imports run downward only: store (the shared plumbing) and signing (what
+// a signature covers, and the trust root's signers) sit at the bottom, so
+// neither they nor their tests import a part above them; internal/ holds
+// helpers every part may use, so it imports no part either.
+func TestImportsRunDownward(t *testing.T) {
+	parts := []string{"control", "meshd", "caddymodule", "dnsproj", "certs", "projection", "integration"}
+	bottom := func(pkg string) bool {
+		for _, p := range []string{"store", "signing", "internal"} {
+			if pkg == module+"/"+p || strings.HasPrefix(pkg, module+"/"+p+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	format := "{{.ImportPath}} {{join .Imports \" \"}} {{join .TestImports \" \"}} {{join .XTestImports \" \"}}"
+	for _, line := range goList(t, "-f", format, "./...") {
+		fields := strings.Fields(line)
+		pkg, imports := fields[0], fields[1:]
+		if !bottom(pkg) {
+			continue
+		}
+		for _, imp := range imports {
+			for _, part := range parts {
+				if imp == module+"/"+part || strings.HasPrefix(imp, module+"/"+part+"/") {
+					t.Errorf("%s imports %s: store, signing and internal sit below %s/", pkg, imp, part)
+				}
+			}
+		}
+	}
+}

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // loadRun drives GETs at url with Host host from workers for d and returns
@@ -70,7 +70,7 @@ func loadRun(b *testing.B, client *http.Client, url, host string, workers int, d
 func BenchmarkGatewayVsReverseProxy(b *testing.B) {
 	f := newFixture(b)
 	b1, b2 := newBackend(b, "b1"), newBackend(b, "b2")
-	seq := f.deploy("bench", map[string]projectiontest.Service{"web": svc([]string{"bench.test"}, nil, b1, b2)})
+	seq := f.deploy("bench", map[string]storetest.Service{"web": svc([]string{"bench.test"}, nil, b1, b2)})
 	stock := freeAddr(b)
 	cfg := map[string]any{
 		"admin":   map[string]any{"disabled": true},
@@ -139,7 +139,7 @@ func BenchmarkGatewayVsReverseProxy(b *testing.B) {
 func BenchmarkCommitToServed(b *testing.B) {
 	f := newFixture(b)
 	backends := []*backend{newBackend(b, "even"), newBackend(b, "odd")}
-	seq := f.deploy("bench", map[string]projectiontest.Service{"web": svc([]string{"bench.test"}, nil, backends[1])})
+	seq := f.deploy("bench", map[string]storetest.Service{"web": svc([]string{"bench.test"}, nil, backends[1])})
 	f.load()
 	f.waitSeq(seq)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -151,8 +151,8 @@ func BenchmarkCommitToServed(b *testing.B) {
 		want := backends[i%2]
 		inst := want.instance()
 		inst.ID = fmt.Sprintf("%s-%d", want.name, i)
-		p, err := projectiontest.Prepare(ctx, f.nats.Store, "bench", map[string]projectiontest.Service{
-			"web": {Routes: svc([]string{"bench.test"}, nil).Routes, Instances: []projectiontest.Instance{inst}}})
+		p, err := storetest.Prepare(ctx, f.nats.Store, "bench", map[string]storetest.Service{
+			"web": {Routes: svc([]string{"bench.test"}, nil).Routes, Instances: []storetest.Instance{inst}}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -22,7 +22,6 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/metrics"
 
 	"github.com/edgeplane/edgeplane/projection"
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -77,12 +76,12 @@ func newBackend(t testing.TB, name string) *backend {
 	return &backend{name: name, srv: srv, host: host, port: port}
 }
 
-func (b *backend) instance() projectiontest.Instance {
-	return projectiontest.Instance{ID: b.name, Machine: "m1", Address: b.host, Port: b.port}
+func (b *backend) instance() storetest.Instance {
+	return storetest.Instance{ID: b.name, Machine: "m1", Address: b.host, Port: b.port}
 }
 
-func svc(hosts []string, prefixes []string, bs ...*backend) projectiontest.Service {
-	s := projectiontest.Service{Routes: []store.Route{{Hosts: hosts, PathPrefixes: prefixes}}}
+func svc(hosts []string, prefixes []string, bs ...*backend) storetest.Service {
+	s := storetest.Service{Routes: []store.Route{{Hosts: hosts, PathPrefixes: prefixes}}}
 	for _, b := range bs {
 		s.Instances = append(s.Instances, b.instance())
 	}
@@ -176,11 +175,11 @@ func (f *fixture) waitSeq(seq uint64) {
 	})
 }
 
-func (f *fixture) deploy(ns string, services map[string]projectiontest.Service) uint64 {
+func (f *fixture) deploy(ns string, services map[string]storetest.Service) uint64 {
 	f.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, seq, err := projectiontest.Deploy(ctx, f.nats.Store, ns, services)
+	_, seq, err := storetest.Deploy(ctx, f.nats.Store, ns, services)
 	if err != nil {
 		f.t.Fatalf("deploying %s: %v", ns, err)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddytls"
 
 	"github.com/edgeplane/edgeplane/projection"
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -24,7 +23,7 @@ import (
 func TestGatewayRoutesFollowsDeploysWithoutReload(t *testing.T) {
 	f := newFixture(t)
 	w1, w2, api := newBackend(t, "web-1"), newBackend(t, "web-2"), newBackend(t, "api-1")
-	seq := f.deploy("shop", map[string]projectiontest.Service{
+	seq := f.deploy("shop", map[string]storetest.Service{
 		"web": svc([]string{"shop.test", "*.shop.test"}, nil, w1, w2),
 		"api": svc([]string{"shop.test"}, []string{"/api"}, api),
 	})
@@ -63,7 +62,7 @@ func TestGatewayRoutesFollowsDeploysWithoutReload(t *testing.T) {
 	// new instance only.
 	loadsBefore := f.proj().Status().Loads
 	w3 := newBackend(t, "web-3")
-	seq = f.deploy("shop", map[string]projectiontest.Service{
+	seq = f.deploy("shop", map[string]storetest.Service{
 		"web": svc([]string{"shop.test", "*.shop.test"}, nil, w3),
 	})
 	f.waitSeq(seq)
@@ -81,9 +80,9 @@ func TestGatewayRoutesFollowsDeploysWithoutReload(t *testing.T) {
 	}
 
 	// A service with no routable instance answers 503 without detail.
-	seq = f.deploy("shop", map[string]projectiontest.Service{
+	seq = f.deploy("shop", map[string]storetest.Service{
 		"web": {Routes: []store.Route{{Hosts: []string{"shop.test"}}},
-			Instances: []projectiontest.Instance{{ID: "starting", Machine: "m1", Address: w3.host, Port: w3.port, State: store.InstanceStarting}}},
+			Instances: []storetest.Instance{{ID: "starting", Machine: "m1", Address: w3.host, Port: w3.port, State: store.InstanceStarting}}},
 	})
 	f.waitSeq(seq)
 	if r := f.mustGet("shop.test", "/"); r.status != http.StatusServiceUnavailable || r.body != "service unavailable\n" {
@@ -94,17 +93,17 @@ func TestGatewayRoutesFollowsDeploysWithoutReload(t *testing.T) {
 func TestDrainingInstanceLeavesPoolAtOnce(t *testing.T) {
 	f := newFixture(t)
 	a, b, c := newBackend(t, "a"), newBackend(t, "b"), newBackend(t, "c")
-	seq := f.deploy("shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, a, b, c)})
+	seq := f.deploy("shop", map[string]storetest.Service{"web": svc([]string{"shop.test"}, nil, a, b, c)})
 	f.load()
 	f.waitSeq(seq)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	seq, err := projectiontest.SetInstance(ctx, f.nats.Store, "shop", "b", store.InstanceDraining, "")
+	seq, err := storetest.SetInstance(ctx, f.nats.Store, "shop", "b", store.InstanceDraining, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.waitSeq(seq)
-	seq, err = projectiontest.SetInstance(ctx, f.nats.Store, "shop", "c", store.InstanceReady, "oom killed")
+	seq, err = storetest.SetInstance(ctx, f.nats.Store, "shop", "c", store.InstanceReady, "oom killed")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,9 +124,9 @@ func TestRetriesSkipADeadInstance(t *testing.T) {
 	live := newBackend(t, "live")
 	dead := freeAddr(t) // nothing listens here
 	host, port := splitHostPort(t, dead)
-	seq := f.deploy("shop", map[string]projectiontest.Service{"web": {
+	seq := f.deploy("shop", map[string]storetest.Service{"web": {
 		Routes: []store.Route{{Hosts: []string{"shop.test"}}},
-		Instances: []projectiontest.Instance{live.instance(),
+		Instances: []storetest.Instance{live.instance(),
 			{ID: "dead", Machine: "m1", Address: host, Port: port}},
 	}})
 	f.load()
@@ -145,7 +144,7 @@ func TestKeepsServingWithoutNATSAndCatchesUp(t *testing.T) {
 	f := newFixture(t)
 	f.nats, f.natsURL = srv, srv.URL
 	w1 := newBackend(t, "web-1")
-	seq := f.deploy("shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, w1)})
+	seq := f.deploy("shop", map[string]storetest.Service{"web": svc([]string{"shop.test"}, nil, w1)})
 	f.load()
 	f.waitSeq(seq)
 
@@ -162,11 +161,11 @@ func TestKeepsServingWithoutNATSAndCatchesUp(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range store.RoutingHistory + 1 {
-		if _, _, err := projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, w1)}); err != nil {
+		if _, _, err := storetest.Deploy(ctx, side.Store, "shop", map[string]storetest.Service{"web": svc([]string{"shop.test"}, nil, w1)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, w2)}); err != nil {
+	if _, _, err := storetest.Deploy(ctx, side.Store, "shop", map[string]storetest.Service{"web": svc([]string{"shop.test"}, nil, w2)}); err != nil {
 		t.Fatal(err)
 	}
 	side.NATS.Shutdown()
@@ -197,7 +196,7 @@ func TestKeepsServingWithoutNATSAndCatchesUp(t *testing.T) {
 func TestRestartWithNATSDownServesSnapshot(t *testing.T) {
 	f := newFixture(t)
 	w1 := newBackend(t, "web-1")
-	seq := f.deploy("shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, w1)})
+	seq := f.deploy("shop", map[string]storetest.Service{"web": svc([]string{"shop.test"}, nil, w1)})
 	f.load()
 	f.waitSeq(seq)
 	storetest.Eventually(t, wait, "snapshot written", func() bool {
@@ -228,7 +227,7 @@ func TestRestartWithNATSDownServesSnapshot(t *testing.T) {
 func TestConfigReloadKeepsProjection(t *testing.T) {
 	f := newFixture(t)
 	w1 := newBackend(t, "web-1")
-	seq := f.deploy("shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, w1)})
+	seq := f.deploy("shop", map[string]storetest.Service{"web": svc([]string{"shop.test"}, nil, w1)})
 	f.load()
 	f.waitSeq(seq)
 	p := f.proj()
@@ -242,7 +241,7 @@ func TestConfigReloadKeepsProjection(t *testing.T) {
 	if r := f.mustGet("shop.test", "/"); r.backend != "web-1" {
 		t.Errorf("after reload: %q", r.backend)
 	}
-	seq = f.deploy("shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test"}, nil, newBackend(t, "web-2"))})
+	seq = f.deploy("shop", map[string]storetest.Service{"web": svc([]string{"shop.test"}, nil, newBackend(t, "web-2"))})
 	f.waitSeq(seq)
 	if r := f.mustGet("shop.test", "/"); r.backend != "web-2" {
 		t.Errorf("events after reload: %q", r.backend)
@@ -255,7 +254,7 @@ func TestConfigReloadKeepsProjection(t *testing.T) {
 func TestAdminAPIAndMetrics(t *testing.T) {
 	f := newFixture(t)
 	w1 := newBackend(t, "web-1")
-	seq := f.deploy("shop", map[string]projectiontest.Service{"web": svc([]string{"shop.test", "*.shop.test"}, []string{"/", "/app"}, w1)})
+	seq := f.deploy("shop", map[string]storetest.Service{"web": svc([]string{"shop.test", "*.shop.test"}, []string{"/", "/app"}, w1)})
 	f.load()
 	f.waitSeq(seq)
 
@@ -313,7 +312,7 @@ func TestAdminAPIAndMetrics(t *testing.T) {
 func TestUpstreamSourceAndPermission(t *testing.T) {
 	f := newFixture(t)
 	w1, api := newBackend(t, "web-1"), newBackend(t, "api-1")
-	seq := f.deploy("shop", map[string]projectiontest.Service{
+	seq := f.deploy("shop", map[string]storetest.Service{
 		"web": svc([]string{"shop.test", "*.tenants.test"}, nil, w1),
 		"api": svc([]string{"api.shop.test"}, nil, api),
 	})
@@ -421,8 +420,8 @@ func TestWebsocketAndStreamingPassThrough(t *testing.T) {
 		}
 	})
 	host, port := splitHostPort(t, srv.Listener.Addr().String())
-	seq := f.deploy("rt", map[string]projectiontest.Service{"ws": {Routes: []store.Route{{Hosts: []string{"rt.test"}}},
-		Instances: []projectiontest.Instance{{ID: "ws1", Machine: "m1", Address: host, Port: port}}}})
+	seq := f.deploy("rt", map[string]storetest.Service{"ws": {Routes: []store.Route{{Hosts: []string{"rt.test"}}},
+		Instances: []storetest.Instance{{ID: "ws1", Machine: "m1", Address: host, Port: port}}}})
 	f.load()
 	f.waitSeq(seq)
 

@@ -148,7 +148,7 @@ func setupSigningRetire(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		return c.withStore(func(s *store.Store) error {
-			rec, err := s.Retire(c.ctx, r, pub)
+			rec, err := signers.Retire(c.ctx, s, r, pub)
 			if err != nil {
 				return err
 			}

@@ -11,7 +11,6 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/edgeplane/edgeplane/projection"
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -68,8 +67,8 @@ func TestProjectionOverNATS(t *testing.T) {
 		t.Fatalf("before deploy: %s", dns.RcodeToString[rc])
 	}
 
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
-		"web": {Instances: []projectiontest.Instance{
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
+		"web": {Instances: []storetest.Instance{
 			{ID: "web-a", Machine: "m1", Address: "10.100.0.5", Port: 8080},
 			{ID: "web-b", Machine: "m2", Address: "10.100.0.6", Port: 8080},
 		}},
@@ -99,8 +98,8 @@ func TestProjectionOverNATS(t *testing.T) {
 	}
 
 	// Redeploy with new instances: new addresses served, old ones gone.
-	_, seq, err = projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
-		"web": {Instances: []projectiontest.Instance{
+	_, seq, err = storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
+		"web": {Instances: []storetest.Instance{
 			{ID: "web-c", Machine: "m1", Address: "10.100.0.7", Port: 8080},
 			{ID: "web-d", Machine: "m2", Address: "10.100.0.8", Port: 8080},
 		}},
@@ -118,7 +117,7 @@ func TestProjectionOverNATS(t *testing.T) {
 	}
 
 	// An instance starts draining: it leaves DNS at once.
-	seq, err = projectiontest.SetInstance(ctx, srv.Store, "shop", "web-d", store.InstanceDraining, "")
+	seq, err = storetest.SetInstance(ctx, srv.Store, "shop", "web-d", store.InstanceDraining, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
@@ -695,7 +697,7 @@ func attackHostClaims(t *testing.T, f *attackFixture) {
 			return err
 		})
 	}
-	owned, err := f.c.store.OwnedHosts(ctx, "shop")
+	owned, err := hosts.Owned(ctx, f.c.store, "shop")
 	if err != nil || !slices.Equal(owned, []string{"shop.example.com"}) {
 		t.Fatalf("shop owns %v (%v) after the attempts", owned, err)
 	}
@@ -818,9 +820,9 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := store.MeshPSK(secret, "m2", "m3")
+	other := registrar.PSK(secret, "m2", "m3")
 	for peer, k := range own.PSKs {
-		want := store.MeshPSK(secret, "m1", peer)
+		want := registrar.PSK(secret, "m1", peer)
 		if k != base64.StdEncoding.EncodeToString(want[:]) || k == base64.StdEncoding.EncodeToString(other[:]) {
 			t.Fatalf("m1 was told %s for its pair with %s", k, peer)
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/doctor"
 	"github.com/edgeplane/edgeplane/control/failpoint"
+	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -278,7 +279,7 @@ services:
 			t.Fatalf("a refused manifest wrote %d %s records", n, kv.name)
 		}
 	}
-	if hs, _ := c.store.OwnedHosts(ctx, "test"); len(hs) != 0 {
+	if hs, _ := hosts.Owned(ctx, c.store, "test"); len(hs) != 0 {
 		t.Fatalf("a refused manifest claimed %v", hs)
 	}
 	if h := routingHead(t, c); h != head {
@@ -286,7 +287,7 @@ services:
 	}
 	// The owner stops routing its wildcard: test may take a name under it.
 	c.mustControl(applyArgs(c.manifest("shop2.yaml", strings.Replace(gwV1, `, "*.shop.example.com"`, "", 1)))...)
-	if hs, _ := c.store.OwnedHosts(ctx, "shop"); !slices.Equal(hs, []string{"shop.example.com"}) {
+	if hs, _ := hosts.Owned(ctx, c.store, "shop"); !slices.Equal(hs, []string{"shop.example.com"}) {
 		t.Fatalf("shop owns %v after dropping its wildcard", hs)
 	}
 	c.mustControl(applyArgs(intruder("a.shop.example.com"))...)
@@ -304,7 +305,7 @@ services:
 	if !strings.Contains(out, "destroying namespace test") {
 		t.Fatalf("destroy:\n%s", out)
 	}
-	if hs, _ := c.store.OwnedHosts(ctx, "test"); len(hs) != 0 {
+	if hs, _ := hosts.Owned(ctx, c.store, "test"); len(hs) != 0 {
 		t.Fatalf("a destroyed namespace owns %v", hs)
 	}
 	if !gone(t, c, testInsts) {

@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/projection"
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -92,10 +91,10 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-func web(addr string, port int, ids ...string) projectiontest.Service {
-	s := projectiontest.Service{Routes: []store.Route{{Hosts: []string{"shop.example.com", "*.shop.example.com"}}}}
+func web(addr string, port int, ids ...string) storetest.Service {
+	s := storetest.Service{Routes: []store.Route{{Hosts: []string{"shop.example.com", "*.shop.example.com"}}}}
 	for _, id := range ids {
-		s.Instances = append(s.Instances, projectiontest.Instance{ID: id, Machine: "m1", Address: addr, Port: port})
+		s.Instances = append(s.Instances, storetest.Instance{ID: id, Machine: "m1", Address: addr, Port: port})
 	}
 	return s
 }
@@ -112,10 +111,10 @@ func TestLoadThenFollowEvents(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
 	// State committed before the gateway starts comes from the load.
-	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+	if _, _, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
 		"web": web("127.0.0.1", 9001, "w1", "w2"),
 		"api": {Routes: []store.Route{{Hosts: []string{"shop.example.com"}, PathPrefixes: []string{"/api"}}},
-			Instances: []projectiontest.Instance{{ID: "a1", Machine: "m1", Address: "127.0.0.1", Port: 9002}}},
+			Instances: []storetest.Instance{{ID: "a1", Machine: "m1", Address: "127.0.0.1", Port: 9002}}},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +133,7 @@ func TestLoadThenFollowEvents(t *testing.T) {
 
 	// A redeploy replaces endpoints and drops a service the manifest lost.
 	changed := p.Changed()
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
 		"web": web("127.0.0.1", 9003, "w3"),
 	})
 	if err != nil {
@@ -169,13 +168,13 @@ func TestLoadThenFollowEvents(t *testing.T) {
 func TestDrainingAndErroredInstancesLeaveAtOnce(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
-	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+	if _, _, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
 		"web": web("127.0.0.1", 9001, "w1", "w2", "w3"),
 	}); err != nil {
 		t.Fatal(err)
 	}
 	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
-	seq, err := projectiontest.SetInstance(ctx, srv.Store, "shop", "w2", store.InstanceDraining, "")
+	seq, err := storetest.SetInstance(ctx, srv.Store, "shop", "w2", store.InstanceDraining, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +182,7 @@ func TestDrainingAndErroredInstancesLeaveAtOnce(t *testing.T) {
 	if s, _ := p.View().Service("shop", "web"); endpointIDs(s) != "w1,w3" {
 		t.Fatalf("after draining w2: %s", endpointIDs(s))
 	}
-	seq, err = projectiontest.SetInstance(ctx, srv.Store, "shop", "w3", store.InstanceReady, "exit status 1")
+	seq, err = storetest.SetInstance(ctx, srv.Store, "shop", "w3", store.InstanceReady, "exit status 1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +198,7 @@ func TestDrainingAndErroredInstancesLeaveAtOnce(t *testing.T) {
 func TestUnsignedEventsAreRefusedAndTheLastGoodViewStays(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
-	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+	if _, _, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
 		"web": web("127.0.0.1", 9001, "w1"),
 	}); err != nil {
 		t.Fatal(err)
@@ -224,8 +223,8 @@ func TestUnsignedEventsAreRefusedAndTheLastGoodViewStays(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "other", map[string]projectiontest.Service{
-		"web": {Routes: []store.Route{{Hosts: []string{"other.test"}}}, Instances: []projectiontest.Instance{{ID: "o1", Machine: "m1", Address: "127.0.0.1", Port: 9009}}},
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "other", map[string]storetest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"other.test"}}}, Instances: []storetest.Instance{{ID: "o1", Machine: "m1", Address: "127.0.0.1", Port: 9009}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +272,7 @@ func lastSigned(t *testing.T, ctx context.Context, s *store.Store, subject strin
 func TestBadEventIsSkippedAndReported(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
-	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+	if _, _, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
 		"web": web("127.0.0.1", 9001, "w1"),
 	}); err != nil {
 		t.Fatal(err)
@@ -289,8 +288,8 @@ func TestBadEventIsSkippedAndReported(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "other", map[string]projectiontest.Service{
-		"web": {Routes: []store.Route{{Hosts: []string{"other.test"}}}, Instances: []projectiontest.Instance{{ID: "o1", Machine: "m1", Address: "127.0.0.1", Port: 9009}}},
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "other", map[string]storetest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"other.test"}}}, Instances: []storetest.Instance{{ID: "o1", Machine: "m1", Address: "127.0.0.1", Port: 9009}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -320,7 +319,7 @@ func TestSnapshotServesStaleWhenNATSIsDown(t *testing.T) {
 	snap := filepath.Join(dir, "gw", "routing.json")
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9001, "w1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -392,7 +391,7 @@ func TestReconnectContinuousResumesWithoutRebuild(t *testing.T) {
 	dir, addr := t.TempDir(), storetest.FreeAddr(t)
 	srv := storetest.StartIn(t, dir, addr)
 	ctx := ctxT(t)
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9001, "w1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +410,7 @@ func TestReconnectContinuousResumesWithoutRebuild(t *testing.T) {
 
 	srv2 := storetest.StartIn(t, dir, addr)
 	storetest.Eventually(t, wait, "reconnect", func() bool { return p.Status().Connected && !p.View().Stale })
-	_, seq, err = projectiontest.Deploy(ctx, srv2.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9002, "w2")})
+	_, seq, err = storetest.Deploy(ctx, srv2.Store, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9002, "w2")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +430,7 @@ func TestCatchUpAcrossReplacedEvents(t *testing.T) {
 	dir, addr := t.TempDir(), storetest.FreeAddr(t)
 	srv := storetest.StartIn(t, dir, addr)
 	ctx := ctxT(t)
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9001, "w1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +443,7 @@ func TestCatchUpAcrossReplacedEvents(t *testing.T) {
 	// The same store, on another port the gateway does not know.
 	side := storetest.StartIn(t, dir, storetest.FreeAddr(t))
 	for i := 2; i < 2+2*store.RoutingHistory; i++ {
-		if _, seq, err = projectiontest.Deploy(ctx, side.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9000+i, "w"+itoa(i))}); err != nil {
+		if _, seq, err = storetest.Deploy(ctx, side.Store, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9000+i, "w"+itoa(i))}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -470,14 +469,14 @@ func TestRecreatedStreamRebuilds(t *testing.T) {
 	addr := storetest.FreeAddr(t)
 	srv := storetest.StartIn(t, t.TempDir(), addr)
 	ctx := ctxT(t)
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9001, "w1")})
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9001, "w1")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// More events, so the gateway's position is past what a fresh stream
 	// will hold.
 	for i := 0; i < 5; i++ {
-		if seq, err = projectiontest.SetInstance(ctx, srv.Store, "shop", "w1", store.InstanceReady, ""); err != nil {
+		if seq, err = storetest.SetInstance(ctx, srv.Store, "shop", "w1", store.InstanceReady, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -493,8 +492,8 @@ func TestRecreatedStreamRebuilds(t *testing.T) {
 	dir2 := t.TempDir()
 	storetest.ShareTrustRoot(t, srv, dir2)
 	srv2 := storetest.StartIn(t, dir2, addr)
-	if _, _, err := projectiontest.Deploy(ctx, srv2.Store, "fresh", map[string]projectiontest.Service{
-		"web": {Routes: []store.Route{{Hosts: []string{"fresh.test"}}}, Instances: []projectiontest.Instance{{ID: "f1", Machine: "m1", Address: "127.0.0.1", Port: 9100}}},
+	if _, _, err := storetest.Deploy(ctx, srv2.Store, "fresh", map[string]storetest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"fresh.test"}}}, Instances: []storetest.Instance{{ID: "f1", Machine: "m1", Address: "127.0.0.1", Port: 9100}}},
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,7 @@ package store
 
 import (
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -439,19 +437,6 @@ func (s *Store) meshSecret(ctx context.Context, key string) ([]byte, error) {
 		// Another control server created it first: read theirs.
 	}
 	return nil, Errorf(CodeUnavailable, "the mesh secret %s could not be read or created", key)
-}
-
-// MeshPSK is the preshared key of machines a and b (in either order)
-// under secret.
-func MeshPSK(secret []byte, a, b string) [32]byte {
-	if b < a {
-		a, b = b, a
-	}
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("edgeplane mesh psk v1\x00" + a + "\x00" + b))
-	var out [32]byte
-	copy(out[:], m.Sum(nil))
-	return out
 }
 
 // Key rotation. A node rotates its WireGuard key without dropping a tunnel:

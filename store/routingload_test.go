@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -62,15 +61,15 @@ func TestLoadRoutingMatchesReference(t *testing.T) {
 		t.Fatalf("empty store: %v %+v", err, empty)
 	}
 	for i := 0; i < 3; i++ {
-		if _, _, err := projectiontest.Deploy(ctx, s, "a", map[string]projectiontest.Service{
+		if _, _, err := storetest.Deploy(ctx, s, "a", map[string]storetest.Service{
 			"web": web("127.0.0.1", 9000+i, "a-w"+strconv.Itoa(i)),
 			"api": web("127.0.0.1", 9100+i, "a-api"+strconv.Itoa(i), "a-api-x"+strconv.Itoa(i)),
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := projectiontest.Deploy(ctx, s, "b", map[string]projectiontest.Service{
-		"web": {Routes: web("", 0).Routes, Instances: []projectiontest.Instance{
+	if _, _, err := storetest.Deploy(ctx, s, "b", map[string]storetest.Service{
+		"web": {Routes: web("", 0).Routes, Instances: []storetest.Instance{
 			{ID: "b1", Machine: "m1", Address: "10.0.0.1", Port: 80},
 			{ID: "b2", Machine: "m1", Address: "10.0.0.2", Port: 80, State: store.InstanceDraining},
 			{ID: "b3", Machine: "m1", Address: "10.0.0.3", Port: 80, Error: "crashed"},
@@ -79,7 +78,7 @@ func TestLoadRoutingMatchesReference(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := projectiontest.Deploy(ctx, s, "b", map[string]projectiontest.Service{"other": web("10.0.0.9", 81, "b9")}); err != nil {
+	if _, _, err := storetest.Deploy(ctx, s, "b", map[string]storetest.Service{"other": web("10.0.0.9", 81, "b9")}); err != nil {
 		t.Fatal(err)
 	}
 	cp := &store.DeployCommit{ID: "c-cp", Namespace: "c", Kind: store.CommitCheckpoint, Phase: "p1", Revision: 1,
@@ -116,10 +115,10 @@ func TestLoadRoutingMatchesReference(t *testing.T) {
 	}
 }
 
-func web(addr string, port int, ids ...string) projectiontest.Service {
-	s := projectiontest.Service{Routes: []store.Route{{Hosts: []string{"shop.example.com", "*.shop.example.com"}}}}
+func web(addr string, port int, ids ...string) storetest.Service {
+	s := storetest.Service{Routes: []store.Route{{Hosts: []string{"shop.example.com", "*.shop.example.com"}}}}
 	for _, id := range ids {
-		s.Instances = append(s.Instances, projectiontest.Instance{ID: id, Machine: "m1", Address: addr, Port: port})
+		s.Instances = append(s.Instances, storetest.Instance{ID: id, Machine: "m1", Address: addr, Port: port})
 	}
 	return s
 }

@@ -532,11 +532,10 @@ func keyOf(k *signing.Key) func() (*signing.Key, error) {
 	return func() (*signing.Key, error) { return k, nil }
 }
 
-// Certify records rec (a signer certificate) signed by root.
-func (s *Store) Certify(ctx context.Context, root *signing.Key, rec SignerRecord) error {
-	if !signing.IsSignerKey(rec.Key) {
-		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("signer %q is not a server public key (N...)", rec.Key)}
-	}
+// PutSignerRecord stores rec, a signer's certificate, signed by root under
+// the signer's key. What a certificate may say (a server key, retirement
+// bounds) is the trust root's owner's to decide: signing/signers.
+func (s *Store) PutSignerRecord(ctx context.Context, root *signing.Key, rec SignerRecord) error {
 	rec.Version = RecordVersion
 	data, err := json.Marshal(&rec)
 	if err != nil {
@@ -580,39 +579,4 @@ func (s *Store) ListSigners(ctx context.Context) (good []SignerRecord, bad []err
 		good = append(good, rec)
 	}
 	return good, bad, nil
-}
-
-// Retire marks signer pub retired: its signatures stand for what each
-// signed stream holds now, and for nothing appended later.
-func (s *Store) Retire(ctx context.Context, root *signing.Key, pub string) (*SignerRecord, error) {
-	recs, _, err := s.ListSigners(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var rec *SignerRecord
-	for i := range recs {
-		if recs[i].Key == pub {
-			rec = &recs[i]
-		}
-	}
-	if rec == nil {
-		return nil, &Error{Code: CodeNotFound, Message: fmt.Sprintf("no signer %s", pub), Detail: map[string]string{"signer": pub}}
-	}
-	if rec.Retired != nil {
-		return rec, nil
-	}
-	bounds := signing.Bounds{}
-	for _, stream := range s.Names.SigningStreams() {
-		str, err := s.JS.Stream(ctx, stream)
-		if err != nil {
-			return nil, classify(fmt.Errorf("retiring signer %s: %w", pub, err))
-		}
-		bounds[stream] = str.CachedInfo().State.LastSeq
-	}
-	now := time.Now().UTC()
-	rec.Retired, rec.RetiredAt = bounds, &now
-	if err := s.Certify(ctx, root, *rec); err != nil {
-		return nil, err
-	}
-	return rec, nil
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
@@ -28,22 +27,6 @@ func lastOf(t *testing.T, ctx context.Context, s *store.Store, stream, subject s
 	return found
 }
 
-// refused returns why LoadRouting left subject out, "" if it did not.
-func refused(t *testing.T, ctx context.Context, s *store.Store, subject string) string {
-	t.Helper()
-	rs, err := s.LoadRouting(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range rs.Refused {
-		if r.Subject == subject {
-			se := store.AsError(r.Err)
-			return se.Detail["reason"]
-		}
-	}
-	return ""
-}
-
 // Every way of putting routing on the stream without a signer's key is
 // refused by a reader: unsigned, signed by a key the root never certified,
 // a valid event copied again, a valid signature over another body.
@@ -51,13 +34,13 @@ func TestLoadRoutingRefusesWhatTheControlPlaneDidNotSign(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
 	s := srv.Store
-	if _, _, err := projectiontest.Deploy(ctx, s, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9000, "w1")}); err != nil {
+	if _, _, err := storetest.Deploy(ctx, s, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9000, "w1")}); err != nil {
 		t.Fatal(err)
 	}
 	stream := s.Names.RoutingEventsStream()
 	subj := s.Names.RoutingServiceSubject("shop", "web")
 	good := lastOf(t, ctx, s, stream, subj)
-	if why := refused(t, ctx, s, subj); why != "" {
+	if why := storetest.Refused(t, ctx, s, subj); why != "" {
 		t.Fatalf("the signed event was refused: %s", why)
 	}
 	forged := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "shop", Service: "web",
@@ -89,7 +72,7 @@ func TestLoadRoutingRefusesWhatTheControlPlaneDidNotSign(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			publish(tc.hdr, tc.data)
 			next++
-			if why := refused(t, ctx, s, subj); why != tc.reason {
+			if why := storetest.Refused(t, ctx, s, subj); why != tc.reason {
 				t.Fatalf("refused for %q, want %q", why, tc.reason)
 			}
 		})
@@ -115,42 +98,6 @@ func TestForgedCommitIsRefused(t *testing.T) {
 	good, bad, err := s.CommitHistory(ctx, "shop")
 	if err != nil || len(good) != 0 || len(bad) != 1 {
 		t.Fatalf("history: %v good, %v refused, %v", good, bad, err)
-	}
-}
-
-// Retiring a signer keeps what it signed and refuses what it signs later,
-// even from a process that still holds its key.
-func TestRetiredSignerIsRefusedFromItsRetirementOn(t *testing.T) {
-	srv := storetest.Start(t)
-	ctx := ctxT(t)
-	s := srv.Store
-	if _, _, err := projectiontest.Deploy(ctx, s, "shop", map[string]projectiontest.Service{"web": web("127.0.0.1", 9000, "w1")}); err != nil {
-		t.Fatal(err)
-	}
-	old, err := signing.ReadKeyFile(srv.SignerFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := signing.LoadRoot(srv.AuthDir())
-	if err != nil || root == nil {
-		t.Fatalf("root: %v", err)
-	}
-	if _, err := s.Retire(ctx, root, old.PublicKey()); err != nil {
-		t.Fatal(err)
-	}
-	subj := s.Names.RoutingServiceSubject("shop", "web")
-	if why := refused(t, ctx, s, subj); why != "" {
-		t.Fatalf("an event signed before the retirement was refused: %s", why)
-	}
-	// A fresh reader, and the thief's process that kept the old key.
-	reader := srv.Connect(t)
-	thief := srv.Connect(t)
-	thief.SignWith(store.StaticSigner{Key: old})
-	if _, _, err := projectiontest.Deploy(ctx, thief, "shop", map[string]projectiontest.Service{"web": web("203.0.113.9", 80, "evil")}); err != nil {
-		t.Fatal(err)
-	}
-	if why := refused(t, ctx, reader, subj); why != signing.ReasonRetired {
-		t.Fatalf("event signed after the retirement: refused for %q, want %q", why, signing.ReasonRetired)
 	}
 }
 

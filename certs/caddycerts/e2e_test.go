@@ -25,7 +25,6 @@ import (
 	"github.com/edgeplane/edgeplane/certs"
 	"github.com/edgeplane/edgeplane/internal/pebbletest"
 	"github.com/edgeplane/edgeplane/projection"
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -50,10 +49,10 @@ func TestCaddyGatewaysShareACME(t *testing.T) {
 
 	// Route the hosts the gateways may get certificates for.
 	backend := listenBackend(t)
-	_, seq, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
 		"web": {
 			Routes:    []store.Route{{Hosts: []string{"shop.example.com", "www.budget.example.org", "kill.example.com"}}},
-			Instances: []projectiontest.Instance{{ID: "web-1", Machine: "m1", Address: "127.0.0.1", Port: backend}},
+			Instances: []storetest.Instance{{ID: "web-1", Machine: "m1", Address: "127.0.0.1", Port: backend}},
 		},
 	})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/fleet"
+	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/internal/metricsserver"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
@@ -196,7 +197,7 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 // whenever its watch fails (the store unreachable for a while).
 func runCompleter(ctx context.Context, s *store.Store, out io.Writer, log *zap.Logger) {
 	bctx, cancel := context.WithTimeout(ctx, time.Minute)
-	conflicts, err := s.BackfillHosts(bctx)
+	conflicts, err := hosts.Backfill(bctx, s)
 	cancel()
 	if err != nil && ctx.Err() == nil {
 		log.Warn("claiming the hosts of live commits", zap.Error(err))

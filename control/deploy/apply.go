@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/control/failpoint"
+	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/store"
@@ -57,8 +58,8 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 
 	// 1. Preview against stored intent. A host another namespace owns is
 	// refused here, before anything is written.
-	hosts := store.ManifestHosts(m)
-	if err := d.s.CheckHosts(ctx, r.ns, hosts); err != nil {
+	routed := hosts.OfManifest(m)
+	if err := hosts.Check(ctx, d.s, r.ns, routed); err != nil {
 		return nil, err
 	}
 	st, err := d.load(ctx, r.ns)
@@ -133,7 +134,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	}
 	// Checked again under the hosts lease: another namespace may have
 	// claimed one since the preview.
-	if r.claimed, err = d.s.ClaimHosts(ctx, r.ns, r.id, hosts); err != nil {
+	if r.claimed, err = hosts.Claim(ctx, d.s, r.ns, r.id, routed); err != nil {
 		return r.abort(ctx, err)
 	}
 	d.step(StepStatus, "status applying, %d phase records pending", NumSteps-int(StepStatus))
@@ -200,7 +201,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	// 9. Wait for gateways, let in-flight requests finish, stop the old;
 	// the hosts the namespace no longer routes are free from then on.
 	r.drainOld(ctx)
-	if err := d.s.KeepOnlyHosts(ctx, r.ns, hosts); err != nil {
+	if err := hosts.KeepOnly(ctx, d.s, r.ns, routed); err != nil {
 		r.status.Warnings = append(r.status.Warnings, "releasing hosts no longer routed: "+err.Error())
 	}
 	failpoint.Hit("after_drain")
@@ -655,7 +656,7 @@ func (r *run) startOne(ctx context.Context, a SlotAction) (accepted bool, err er
 func (r *run) releaseClaims() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := r.d.s.ReleaseHosts(ctx, r.ns, r.claimed); err != nil {
+	if err := hosts.Release(ctx, r.d.s, r.ns, r.claimed); err != nil {
 		r.d.printf("warning: releasing hosts %s: %v", strings.Join(r.claimed, ", "), err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -138,12 +139,12 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 		return true, err
 	}
 	keep := map[string]bool{}
-	var hosts []string
+	var routed []string
 	if live != nil {
 		for _, sl := range live.Slots {
 			keep[sl.InstanceID] = true
 		}
-		hosts = store.ManifestHosts(&live.Manifest)
+		routed = hosts.OfManifest(&live.Manifest)
 	}
 	var strays []*store.InstanceRecord
 	for _, in := range insts {
@@ -191,7 +192,7 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 		}
 		owner.Cleanup = append(owner.Cleanup, f)
 	}
-	if err := d.s.KeepOnlyHosts(ctx, ns, hosts); err != nil {
+	if err := hosts.KeepOnly(ctx, d.s, ns, routed); err != nil {
 		return true, fmt.Errorf("releasing hosts %s no longer routes: %w", ns, err)
 	}
 	for _, st := range open {

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -202,7 +203,7 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 		}
 		return nil, err
 	}
-	if err := d.s.CheckHosts(ctx, m.Namespace, store.ManifestHosts(m)); err != nil {
+	if err := hosts.Check(ctx, d.s, m.Namespace, hosts.OfManifest(m)); err != nil {
 		return nil, err
 	}
 	st, err := d.load(ctx, m.Namespace)

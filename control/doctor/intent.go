@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -134,7 +135,7 @@ func (d *doctor) checkLeases(ctx context.Context) error {
 func (d *doctor) checkHosts(ctx context.Context) error {
 	routedBy := map[string][]string{}
 	for _, ns := range slices.Sorted(maps.Keys(d.live)) {
-		for _, h := range store.ManifestHosts(&d.live[ns].Manifest) {
+		for _, h := range hosts.OfManifest(&d.live[ns].Manifest) {
 			routedBy[h] = append(routedBy[h], ns)
 		}
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/miekg/dns"
 
 	_ "github.com/edgeplane/edgeplane/caddymodule" // the gateway app, "edgeplane"
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -97,11 +96,11 @@ func TestCaddyApp(t *testing.T) {
 	const name = "web.shop.edgeplane.internal."
 	deploy := func(ips ...string) {
 		t.Helper()
-		var insts []projectiontest.Instance
+		var insts []storetest.Instance
 		for i, ip := range ips {
-			insts = append(insts, projectiontest.Instance{ID: fmt.Sprintf("w%d-%s", i, strings.ReplaceAll(ip, ".", "-")), Machine: "m1", Address: ip, Port: 8080})
+			insts = append(insts, storetest.Instance{ID: fmt.Sprintf("w%d-%s", i, strings.ReplaceAll(ip, ".", "-")), Machine: "m1", Address: ip, Port: 8080})
 		}
-		if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{"web": {Instances: insts}}); err != nil {
+		if _, _, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{"web": {Instances: insts}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
-	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -159,7 +158,7 @@ func pairKey(t *testing.T, c *cluster, a, b string) [32]byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return store.MeshPSK(secret, a, b)
+	return registrar.PSK(secret, a, b)
 }
 
 // handshakes reports whether a WireGuard device holding priv completes a

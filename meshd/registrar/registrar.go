@@ -8,6 +8,7 @@ package registrar
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -204,7 +205,7 @@ func (r *Registrar) PSKs(ctx context.Context, req store.MeshPSKRequest) (*store.
 		if rec == nil || rec.Static {
 			continue
 		}
-		k := store.MeshPSK(secret, req.Machine, peer)
+		k := PSK(secret, req.Machine, peer)
 		out.PSKs[peer] = base64.StdEncoding.EncodeToString(k[:])
 	}
 	return out, nil
@@ -680,4 +681,19 @@ func secretMatches(secret, hash string) bool {
 	}
 	sum := sha256.Sum256([]byte(secret))
 	return hex.EncodeToString(sum[:]) == hash
+}
+
+// PSK is the WireGuard preshared key of machines a and b (in either order)
+// under the mesh's PSK secret: the registrar derives each pair's key on
+// request, so no pair's key is stored, and one pair's key says nothing of
+// another's.
+func PSK(secret []byte, a, b string) [32]byte {
+	if b < a {
+		a, b = b, a
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("edgeplane mesh psk v1\x00" + a + "\x00" + b))
+	var out [32]byte
+	copy(out[:], m.Sum(nil))
+	return out
 }

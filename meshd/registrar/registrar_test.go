@@ -322,7 +322,7 @@ func TestPresharedKeysPerPair(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := store.MeshPSK(secret, "m2", "m1")
+	want := registrar.PSK(secret, "m2", "m1")
 	if k1["m2"] != base64.StdEncoding.EncodeToString(want[:]) {
 		t.Fatal("the pair key is not the derivation from the mesh key secret")
 	}

@@ -98,7 +98,7 @@ func Server(ctx context.Context, s *store.Store, authDir, dataDir, name string) 
 		return nil, noRoot(authDir, path)
 	case rec == nil:
 		// A key file whose certificate never landed (a crash in between).
-		if err := s.Certify(ctx, root, store.SignerRecord{Key: key.PublicKey(), Name: name, IssuedAt: time.Now().UTC()}); err != nil {
+		if err := Certify(ctx, s, root, store.SignerRecord{Key: key.PublicKey(), Name: name, IssuedAt: time.Now().UTC()}); err != nil {
 			return nil, err
 		}
 	case rec.Retired != nil:
@@ -141,7 +141,7 @@ func Issue(ctx context.Context, s *store.Store, root *signing.Key, name, path st
 	if err != nil {
 		return nil, err
 	}
-	if err := s.Certify(ctx, root, store.SignerRecord{Key: key.PublicKey(), Name: name, IssuedAt: time.Now().UTC()}); err != nil {
+	if err := Certify(ctx, s, root, store.SignerRecord{Key: key.PublicKey(), Name: name, IssuedAt: time.Now().UTC()}); err != nil {
 		return nil, err
 	}
 	if path != "-" {
@@ -184,7 +184,7 @@ func Rotate(ctx context.Context, s *store.Store, root *signing.Key, path, name s
 		return nil, ctx.Err()
 	case <-time.After(grace):
 	}
-	rec, err := s.Retire(ctx, root, old.PublicKey())
+	rec, err := Retire(ctx, s, root, old.PublicKey())
 	if err != nil {
 		return nil, fmt.Errorf("retiring %s (the new signer %s is in place): %w", old.PublicKey(), fresh.PublicKey(), err)
 	}
@@ -255,10 +255,55 @@ func Adopt(ctx context.Context, from, to *store.Store, root *signing.Key, note s
 			rec.Retired, rec.RetiredAt = bounds, &now
 		}
 		rec.Name += " (" + note + ")"
-		if err := to.Certify(ctx, root, rec); err != nil {
+		if err := Certify(ctx, to, root, rec); err != nil {
 			return adopted, err
 		}
 		adopted = append(adopted, rec.Key)
 	}
 	return adopted, nil
+}
+
+// Certify records rec, a certificate for a signer's server key (N...),
+// signed by root: from then on what that key signs verifies under root.
+func Certify(ctx context.Context, s *store.Store, root *signing.Key, rec store.SignerRecord) error {
+	if !signing.IsSignerKey(rec.Key) {
+		return store.Errorf(store.CodeInvalid, "signer %q is not a server public key (N...)", rec.Key).With("signer", rec.Key)
+	}
+	return s.PutSignerRecord(ctx, root, rec)
+}
+
+// Retire marks signer pub retired: its signatures stand for what each
+// signed stream holds now, and for nothing appended later. Retiring a
+// retired signer changes nothing.
+func Retire(ctx context.Context, s *store.Store, root *signing.Key, pub string) (*store.SignerRecord, error) {
+	recs, _, err := s.ListSigners(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var rec *store.SignerRecord
+	for i := range recs {
+		if recs[i].Key == pub {
+			rec = &recs[i]
+		}
+	}
+	if rec == nil {
+		return nil, store.Errorf(store.CodeNotFound, "no signer %s", pub).With("signer", pub)
+	}
+	if rec.Retired != nil {
+		return rec, nil
+	}
+	bounds := signing.Bounds{}
+	for _, stream := range s.Names.SigningStreams() {
+		str, err := s.JS.Stream(ctx, stream)
+		if err != nil {
+			return nil, store.Classify(fmt.Errorf("retiring signer %s: %w", pub, err))
+		}
+		bounds[stream] = str.CachedInfo().State.LastSeq
+	}
+	now := time.Now().UTC()
+	rec.Retired, rec.RetiredAt = bounds, &now
+	if err := Certify(ctx, s, root, *rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }

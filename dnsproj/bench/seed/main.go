@@ -20,10 +20,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // config is the seed's command line.
@@ -100,18 +100,18 @@ func seed(ctx context.Context, cfg config) (_ *server.Server, err error) {
 	}
 
 	var hosts, queries strings.Builder
-	svcs := map[string]projectiontest.Service{}
+	svcs := map[string]storetest.Service{}
 	for i := 0; i < cfg.services; i++ {
 		name := fmt.Sprintf("svc%d", i)
-		var insts []projectiontest.Instance
+		var insts []storetest.Instance
 		for j := 0; j < cfg.instances; j++ {
 			addr := fmt.Sprintf("10.%d.%d.%d", 100+j, i/250, i%250+1)
-			insts = append(insts, projectiontest.Instance{ID: fmt.Sprintf("%s-i%d", name, j), Machine: "m1", Address: addr, Port: 8080})
+			insts = append(insts, storetest.Instance{ID: fmt.Sprintf("%s-i%d", name, j), Machine: "m1", Address: addr, Port: 8080})
 			fmt.Fprintf(&hosts, "%s %s.bench.%s\n", addr, name, z)
 		}
-		svcs[name] = projectiontest.Service{Instances: insts}
+		svcs[name] = storetest.Service{Instances: insts}
 	}
-	if _, _, err := projectiontest.Deploy(ctx, st, "bench", svcs); err != nil {
+	if _, _, err := storetest.Deploy(ctx, st, "bench", svcs); err != nil {
 		return nil, err
 	}
 	// The query mix: A lookups of services, and nx-percent of missing names.

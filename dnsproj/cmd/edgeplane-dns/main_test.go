@@ -11,7 +11,6 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/edgeplane/edgeplane/projection/projectiontest"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -68,8 +67,8 @@ func TestStandalone(t *testing.T) {
 	srv := storetest.Start(t)
 	snap := filepath.Join(t.TempDir(), "dns-routing.json")
 	ctx := context.Background()
-	if _, _, err := projectiontest.Deploy(ctx, srv.Store, "shop", map[string]projectiontest.Service{
-		"web": {Instances: []projectiontest.Instance{{ID: "w1", Machine: "m1", Address: "10.100.0.5", Port: 80}}},
+	if _, _, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
+		"web": {Instances: []storetest.Instance{{ID: "w1", Machine: "m1", Address: "10.100.0.5", Port: 80}}},
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,13 +1,15 @@
-// Package projectiontest writes deploys into a real store the way `control
-// deploy apply` does (a final commit, instance records, the derived routing
-// events), so tests of the projection, the gateway and DNS can drive them
-// without the control binary.
-package projectiontest
+package storetest
+
+// Deploys written into a real store the way `control deploy apply` writes
+// them (a final commit, instance records, the derived routing events), so
+// tests of the projection, the gateway and DNS can drive them without the
+// control binary.
 
 import (
 	"context"
 	"fmt"
 	"sort"
+	"testing"
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -136,4 +138,20 @@ func SetInstance(ctx context.Context, s *store.Store, namespace, id, state, errT
 		return 0, err
 	}
 	return s.RepublishService(ctx, namespace, rec.Service)
+}
+
+// Refused returns why LoadRouting on s leaves subject out (the reason a
+// verification failure names), "" when it does not.
+func Refused(t testing.TB, ctx context.Context, s *store.Store, subject string) string {
+	t.Helper()
+	rs, err := s.LoadRouting(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs.Refused {
+		if r.Subject == subject {
+			return store.AsError(r.Err).Detail["reason"]
+		}
+	}
+	return ""
 }
