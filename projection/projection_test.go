@@ -160,7 +160,7 @@ func TestLoadThenFollowEvents(t *testing.T) {
 	// The gateway reports the sequence it applied, as an observation.
 	storetest.Eventually(t, wait, "gateway observation at the applied sequence", func() bool {
 		var obs store.GatewayObservation
-		_, err := store.GetJSON(ctx, srv.Store.Gateways, projection.GatewayKey("gw-1"), &obs)
+		_, err := store.GetJSON(ctx, srv.Store.Gateways, store.GatewayKey("gw-1"), &obs)
 		return err == nil && obs.AppliedSeq == seq && obs.Gateway == "gw-1" && !obs.Stale
 	})
 }

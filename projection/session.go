@@ -438,7 +438,7 @@ func (p *Projection) reportLoop(ctx context.Context) {
 			obs.Conflicts = append(obs.Conflicts, fmt.Sprintf("%s: %s over %s", c.Host, c.Owner, strings.Join(c.Others, ", ")))
 		}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := store.PutJSON(pctx, st.Gateways, GatewayKey(p.cfg.Name), &obs)
+		err := st.PutGatewayObservation(pctx, &obs)
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			p.log.Debug("publishing gateway observation", zap.Error(err))
@@ -449,9 +449,6 @@ func (p *Projection) reportLoop(ctx context.Context) {
 // maxReportedConflicts bounds the conflicts one observation names: the
 // record must stay small.
 const maxReportedConflicts = 8
-
-// GatewayKey is the key of gateway name's observation in the gateways bucket.
-func GatewayKey(name string) string { return store.KeySafe(name) }
 
 // snapshotLoop writes the view to SnapshotPath after changes, at most once
 // per SnapshotInterval, and once more when ctx ends.

@@ -90,3 +90,20 @@ func (s *Store) RedeemInvite(ctx context.Context, token, machine string) (*Invit
 	}
 	return &inv, nil
 }
+
+// VoidInvitesOf deletes the invites machine redeemed, so none admits it
+// again, and returns how many there were.
+func (s *Store) VoidInvitesOf(ctx context.Context, machine string) (int, error) {
+	n := 0
+	err := ListJSON(ctx, s, s.Invites, ">", func(key string, inv *Invite) error {
+		if inv.UsedBy != machine {
+			return nil
+		}
+		if err := s.Invites.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return classify(fmt.Errorf("voiding the invite of machine %s: %w", machine, err))
+		}
+		n++
+		return nil
+	})
+	return n, err
+}

@@ -24,7 +24,6 @@ import (
 
 	"github.com/edgeplane/edgeplane/certs"
 	"github.com/edgeplane/edgeplane/internal/pebbletest"
-	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -400,7 +399,7 @@ func (g *caddyGateway) waitRouted(t *testing.T, st *store.Store, seq uint64) {
 	t.Helper()
 	storetest.Eventually(t, 30*time.Second, g.name+" to apply the routing events", func() bool {
 		var obs store.GatewayObservation
-		_, err := store.GetJSON(context.Background(), st.Gateways, projection.GatewayKey(g.name), &obs)
+		_, err := store.GetJSON(context.Background(), st.Gateways, store.GatewayKey(g.name), &obs)
 		return err == nil && obs.AppliedSeq >= seq && !obs.Stale
 	})
 }

@@ -244,8 +244,8 @@ func (d *Deployer) stopAll(ctx context.Context, ns string, insts []*store.Instan
 				InstanceID: in.ID, Namespace: ns, Grace: store.Duration(d.opts.StopGrace), Forget: true,
 			}, nil)
 			if err != nil && store.HasCode(err, store.CodeRPCFailure) {
-				if _, gerr := d.s.Machines.Get(sctx, in.Machine); gerr == jetstream.ErrKeyNotFound {
-					err = d.s.Instances.Delete(sctx, in.Key())
+				if _, _, gerr := d.s.GetMachine(sctx, in.Machine); store.HasCode(gerr, store.CodeNotFound) {
+					err = d.s.DeleteInstance(sctx, in.Key())
 				}
 			}
 			if err != nil {

@@ -318,22 +318,13 @@ func (d *Deployer) Destroy(ctx context.Context, ns string) (*store.DeployStatus,
 	return d.apply(ctx, &store.Manifest{Namespace: ns, Services: map[string]store.ServiceSpec{}}, intent{destroy: true})
 }
 
-func (d *Deployer) statusKey(ns, id string) string { return ns + "." + id }
-
-func (d *Deployer) phaseKey(ns, id string, i int) string { return fmt.Sprintf("%s.%s.%d", ns, id, i) }
-
 func (d *Deployer) putStatus(ctx context.Context, st *store.DeployStatus) error {
-	st.Version, st.UpdatedAt = store.RecordVersion, time.Now().UTC()
-	_, err := store.PutJSON(ctx, d.s.Status, d.statusKey(st.Namespace, st.DeployID), st)
-	return err
+	return d.s.PutDeployStatus(ctx, st)
 }
 
 func (d *Deployer) putPhase(ctx context.Context, ns, id string, s Step, state, detail string, commitSeq uint64) error {
-	_, err := store.PutJSON(ctx, d.s.Phases, d.phaseKey(ns, id, int(s)), &store.PhaseRecord{
-		Version: store.RecordVersion, Namespace: ns, DeployID: id, Index: int(s), Name: s.Name(),
-		State: state, Detail: detail, CommitSeq: commitSeq, UpdatedAt: time.Now().UTC(),
-	})
-	return err
+	return d.s.PutPhase(ctx, &store.PhaseRecord{Namespace: ns, DeployID: id, Index: int(s), Name: s.Name(),
+		State: state, Detail: detail, CommitSeq: commitSeq})
 }
 
 // Phases returns the phase records of one deploy in step order.

@@ -11,7 +11,6 @@ package fleet
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -45,7 +44,6 @@ type Config struct {
 // Aggregator follows the store and writes namespace summaries.
 type Aggregator struct {
 	s   *store.Store
-	kv  jetstream.KeyValue
 	cfg Config
 	log *zap.Logger
 
@@ -83,7 +81,7 @@ func New(s *store.Store, cfg Config) (*Aggregator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Aggregator{s: s, kv: s.FleetStatus, cfg: cfg, log: cfg.Logger,
+	return &Aggregator{s: s, cfg: cfg, log: cfg.Logger,
 		byNS: map[string]map[string]*store.InstanceRecord{}, onMachine: map[string]map[string]int{},
 		beats: map[string]store.MachineBeat{}, live: map[string]string{},
 		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{}}, nil
@@ -364,14 +362,7 @@ func (a *Aggregator) flush(ctx context.Context) error {
 // write stores one summary, or deletes it once the namespace has no
 // instances left.
 func (a *Aggregator) write(ctx context.Context, st *store.NamespaceStatus) error {
-	if st.Counts.Total() == 0 {
-		if err := a.kv.Delete(ctx, st.Namespace); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return fmt.Errorf("deleting the summary of %s: %w", st.Namespace, err)
-		}
-		return nil
-	}
-	_, err := store.PutJSON(ctx, a.kv, st.Namespace, st)
-	return err
+	return a.s.PutNamespaceStatus(ctx, st)
 }
 
 // DefaultLeaseTTL is how long a control server that stopped keeps the

@@ -81,7 +81,7 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 	runCtx := ctx // the agents' own, beyond starting them
 	err := parallel(ctx, f.IDs, func(ctx context.Context, id string) error {
 		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cfg.Address, JoinedAt: now, UpdatedAt: now}
-		if _, err := store.PutJSON(ctx, s.Machines, id, &rec); err != nil {
+		if err := s.PutMachine(ctx, &rec); err != nil {
 			return fmt.Errorf("recording simulated machine %s: %w", id, err)
 		}
 		as := s
@@ -214,7 +214,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 		now := time.Now().UTC()
 		rec.Version, rec.Machine, rec.Address, rec.Port = store.RecordVersion, id, f.cfg.Address, 20000+len(rec.ID)
 		rec.State, rec.Driver, rec.CreatedAt, rec.UpdatedAt = store.InstanceStarting, "sim", now, now
-		if _, err := store.PutJSON(ctx, f.agent(id).Instances, rec.Key(), &rec); err != nil {
+		if _, err := f.agent(id).PutInstance(ctx, &rec); err != nil {
 			return nil, err
 		}
 		f.mu.Lock()
@@ -236,7 +236,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 			return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, id)
 		}
 		rec.State, rec.UpdatedAt = store.InstanceReady, time.Now().UTC()
-		if _, err := store.PutJSON(ctx, f.agent(id).Instances, rec.Key(), &rec); err != nil {
+		if _, err := f.agent(id).PutInstance(ctx, &rec); err != nil {
 			return nil, err
 		}
 		f.mu.Lock()
@@ -255,7 +255,7 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 		delete(f.insts[id], req.InstanceID)
 		f.mu.Unlock()
 		if req.Forget {
-			_ = f.agent(id).Instances.Delete(ctx, store.InstanceKey(req.Namespace, id, req.InstanceID))
+			_ = f.agent(id).DeleteInstance(ctx, store.InstanceKey(req.Namespace, id, req.InstanceID))
 		}
 		return nil, f.writeObservations(ctx, id)
 	case store.CmdInventory:

@@ -33,7 +33,7 @@ func (f *Fleet) Place(ctx context.Context, namespaces, perNS int) error {
 		}
 	}
 	return parallel(ctx, recs, func(ctx context.Context, rec store.InstanceRecord) error {
-		if _, err := store.PutJSON(ctx, f.agent(rec.Machine).Instances, rec.Key(), &rec); err != nil {
+		if _, err := f.agent(rec.Machine).PutInstance(ctx, &rec); err != nil {
 			return err
 		}
 		f.mu.Lock()
@@ -166,11 +166,11 @@ loop:
 // to a minute: a storage node going away fails writes in flight until the
 // client has moved to another.
 func (f *Fleet) put(ctx context.Context, rec *store.InstanceRecord) (rev uint64, retries int, err error) {
-	kv := f.agent(rec.Machine).Instances
+	as := f.agent(rec.Machine)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		rev, err = store.PutJSON(wctx, kv, rec.Key(), rec)
+		rev, err = as.PutInstance(wctx, rec)
 		cancel()
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return rev, retries, err

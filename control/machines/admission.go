@@ -60,16 +60,15 @@ func ServeAdmission(ctx context.Context, s *store.Store) (func(), error) {
 
 // move changes a member machine's address; it admits no one.
 func move(ctx context.Context, s *store.Store, id, address string) (*store.MachineRecord, error) {
-	var cur store.MachineRecord
-	rev, err := store.GetJSON(ctx, s.Machines, id, &cur)
+	cur, rev, err := s.GetMachine(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if cur.Address == address {
-		return &cur, nil
+		return cur, nil
 	}
 	cur.Address, cur.UpdatedAt = address, time.Now().UTC()
-	return &cur, update(ctx, s, &cur, rev)
+	return cur, update(ctx, s, cur, rev)
 }
 
 // RequestAdmission asks the control plane to admit (AdmitJoin, with an

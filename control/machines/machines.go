@@ -6,8 +6,6 @@ package machines
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -15,8 +13,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/store"
@@ -40,11 +36,10 @@ func Admit(ctx context.Context, s *store.Store, token, id, address string) (*sto
 	}
 	if err := create(ctx, s, rec); err != nil {
 		if store.HasCode(err, store.CodeConflict) {
-			var cur store.MachineRecord
 			// Recorded after this invite's first use: a retry of the same
 			// admission. Otherwise the ID belongs to another admission.
-			if _, gerr := store.GetJSON(ctx, s.Machines, id, &cur); gerr == nil && !cur.JoinedAt.Before(inv.UsedAt) {
-				return &cur, nil
+			if cur, _, gerr := s.GetMachine(ctx, id); gerr == nil && !cur.JoinedAt.Before(inv.UsedAt) {
+				return cur, nil
 			}
 			return nil, store.Errorf(store.CodeConflict, "machine %s is already a member; restart its agent without --join, or choose another --machine", id).With("machine", id)
 		}
@@ -58,14 +53,13 @@ func Admit(ctx context.Context, s *store.Store, token, id, address string) (*sto
 // existing record is kept (its state may have been changed since), only its
 // address follows the flag.
 func Register(ctx context.Context, s *store.Store, id, address string) (*store.MachineRecord, error) {
-	var cur store.MachineRecord
-	rev, err := store.GetJSON(ctx, s.Machines, id, &cur)
+	cur, rev, err := s.GetMachine(ctx, id)
 	if err == nil {
 		if cur.Address == address {
-			return &cur, nil
+			return cur, nil
 		}
 		cur.Address, cur.UpdatedAt = address, time.Now().UTC()
-		return &cur, update(ctx, s, &cur, rev)
+		return cur, update(ctx, s, cur, rev)
 	}
 	if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
@@ -75,30 +69,18 @@ func Register(ctx context.Context, s *store.Store, id, address string) (*store.M
 	return rec, create(ctx, s, rec)
 }
 
+// create records rec and publishes it to every projection.
 func create(ctx context.Context, s *store.Store, rec *store.MachineRecord) error {
-	data, err := json.Marshal(rec)
-	if err != nil {
+	if err := s.CreateMachine(ctx, rec); err != nil {
 		return err
-	}
-	if _, err := s.Machines.Create(ctx, rec.ID, data); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return store.Errorf(store.CodeConflict, "machine %s is already a member", rec.ID).With("machine", rec.ID)
-		}
-		return store.Classify(fmt.Errorf("recording machine %s: %w", rec.ID, err))
 	}
 	return publishMachine(ctx, s, rec)
 }
 
+// update replaces the record at rev with rec and publishes it.
 func update(ctx context.Context, s *store.Store, rec *store.MachineRecord, rev uint64) error {
-	data, err := json.Marshal(rec)
-	if err != nil {
+	if err := s.UpdateMachine(ctx, rec, rev); err != nil {
 		return err
-	}
-	if _, err := s.Machines.Update(ctx, rec.ID, data, rev); err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return store.Errorf(store.CodeConflict, "machine %s changed concurrently; try again", rec.ID).With("machine", rec.ID)
-		}
-		return store.Classify(fmt.Errorf("updating machine %s: %w", rec.ID, err))
 	}
 	return publishMachine(ctx, s, rec)
 }
@@ -110,14 +92,8 @@ func publishMachine(ctx context.Context, s *store.Store, rec *store.MachineRecor
 
 // Get reads one machine record.
 func Get(ctx context.Context, s *store.Store, id string) (*store.MachineRecord, error) {
-	var rec store.MachineRecord
-	if _, err := store.GetJSON(ctx, s.Machines, id, &rec); err != nil {
-		if store.HasCode(err, store.CodeNotFound) {
-			return nil, store.Errorf(store.CodeNotFound, "unknown machine %s", id).With("machine", id)
-		}
-		return nil, err
-	}
-	return &rec, nil
+	rec, _, err := s.GetMachine(ctx, id)
+	return rec, err
 }
 
 // SetState moves machine id to state (active, draining or disabled).
@@ -127,16 +103,12 @@ func SetState(ctx context.Context, s *store.Store, id, state string) (*store.Mac
 	default:
 		return nil, store.Errorf(store.CodeInvalid, "unknown machine state %q", state)
 	}
-	var rec store.MachineRecord
-	rev, err := store.GetJSON(ctx, s.Machines, id, &rec)
+	rec, rev, err := s.GetMachine(ctx, id)
 	if err != nil {
-		if store.HasCode(err, store.CodeNotFound) {
-			return nil, store.Errorf(store.CodeNotFound, "unknown machine %s", id).With("machine", id)
-		}
 		return nil, err
 	}
 	rec.State, rec.UpdatedAt = state, time.Now().UTC()
-	return &rec, update(ctx, s, &rec, rev)
+	return rec, update(ctx, s, rec, rev)
 }
 
 // Listed is a machine with what its agent last said of it, and, when
@@ -302,8 +274,8 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 			_ = s.Call(sctx, id, store.CmdStopInstance, store.InstanceRequest{InstanceID: in.ID, Namespace: in.Namespace, Forget: true}, nil)
 			cancel()
 		}
-		if err := s.Instances.Delete(ctx, in.Key()); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return out, store.Classify(fmt.Errorf("forgetting instance %s of machine %s: %w", in.ID, id, err))
+		if err := s.DeleteInstance(ctx, in.Key()); err != nil {
+			return out, fmt.Errorf("forgetting instance %s of machine %s: %w", in.ID, id, err)
 		}
 		out.Instances = append(out.Instances, in.ID)
 		services[in.Namespace+"/"+in.Service] = true
@@ -320,12 +292,9 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 		Machine: &store.MachineRecord{Version: store.RecordVersion, ID: id}, At: time.Now().UTC()}}); err != nil {
 		return out, err
 	}
-	if err := s.Machines.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return out, store.Classify(fmt.Errorf("removing machine record %s: %w", id, err))
+	if err := s.DeleteMachine(ctx, id); err != nil {
+		return out, err
 	}
-	// Its observations are noise from now on.
-	_ = s.MachineStates.Delete(ctx, id)
-	_ = s.MachineBeats.Delete(ctx, id)
 	reg, err := registrar.New(s, registrar.Config{})
 	if err != nil {
 		return out, err
@@ -343,15 +312,6 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 		}
 	}
 	// The invite it joined with would admit it again.
-	err = store.ListJSON(ctx, s, s.Invites, ">", func(key string, inv *store.Invite) error {
-		if inv.UsedBy != id {
-			return nil
-		}
-		if err := s.Invites.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return store.Classify(fmt.Errorf("voiding the invite of machine %s: %w", id, err))
-		}
-		out.Invites++
-		return nil
-	})
+	out.Invites, err = s.VoidInvitesOf(ctx, id)
 	return out, err
 }

@@ -388,7 +388,7 @@ func (n *Node) heartbeat(ctx context.Context) {
 	n.mu.Unlock()
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := store.PutJSON(hctx, s.MeshBeats, store.MeshBeatKey(n.st.Machine), hb); err != nil {
+	if err := s.PutMeshBeat(hctx, hb); err != nil {
 		n.met.heartbeats.WithLabelValues("error").Inc()
 		n.log.Debug("heartbeat", zap.Error(err))
 		return

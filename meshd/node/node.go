@@ -473,7 +473,7 @@ func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
 	if s := n.storeP.Load(); s != nil && s.NC.IsConnected() {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		if _, err := store.PutJSON(cctx, s.MeshDrift, store.MeshDriftKey(n.st.Machine), rep); err != nil {
+		if err := s.PutMeshDrift(cctx, *rep); err != nil {
 			n.log.Debug("publishing drift report", zap.Error(err))
 		}
 	}

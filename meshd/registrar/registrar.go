@@ -21,7 +21,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 	"golang.zx2c4.com/wireguard/device"
 
@@ -225,8 +224,8 @@ func (r *Registrar) authenticate(ctx context.Context, machine, secret string) (*
 	if err != nil {
 		return nil, store.Errorf(store.CodeInternal, "machine %s's peer record has mesh IP %q", machine, self.MeshIP)
 	}
-	var alloc store.MeshIPAllocation
-	if _, err := store.GetJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), &alloc); err != nil {
+	alloc, _, err := r.st.MeshIP(ctx, ip)
+	if err != nil {
 		return nil, err
 	}
 	if alloc.Machine != machine || alloc.SecretHash == "" || !secretMatches(secret, alloc.SecretHash) {
@@ -468,9 +467,8 @@ func (r *Registrar) admit(ctx context.Context, peer *store.MeshPeerRecord, secre
 	if err := lease.Check(ctx); err != nil {
 		return netip.Addr{}, err
 	}
-	alloc := store.MeshIPAllocation{Version: store.RecordVersion, IP: ip.String(), Machine: peer.Machine,
-		SecretHash: secretHash, AllocatedAt: time.Now().UTC()}
-	if _, err := store.PutJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), alloc); err != nil {
+	alloc := &store.MeshIPAllocation{IP: ip.String(), Machine: peer.Machine, SecretHash: secretHash, AllocatedAt: time.Now().UTC()}
+	if err := r.st.PutMeshIP(ctx, alloc); err != nil {
 		return netip.Addr{}, err
 	}
 	peer.MeshIP = ip.String()
@@ -526,7 +524,7 @@ func (r *Registrar) lease(ctx context.Context) (*store.Lease, error) {
 func (r *Registrar) scan(ctx context.Context, machine string) (map[netip.Addr]bool, netip.Addr, error) {
 	used := make(map[netip.Addr]bool)
 	var owned netip.Addr
-	err := store.ListJSON(ctx, r.st, r.st.MeshIPs, "ip.>", func(_ string, a *store.MeshIPAllocation) error {
+	err := r.st.ListMeshIPs(ctx, func(a *store.MeshIPAllocation) error {
 		ip, err := netip.ParseAddr(a.IP)
 		if err != nil {
 			return fmt.Errorf("allocation record %q: %w", a.IP, err)
@@ -541,7 +539,7 @@ func (r *Registrar) scan(ctx context.Context, machine string) (map[netip.Addr]bo
 		return nil, netip.Addr{}, err
 	}
 	now := time.Now()
-	err = store.ListJSON(ctx, r.st, r.st.MeshIPs, "cooldown.>", func(_ string, c *store.MeshIPCooldown) error {
+	err = r.st.ListMeshIPCooldowns(ctx, func(c *store.MeshIPCooldown) error {
 		// The TTL marker removes the key; Until guards the gap before the
 		// server gets to it.
 		if ip, err := netip.ParseAddr(c.IP); err == nil && now.Before(c.Until.Add(time.Second)) {
@@ -611,7 +609,7 @@ func (r *Registrar) release(ctx context.Context, machine string, allowed func(*s
 	}
 	defer unlock()
 	var ip netip.Addr
-	err = store.ListJSON(ctx, r.st, r.st.MeshIPs, "ip.>", func(key string, a *store.MeshIPAllocation) error {
+	err = r.st.ListMeshIPs(ctx, func(a *store.MeshIPAllocation) error {
 		if a.Machine == req.Machine {
 			ip, _ = netip.ParseAddr(a.IP)
 		}
@@ -624,44 +622,37 @@ func (r *Registrar) release(ctx context.Context, machine string, allowed func(*s
 		return nil, store.Errorf(store.CodeNotFound, "machine %s is not a mesh member", req.Machine).With("machine", req.Machine)
 	}
 	// The allocation again, with the revision its release is fenced on.
-	var alloc store.MeshIPAllocation
-	rev, err := store.GetJSON(ctx, r.st.MeshIPs, store.MeshIPKey(ip), &alloc)
+	alloc, rev, err := r.st.MeshIP(ctx, ip)
 	if err != nil {
 		return nil, err
 	}
 	if alloc.Machine != req.Machine {
 		return nil, store.Errorf(store.CodeConflict, "mesh IP %s moved to machine %s", ip, alloc.Machine).With("machine", req.Machine)
 	}
-	if err := allowed(&alloc); err != nil {
+	if err := allowed(alloc); err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
-	cool := store.MeshIPCooldown{Version: store.RecordVersion, IP: ip.String(), Machine: req.Machine,
-		ReleasedAt: now, Until: now.Add(r.cfg.Cooldown)}
-	data, _ := json.Marshal(cool)
+	cool := &store.MeshIPCooldown{IP: ip.String(), Machine: req.Machine, ReleasedAt: now, Until: now.Add(r.cfg.Cooldown)}
 	if err := lease.Check(ctx); err != nil {
 		return nil, err
 	}
 	// The cooldown marker goes in before the allocation goes away, so no
 	// moment exists where the address looks free.
-	ckey := store.MeshIPCooldownKey(ip)
-	if _, err := r.st.MeshIPs.Create(ctx, ckey, data, jetstream.KeyTTL(r.cfg.Cooldown)); err != nil {
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, store.Classify(fmt.Errorf("writing cooldown for %s: %w", ip, err))
-		}
-		if _, err := r.st.MeshIPs.Put(ctx, ckey, data); err != nil {
-			return nil, store.Classify(fmt.Errorf("writing cooldown for %s: %w", ip, err))
-		}
+	if err := r.st.PutMeshIPCooldown(ctx, cool, r.cfg.Cooldown); err != nil {
+		return nil, err
 	}
 	if err := r.st.DeleteMeshPeer(ctx, req.Machine); err != nil {
 		return nil, err
 	}
-	if err := r.st.MeshIPs.Delete(ctx, store.MeshIPKey(ip), jetstream.LastRevision(rev)); err != nil {
-		return nil, store.Classify(fmt.Errorf("releasing %s: %w", ip, err))
+	if err := r.st.ReleaseMeshIP(ctx, ip, rev); err != nil {
+		return nil, err
 	}
-	// Observations of a departed node are noise; failures here are harmless.
-	_ = r.st.MeshBeats.Delete(ctx, store.MeshBeatKey(req.Machine))
-	_ = r.st.MeshDrift.Delete(ctx, store.MeshDriftKey(req.Machine))
+	// Observations of a departed node are noise; failing to remove them
+	// is harmless.
+	if err := r.st.DeleteMeshObservations(ctx, req.Machine); err != nil {
+		r.log.Warn("removing a departed node's observations", zap.String("machine", req.Machine), zap.Error(err))
+	}
 	r.log.Info("mesh node left", zap.String("machine", req.Machine), zap.String("mesh_ip", ip.String()),
 		zap.Time("cooldown_until", cool.Until))
 	return &store.MeshLeaveReply{Version: store.RecordVersion, Machine: req.Machine, ReleasedIP: ip.String(), CooldownUntil: cool.Until}, nil

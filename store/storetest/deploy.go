@@ -98,7 +98,7 @@ func Prepare(ctx context.Context, s *store.Store, namespace string, services map
 				Service: name, Slot: i, Revision: rev, DeployID: c.ID, Machine: in.Machine,
 				Address: in.Address, Port: in.Port, State: state, Error: in.Error, Driver: "test",
 				CreatedAt: time.Now().UTC(), UpdatedAt: time.Now().UTC()}
-			if _, err := store.PutJSON(ctx, s.Instances, rec.Key(), rec); err != nil {
+			if _, err := s.PutInstance(ctx, rec); err != nil {
 				return nil, err
 			}
 			insts[in.ID] = rec
@@ -134,7 +134,7 @@ func SetInstance(ctx context.Context, s *store.Store, namespace, id, state, errT
 		return 0, store.Errorf(store.CodeNotFound, "no instance %s in namespace %s", id, namespace)
 	}
 	rec.State, rec.Error, rec.UpdatedAt = state, errText, time.Now().UTC()
-	if _, err := store.PutJSON(ctx, s.Instances, rec.Key(), rec); err != nil {
+	if _, err := s.PutInstance(ctx, rec); err != nil {
 		return 0, err
 	}
 	return s.RepublishService(ctx, namespace, rec.Service)
