@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/internal/enginetest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
-	"go.uber.org/zap"
 )
 
 // BenchmarkApply measures an apply that replaces one instance on each of N

@@ -1,0 +1,130 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Step 9 of an apply: wait for the gateways to serve the new routing, then
+// stop what the commit no longer routes to.
+
+// stopSlots stops and forgets the instances of slots (see stopAll); the
+// stops are not cut short by the apply's own end.
+func (r *run) stopSlots(slots []SlotAction) []store.CleanupFailure {
+	recs := make([]*store.InstanceRecord, len(slots))
+	for i, a := range slots {
+		recs[i] = &store.InstanceRecord{ID: a.InstanceID, Namespace: r.ns, Service: a.Service, Machine: a.Machine}
+	}
+	return r.d.stopAll(context.Background(), r.ns, recs)
+}
+
+// drainOld waits (bounded) for live gateways to apply the new routing, then
+// a drain grace, then stops what the commit no longer routes to. Failures
+// are recoverable status, never a revert.
+func (r *run) drainOld(ctx context.Context) {
+	d := r.d
+	r.phase(ctx, StepDrainOld, store.PhaseRunning, "", 0)
+	serving, total, laggards := d.waitGateways(ctx, r.status.RoutingSeq)
+	r.status.Gateways = fmt.Sprintf("%d/%d", serving, total)
+	d.printf("       %d/%d gateways serving revision %d", serving, total, r.status.Revision)
+	for _, g := range laggards {
+		w := fmt.Sprintf("gateway %s has not applied routing sequence %d after %s", g, r.status.RoutingSeq, d.opts.GatewayWait)
+		r.status.Warnings = append(r.status.Warnings, w)
+		d.printf("warning: %s", w)
+	}
+	var stops []SlotAction
+	for _, a := range r.plan.Actions {
+		if a.Action == ActionStop {
+			stops = append(stops, a)
+		}
+	}
+	if len(stops) > 0 {
+		select {
+		case <-time.After(d.opts.DrainGrace):
+		case <-ctx.Done():
+		}
+	}
+	r.status.Cleanup = append(r.status.Cleanup, r.stopSlots(stops)...)
+	detail := fmt.Sprintf("%d stopped", len(stops)-len(r.status.Cleanup))
+	if n := len(r.status.Cleanup); n > 0 {
+		detail += fmt.Sprintf(", %d cleanup failures (recoverable; retried by the next apply)", n)
+		for _, c := range r.status.Cleanup {
+			d.printf("warning: could not stop old instance %s on %s: %s", c.InstanceID, c.Machine, c.Error)
+		}
+	}
+	r.phase(ctx, StepDrainOld, store.PhaseDone, detail, 0)
+	d.step(StepDrainOld, "%d gateways of %d serving revision %d; old instances: %s", serving, total, r.status.Revision, detail)
+}
+
+// waitGateways watches the gateways' observations until every live gateway
+// has applied seq or GatewayWait passes (the reports present at the start
+// are always read in full). It returns who is serving, how many
+// gateways report at all, and the names of those that lag.
+func (d *Deployer) waitGateways(ctx context.Context, seq uint64) (serving, total int, laggards []string) {
+	obs := map[string]store.GatewayObservation{} // by key
+	judge := func() bool {
+		serving, total, laggards = 0, 0, nil
+		for _, g := range obs {
+			// A gateway whose report aged out is not live; the bucket TTL
+			// removes it, this check covers the time until then.
+			if time.Since(g.At) >= store.GatewayObservationTTL {
+				continue
+			}
+			total++
+			if g.AppliedSeq >= seq {
+				serving++
+			} else {
+				laggards = append(laggards, g.Gateway)
+			}
+		}
+		sort.Strings(laggards)
+		return len(laggards) == 0
+	}
+	// One watch for the whole wait: the current reports, then each new one.
+	w, err := d.s.Gateways.Watch(ctx, ">")
+	if err != nil {
+		judge()
+		return
+	}
+	defer w.Stop()
+	caughtUp, expired := false, false
+	deadline := time.NewTimer(d.opts.GatewayWait)
+	defer deadline.Stop()
+	aging := time.NewTicker(time.Second) // reports age out without an update
+	defer aging.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			judge()
+			return
+		case <-deadline.C:
+			expired = true
+		case <-aging.C:
+		case ent, ok := <-w.Updates():
+			switch {
+			case !ok:
+				judge()
+				return
+			case ent == nil:
+				caughtUp = true
+			case ent.Operation() != jetstream.KeyValuePut:
+				delete(obs, ent.Key())
+			default:
+				// A report under another gateway's name is not taken.
+				var g store.GatewayObservation
+				if store.DecodeKeyed(d.s.Gateways.Bucket(), ent.Key(), ent.Value(), &g) == nil {
+					obs[ent.Key()] = g
+				}
+			}
+		}
+		if caughtUp && (judge() || expired) {
+			return
+		}
+	}
+}
