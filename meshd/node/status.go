@@ -9,10 +9,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // serveSocket answers `meshd status` and `meshd leave` on a unix socket in
@@ -225,4 +228,160 @@ func (c *peerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descSTUN, prometheus.CounterValue, float64(c.n.dev.demux.STUNPackets.Load()))
+}
+
+// Status is what `meshd status` shows.
+type Status struct {
+	Machine    string                 `json:"machine"`
+	MeshIP     string                 `json:"mesh_ip"`
+	PublicKey  string                 `json:"public_key"`
+	Mode       string                 `json:"mode"`
+	Interface  string                 `json:"interface"`
+	ListenPort int                    `json:"listen_port"`
+	Member     bool                   `json:"member"`
+	Control    ControlInfo            `json:"control"`
+	NAT        natResult              `json:"nat"`
+	Drift      *store.MeshDriftReport `json:"drift,omitempty"`
+	Relay      RelayStatus            `json:"relay"`
+	Peers      []PeerStatus           `json:"peers"`
+}
+
+// ControlInfo describes the link to the control plane.
+type ControlInfo struct {
+	URL       string    `json:"url"`
+	Connected bool      `json:"connected"`
+	Watch     string    `json:"watch"` // live, down or polling
+	Source    string    `json:"source"`
+	LastSync  time.Time `json:"last_sync,omitempty"`
+	// TrustRoot is the key peer records must be signed under, and
+	// TrustSource where this node learned it.
+	TrustRoot   string `json:"trust_root,omitempty"`
+	TrustSource string `json:"trust_source,omitempty"`
+	// RefusedRecords counts peer records not applied because their
+	// signature did not verify; LastRefusal says why the latest was.
+	RefusedRecords uint64 `json:"refused_records"`
+	LastRefusal    string `json:"last_refusal,omitempty"`
+	// PSKReady says the registrar has told this node its pairs'
+	// preshared keys; PSKError why it could not, last time.
+	PSKReady bool   `json:"psk_ready"`
+	PSKError string `json:"psk_error,omitempty"`
+}
+
+// PeerStatus is one peer as the node sees it.
+type PeerStatus struct {
+	Machine         string    `json:"machine"`
+	PublicKey       string    `json:"public_key"`
+	MeshIP          string    `json:"mesh_ip,omitempty"`
+	Endpoint        string    `json:"endpoint,omitempty"`
+	Active          bool      `json:"active"` // in the device config
+	Liveness        string    `json:"liveness"`
+	LastHandshake   time.Time `json:"last_handshake,omitempty"`
+	HandshakeAgeSec float64   `json:"handshake_age_seconds,omitempty"`
+	RxBytes         uint64    `json:"rx_bytes"`
+	TxBytes         uint64    `json:"tx_bytes"`
+	// PSK says the tunnel uses the pair's preshared key.
+	PSK bool `json:"psk"`
+	// Key is KeyPrevious for the key a peer rotated away from, which
+	// the device accepts until PreviousUntil; empty for its current key.
+	Key           string    `json:"key,omitempty"`
+	PreviousUntil time.Time `json:"previous_until,omitempty"`
+	// KeySince is when the peer's current key was registered.
+	KeySince time.Time `json:"key_since,omitempty"`
+	// Path is how the device reaches the peer now, PathDirect or
+	// PathRelayed, and PathSince since when.
+	Path      string    `json:"path,omitempty"`
+	PathSince time.Time `json:"path_since,omitempty"`
+}
+
+// KeyPrevious marks a peer's rotated-away key in PeerStatus.Key.
+const KeyPrevious = "previous"
+
+// Status snapshots the node.
+func (n *Node) Status() (*Status, error) {
+	if n.dev == nil {
+		return nil, errors.New("device not up")
+	}
+	actual, err := n.dev.peers()
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := &Status{
+		Machine: n.st.Machine, MeshIP: n.st.MeshIP, PublicKey: n.key.Public().String(), Mode: n.st.Mode,
+		Interface: n.dev.iface, ListenPort: n.dev.port, Member: n.member, NAT: n.nat, Drift: n.lastDrift, Relay: n.relay.status(),
+		Control: ControlInfo{URL: n.st.NATSURL, Connected: n.connected, Source: n.source, LastSync: n.lastSync, Watch: "down",
+			RefusedRecords: n.refusedRecords, LastRefusal: n.lastRefusal, PSKReady: n.pskReady, PSKError: n.pskErr},
+	}
+	if st := n.storeP.Load(); st != nil {
+		if _, a, err := st.Trust(context.Background()); err == nil {
+			s.Control.TrustRoot, s.Control.TrustSource = a.Root, a.Source
+		}
+	}
+	if n.watchUp {
+		s.Control.Watch = "live"
+	} else if !n.watchLostAt.IsZero() && time.Since(n.watchLostAt) > n.cfg.WatchFallback {
+		s.Control.Watch = "polling"
+	}
+	now := time.Now()
+	n.observePaths(actual, now)
+	seen := map[Key]bool{}
+	for machine, rec := range n.peers {
+		if machine == n.st.Machine {
+			continue
+		}
+		k, err := ParseKey(rec.PublicKey)
+		if err != nil {
+			continue
+		}
+		ps := PeerStatus{Machine: machine, PublicKey: rec.PublicKey, MeshIP: rec.MeshIP, Liveness: store.LivenessUnknown}
+		if rec.Static {
+			ps.Liveness = "static"
+		} else {
+			ps.KeySince = rec.KeyAge()
+		}
+		if hb, ok := n.beats[machine]; ok && !rec.Static {
+			ps.Liveness = hb.Liveness(n.beatsAt)
+		}
+		if a, ok := actual[k]; ok {
+			fillDev(&ps, a, now)
+			ps.Path, ps.PathSince = n.peerPath(k)
+		}
+		seen[k] = true
+		s.Peers = append(s.Peers, ps)
+		if prev, err := ParseKey(rec.PreviousKey); err == nil && prev != k {
+			if a, ok := actual[prev]; ok {
+				old := PeerStatus{Machine: machine, PublicKey: rec.PreviousKey, MeshIP: rec.MeshIP, Liveness: ps.Liveness,
+					Key: KeyPrevious, PreviousUntil: rec.PreviousUntil}
+				fillDev(&old, a, now)
+				seen[prev] = true
+				s.Peers = append(s.Peers, old)
+			}
+		}
+	}
+	for k, a := range actual {
+		if !seen[k] {
+			ps := PeerStatus{Machine: "(unknown)", PublicKey: k.String(), Liveness: store.LivenessUnknown}
+			fillDev(&ps, a, now)
+			s.Peers = append(s.Peers, ps)
+		}
+	}
+	sort.Slice(s.Peers, func(i, j int) bool {
+		if s.Peers[i].Machine != s.Peers[j].Machine {
+			return s.Peers[i].Machine < s.Peers[j].Machine
+		}
+		return s.Peers[i].Key < s.Peers[j].Key // the current key first
+	})
+	return s, nil
+}
+
+func fillDev(ps *PeerStatus, a *devPeer, now time.Time) {
+	ps.Active = true
+	ps.PSK = a.PSK != Key{}
+	ps.Endpoint = a.Endpoint
+	ps.RxBytes, ps.TxBytes = a.RxBytes, a.TxBytes
+	if !a.LastHandshake.IsZero() {
+		ps.LastHandshake = a.LastHandshake.UTC()
+		ps.HandshakeAgeSec = now.Sub(a.LastHandshake).Seconds()
+	}
 }
