@@ -34,7 +34,7 @@ import (
 )
 
 // The trust boundary, attacked with the credentials a thief takes from an
-// edge box: each subtest is one attack of issue 12, run with the real
+// edge box: each subtest is one attack, run with the real
 // credentials `control creds issue` wrote against `control server --auth
 // on`, with a real gateway (the custom Caddy with gateway credentials,
 // serving HTTP, DNS and on-demand TLS) in front of a real deploy. After

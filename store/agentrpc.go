@@ -15,7 +15,7 @@ const (
 	CmdLogs = "logs.read"
 	// CmdResolveImage finds an image in the machine's engine.
 	CmdResolveImage = "image.resolve"
-	// Leased commands (seed 002): each carries an attempt number that acts as
+	// Leased commands: each carries an attempt number that acts as
 	// a generation guard.
 	CmdRestart      = "command.restart"
 	CmdStop         = "command.stop"
@@ -137,7 +137,7 @@ type InstanceRequest struct {
 	Forget bool `json:"forget,omitempty"`
 }
 
-// LeasedCommand is a seed-002 leased command: the agent refuses an attempt
+// LeasedCommand is a leased command: the agent refuses an attempt
 // older than the newest it has seen for the same instance, so a stale
 // completion can never overwrite a newer one.
 type LeasedCommand struct {

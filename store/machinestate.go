@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Machine observations, in seed 003's split: the MachineRecord is the
+// Machine observations, split by how often they change: the MachineRecord is the
 // machine's info (the operator's, rarely changes); MachineState is what its
 // agent runs and can take, written when that changes; MachineBeat is a
 // small, frequent heartbeat. Liveness is computed from the last beat when

@@ -4,9 +4,9 @@
 // each machine reported. An Aggregator in `control server` follows the
 // instance records and machine heartbeats with KV watches (their initial
 // values rebuild it at start), marks the namespaces that changed, and
-// writes their summaries at a bounded rate (seed 003: a dirty set flushed
-// at 1 Hz; here every half second by default) to the fleet status bucket, which `control status` and `control
-// deploy status` read.
+// writes their summaries at a bounded rate (a dirty set flushed every half
+// second by default) to the fleet status bucket, which `control status` and
+// `control deploy status` read.
 package fleet
 
 import (
@@ -27,8 +27,7 @@ import (
 )
 
 // DefaultFlushEvery is how often changed summaries are written unless
-// told otherwise. Seed 003 flushes at 1 Hz; half a second keeps the lag a
-// reader sees (up to one interval, plus the write) within a second.
+// told otherwise: half a second keeps the lag a reader sees (up to one interval, plus the write) within a second.
 const DefaultFlushEvery = 500 * time.Millisecond
 
 // Config tunes an Aggregator.

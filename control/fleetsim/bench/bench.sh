@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's fleet load against real processes: storage nodes (`control
+# The fleet load of the README's benchmarks against real processes: storage nodes (`control
 # server --status-flush 0`, credentials required), one control server
 # without storage that writes the fleet status (the aggregator's process),
 # and fleetsim, whose agents and gateways each connect with their own
