@@ -136,7 +136,11 @@ func (e *Engine) cleanup(t testing.TB) {
 	if t.Failed() {
 		t.Logf("--- %s output (tail) ---\n%s", e.Name, tail(e.out.String(), 8<<10))
 	}
-	if left := processesUnder(e.dir); len(left) > 0 {
+	// podman runs each container's conmon and `podman container cleanup`
+	// (its exit command) on their own after the container ends: they are
+	// the engine finishing its work, not leftovers, unless they outlive a
+	// generous wait.
+	if left := waitGone(e.dir, 15*time.Second); len(left) > 0 {
 		for _, p := range left {
 			_ = syscall.Kill(p.pid, syscall.SIGKILL)
 		}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // leftover is a process that belongs to an engine's dir.
@@ -94,5 +95,18 @@ func unmountUnder(dir string) {
 	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) })
 	for _, m := range mounts {
 		_ = syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+}
+
+// waitGone waits until no process under dir runs, or timeout passes, and
+// returns what still runs then.
+func waitGone(dir string, timeout time.Duration) []leftover {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := processesUnder(dir)
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
