@@ -40,7 +40,9 @@ func TestKeyRotationKeepsTunnels(t *testing.T) {
 	progressed := func(what string) {
 		t.Helper()
 		from := received.Load()
-		storetest.Eventually(t, 10*time.Second, "the stream moves "+what, func() bool { return received.Load() > from+1<<20 })
+		// Progress, not throughput: under the race detector on a loaded
+		// 2-core machine the userspace stack moves a few hundred KiB/s.
+		storetest.Eventually(t, 15*time.Second, "the stream moves "+what, func() bool { return received.Load() > from+128<<10 })
 	}
 	progressed("before the rotation")
 
