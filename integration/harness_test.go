@@ -190,9 +190,11 @@ func (c *cluster) startServer(listen string, extraEnv ...string) {
 	t := c.t
 	args := append([]string{"server", "--data", c.serverDir(), "--listen", listen, "--stun-listen", "127.0.0.1:0,127.0.0.1:0"}, c.serverArgs...)
 	c.server = start(t, "control server", extraEnv, bins.control, args...)
-	m := c.server.waitOutput(t, `embedded NATS with JetStream on (nats://\S+)`, 15*time.Second)
+	// tls:// when the node speaks TLS; clients speak it from the fleet CA
+	// their credentials carry, whatever the scheme.
+	m := c.server.waitOutput(t, `embedded NATS with JetStream on (?:nats|tls)://(\S+)`, 15*time.Second)
 	c.server.waitOutput(t, `control server ready`, 15*time.Second)
-	c.url = m[1]
+	c.url = "nats://" + m[1]
 	if cm := regexp.MustCompile(`this node's control credentials: (\S+)`).FindStringSubmatch(c.server.output()); cm != nil {
 		c.creds = cm[1]
 	}

@@ -20,8 +20,14 @@ type Config struct {
 	// nats://127.0.0.1:4222.
 	NATSURL string `json:"nats_url,omitempty"`
 	// CredsFile is a NATS credentials file issued by `control creds
-	// issue`. Default: none, which a storage node accepts on loopback only.
+	// issue` or an invite. Default: none, which a storage node accepts on
+	// loopback only. It carries the fleet CA that storage nodes are
+	// verified against (TLS from the first byte).
 	CredsFile string `json:"creds_file,omitempty"`
+	// CAFile is a PEM bundle of the CAs storage nodes are verified
+	// against, replacing the one the credentials carry. Default: the
+	// credentials' own.
+	CAFile string `json:"tls_ca_file,omitempty"`
 	// Installation scopes RPC subjects. Default: "local".
 	Installation string `json:"installation,omitempty"`
 	// Authority scopes every stream, bucket and subject. Default:
@@ -53,7 +59,7 @@ func (c *Config) Resolve() (Names, error) {
 }
 
 // Setting returns the field a config key (nats_url, creds_file,
-// installation, authority, trust_root) names, or nil for any other key: one spelling for
+// tls_ca_file, installation, authority, trust_root) names, or nil for any other key: one spelling for
 // the Caddyfile parsers of every module that embeds a Config.
 func (c *Config) Setting(key string) *string {
 	switch key {
@@ -61,6 +67,8 @@ func (c *Config) Setting(key string) *string {
 		return &c.NATSURL
 	case "creds_file":
 		return &c.CredsFile
+	case "tls_ca_file":
+		return &c.CAFile
 	case "installation":
 		return &c.Installation
 	case "authority":
@@ -73,10 +81,12 @@ func (c *Config) Setting(key string) *string {
 
 // AddFlags registers c's settings as the flags every client binary takes:
 // --nats (default $EDGEPLANE_NATS, else nats://127.0.0.1:4222), --creds
-// (default $EDGEPLANE_NATS_CREDS), --installation and --authority.
+// (default $EDGEPLANE_NATS_CREDS), --tls-ca (default $EDGEPLANE_TLS_CA),
+// --installation and --authority.
 func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NATSURL, "nats", URLFromEnv(), "NATS URL of the control plane, comma-separated for a cluster (env EDGEPLANE_NATS)")
-	fs.StringVar(&c.CredsFile, "creds", os.Getenv("EDGEPLANE_NATS_CREDS"), "NATS credentials `FILE` from 'control creds issue' (env EDGEPLANE_NATS_CREDS)")
+	fs.StringVar(&c.CredsFile, "creds", os.Getenv("EDGEPLANE_NATS_CREDS"), "NATS credentials `FILE` from 'control creds issue' or an invite; it carries the fleet CA (env EDGEPLANE_NATS_CREDS)")
+	fs.StringVar(&c.CAFile, "tls-ca", os.Getenv("EDGEPLANE_TLS_CA"), "PEM `FILE` of the CAs storage nodes are verified against (env EDGEPLANE_TLS_CA; default: the one the credentials carry)")
 	fs.StringVar(&c.Installation, "installation", DefaultInstallation, "installation scope of every name")
 	fs.StringVar(&c.Authority, "authority", DefaultAuthority, "authority scope of every name")
 	fs.StringVar(&c.TrustRoot, "trust-root", os.Getenv("EDGEPLANE_TRUST_ROOT"), "public `KEY` (O...) of the trust root intent must be signed under (env EDGEPLANE_TRUST_ROOT; default: the one the credentials carry, else the store's on first contact)")
@@ -104,7 +114,7 @@ func (c Config) dial(ctx context.Context, o ConnectOptions, quorum bool) (*Store
 	if err != nil {
 		return nil, &Error{Code: CodeInvalid, Message: err.Error()}
 	}
-	o.URL, o.CredsFile = c.NATSURL, c.CredsFile
+	o.URL, o.CredsFile, o.CAFile = c.NATSURL, c.CredsFile, c.CAFile
 	nc, err := Connect(o)
 	if err != nil {
 		return nil, err

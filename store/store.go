@@ -33,6 +33,11 @@ const defaultConnectTimeout = 5 * time.Second
 type ConnectOptions struct {
 	URL       string
 	CredsFile string
+	// CAFile is a PEM bundle of the CAs storage nodes are verified
+	// against; default: the bundle the credentials file carries. With
+	// either, the connection is TLS from the first byte; with neither, it
+	// is plaintext (a loopback store without credentials).
+	CAFile string
 	// Name identifies the connection in server monitoring.
 	Name string
 	// Timeout bounds the initial connect; default 5s.
@@ -67,6 +72,23 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 		}
 		opts = append(opts, co...)
 	}
+	caSource := cmp.Or(o.CAFile, o.CredsFile)
+	var t *trust
+	if caSource != "" {
+		var err error
+		if t, err = loadTrust(caSource); err != nil {
+			return nil, Errorf(CodeInvalid, "fleet CA: %w", err).With("ca", caSource)
+		}
+		if t == nil && o.CAFile != "" {
+			return nil, Errorf(CodeInvalid, "fleet CA: %s holds no certificate", o.CAFile).With("ca", o.CAFile)
+		}
+	}
+	if t != nil {
+		opts = append(opts, tlsOptions(t)...)
+	} else if strings.Contains(url, "tls://") {
+		return nil, Errorf(CodeInvalid, "%s asks for TLS but no fleet CA was given: credentials from `control creds issue` carry it, or give a CA file", redactURL(url)).
+			With("url", redactURL(url))
+	}
 	if o.ReconnectForever {
 		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 			nats.RetryOnFailedConnect(false))
@@ -85,8 +107,15 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("connecting to NATS at %s: %v", url, err),
-			Detail: map[string]string{"url": url, "hint": "is `control server` running? set --nats or $EDGEPLANE_NATS"}}
+		if terr := tlsError(url, err, t != nil, caSource); terr != nil {
+			return nil, terr
+		}
+		hint := "is `control server` running? set --nats or $EDGEPLANE_NATS"
+		if t == nil && !isLoopbackURLs(url) {
+			hint += "; a storage node with credentials speaks TLS only: credentials issued by it carry the fleet CA"
+		}
+		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("connecting to NATS at %s: %v", redactURL(url), err),
+			Detail: map[string]string{"url": redactURL(url), "hint": hint}}
 	}
 	return nc, nil
 }

@@ -81,6 +81,9 @@ type Auth struct {
 	// SigningRoot is the trust root of signed intent (package signing),
 	// nil in an auth dir that holds none; credentials carry its public key.
 	SigningRoot *signing.Key
+	// TLS is the fleet CA, nil in an auth dir made before TLS existed;
+	// credentials carry its bundle.
+	TLS *FleetTLS
 }
 
 const (
@@ -105,6 +108,11 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 	switch {
 	case errors.Is(err, os.ErrNotExist) && create:
 		if err := initAuth(dir); err != nil {
+			return nil, err
+		}
+		// A new auth dir comes with the fleet CA: TLS from the first
+		// start.
+		if _, err := InitFleetTLS(dir, nil); err != nil {
 			return nil, err
 		}
 	case errors.Is(err, os.ErrNotExist):
@@ -152,6 +160,9 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("auth dir: %w", err)
+	}
+	if a.TLS, err = LoadFleetTLS(dir); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -429,7 +440,11 @@ func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 		return nil, fmt.Errorf("signing credentials: %w", err)
 	}
 	seed, _ := ukp.Seed()
-	return jwt.FormatUserConfig(ujwt, seed)
+	creds, err := jwt.FormatUserConfig(ujwt, seed)
+	if err != nil || a.TLS == nil {
+		return creds, err
+	}
+	return store.AppendBundle(creds, a.TLS.BundlePEM), nil
 }
 
 // roleLimits are the per-user limits of each untrusted role: the largest
@@ -561,4 +576,12 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}
 	return p, nil
+}
+
+// withoutTLS is a, issuing credentials without the fleet's bundle: for a
+// node that speaks no TLS.
+func (a *Auth) withoutTLS() *Auth {
+	c := *a
+	c.TLS = nil
+	return &c
 }

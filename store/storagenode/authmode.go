@@ -64,3 +64,31 @@ func (m AuthMode) Required(listeners ...string) bool {
 	}
 	return false
 }
+
+// TLSMode says whether a storage node requiring credentials speaks TLS.
+type TLSMode string
+
+// TLS modes.
+const (
+	// TLSAuto is TLS whenever credentials are required and the auth dir
+	// holds the fleet CA; an auth dir from before TLS keeps its node
+	// plaintext, saying so, until `control tls init` gives it a CA.
+	TLSAuto TLSMode = "auto"
+	// TLSOn requires TLS, and refuses to start without the fleet CA.
+	TLSOn TLSMode = "on"
+	// TLSOff keeps the node plaintext (a cluster on its way to TLS).
+	TLSOff TLSMode = "off"
+)
+
+// ParseTLSMode reads a --tls value: on, off or auto ("" is auto).
+func ParseTLSMode(s string) (TLSMode, error) {
+	switch s {
+	case "on", "true":
+		return TLSOn, nil
+	case "off", "false":
+		return TLSOff, nil
+	case "auto", "":
+		return TLSAuto, nil
+	}
+	return "", store.Errorf(store.CodeInvalid, "TLS mode %q: want on, off or auto", s).With("tls", s)
+}

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/pki"
 )
 
 // BootConfig is everything a storage node's start-up needs: `control
@@ -49,6 +50,23 @@ type BootConfig struct {
 	// created on first use; every storage node of a cluster needs a copy.
 	// Default DataDir/auth.
 	AuthDir string
+
+	// TLS says whether a node requiring credentials speaks TLS: on the
+	// client port from the first byte, and mutual TLS on cluster routes,
+	// both under the auth dir's fleet CA. Default TLSAuto.
+	TLS TLSMode
+	// TLSNames are names and addresses the node's certificate lists
+	// besides its listeners' (a DNS name or load balancer clients use).
+	TLSNames []string
+	// TLSCertFile and TLSKeyFile, if set, are the node's certificate from
+	// an operator's PKI instead of one it issues itself.
+	TLSCertFile, TLSKeyFile string
+	// CertTTL is the life of the certificate the node issues itself;
+	// default pki.ServerTTL, renewed by the node at two thirds of it.
+	CertTTL time.Duration
+	// CertRenewCheck is how often the node looks at its certificate;
+	// default DefaultRenewCheck.
+	CertRenewCheck time.Duration
 
 	// Names scope every stream and bucket; an empty field is its default
 	// (store.NewNames).
@@ -93,6 +111,8 @@ type Node struct {
 	// CredsFile is the credentials Conn connected with: the control
 	// credentials Boot wrote, or the file Attach was given; "" when none.
 	CredsFile string
+	// TLS is the node's TLS when it speaks it, else nil.
+	TLS *TLSConfig
 
 	stops []func()
 }
@@ -126,6 +146,10 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 		return nil, errors.New("starting a storage node: a data dir is required")
 	}
 	mode, err := ParseAuthMode(string(cfg.Auth))
+	if err != nil {
+		return nil, err
+	}
+	tlsMode, err := ParseTLSMode(string(cfg.TLS))
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +199,26 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			return nil, err
 		}
 		sc.Auth, n.Auth = a, a
+		switch {
+		case tlsMode == TLSOff:
+			fmt.Fprintf(progress, "WARNING: TLS is off (--tls off): credentials, intent and certificates' private keys cross the network in the clear\n")
+		case a.TLS == nil && tlsMode == TLSOn:
+			return nil, store.Errorf(store.CodeNotFound, "--tls on, but auth dir %s holds no fleet CA: run `control tls init --auth-dir %s`, copy the dir to every storage node, then start them again", authDir, authDir).
+				With("auth_dir", authDir)
+		case a.TLS == nil:
+			fmt.Fprintf(progress, "WARNING: auth dir %s holds no fleet CA, so this node speaks plaintext: credentials, intent and certificates' private keys cross the network in the clear. "+
+				"Turn TLS on with `control tls init --auth-dir %s` (see the README, \"Turning TLS on\")\n", authDir, authDir)
+		default:
+			sc.TLS = &TLSConfig{Fleet: a.TLS, Names: cfg.TLSNames, CertFile: cfg.TLSCertFile, KeyFile: cfg.TLSKeyFile,
+				CertTTL: cfg.CertTTL, RenewCheck: cfg.CertRenewCheck}
+			n.TLS = sc.TLS
+		}
+		if sc.TLS == nil {
+			// Neither the server nor the node's own credentials speak
+			// TLS.
+			a = a.withoutTLS()
+			sc.Auth = a
+		}
 		// Fresh each start, in this node's own data dir (the auth dir may
 		// be shared), written whole before anyone reads it.
 		n.CredsFile = filepath.Join(cfg.DataDir, ControlCredsFile)
@@ -203,6 +247,23 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 	n.Server = ns
 	n.stops = append(n.stops, func() { ns.Shutdown(); ns.WaitForShutdown() })
 	fmt.Fprintf(progress, "embedded NATS with JetStream on %s (store %s)\n", ns.ClientURL(), filepath.Join(cfg.DataDir, "jetstream"))
+	switch {
+	case sc.TLS != nil:
+		leaf := sc.TLS.Leaf()
+		how := "issued by this node, renewed at two thirds of its life"
+		if cfg.TLSCertFile != "" {
+			how = "from " + cfg.TLSCertFile + ", read again when it changes"
+		}
+		routes := ""
+		if clustered {
+			routes = " and mutual TLS on routes"
+		}
+		fmt.Fprintf(progress, "TLS required on the client port (from the first byte)%s; certificate for %s valid until %s (%s); fleet CA %s\n",
+			routes, strings.Join(certNamesOf(leaf), ","),
+			leaf.NotAfter.UTC().Format(time.RFC3339), how, pki.Fingerprint(sc.TLS.Fleet.CA.Cert))
+	case sc.Auth == nil:
+		fmt.Fprintf(progress, "plaintext on loopback, no credentials: this store is reachable from this box only\n")
+	}
 	if clustered {
 		fmt.Fprintf(progress, "storage node %s of cluster %s: routes on %s, seeds %s\n", ns.Name(), clusterName,
 			cfg.ClusterListen, strings.Join(cfg.Routes, ","))

@@ -62,6 +62,7 @@ func TestBootWithoutCredentials(t *testing.T) {
 	}
 	want := []string{
 		fmt.Sprintf("embedded NATS with JetStream on %s (store %s)\n", n.Server.ClientURL(), filepath.Join(dir, "jetstream")),
+		"plaintext on loopback, no credentials: this store is reachable from this box only\n",
 		"provisioned streams and buckets for installation local, authority default (replicas 1)\n",
 	}
 	if out.String() != strings.Join(want, "") {

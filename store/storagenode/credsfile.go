@@ -3,7 +3,6 @@ package storagenode
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 )
 
 // ControlCredsFile is the name, in a storage node's data dir, of the
@@ -19,22 +18,7 @@ func (a *Auth) WriteCredsFile(path string, r CredsRequest) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	return nil
+	return writeFileAtomic(path, b, 0o600)
 }
 
 // TempCredsFile issues short-lived credentials for a command's own

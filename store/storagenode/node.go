@@ -51,6 +51,13 @@ type Config struct {
 	// credentials file issued by Auth (see auth.go). It is required when
 	// Listen is not a loopback address.
 	Auth *Auth
+	// TLS makes the client port require TLS from the first byte and
+	// cluster routes mutual TLS under the fleet CA. It needs Auth: TLS
+	// protects credentials, and a store without any has none to protect
+	// (it listens on loopback only). Default: TLS with the defaults of
+	// TLSConfig when Auth holds a fleet CA (the credentials it issues
+	// carry the CA, so their holders speak TLS), none otherwise.
+	TLS *TLSConfig
 	// ReadyTimeout bounds the wait for the server to accept connections,
 	// which includes recovering its JetStream store; default
 	// DefaultReadyTimeout.
@@ -112,6 +119,17 @@ func Start(cfg Config) (*server.Server, error) {
 			return nil, fmt.Errorf("starting embedded nats: %w", err)
 		}
 	}
+	if cfg.TLS == nil && cfg.Auth != nil && cfg.Auth.TLS != nil {
+		cfg.TLS = &TLSConfig{Fleet: cfg.Auth.TLS}
+	}
+	if cfg.TLS != nil {
+		if cfg.Auth == nil {
+			return nil, fmt.Errorf("starting embedded nats: TLS without credentials: give the node an auth dir")
+		}
+		if err := cfg.TLS.configure(opts, cfg.Logger); err != nil {
+			return nil, fmt.Errorf("starting embedded nats: %w", err)
+		}
+	}
 	if cfg.Configure != nil {
 		if err := cfg.Configure(opts); err != nil {
 			return nil, fmt.Errorf("starting embedded nats: %w", err)
@@ -132,6 +150,9 @@ func Start(cfg Config) (*server.Server, error) {
 	if !ns.ReadyForConnections(wait) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("starting embedded nats on %s: not ready after %s", listen, wait)
+	}
+	if cfg.TLS != nil {
+		cfg.TLS.renewWhile(ns)
 	}
 	return ns, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,7 +101,7 @@ func TestRevokedCredentialsAreRefused(t *testing.T) {
 
 	// After a restart, the revocation comes back from the store.
 	stop()
-	url, _, stop = start(url[len("nats://"):])
+	url, _, stop = start(url[strings.Index(url, "://")+3:])
 	defer stop()
 	if nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: agentCreds, Timeout: 2 * time.Second}); err == nil {
 		nc.Close()

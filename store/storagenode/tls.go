@@ -1,0 +1,275 @@
+package storagenode
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/pki"
+	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
+)
+
+// The fleet's TLS lives in the auth dir, beside the operator and account
+// keys, and goes wherever they go (every storage node holds a copy):
+//
+//	tls/ca.crt      the CA storage nodes issue their certificates from
+//	tls/ca.key      its private key
+//	tls/bundle.crt  every CA clients and other nodes accept; ca.crt alone,
+//	                or the old and the new CA while the CA is rotated
+//
+// An auth dir made before TLS existed has no tls/ dir: its nodes stay
+// plaintext, saying so, until `control tls init` adds one.
+const (
+	tlsDirName    = "tls"
+	tlsCAFile     = "ca.crt"
+	tlsCAKeyFile  = "ca.key"
+	tlsBundleFile = "bundle.crt"
+)
+
+// FleetTLS is the fleet CA of an auth dir.
+type FleetTLS struct {
+	// CA issues storage nodes' and boxes' certificates.
+	CA *pki.CA
+	// Bundle is every CA a certificate may chain to: CA, and during a
+	// rotation the one before it.
+	Bundle []*x509.Certificate
+	// BundlePEM is Bundle as clients get it, in their credentials.
+	BundlePEM []byte
+}
+
+// Pool is the bundle as a certificate pool.
+func (f *FleetTLS) Pool() *x509.CertPool { return pki.Pool(f.Bundle) }
+
+// LoadFleetTLS reads the fleet CA of authDir; nil (and no error) when the
+// auth dir has none.
+func LoadFleetTLS(authDir string) (*FleetTLS, error) {
+	dir := filepath.Join(authDir, tlsDirName)
+	certPEM, err := os.ReadFile(filepath.Join(dir, tlsCAFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, tlsCAKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	ca, err := pki.ParseCA(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %s: %w", dir, err)
+	}
+	bundlePEM, err := os.ReadFile(filepath.Join(dir, tlsBundleFile))
+	if err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	bundle, err := pki.ParseCerts(bundlePEM)
+	if err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %s: %w", tlsBundleFile, err)
+	}
+	found := false
+	for _, c := range bundle {
+		found = found || pki.Fingerprint(c) == pki.Fingerprint(ca.Cert)
+	}
+	if !found {
+		return nil, store.Errorf(store.CodeInvalid, "auth dir TLS: %s does not hold the CA in %s: nodes would not trust their own certificates", tlsBundleFile, tlsCAFile).
+			With("auth_dir", authDir)
+	}
+	return &FleetTLS{CA: ca, Bundle: bundle, BundlePEM: bundlePEM}, nil
+}
+
+// InitFleetTLS gives authDir a fleet CA: a new one, or ca when set (an
+// operator's own, which must be able to issue). An auth dir that has one
+// keeps it and is returned as it is.
+func InitFleetTLS(authDir string, ca *pki.CA) (*FleetTLS, error) {
+	if f, err := LoadFleetTLS(authDir); err != nil || f != nil {
+		return f, err
+	}
+	if ca == nil {
+		var err error
+		if ca, err = pki.NewCA("edgeplane fleet CA", 0); err != nil {
+			return nil, err
+		}
+	}
+	keyPEM, err := pki.EncodeKey(ca.Key)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(authDir, tlsDirName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	// The key first and the bundle last: a dir with a bundle is complete.
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{tlsCAKeyFile, keyPEM}, {tlsCAFile, ca.CertPEM()}, {tlsBundleFile, ca.CertPEM()}} {
+		if err := writeFileAtomic(filepath.Join(dir, f.name), f.data, 0o600); err != nil {
+			return nil, fmt.Errorf("auth dir TLS: %w", err)
+		}
+	}
+	return LoadFleetTLS(authDir)
+}
+
+// writeFileAtomic replaces path with data: a reader sees the old file or
+// the new one, never a part, and two writers never share a temporary file.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), mode)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// clientTLS is the server side of the client port: TLS from the first byte
+// (nothing, not even INFO, goes out before the handshake), certificates
+// from certs. Clients authenticate with their credentials (a user JWT and
+// the proof of its key), over the encrypted connection.
+func clientTLS(certs *nodeCerts) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.server}
+}
+
+// routeTLS is both sides of a cluster route: each node presents its
+// certificate and accepts only a peer whose certificate chains to the
+// fleet's bundle, so a node of another CA is refused.
+func routeTLS(certs *nodeCerts, bundle *x509.CertPool) *tls.Config {
+	return &tls.Config{
+		MinVersion:           tls.VersionTLS12,
+		GetCertificate:       certs.server,
+		GetClientCertificate: certs.client,
+		RootCAs:              bundle,
+		ClientCAs:            bundle,
+		ClientAuth:           tls.RequireAndVerifyClientCert,
+	}
+}
+
+// TLSConfig is a storage node's TLS.
+type TLSConfig struct {
+	// Fleet is the auth dir's CA: the bundle clients and route peers are
+	// verified against and, without CertFile, the CA the node issues its
+	// own certificate from. Required.
+	Fleet *FleetTLS
+	// Names are names and addresses the node's certificate lists besides
+	// those of its listeners (a load balancer's, a DNS name clients use).
+	Names []string
+	// CertFile and KeyFile, if set, are the node's certificate and key
+	// from an operator's PKI (chaining to Fleet's bundle), read again
+	// whenever they change; otherwise the node issues its own.
+	CertFile, KeyFile string
+	// CertTTL is the life of the certificates the node issues itself;
+	// default pki.ServerTTL. They are renewed at two thirds of it.
+	CertTTL time.Duration
+	// RenewCheck is how often the certificate is looked at for renewal;
+	// default DefaultRenewCheck.
+	RenewCheck time.Duration
+
+	certs *nodeCerts
+}
+
+// DefaultRenewCheck is how often a node looks at its certificate.
+const DefaultRenewCheck = time.Minute
+
+// Leaf is the certificate the node presents now; nil before it started.
+func (c *TLSConfig) Leaf() *x509.Certificate {
+	if c.certs == nil {
+		return nil
+	}
+	return c.certs.leaf()
+}
+
+// Renewals counts the certificates the node made after its first.
+func (c *TLSConfig) Renewals() int64 {
+	if c.certs == nil {
+		return 0
+	}
+	return c.certs.renewals.Load()
+}
+
+func (c *TLSConfig) configure(opts *server.Options, logger *zap.Logger) error {
+	if c.Fleet == nil {
+		return errors.New("TLS: the auth dir holds no fleet CA (run `control tls init`)")
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	log := logger.Named("tls")
+	var err error
+	switch {
+	case c.CertFile != "" || c.KeyFile != "":
+		if c.CertFile == "" || c.KeyFile == "" {
+			return errors.New("TLS: a node certificate needs both its certificate and its key file")
+		}
+		c.certs, err = fileCerts(c.CertFile, c.KeyFile, log)
+	default:
+		listeners := []string{net.JoinHostPort(opts.Host, "0")}
+		if opts.Cluster.Port != 0 {
+			listeners = append(listeners, net.JoinHostPort(opts.Cluster.Host, "0"))
+		}
+		dns, ips := certNames(listeners, c.Names)
+		c.certs, err = issuedCerts(c.Fleet.CA, pki.ServerRequest{Name: opts.ServerName, DNSNames: dns, IPs: ips, TTL: c.CertTTL}, log)
+	}
+	if err != nil {
+		return fmt.Errorf("TLS: %w", err)
+	}
+	if _, err := c.certs.leaf().Verify(x509.VerifyOptions{Roots: c.Fleet.Pool(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		return store.Errorf(store.CodeInvalid, "TLS: the node certificate does not chain to the fleet bundle: %w", err)
+	}
+	opts.TLSConfig = clientTLS(c.certs)
+	opts.TLSHandshakeFirst = true
+	opts.TLSTimeout = tlsTimeout
+	if opts.Cluster.Port != 0 {
+		opts.Cluster.TLSConfig = routeTLS(c.certs, c.Fleet.Pool())
+		opts.Cluster.TLSTimeout = tlsTimeout
+	}
+	// Clients connect to the servers they were given, never to ones a
+	// server names (see store.Connect): the INFO lists none.
+	opts.Cluster.NoAdvertise = true
+	return nil
+}
+
+// tlsTimeout bounds a handshake, in seconds.
+const tlsTimeout = 3
+
+// renewWhile renews the node's certificate for as long as ns runs.
+func (c *TLSConfig) renewWhile(ns *server.Server) {
+	ctx, cancel := context.WithCancel(context.Background())
+	every := c.RenewCheck
+	if every <= 0 {
+		every = DefaultRenewCheck
+	}
+	go c.certs.run(ctx, every)
+	go func() {
+		ns.WaitForShutdown()
+		cancel()
+	}()
+}
+
+// certNamesOf lists the names and addresses cert is for.
+func certNamesOf(cert *x509.Certificate) []string {
+	out := append([]string(nil), cert.DNSNames...)
+	for _, ip := range cert.IPAddresses {
+		out = append(out, ip.String())
+	}
+	return out
+}
