@@ -27,6 +27,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	listen := fs.String("listen", storagenode.DefaultListen, "client address of the embedded NATS server")
 	external := fs.String("nats", "", "use this external NATS (cluster) URL instead of the embedded server")
 	creds := fs.String("creds", "", "credentials file for --nats")
+	caFile := fs.String("tls-ca", "", "with --nats: PEM file of the CAs the storage nodes are verified against (default: the one --creds carries)")
 	inst := fs.String("installation", store.DefaultInstallation, "installation scope of every name")
 	auth := fs.String("authority", store.DefaultAuthority, "authority scope of every name")
 	withAgent := fs.Bool("agent", false, "also run this box's agent, recording it as a machine")
@@ -61,7 +62,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 		if *natsLogs {
 			natsLogger = logger.Named("nats")
 		}
-		sn, err := cf.start(c.ctx, c.stdout, logger, *data, *listen, *external, *creds, natsLogger, names)
+		sn, err := cf.start(c.ctx, c.stdout, logger, *data, *listen, *external, *creds, *caFile, natsLogger, names)
 		if err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/storage"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/pki"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
@@ -22,6 +23,8 @@ type clusterFlags struct {
 	authMode, authDir                        string
 	storage                                  bool
 	replicas                                 int
+	tlsMode, tlsNames, tlsCert, tlsKey       string
+	certTTL                                  time.Duration
 }
 
 func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
@@ -33,15 +36,20 @@ func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
 	fs.StringVar(&c.routes, "routes", "", "comma-separated seed peers' cluster addresses host:port (may include this node)")
 	fs.IntVar(&c.replicas, "replicas", 0, "replicas of every stream and bucket when first created (default 1, or 3 when clustered); change later with 'control storage add|remove'")
 	fs.StringVar(&c.authMode, "auth", "auto", "require credentials: on, off, or auto (on when any listener is not loopback)")
-	fs.StringVar(&c.authDir, "auth-dir", "", "operator and account keys plus the cluster secret (default DATA/auth; copy it to every storage node)")
+	fs.StringVar(&c.authDir, "auth-dir", "", "operator and account keys, the cluster secret and the fleet CA (default DATA/auth; copy it to every storage node)")
+	fs.StringVar(&c.tlsMode, "tls", "auto", "with credentials, TLS on the client port (from the first byte) and mutual TLS on routes: on, off, or auto (on when the auth dir holds the fleet CA)")
+	fs.StringVar(&c.tlsNames, "tls-names", "", "comma-separated names and addresses this node's certificate lists besides its listeners' (a DNS name or load balancer clients use)")
+	fs.StringVar(&c.tlsCert, "tls-cert", "", "this node's certificate `FILE` from your own PKI (chaining to the auth dir's bundle), instead of one it issues itself; read again when it changes")
+	fs.StringVar(&c.tlsKey, "tls-key", "", "the key `FILE` of --tls-cert")
+	fs.DurationVar(&c.certTTL, "cert-ttl", pki.ServerTTL, "life of the certificate this node issues itself; renewed in place at two thirds of it")
 	return c
 }
 
 // start brings up this box's side of the store: an embedded storage node
 // (alone or clustered), or a client of external/other storage nodes.
-func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.Logger, data, listen, external, creds string, natsLogger *zap.Logger, names store.Names) (*storagenode.Node, error) {
+func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.Logger, data, listen, external, creds, caFile string, natsLogger *zap.Logger, names store.Names) (*storagenode.Node, error) {
 	if external != "" {
-		return storagenode.Attach(ctx, storagenode.AttachConfig{URL: external, CredsFile: creds, Names: names,
+		return storagenode.Attach(ctx, storagenode.AttachConfig{URL: external, CredsFile: creds, CAFile: caFile, Names: names,
 			Provision: c.storage, Replicas: c.replicas, Progress: stdout})
 	}
 	if !c.storage {
@@ -51,19 +59,32 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.
 	if err != nil {
 		return nil, usagef("--auth %q: want on, off or auto", c.authMode)
 	}
-	var routes []string
-	for _, r := range strings.Split(c.routes, ",") {
-		if r = strings.TrimSpace(r); r != "" {
-			routes = append(routes, r)
-		}
+	tlsMode, err := storagenode.ParseTLSMode(c.tlsMode)
+	if err != nil {
+		return nil, usagef("--tls %q: want on, off or auto", c.tlsMode)
+	}
+	if (c.tlsCert == "") != (c.tlsKey == "") {
+		return nil, usagef("--tls-cert and --tls-key go together")
 	}
 	return storagenode.Boot(ctx, storagenode.BootConfig{
 		DataDir: data, Listen: listen, Name: c.name,
-		ClusterListen: c.clusterListen, ClusterName: c.clusterName, Routes: routes,
+		ClusterListen: c.clusterListen, ClusterName: c.clusterName, Routes: splitList(c.routes),
 		Auth: mode, AuthDir: c.authDir,
+		TLS: tlsMode, TLSNames: splitList(c.tlsNames), TLSCertFile: c.tlsCert, TLSKeyFile: c.tlsKey, CertTTL: c.certTTL,
 		Names: names, Replicas: c.replicas,
 		Progress: stdout, Logger: logger, NATSLogger: natsLogger,
 	})
+}
+
+// splitList splits a comma-separated flag value, dropping empty entries.
+func splitList(v string) []string {
+	var out []string
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // storageFlags are flags several storage commands share.

@@ -19,6 +19,8 @@ type AttachConfig struct {
 	URL string
 	// CredsFile, if set, is the credentials to connect with.
 	CredsFile string
+	// CAFile, if set, replaces the fleet CA the credentials carry.
+	CAFile string
 	// Names scope every stream and bucket; an empty field is its default
 	// (store.NewNames).
 	Names store.Names
@@ -60,7 +62,7 @@ func Attach(ctx context.Context, cfg AttachConfig) (_ *Node, err error) {
 	}()
 	wctx, cancel := context.WithTimeout(ctx, orDefault(cfg.StartTimeout, DefaultStartTimeout))
 	defer cancel()
-	if err := n.connect(wctx, cfg.URL, cfg.CredsFile, cfg.ClientName); err != nil {
+	if err := n.connect(wctx, store.ConnectOptions{URL: cfg.URL, CredsFile: cfg.CredsFile, CAFile: cfg.CAFile, Name: cfg.ClientName}); err != nil {
 		return nil, err
 	}
 	if cfg.Provision {

@@ -271,7 +271,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 
 	wctx, cancel := context.WithTimeout(ctx, orDefault(cfg.StartTimeout, DefaultStartTimeout))
 	defer cancel()
-	if err := n.connect(wctx, ns.ClientURL(), n.CredsFile, cfg.ClientName); err != nil {
+	if err := n.connect(wctx, store.ConnectOptions{URL: ns.ClientURL(), CredsFile: n.CredsFile, Name: cfg.ClientName}); err != nil {
 		return nil, err
 	}
 	// Concurrent creates of one stream from several nodes can go
@@ -302,13 +302,14 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 	return n, nil
 }
 
-// connect makes n's connection, which reconnects for as long as the node
-// runs, and waits until JetStream answers on it.
-func (n *Node) connect(ctx context.Context, url, creds, name string) error {
-	if name == "" {
-		name = "control server"
+// connect makes n's connection with o, reconnecting for as long as the
+// node runs, and waits until JetStream answers on it.
+func (n *Node) connect(ctx context.Context, o store.ConnectOptions) error {
+	if o.Name == "" {
+		o.Name = "control server"
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: name, ReconnectForever: true})
+	o.ReconnectForever = true
+	nc, err := store.Connect(o)
 	if err != nil {
 		return err
 	}
