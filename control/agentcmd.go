@@ -5,15 +5,22 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/agent"
+	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/internal/metricsserver"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 func setupAgent(fs *flag.FlagSet) func(*call) error {
@@ -29,6 +36,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "serve Prometheus metrics (edgeplane_agent_*) on this address's /metrics; empty: off")
 	fs.DurationVar(&o.beat, "heartbeat", store.DefaultBeatInterval, "how often the agent writes this machine's heartbeat (stale after 3 missed, offline after 10)")
 	fs.StringVar(&o.engine, "engine", "", "container engine socket for services with an image, e.g. unix:///run/podman/podman.sock (default: Docker's socket, then podman's, if one answers; none: no containers)")
+	enrollAt := fs.String("enroll", "", "with --join and no --creds: storage nodes' enrollment addresses host:port, comma-separated (default: the --nats hosts, port 4223)")
 	lf := addLogFlags(fs)
 	return func(c *call) error {
 		if *data == "" {
@@ -39,6 +47,9 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		defer func() { _ = logger.Sync() }()
+		if err := enrollBox(c, *join, *machine, *data, *enrollAt); err != nil {
+			return err
+		}
 		return c.withStore(func(s *store.Store) error {
 			rec, err := agent.Identify(c.ctx, s, agent.JoinRequest{DataDir: *data, Token: *join, Machine: *machine, Advertise: *advertise})
 			if errors.Is(err, agent.ErrBadAdvertise) {
@@ -92,4 +103,41 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 		logger.Info("agent metrics", zap.String("listen", o.metricsListen))
 	}
 	return a.Run(ctx)
+}
+
+// enrollBox, for an invite that names the fleet's CAs and a box with no
+// credentials yet, enrolls it: its keys are made here, and DIR gets one
+// credentials file per role (agent, mesh, gateway), the agent's used from
+// now on. Later starts find DIR/agent.creds and use it.
+func enrollBox(c *call, token, machine, dir, addrs string) error {
+	saved := enroll.CredsFile(dir, storagenode.RoleAgent)
+	if c.client.CredsFile == "" {
+		if _, err := os.Stat(saved); err == nil {
+			c.client.CredsFile = saved
+			return nil
+		}
+	}
+	cas, err := store.InviteCAs(token)
+	if err != nil || token == "" || len(cas) == 0 || c.client.CredsFile != "" {
+		return err
+	}
+	list := splitList(addrs)
+	if len(list) == 0 {
+		for _, u := range strings.Split(c.client.NATSURL, ",") {
+			if pu, err := url.Parse(strings.TrimSpace(u)); err == nil && pu.Hostname() != "" {
+				list = append(list, net.JoinHostPort(pu.Hostname(), strconv.Itoa(enroll.DefaultPort)))
+			}
+		}
+	}
+	if machine == "" {
+		machine = store.DefaultMachineID()
+	}
+	files, err := enroll.Join(c.ctx, enroll.JoinRequest{Token: token, Machine: machine, Addrs: list, Dir: dir})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "enrolled machine %s: credentials (keys made on this box) in %s, %s and %s\n", machine,
+		files[storagenode.RoleAgent], files[storagenode.RoleMesh], files[storagenode.RoleGateway])
+	c.client.CredsFile = files[storagenode.RoleAgent]
+	return nil
 }

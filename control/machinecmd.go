@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/pki"
 )
 
 func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
@@ -20,11 +21,22 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 	fs.Var(labels, "label", "label k=v of the machine (repeatable)")
 	ttl := fs.Duration("ttl", store.DefaultInviteTTL, "how long the invite stays redeemable")
 	return func(c *call) error {
+		// A joining box checks the storage node it enrolls with against
+		// the CAs this CLI verifies storage nodes against.
+		cas, err := c.client.FleetCAs()
+		if err != nil {
+			return err
+		}
+		var fingerprints []string
+		for _, ca := range cas {
+			fingerprints = append(fingerprints, pki.Fingerprint(ca))
+		}
 		return c.withStore(func(s *store.Store) error {
 			token, inv, err := s.CreateInvite(c.ctx, *region, labels, *ttl)
 			if err != nil {
 				return err
 			}
+			token = store.InviteWithCAs(token, fingerprints)
 			return c.out.emit(map[string]any{"token": token, "expires_at": inv.ExpiresAt, "region": inv.Region, "labels": inv.Labels},
 				func(w io.Writer) { fmt.Fprintln(w, token) })
 		})

@@ -9,12 +9,14 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/controlplane"
+	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
@@ -42,6 +44,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
 	metrics := fs.String("metrics-listen", "", "serve Prometheus metrics (edgeplane_fleet_*) on this address's /metrics; empty: off")
+	enrollListen := fs.String("enroll-listen", "", "with TLS, answer invited boxes' enrollments (HTTPS) on this address (default: --listen's host, port 4223, when that is not loopback); off: none")
 	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much); 0: this server never writes it (another control server does)")
 	cf := addClusterFlags(fs)
 	lf := addLogFlags(fs)
@@ -67,6 +70,19 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		defer sn.Close()
+		host, _, _ := net.SplitHostPort(*listen)
+		if addr := *enrollListen; sn.TLS != nil && sn.Auth != nil && addr != "off" && (addr != "" || !storagenode.IsLoopback(host)) {
+			if addr == "" {
+				addr = net.JoinHostPort(host, strconv.Itoa(enroll.DefaultPort))
+			}
+			es, err := enroll.Serve(c.ctx, enroll.ServerConfig{Listen: addr, TLS: sn.TLS.ServerConfig(), Store: sn.Store, Auth: sn.Auth,
+				Logger: logger.Named("enroll")})
+			if err != nil {
+				return err
+			}
+			defer es.Close()
+			fmt.Fprintf(c.stdout, "enrollment of invited boxes on https://%s%s\n", es.Addr(), enroll.Path)
+		}
 		cfg, err := serverConfig{
 			data: *data, authDir: cf.authDir, name: cf.name,
 			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshRelay: *meshRelay, meshRelayIP: *meshRelayIP, meshRelays: *meshRelays,

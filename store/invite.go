@@ -23,8 +23,50 @@ const InviteTokenPrefix = "epinv_"
 const DefaultInviteTTL = time.Hour
 
 func inviteKey(token string) string {
-	sum := sha256.Sum256([]byte(token))
+	secret, _, _ := strings.Cut(token, ".")
+	sum := sha256.Sum256([]byte(secret))
 	return "invite." + hex.EncodeToString(sum[:])
+}
+
+// An invite token is "epinv_<secret>" or, for a fleet whose storage nodes
+// speak TLS, "epinv_<secret>.<ca>[,<ca>...]": each <ca> the base64url
+// SHA-256 of a CA certificate a joining box accepts its storage node's
+// certificate under. The box checks the CA it is handed against them before
+// it sends anything; only the secret's hash is stored.
+
+// InviteWithCAs returns token naming the CAs of fingerprints (hex SHA-256,
+// pki.Fingerprint) for a joining box to check.
+func InviteWithCAs(token string, fingerprints []string) string {
+	if len(fingerprints) == 0 {
+		return token
+	}
+	parts := make([]string, 0, len(fingerprints))
+	for _, fp := range fingerprints {
+		raw, err := hex.DecodeString(fp)
+		if err != nil {
+			continue
+		}
+		parts = append(parts, base64.RawURLEncoding.EncodeToString(raw))
+	}
+	return token + "." + strings.Join(parts, ",")
+}
+
+// InviteCAs returns the CA fingerprints (hex SHA-256) token names; none for
+// a token of a fleet without TLS.
+func InviteCAs(token string) ([]string, error) {
+	_, cas, ok := strings.Cut(token, ".")
+	if !ok {
+		return nil, nil
+	}
+	var out []string
+	for _, c := range strings.Split(cas, ",") {
+		raw, err := base64.RawURLEncoding.DecodeString(c)
+		if err != nil || len(raw) != sha256.Size {
+			return nil, Errorf(CodeInvalid, "invite token: %q is not a CA fingerprint", c)
+		}
+		out = append(out, hex.EncodeToString(raw))
+	}
+	return out, nil
 }
 
 // CreateInvite stores a single-use invite and returns its token. Only the

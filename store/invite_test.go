@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -76,5 +77,34 @@ func TestInviteExpired(t *testing.T) {
 	})
 	if !store.HasCode(err, store.CodeInvalid) && !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("expired invite: %v", err)
+	}
+}
+
+// A token naming the fleet's CAs is redeemed by its secret alone; the CA
+// part round-trips and a mangled one is refused.
+func TestInviteCarriesCAFingerprints(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	tok, _, err := srv.Store.CreateInvite(ctx, "", nil, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fps := []string{strings.Repeat("ab", 32), strings.Repeat("01", 32)}
+	withCAs := store.InviteWithCAs(tok, fps)
+	got, err := store.InviteCAs(withCAs)
+	if err != nil || len(got) != 2 || got[0] != fps[0] || got[1] != fps[1] {
+		t.Fatalf("fingerprints %v %v", got, err)
+	}
+	if cas, err := store.InviteCAs(tok); err != nil || cas != nil {
+		t.Fatalf("a token without CAs: %v %v", cas, err)
+	}
+	if _, err := store.InviteCAs(tok + ".nope"); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("a mangled CA part: %v", err)
+	}
+	if _, err := srv.Store.RedeemInvite(ctx, withCAs, "m1"); err != nil {
+		t.Fatalf("redeeming the token with its CAs: %v", err)
+	}
+	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1"); err != nil {
+		t.Fatalf("the same secret without them, same machine: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -162,4 +163,18 @@ func isLoopbackURLs(list string) bool {
 		}
 	}
 	return true
+}
+
+// FleetCAs are the CAs c verifies storage nodes against: its CA file's, or
+// those its credentials carry; none for a plaintext setup.
+func (c Config) FleetCAs() ([]*x509.Certificate, error) {
+	src := cmp.Or(c.CAFile, c.CredsFile)
+	if src == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", src, err)
+	}
+	return pki.ParseCerts(b)
 }

@@ -388,20 +388,40 @@ type CredsRequest struct {
 	System bool
 }
 
-// IssueCreds returns a credentials file for r.
+// IssueCreds returns a credentials file for r: a new user key, its JWT,
+// and the fleet's CA bundle. The user's private key is made here: for a
+// box whose key must never leave it, SignUser signs its own public key.
 func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
-	if r.Names.Authority == "" {
-		r.Names, _ = store.NewNames("", "")
-	}
-	perms, err := RolePermissions(r.Role, r.Machine, r.Names)
-	if err != nil {
-		return nil, err
-	}
 	ukp, err := nkeys.CreateUser()
 	if err != nil {
 		return nil, err
 	}
 	upub, _ := ukp.PublicKey()
+	ujwt, err := a.SignUser(r, upub)
+	if err != nil {
+		return nil, err
+	}
+	seed, _ := ukp.Seed()
+	creds, err := jwt.FormatUserConfig(ujwt, seed)
+	if err != nil || a.TLS == nil {
+		return creds, err
+	}
+	return store.AppendBundle(creds, a.TLS.BundlePEM), nil
+}
+
+// SignUser returns the user JWT of r for the user public key upub (U...),
+// whose seed its holder keeps.
+func (a *Auth) SignUser(r CredsRequest, upub string) (string, error) {
+	if !nkeys.IsValidPublicUserKey(upub) {
+		return "", store.Errorf(store.CodeInvalid, "%q is not a user public key (U...)", upub).With("user", upub)
+	}
+	if r.Names.Authority == "" {
+		r.Names, _ = store.NewNames("", "")
+	}
+	perms, err := RolePermissions(r.Role, r.Machine, r.Names)
+	if err != nil {
+		return "", err
+	}
 	uc := jwt.NewUserClaims(upub)
 	uc.Name = r.Name
 	if uc.Name == "" {
@@ -437,14 +457,9 @@ func (a *Auth) IssueCreds(r CredsRequest) ([]byte, error) {
 	}
 	ujwt, err := uc.Encode(signer)
 	if err != nil {
-		return nil, fmt.Errorf("signing credentials: %w", err)
+		return "", fmt.Errorf("signing credentials: %w", err)
 	}
-	seed, _ := ukp.Seed()
-	creds, err := jwt.FormatUserConfig(ujwt, seed)
-	if err != nil || a.TLS == nil {
-		return creds, err
-	}
-	return store.AppendBundle(creds, a.TLS.BundlePEM), nil
+	return ujwt, nil
 }
 
 // roleLimits are the per-user limits of each untrusted role: the largest

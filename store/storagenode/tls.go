@@ -273,3 +273,7 @@ func certNamesOf(cert *x509.Certificate) []string {
 	}
 	return out
 }
+
+// ServerConfig presents the node's certificate (renewed in place) for
+// another service of the node on a port of its own, such as enrollment.
+func (c *TLSConfig) ServerConfig() *tls.Config { return clientTLS(c.certs) }
