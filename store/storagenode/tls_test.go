@@ -3,9 +3,9 @@ package storagenode_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"net"
 	"net/url"
 	"os"
