@@ -160,7 +160,10 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	connect := func(ctx context.Context) (*store.Store, error) {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		st, err := cfg.Dial(octx, store.ConnectOptions{Name: "edgeplane-gateway " + name, Timeout: 2 * time.Second, ReconnectForever: true})
+		// While it lives, the connection's CA bundle follows the fleet's
+		// (a CA rotation reaches this gateway).
+		st, err := cfg.DialFollowing(octx, store.ConnectOptions{Name: "edgeplane-gateway " + name, Timeout: 2 * time.Second, ReconnectForever: true},
+			func(err error) { logger.Warn("following the fleet's CA bundle", zap.Error(err)) })
 		if err != nil {
 			return nil, err
 		}

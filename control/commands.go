@@ -74,6 +74,13 @@ var commands = []command{
 	{name: "signing retire", synopsis: "KEY --data DIR", summary: "retire a signer: nothing it signs from now on is applied",
 		client: certifies, minArgs: 1, maxArgs: 1, setup: setupSigningRetire},
 
+	{name: "tls init", synopsis: "--data DIR [--ca FILE --ca-key FILE]", summary: "give an auth dir the fleet CA, so its storage nodes speak TLS (on a storage node)",
+		setup: setupTLSInit},
+	{name: "tls show", synopsis: "--data DIR", summary: "the fleet CA of an auth dir: issuing and trusted CAs, rotation state",
+		setup: setupTLSShow},
+	{name: "tls rotate", synopsis: "begin|switch|finish --data DIR", summary: "one step of rotating the fleet CA, with an overlap in which both are trusted (on a storage node)",
+		client: certifies, minArgs: 1, maxArgs: 1, setup: setupTLSRotate},
+
 	{name: "creds issue", synopsis: "--role ROLE --data DIR -o FILE", summary: "issue role-scoped NATS credentials (on a storage node)",
 		setup: setupCredsIssue},
 	{name: "creds revoke", synopsis: "--user-creds FILE | --user UKEY", summary: "refuse a user's credentials on every storage node from now on",

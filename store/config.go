@@ -171,3 +171,44 @@ func DefaultMachineID() string {
 func DefaultHolder() string {
 	return fmt.Sprintf("%s:%d", HostName("localhost"), os.Getpid())
 }
+
+// FollowBundle follows the fleet's CA bundle in s for the bundle c verifies
+// storage nodes against (FollowTLSBundle) until ctx ends; nothing for a
+// plaintext setup.
+func (c Config) FollowBundle(ctx context.Context, s *Store, report func(error)) {
+	if source := cmp.Or(c.CAFile, c.CredsFile); source != "" {
+		FollowTLSBundle(ctx, s, source, 0, report)
+	}
+}
+
+// RefreshBundle reads the fleet's CA bundle in s once for the bundle c
+// verifies storage nodes against (RefreshTLSBundle).
+func (c Config) RefreshBundle(ctx context.Context, s *Store) error {
+	if source := cmp.Or(c.CAFile, c.CredsFile); source != "" {
+		return RefreshTLSBundle(ctx, s, source)
+	}
+	return nil
+}
+
+// DialFollowing is Dial for a long-running process: while the connection
+// lives (until it closes for good; ctx bounds the dial only), the CA
+// bundle it verifies
+// storage nodes against follows the fleet's (FollowBundle), so a CA
+// rotation reaches the process. report, if set, is told what went wrong.
+func (c Config) DialFollowing(ctx context.Context, o ConnectOptions, report func(error)) (*Store, error) {
+	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	closed := o.OnClosed
+	o.OnClosed = func() {
+		stop()
+		if closed != nil {
+			closed()
+		}
+	}
+	s, err := c.Dial(ctx, o)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	go c.FollowBundle(fctx, s, report)
+	return s, nil
+}

@@ -31,6 +31,9 @@ type LinkOptions struct {
 	// OnChange, if set, is told every change of Connected, in order, from
 	// the link's own goroutine or NATS's callbacks; it must not block.
 	OnChange func(LinkState)
+	// Report, if set, is told what went wrong in the background while
+	// the link is bound (following the fleet's CA bundle).
+	Report func(error)
 }
 
 // LinkBackoff waits 1s before the second attempt, doubling up to a minute,
@@ -107,11 +110,23 @@ func (l *Link) run(ctx context.Context) {
 		if s == nil {
 			return
 		}
+		// While bound, the CA bundle storage nodes are verified against
+		// follows the fleet's (a CA rotation reaches every box).
+		fctx, stopFollow := context.WithCancel(ctx)
+		followed := make(chan struct{})
+		go func() {
+			defer close(followed)
+			l.cfg.FollowBundle(fctx, s, l.opts.Report)
+		}()
 		select {
 		case <-ctx.Done():
+			stopFollow()
+			<-followed
 			return // Close closes the connection
 		case <-closed:
 		}
+		stopFollow()
+		<-followed
 		l.mu.Lock()
 		if l.s == s {
 			l.s = nil

@@ -52,15 +52,30 @@ func AppendBundle(creds, bundlePEM []byte) []byte {
 // connection reads it afresh when it dials, so a bundle updated while the
 // process runs (a CA rotation) holds from the next reconnect on.
 type trust struct {
-	mu     sync.Mutex
-	pool   *x509.CertPool
 	source string
+
+	mu   sync.Mutex
+	pool *x509.CertPool
+	// pem is the bundle pool was made from.
+	pem string
 }
 
 func (t *trust) rootCAs() (*x509.CertPool, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.pool, nil
+}
+
+func (t *trust) bundle() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pem
+}
+
+func (t *trust) set(pool *x509.CertPool, pem string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pool, t.pem = pool, pem
 }
 
 // trusts holds one trust per source (a credentials or CA file), shared by
@@ -71,18 +86,19 @@ var trusts = struct {
 }{m: map[string]*trust{}}
 
 // loadTrust reads the CA bundle of file (a credentials file or a PEM
-// bundle); nil when the file holds no certificate.
+// bundle), or the one followed beside it (BundleFile) when that is newer;
+// nil when the file holds no certificate.
 func loadTrust(file string) (*trust, error) {
-	b, err := os.ReadFile(file)
+	pem, err := bundleOf(file)
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", file, err)
+		return nil, err
 	}
-	certs, err := pki.ParseCerts(b)
+	if pem == nil {
+		return nil, nil
+	}
+	certs, err := pki.ParseCerts(pem)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
-	}
-	if len(certs) == 0 {
-		return nil, nil
 	}
 	trusts.Lock()
 	defer trusts.Unlock()
@@ -91,10 +107,41 @@ func loadTrust(file string) (*trust, error) {
 		t = &trust{source: file}
 		trusts.m[file] = t
 	}
-	t.mu.Lock()
-	t.pool = pki.Pool(certs)
-	t.mu.Unlock()
+	t.set(pki.Pool(certs), string(pem))
 	return t, nil
+}
+
+// bundleOf is the CA certificates of file, in PEM, or of its BundleFile
+// when that was written after file (credentials issued later carry a
+// bundle at least as new); nil when there are none.
+func bundleOf(file string) ([]byte, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", file, err)
+	}
+	fi, err := os.Stat(file)
+	if err != nil {
+		return nil, err
+	}
+	if bfi, err := os.Stat(BundleFile(file)); err == nil && bfi.ModTime().After(fi.ModTime()) {
+		if followed, err := os.ReadFile(BundleFile(file)); err == nil {
+			if certs, err := pki.ParseCerts(followed); err == nil && len(certs) > 0 {
+				return followed, nil
+			}
+		}
+	}
+	certs, err := pki.ParseCerts(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	if len(certs) == 0 {
+		return nil, nil
+	}
+	var out []byte
+	for _, c := range certs {
+		out = append(out, pki.EncodeCert(c)...)
+	}
+	return out, nil
 }
 
 // tlsOptions are the connect options that make a connection TLS from the

@@ -29,6 +29,7 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // Config is a control server's services. The zero value of every field
@@ -105,6 +106,9 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 		return err
 	}
 	fmt.Fprintf(out, "signing intent as %s (%s) under trust root %s\n", key.PublicKey(), setup.Signer.Path(), setup.Trust.Root())
+	if err := publishBundle(ctx, s, cfg.AuthDir, setup, out); err != nil {
+		return err
+	}
 
 	stunAddrs, err := startSTUN(ctx, cfg.STUNListen, cfg.STUNAdvertise)
 	if err != nil {
@@ -262,4 +266,28 @@ func startSTUN(ctx context.Context, listen, advertise []string) ([]string, error
 		return advertise, nil
 	}
 	return adv, nil
+}
+
+// publishBundle records the auth dir's CA bundle in the store, signed by
+// the trust root, for long-running clients to follow (a CA rotation); a
+// server whose auth dir holds no CA or no root has none to publish, and
+// an older copy of the auth dir does not replace a newer bundle.
+func publishBundle(ctx context.Context, s *store.Store, authDir string, setup *signers.Setup, out io.Writer) error {
+	if setup.Root == nil {
+		return nil
+	}
+	f, err := storagenode.LoadFleetTLS(authDir)
+	if err != nil || f == nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	published, err := s.PublishTLSBundle(pctx, setup.Root, f.BundlePEM, f.Generation)
+	if err != nil {
+		return fmt.Errorf("publishing the fleet's CA bundle: %w", err)
+	}
+	if published {
+		fmt.Fprintf(out, "published the fleet's CA bundle (generation %d, %d CAs) for clients to follow\n", f.Generation, len(f.Bundle))
+	}
+	return nil
 }

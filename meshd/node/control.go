@@ -108,6 +108,15 @@ func (n *Node) setConnected(v bool) {
 
 // session serves one connection until ctx ends or the client closes it.
 func (n *Node) session(ctx context.Context, nc *nats.Conn, names store.Names, up, disc chan struct{}) {
+	// The CA bundle storage nodes are verified against follows the
+	// fleet's for as long as the session lasts (a CA rotation reaches
+	// this node).
+	fctx, stopFollow := context.WithCancel(ctx)
+	var following sync.WaitGroup
+	defer func() {
+		stopFollow()
+		following.Wait()
+	}()
 	attempt := 0
 	for ctx.Err() == nil && !nc.IsClosed() {
 		if !nc.IsConnected() {
@@ -137,6 +146,13 @@ func (n *Node) session(ctx context.Context, nc *nats.Conn, names store.Names, up
 				continue
 			}
 			n.storeP.Store(s)
+			if n.st.CredsFile != "" {
+				following.Add(1)
+				go func() {
+					defer following.Done()
+					store.FollowTLSBundle(fctx, s, n.st.CredsFile, 0, func(err error) { n.log.Warn("following the fleet's CA bundle", zap.Error(err)) })
+				}()
+			}
 			n.heartbeat(ctx)
 		}
 		select { // a stale disconnect signal from before this attempt

@@ -9,6 +9,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -24,14 +26,16 @@ import (
 //	tls/ca.key      its private key
 //	tls/bundle.crt  every CA clients and other nodes accept; ca.crt alone,
 //	                or the old and the new CA while the CA is rotated
+//	tls/generation  counts the changes of the two above (rotation steps)
 //
 // An auth dir made before TLS existed has no tls/ dir: its nodes stay
 // plaintext, saying so, until `control tls init` adds one.
 const (
-	tlsDirName    = "tls"
-	tlsCAFile     = "ca.crt"
-	tlsCAKeyFile  = "ca.key"
-	tlsBundleFile = "bundle.crt"
+	tlsDirName        = "tls"
+	tlsCAFile         = "ca.crt"
+	tlsCAKeyFile      = "ca.key"
+	tlsBundleFile     = "bundle.crt"
+	tlsGenerationFile = "generation"
 )
 
 // FleetTLS is the fleet CA of an auth dir.
@@ -43,6 +47,9 @@ type FleetTLS struct {
 	Bundle []*x509.Certificate
 	// BundlePEM is Bundle as clients get it, in their credentials.
 	BundlePEM []byte
+	// Generation counts the changes of CA and Bundle (see
+	// store.TLSBundleRecord).
+	Generation int
 }
 
 // Pool is the bundle as a certificate pool.
@@ -83,7 +90,15 @@ func LoadFleetTLS(authDir string) (*FleetTLS, error) {
 		return nil, store.Errorf(store.CodeInvalid, "auth dir TLS: %s does not hold the CA in %s: nodes would not trust their own certificates", tlsBundleFile, tlsCAFile).
 			With("auth_dir", authDir)
 	}
-	return &FleetTLS{CA: ca, Bundle: bundle, BundlePEM: bundlePEM}, nil
+	gen := 1
+	if b, err := os.ReadFile(filepath.Join(dir, tlsGenerationFile)); err == nil {
+		if gen, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || gen < 1 {
+			return nil, fmt.Errorf("auth dir TLS: %s: want a positive number, got %q", tlsGenerationFile, b)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	return &FleetTLS{CA: ca, Bundle: bundle, BundlePEM: bundlePEM, Generation: gen}, nil
 }
 
 // InitFleetTLS gives authDir a fleet CA: a new one, or ca when set (an
@@ -277,3 +292,133 @@ func certNamesOf(cert *x509.Certificate) []string {
 // ServerConfig presents the node's certificate (renewed in place) for
 // another service of the node on a port of its own, such as enrollment.
 func (c *TLSConfig) ServerConfig() *tls.Config { return clientTLS(c.certs) }
+
+// Rotating the fleet CA takes three steps, each applied to one copy of the
+// auth dir and then copied to every storage node, which is restarted one at
+// a time (clients move to the others meanwhile):
+//
+//  1. BeginCARotation makes the next CA and trusts it beside the current
+//     one: nodes and, through the bundle in the store, clients trust both.
+//  2. SwitchCA makes the next CA the one nodes issue from: each node's
+//     certificate moves to it at its restart; everybody still trusts both.
+//  3. FinishCARotation trusts the new CA alone, once every node moved.
+//
+// Each step bumps the generation, so the bundle in the store only ever
+// moves forward.
+const (
+	tlsNextCAFile    = "next.crt"
+	tlsNextCAKeyFile = "next.key"
+)
+
+// Rotation states of an auth dir's CA (CARotationState).
+const (
+	RotationNone     = "none"     // one CA, trusted alone
+	RotationBegun    = "begun"    // the next CA is made and trusted; nodes still issue from the current one
+	RotationSwitched = "switched" // nodes issue from the new CA; the old one is still trusted
+)
+
+// CARotationState says where authDir's CA rotation is.
+func CARotationState(authDir string) (string, error) {
+	f, err := LoadFleetTLS(authDir)
+	if err != nil {
+		return "", err
+	}
+	if f == nil {
+		return "", store.Errorf(store.CodeNotFound, "auth dir %s holds no fleet CA (run `control tls init`)", authDir).With("auth_dir", authDir)
+	}
+	if _, err := os.Stat(filepath.Join(authDir, tlsDirName, tlsNextCAFile)); err == nil {
+		return RotationBegun, nil
+	}
+	if len(f.Bundle) > 1 {
+		return RotationSwitched, nil
+	}
+	return RotationNone, nil
+}
+
+// BeginCARotation makes the next CA of authDir and adds it to the bundle.
+func BeginCARotation(authDir string) (*FleetTLS, error) {
+	if err := wantRotation(authDir, RotationNone); err != nil {
+		return nil, err
+	}
+	f, _ := LoadFleetTLS(authDir)
+	next, err := pki.NewCA(fmt.Sprintf("edgeplane fleet CA %d", f.Generation+1), 0)
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := pki.EncodeKey(next.Key)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(authDir, tlsDirName)
+	bundle := append(append([]byte(nil), f.CA.CertPEM()...), next.CertPEM()...)
+	return writeTLSFiles(authDir, f.Generation+1, []tlsFile{{tlsNextCAKeyFile, keyPEM}, {tlsNextCAFile, next.CertPEM()}, {tlsBundleFile, bundle}}, nil, dir)
+}
+
+// SwitchCA makes the next CA the one authDir's nodes issue from.
+func SwitchCA(authDir string) (*FleetTLS, error) {
+	if err := wantRotation(authDir, RotationBegun); err != nil {
+		return nil, err
+	}
+	f, _ := LoadFleetTLS(authDir)
+	dir := filepath.Join(authDir, tlsDirName)
+	certPEM, err := os.ReadFile(filepath.Join(dir, tlsNextCAFile))
+	if err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, tlsNextCAKeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	if _, err := pki.ParseCA(certPEM, keyPEM); err != nil {
+		return nil, fmt.Errorf("auth dir TLS: the next CA: %w", err)
+	}
+	return writeTLSFiles(authDir, f.Generation+1, []tlsFile{{tlsCAKeyFile, keyPEM}, {tlsCAFile, certPEM}},
+		[]string{tlsNextCAFile, tlsNextCAKeyFile}, dir)
+}
+
+// FinishCARotation trusts authDir's current CA alone.
+func FinishCARotation(authDir string) (*FleetTLS, error) {
+	if err := wantRotation(authDir, RotationSwitched); err != nil {
+		return nil, err
+	}
+	f, _ := LoadFleetTLS(authDir)
+	return writeTLSFiles(authDir, f.Generation+1, []tlsFile{{tlsBundleFile, f.CA.CertPEM()}}, nil, filepath.Join(authDir, tlsDirName))
+}
+
+func wantRotation(authDir, want string) error {
+	st, err := CARotationState(authDir)
+	if err != nil {
+		return err
+	}
+	if st != want {
+		next := map[string]string{RotationNone: "begin", RotationBegun: "switch", RotationSwitched: "finish"}[st]
+		return store.Errorf(store.CodeConflict, "the CA rotation of auth dir %s is %q; its next step is %s", authDir, st, next).
+			With("auth_dir", authDir).With("state", st)
+	}
+	return nil
+}
+
+type tlsFile struct {
+	name string
+	data []byte
+}
+
+// writeTLSFiles writes files, removes remove, then records generation:
+// a copy of the dir taken halfway is refused by no node (each file is
+// whole) and its generation is the old one.
+func writeTLSFiles(authDir string, generation int, files []tlsFile, remove []string, dir string) (*FleetTLS, error) {
+	for _, f := range files {
+		if err := writeFileAtomic(filepath.Join(dir, f.name), f.data, 0o600); err != nil {
+			return nil, fmt.Errorf("auth dir TLS: %w", err)
+		}
+	}
+	for _, name := range remove {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("auth dir TLS: %w", err)
+		}
+	}
+	if err := writeFileAtomic(filepath.Join(dir, tlsGenerationFile), []byte(strconv.Itoa(generation)+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("auth dir TLS: %w", err)
+	}
+	return LoadFleetTLS(authDir)
+}

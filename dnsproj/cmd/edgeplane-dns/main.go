@@ -129,7 +129,8 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 		SnapshotPath: o.snapshot,
 		Logger:       log.Named("projection"),
 		Connect: func(ctx context.Context) (*store.Store, error) {
-			return o.store.Dial(ctx, store.ConnectOptions{Name: "edgeplane-dns", ReconnectForever: true})
+			return o.store.DialFollowing(ctx, store.ConnectOptions{Name: "edgeplane-dns", ReconnectForever: true},
+				func(err error) { log.Warn("following the fleet's CA bundle", zap.Error(err)) })
 		},
 	})
 	if err != nil {
