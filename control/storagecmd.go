@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,6 +26,7 @@ type clusterFlags struct {
 	replicas                                 int
 	tlsMode, tlsNames, tlsCert, tlsKey       string
 	certTTL                                  time.Duration
+	encrypt                                  string
 }
 
 func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
@@ -42,6 +44,7 @@ func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "this node's certificate `FILE` from your own PKI (chaining to the auth dir's bundle), instead of one it issues itself; read again when it changes")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "the key `FILE` of --tls-cert")
 	fs.DurationVar(&c.certTTL, "cert-ttl", pki.ServerTTL, "life of the certificate this node issues itself; renewed in place at two thirds of it")
+	fs.StringVar(&c.encrypt, "encrypt", "auto", "with credentials, encrypt the JetStream store at rest with the auth dir's store key: on, off, or auto (on when the auth dir holds one)")
 	return c
 }
 
@@ -59,9 +62,13 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.
 	if err != nil {
 		return nil, usagef("--auth %q: want on, off or auto", c.authMode)
 	}
-	tlsMode, err := storagenode.ParseTLSMode(c.tlsMode)
+	tlsMode, err := storagenode.ParseToggle("tls", c.tlsMode)
 	if err != nil {
 		return nil, usagef("--tls %q: want on, off or auto", c.tlsMode)
+	}
+	encrypt, err := storagenode.ParseToggle("encrypt", c.encrypt)
+	if err != nil {
+		return nil, usagef("--encrypt %q: want on, off or auto", c.encrypt)
 	}
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return nil, usagef("--tls-cert and --tls-key go together")
@@ -70,7 +77,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.
 		DataDir: data, Listen: listen, Name: c.name,
 		ClusterListen: c.clusterListen, ClusterName: c.clusterName, Routes: splitList(c.routes),
 		Auth: mode, AuthDir: c.authDir,
-		TLS: tlsMode, TLSNames: splitList(c.tlsNames), TLSCertFile: c.tlsCert, TLSKeyFile: c.tlsKey, CertTTL: c.certTTL,
+		TLS: tlsMode, TLSNames: splitList(c.tlsNames), TLSCertFile: c.tlsCert, TLSKeyFile: c.tlsKey, CertTTL: c.certTTL, Encrypt: encrypt,
 		Names: names, Replicas: c.replicas,
 		Progress: stdout, Logger: logger, NATSLogger: natsLogger,
 	})
@@ -194,4 +201,24 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+func setupStorageEncrypt(fs *flag.FlagSet) func(*call) error {
+	dir := authDirFlags(fs)
+	return func(c *call) error {
+		authDir, err := dir()
+		if err != nil {
+			return err
+		}
+		if _, err := storagenode.LoadAuth(authDir, false); err != nil {
+			return err
+		}
+		if _, err := storagenode.InitStoreKey(authDir); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.stdout, "store key in %s\n", filepath.Join(authDir, "jetstream.key"))
+		fmt.Fprintln(c.stdout, "next: copy the auth dir to every storage node and restart them one at a time: each encrypts its store as it starts. "+
+			"Keep the key with the auth dir: a store encrypted with it opens with it only")
+		return nil
+	}
 }

@@ -158,6 +158,12 @@ func openBox(ctx context.Context, from, authDir string, names store.Names) (_ *b
 				With("auth_dir", authDir)
 		}
 		cfg.Auth = a
+		if layout.Encrypted {
+			if a.StoreKey == "" {
+				return nil, store.Errorf(store.CodeInvalid, "%s is encrypted at rest, but auth dir %s holds no store key", from, authDir).With("auth_dir", authDir)
+			}
+			cfg.StoreKey = a.StoreKey
+		}
 		file, remove, err := a.TempCredsFile(storagenode.CredsRequest{Role: storagenode.RoleControl, Names: names, Name: "storage-import", TTL: time.Hour})
 		if err != nil {
 			return nil, err

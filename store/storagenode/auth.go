@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -84,6 +85,10 @@ type Auth struct {
 	// TLS is the fleet CA, nil in an auth dir made before TLS existed;
 	// credentials carry its bundle.
 	TLS *FleetTLS
+	// StoreKey encrypts the JetStream store of every storage node using
+	// this auth dir ("" in an auth dir made before encryption at rest:
+	// `control storage encrypt` makes one).
+	StoreKey string
 }
 
 const (
@@ -91,6 +96,8 @@ const (
 	authAccountSeed  = "account.nk"
 	authSystemSeed   = "system.nk"
 	authClusterFile  = "cluster.secret"
+	// authStoreKeyFile encrypts storage nodes' JetStream stores at rest.
+	authStoreKeyFile = "jetstream.key"
 )
 
 // AccountPublicKey names the account every edgeplane user belongs to; the
@@ -110,9 +117,12 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 		if err := initAuth(dir); err != nil {
 			return nil, err
 		}
-		// A new auth dir comes with the fleet CA: TLS from the first
-		// start.
+		// A new auth dir comes with the fleet CA and the store key: TLS
+		// and encryption at rest from the first start.
 		if _, err := InitFleetTLS(dir, nil); err != nil {
+			return nil, err
+		}
+		if _, err := InitStoreKey(dir); err != nil {
 			return nil, err
 		}
 	case errors.Is(err, os.ErrNotExist):
@@ -164,7 +174,45 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 	if a.TLS, err = LoadFleetTLS(dir); err != nil {
 		return nil, err
 	}
+	if a.StoreKey, err = loadStoreKey(dir); err != nil {
+		return nil, err
+	}
 	return a, nil
+}
+
+// loadStoreKey reads the store key of dir, "" when it has none.
+func loadStoreKey(dir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, authStoreKeyFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("auth dir: %w", err)
+	}
+	key := strings.TrimSpace(string(b))
+	if len(key) < 32 {
+		return "", fmt.Errorf("auth dir: %s holds %d characters, want a key of at least 32", authStoreKeyFile, len(key))
+	}
+	return key, nil
+}
+
+// InitStoreKey gives dir a key that encrypts storage nodes' JetStream
+// stores at rest, and returns it; an auth dir that has one keeps it. Every
+// storage node must start with the same key its store was written with:
+// the key travels with the auth dir, and losing it loses the store.
+func InitStoreKey(dir string) (string, error) {
+	if key, err := loadStoreKey(dir); err != nil || key != "" {
+		return key, err
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", err
+	}
+	key := base64.RawURLEncoding.EncodeToString(raw[:])
+	if err := writeFileAtomic(filepath.Join(dir, authStoreKeyFile), []byte(key+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("auth dir: %w", err)
+	}
+	return key, nil
 }
 
 func initAuth(dir string) error {
@@ -599,4 +647,32 @@ func (a *Auth) withoutTLS() *Auth {
 	c := *a
 	c.TLS = nil
 	return &c
+}
+
+// storeKeyCheckFile, in a data dir, names the store key its store was
+// encrypted with, by a hash: a start with another key is refused before
+// nats-server finds it cannot read its streams (and the store, provisioned
+// again, would look empty).
+const storeKeyCheckFile = "jetstream.keycheck"
+
+// checkStoreKey refuses key for dataDir's store if the store was written
+// with another, and records key's check for a store that has none yet.
+func checkStoreKey(dataDir, key string) error {
+	sum := sha256.Sum256([]byte("edgeplane store key check\x00" + key))
+	want := hex.EncodeToString(sum[:])
+	path := filepath.Join(dataDir, storeKeyCheckFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil && strings.TrimSpace(string(b)) != want:
+		return store.Errorf(store.CodeInvalid, "the store in %s was encrypted with another store key than the auth dir's: start it with the auth dir it was written with", dataDir).
+			With("data", dataDir)
+	case err == nil:
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	return writeFileAtomic(path, []byte(want+"\n"), 0o600)
 }

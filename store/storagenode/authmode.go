@@ -65,30 +65,32 @@ func (m AuthMode) Required(listeners ...string) bool {
 	return false
 }
 
-// TLSMode says whether a storage node requiring credentials speaks TLS.
-type TLSMode string
+// Toggle turns a protection of a node requiring credentials on or off:
+// TLS (BootConfig.TLS) and encryption at rest (BootConfig.Encrypt).
+type Toggle string
 
-// TLS modes.
+// Toggles.
 const (
-	// TLSAuto is TLS whenever credentials are required and the auth dir
-	// holds the fleet CA; an auth dir from before TLS keeps its node
-	// plaintext, saying so, until `control tls init` gives it a CA.
-	TLSAuto TLSMode = "auto"
-	// TLSOn requires TLS, and refuses to start without the fleet CA.
-	TLSOn TLSMode = "on"
-	// TLSOff keeps the node plaintext (a cluster on its way to TLS).
-	TLSOff TLSMode = "off"
+	// ToggleAuto is on when the auth dir holds what the protection needs
+	// (the fleet CA, the store key): an auth dir from before it keeps the
+	// node without, saying so, until `control tls init` or `control
+	// storage encrypt` adds it.
+	ToggleAuto Toggle = "auto"
+	// ToggleOn requires the protection, and refuses to start without it.
+	ToggleOn Toggle = "on"
+	// ToggleOff goes without (a cluster on its way to it).
+	ToggleOff Toggle = "off"
 )
 
-// ParseTLSMode reads a --tls value: on, off or auto ("" is auto).
-func ParseTLSMode(s string) (TLSMode, error) {
+// ParseToggle reads a toggle flag's value: on, off or auto ("" is auto).
+func ParseToggle(flag, s string) (Toggle, error) {
 	switch s {
 	case "on", "true":
-		return TLSOn, nil
+		return ToggleOn, nil
 	case "off", "false":
-		return TLSOff, nil
+		return ToggleOff, nil
 	case "auto", "":
-		return TLSAuto, nil
+		return ToggleAuto, nil
 	}
-	return "", store.Errorf(store.CodeInvalid, "TLS mode %q: want on, off or auto", s).With("tls", s)
+	return "", store.Errorf(store.CodeInvalid, "--%s %q: want on, off or auto", flag, s).With(flag, s)
 }

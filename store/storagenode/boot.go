@@ -53,8 +53,12 @@ type BootConfig struct {
 
 	// TLS says whether a node requiring credentials speaks TLS: on the
 	// client port from the first byte, and mutual TLS on cluster routes,
-	// both under the auth dir's fleet CA. Default TLSAuto.
-	TLS TLSMode
+	// both under the auth dir's fleet CA. Default ToggleAuto.
+	TLS Toggle
+	// Encrypt says whether a node requiring credentials encrypts its
+	// JetStream store at rest, with the auth dir's store key. Default
+	// ToggleAuto.
+	Encrypt Toggle
 	// TLSNames are names and addresses the node's certificate lists
 	// besides its listeners' (a DNS name or load balancer clients use).
 	TLSNames []string
@@ -149,7 +153,11 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	tlsMode, err := ParseTLSMode(string(cfg.TLS))
+	tlsMode, err := ParseToggle("tls", string(cfg.TLS))
+	if err != nil {
+		return nil, err
+	}
+	encryptMode, err := ParseToggle("encrypt", string(cfg.Encrypt))
 	if err != nil {
 		return nil, err
 	}
@@ -200,9 +208,9 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 		}
 		sc.Auth, n.Auth = a, a
 		switch {
-		case tlsMode == TLSOff:
+		case tlsMode == ToggleOff:
 			fmt.Fprintf(progress, "WARNING: TLS is off (--tls off): credentials, intent and certificates' private keys cross the network in the clear\n")
-		case a.TLS == nil && tlsMode == TLSOn:
+		case a.TLS == nil && tlsMode == ToggleOn:
 			return nil, store.Errorf(store.CodeNotFound, "--tls on, but auth dir %s holds no fleet CA: run `control tls init --auth-dir %s`, copy the dir to every storage node, then start them again", authDir, authDir).
 				With("auth_dir", authDir)
 		case a.TLS == nil:
@@ -218,6 +226,29 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			// TLS.
 			a = a.withoutTLS()
 			sc.Auth = a
+		}
+		switch {
+		case encryptMode == ToggleOff:
+			fmt.Fprintf(progress, "WARNING: encryption at rest is off (--encrypt off): the store in %s holds certificates' private keys in the clear\n", cfg.DataDir)
+		case a.StoreKey == "" && encryptMode == ToggleOn:
+			return nil, store.Errorf(store.CodeNotFound, "--encrypt on, but auth dir %s holds no store key: run `control storage encrypt --auth-dir %s`, copy the dir to every storage node, then start them again", authDir, authDir).
+				With("auth_dir", authDir)
+		case a.StoreKey == "":
+			fmt.Fprintf(progress, "WARNING: auth dir %s holds no store key, so the store in %s is not encrypted at rest: it holds certificates' private keys. "+
+				"Turn encryption on with `control storage encrypt --auth-dir %s`\n", authDir, cfg.DataDir, authDir)
+		default:
+			sc.StoreKey = a.StoreKey
+		}
+		if sc.StoreKey == "" {
+			if l, err := ReadStoreLayout(cfg.DataDir); err == nil && l.Encrypted {
+				return nil, store.Errorf(store.CodeInvalid, "the store in %s is encrypted at rest, and this start has no store key (give the auth dir it was written with, without --encrypt off)", cfg.DataDir).
+					With("data", cfg.DataDir)
+			}
+		} else {
+			if err := checkStoreKey(cfg.DataDir, sc.StoreKey); err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(progress, "store encrypted at rest (ChaCha20-Poly1305; key in %s, which every storage node needs to read its own store)\n", filepath.Join(authDir, authStoreKeyFile))
 		}
 		// Fresh each start, in this node's own data dir (the auth dir may
 		// be shared), written whole before anyone reads it.

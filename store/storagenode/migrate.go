@@ -28,6 +28,9 @@ type StoreLayout struct {
 	// Clustered is true when the store belongs to a storage node of a
 	// JetStream cluster (it holds the meta group's RAFT state).
 	Clustered bool
+	// Encrypted is true when its streams are encrypted at rest: it opens
+	// with the store key it was written with only.
+	Encrypted bool
 }
 
 // Standalone reports whether the store holds streams written by a server
@@ -58,6 +61,13 @@ func ReadStoreLayout(dataDir string) (*StoreLayout, error) {
 		streams, err := os.ReadDir(filepath.Join(acc, "streams"))
 		if err == nil && len(streams) > 0 {
 			l.Accounts = append(l.Accounts, e.Name())
+		}
+		for _, st := range streams {
+			// nats-server keeps an encrypted stream's key beside its
+			// metadata.
+			if _, err := os.Stat(filepath.Join(acc, "streams", st.Name(), "meta.key")); err == nil {
+				l.Encrypted = true
+			}
 		}
 	}
 	sort.Strings(l.Accounts)

@@ -51,6 +51,10 @@ type Config struct {
 	// credentials file issued by Auth (see auth.go). It is required when
 	// Listen is not a loopback address.
 	Auth *Auth
+	// StoreKey, if set, encrypts the JetStream store at rest
+	// (ChaCha20-Poly1305); a store written with a key opens with that key
+	// only, and a plaintext one is encrypted as the server starts.
+	StoreKey string
 	// TLS makes the client port require TLS from the first byte and
 	// cluster routes mutual TLS under the fleet CA. It needs Auth: TLS
 	// protects credentials, and a store without any has none to protect
@@ -105,6 +109,9 @@ func Start(cfg Config) (*server.Server, error) {
 		// Routing projections and certificate records can exceed the 1 MiB
 		// default payload limit in large installations.
 		MaxPayload: 8 << 20,
+	}
+	if cfg.StoreKey != "" {
+		opts.JetStreamKey, opts.JetStreamCipher = cfg.StoreKey, server.ChaCha
 	}
 	if err := checkListeners(listen, cfg.Cluster, cfg.Auth); err != nil {
 		return nil, fmt.Errorf("starting embedded nats: %w", err)

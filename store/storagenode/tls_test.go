@@ -183,7 +183,7 @@ func TestAuthDirWithoutCA(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := storagenode.Boot(context.Background(), storagenode.BootConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Auth: storagenode.AuthOn,
-		AuthDir: authDir, TLS: storagenode.TLSOn})
+		AuthDir: authDir, TLS: storagenode.ToggleOn})
 	if !store.HasCode(err, store.CodeNotFound) || !strings.Contains(err.Error(), "control tls init") {
 		t.Fatalf("--tls on without a CA: %v", err)
 	}
