@@ -227,6 +227,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			a = a.withoutTLS()
 			sc.Auth = a
 		}
+		encrypted := ""
 		switch {
 		case encryptMode == ToggleOff:
 			fmt.Fprintf(progress, "WARNING: encryption at rest is off (--encrypt off): the store in %s holds certificates' private keys in the clear\n", cfg.DataDir)
@@ -248,7 +249,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			if err := checkStoreKey(cfg.DataDir, sc.StoreKey); err != nil {
 				return nil, err
 			}
-			fmt.Fprintf(progress, "store encrypted at rest (ChaCha20-Poly1305; key in %s, which every storage node needs to read its own store)\n", filepath.Join(authDir, authStoreKeyFile))
+			encrypted = fmt.Sprintf("store encrypted at rest (ChaCha20-Poly1305; key in %s, which every storage node needs to read its own store)\n", filepath.Join(authDir, authStoreKeyFile))
 		}
 		// Fresh each start, in this node's own data dir (the auth dir may
 		// be shared), written whole before anyone reads it.
@@ -257,6 +258,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			return nil, fmt.Errorf("writing control credentials: %w", err)
 		}
 		fmt.Fprintf(progress, "credentials required on every connection; this node's control credentials: %s\n", n.CredsFile)
+		fmt.Fprint(progress, encrypted)
 	}
 	layout := store.Layout{Replicas: cfg.Replicas}
 	if clustered {
