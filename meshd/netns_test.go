@@ -260,7 +260,7 @@ func joinNS(t *testing.T, c *control, dir, ns, machine string, extra ...string) 
 	b.creds = c.ask(t, fmt.Sprintf("creds %s %s", b.machine, filepath.Join(dir, b.machine+".creds")), "CREDS")
 	tok := c.ask(t, "invite", "INVITE")
 	sh(t, append([]string{"ip", "netns", "exec", b.ns, meshd, "join", "--token", tok, "--data", b.dir, "--creds", b.creds,
-		"--nats", "nats://" + ctlAddr + ":4222", "--machine", b.machine, "--listen-port", "51820"}, extra...)...)
+		"--nats", "tls://" + ctlAddr + ":4222", "--machine", b.machine, "--listen-port", "51820"}, extra...)...)
 	st, err := node.LoadState(b.dir)
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +347,7 @@ func TestNamespaceMesh(t *testing.T) {
 		{[]string{"--creds", boxes[0].creds}, `register for machine box9 refused by the control plane, nothing was changed`},
 	} {
 		args := append([]string{"ip", "netns", "exec", boxes[2].ns, meshd, "join", "--token", tok, "--data", intruder,
-			"--nats", "nats://" + ctlAddr + ":4222", "--machine", "box9", "--listen-port", "51821"}, tc.creds...)
+			"--nats", "tls://" + ctlAddr + ":4222", "--machine", "box9", "--listen-port", "51821"}, tc.creds...)
 		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
 			t.Fatalf("join as box9 %v: %v, want an error containing %q:\n%s", tc.creds, err, tc.want, out)

@@ -57,6 +57,11 @@ type ConnectOptions struct {
 	OnClosed func()
 }
 
+// ErrNoFleetCA is returned by Connect for a tls:// server when neither the
+// credentials nor a CA file carry the fleet CA to verify it against: a
+// caller names its own flags in what it tells the user.
+var ErrNoFleetCA = errors.New("the server asks for TLS but no fleet CA was given")
+
 // Connect dials NATS.
 func Connect(o ConnectOptions) (*nats.Conn, error) {
 	url := o.URL
@@ -86,7 +91,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	if t != nil {
 		opts = append(opts, tlsOptions(t)...)
 	} else if strings.Contains(url, "tls://") {
-		return nil, Errorf(CodeInvalid, "%s asks for TLS but no fleet CA was given: credentials from `control creds issue` carry it, or give a CA file", redactURL(url)).
+		return nil, Errorf(CodeInvalid, "%s: %w: credentials from `control creds issue` carry it, or give a CA file", redactURL(url), ErrNoFleetCA).
 			With("url", redactURL(url))
 	}
 	if o.ReconnectForever {

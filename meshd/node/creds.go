@@ -81,13 +81,16 @@ func credsWho(file string) string {
 // connectErr adds what to do when the control plane refuses the connection
 // itself: no credentials, or credentials it does not trust.
 func connectErr(err error, creds string) error {
-	if !strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
-		return err
+	const needCreds = "the control plane requires credentials: pass --creds FILE with mesh credentials for this machine (`control creds issue --role mesh --machine ID -o FILE` on a storage node)"
+	refused := strings.Contains(strings.ToLower(err.Error()), "authorization violation")
+	switch {
+	case creds == "" && (refused || errors.Is(err, store.ErrNoFleetCA)):
+		// Mesh credentials carry the fleet CA too: what is missing is them.
+		return fmt.Errorf("%w: %s", err, needCreds)
+	case refused:
+		return fmt.Errorf("%w: the control plane does not accept the credentials in %s (issued by another installation, or expired)", err, credsWho(creds))
 	}
-	if creds == "" {
-		return fmt.Errorf("%w: the control plane requires credentials: pass --creds FILE with mesh credentials for this machine (`control creds issue --role mesh --machine ID -o FILE` on a storage node)", err)
-	}
-	return fmt.Errorf("%w: the control plane does not accept the credentials in %s (issued by another installation, or expired)", err, credsWho(creds))
+	return err
 }
 
 // callRegistrar sends one request to the registrar on its machine-bound
