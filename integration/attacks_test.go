@@ -89,6 +89,11 @@ type attackFixture struct {
 
 func newAttackFixture(t *testing.T) *attackFixture {
 	c := newAuthCluster(t)
+	// Every attack runs over TLS, as a thief's would: the credentials
+	// carry the fleet CA, and the node speaks nothing else.
+	if _, err := c.store.NC.TLSConnectionState(); err != nil {
+		t.Fatalf("the store connection is not TLS: %v", err)
+	}
 	c.join("m1")
 	f := &attackFixture{t: t, c: c}
 	// Files of their own: the agent keeps the ones it runs with.
@@ -108,19 +113,27 @@ func newAttackFixture(t *testing.T) *attackFixture {
 }
 
 func (f *attackFixture) startGateway() {
-	t, c := f.t, f.c
-	g := &gateway{http: freeAddr(t), admin: freeAddr(t), dir: filepath.Join(c.dir, "gw1")}
-	f.dns, f.tls = freeAddr(t), freeAddr(t)
+	f.gw = startEdgeGateway(f.t, f.c, "gw1", f.c.url, f.gwCreds)
+	f.dns, f.tls = f.gw.dns, f.gw.https
+}
+
+// startEdgeGateway starts the gateway an edge box runs, with its own
+// credentials and data dir: routing, DNS, on-demand TLS from Caddy's
+// internal CA for routed names, and the certificates in the store. natsURL
+// is where it reaches the store (the cluster's, or a proxy's).
+func startEdgeGateway(t *testing.T, c *cluster, name, natsURL, creds string) *gateway {
+	t.Helper()
+	g := &gateway{http: freeAddr(t), admin: freeAddr(t), dns: freeAddr(t), https: freeAddr(t), dir: filepath.Join(c.dir, name)}
 	if err := os.MkdirAll(g.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	handler := []any{map[string]any{"handle": []any{map[string]any{"handler": "edgeplane"}}}}
 	cfg := map[string]any{
 		"admin":   map[string]any{"listen": g.admin},
-		"storage": map[string]any{"module": "edgeplane", "nats_url": c.url, "creds_file": f.gwCreds},
+		"storage": map[string]any{"module": "edgeplane", "nats_url": natsURL, "creds_file": creds},
 		"apps": map[string]any{
-			"edgeplane":     map[string]any{"nats_url": c.url, "creds_file": f.gwCreds, "gateway_name": "gw1", "snapshot_path": filepath.Join(g.dir, "routing.json")},
-			"edgeplane_dns": map[string]any{"listen": []string{f.dns}, "ttl": "1s"},
+			"edgeplane":     map[string]any{"nats_url": natsURL, "creds_file": creds, "gateway_name": name, "snapshot_path": filepath.Join(g.dir, "routing.json")},
+			"edgeplane_dns": map[string]any{"listen": []string{g.dns}, "ttl": "1s"},
 			// On-demand TLS from Caddy's internal CA, for routed names only.
 			"pki": map[string]any{"certificate_authorities": map[string]any{"local": map[string]any{"install_trust": false}}},
 			"tls": map[string]any{"automation": map[string]any{
@@ -129,7 +142,7 @@ func (f *attackFixture) startGateway() {
 			}},
 			"http": map[string]any{"servers": map[string]any{
 				"gw":  map[string]any{"listen": []string{g.http}, "automatic_https": map[string]any{"disable": true}, "routes": handler},
-				"gws": map[string]any{"listen": []string{f.tls}, "tls_connection_policies": []any{map[string]any{}}, "routes": handler},
+				"gws": map[string]any{"listen": []string{g.https}, "tls_connection_policies": []any{map[string]any{}}, "routes": handler},
 			}},
 		},
 	}
@@ -139,12 +152,12 @@ func (f *attackFixture) startGateway() {
 		t.Fatal(err)
 	}
 	env := []string{"HOME=" + g.dir, "XDG_DATA_HOME=" + filepath.Join(g.dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(g.dir, "config")}
-	g.proc = start(t, "caddy gw1 (gateway credentials)", env, extraBins.caddy, "run", "--config", path)
+	g.proc = start(t, "caddy "+name+" (gateway credentials)", env, extraBins.caddy, "run", "--config", path)
 	eventually(t, 20*time.Second, "the gateway's projection to connect", func() bool {
 		st, err := g.projection()
 		return err == nil && st.Connected
 	})
-	f.gw = g
+	return g
 }
 
 // nextDeploy applies the next revision of shop, waits for the gateway to

@@ -28,6 +28,8 @@ import (
 type gateway struct {
 	proc                  *proc
 	http, admin, dns, dir string
+	// https serves on-demand TLS, when the gateway has it.
+	https string
 }
 
 func (c *cluster) startGateway(name string) *gateway {
@@ -92,6 +94,7 @@ type projectionStatus struct {
 	StreamHead uint64 `json:"stream_head"`
 	Rebuilds   uint64 `json:"rebuilds"`
 	Routable   int    `json:"routable_instances"`
+	LastError  string `json:"last_error"`
 }
 
 func (g *gateway) projection() (*projectionStatus, error) {

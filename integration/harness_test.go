@@ -160,6 +160,8 @@ type cluster struct {
 	// serverArgs are extra `control server` flags; agentArgs extra
 	// `control agent` flags for the agents join starts.
 	serverArgs, agentArgs []string
+	// netns, if set, is the network namespace the server runs in.
+	netns string
 	// creds, when the server requires credentials (--auth on), is the
 	// control-role credentials file the server wrote; clients use it, and
 	// agents get their own agent-role credentials.
@@ -189,7 +191,11 @@ func newAuthCluster(t *testing.T) *cluster {
 func (c *cluster) startServer(listen string, extraEnv ...string) {
 	t := c.t
 	args := append([]string{"server", "--data", c.serverDir(), "--listen", listen, "--stun-listen", "127.0.0.1:0,127.0.0.1:0"}, c.serverArgs...)
-	c.server = start(t, "control server", extraEnv, bins.control, args...)
+	if c.netns != "" {
+		c.server = start(t, "control server", extraEnv, "ip", append([]string{"netns", "exec", c.netns, bins.control}, args...)...)
+	} else {
+		c.server = start(t, "control server", extraEnv, bins.control, args...)
+	}
 	// tls:// when the node speaks TLS; clients speak it from the fleet CA
 	// their credentials carry, whatever the scheme.
 	m := c.server.waitOutput(t, `embedded NATS with JetStream on (?:nats|tls)://(\S+)`, 15*time.Second)

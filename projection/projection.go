@@ -16,6 +16,7 @@
 package projection
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -80,9 +81,10 @@ type Projection struct {
 	loads      atomic.Uint64
 	head       atomic.Uint64
 	connected  atomic.Bool
-	// downLogged is set once the loss of the store was logged, so that an
-	// outage is one log line, not one per reconnect attempt.
-	downLogged    atomic.Bool
+	// downLogged is the reason last logged for the loss of the store, so
+	// that an outage is one log line per reason, not one per reconnect
+	// attempt; nil while connected.
+	downLogged    atomic.Pointer[string]
 	lastEventTime atomic.Int64 // publish time of the last applied event (unix ns)
 	behindSince   atomic.Int64 // when the head was first seen past applied (unix ns), 0 if not behind
 	lastError     atomic.Pointer[string]
@@ -317,7 +319,9 @@ func (p *Projection) Run(ctx context.Context) error {
 			// Rebuild at once: the old view serves meanwhile.
 			backoff.reset()
 		default:
-			p.markDisconnected(err)
+			// A reconnect the connection's own TLS refused says more
+			// than the session's end does.
+			p.markDisconnected(cmp.Or(store.TLSFailure(st.NC), err))
 			if p.cfg.Store == nil && st.NC.IsClosed() {
 				p.cur.Store(nil)
 			}
@@ -352,17 +356,22 @@ func (p *Projection) markDisconnected(err error) {
 	}
 }
 
-// logDown logs the loss of the store once per outage.
+// logDown logs the loss of the store once per outage, and again when the
+// reason changes (the server went away, then a reconnect was refused).
 func (p *Projection) logDown(msg string, err error) {
-	if p.downLogged.CompareAndSwap(false, true) {
-		p.log.Warn(msg, zap.Error(err))
+	why := msg
+	if err != nil {
+		why = err.Error()
+	}
+	if last := p.downLogged.Swap(&why); last == nil || *last != why {
+		p.log.Warn(msg, zap.Error(err)) // zap.Error(nil) adds nothing
 	}
 }
 
 // markConnected records that the store answers again.
 func (p *Projection) markConnected() {
 	p.connected.Store(true)
-	p.downLogged.Store(false)
+	p.downLogged.Store(nil)
 }
 
 // backoff doubles a wait between failed attempts, up to a maximum.

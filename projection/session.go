@@ -94,6 +94,12 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 					p.logDown("lost NATS; serving the last good routing view", nil)
 					p.swap(p.View().withStale(true))
 				}
+				// A reconnect refused at the TLS handshake (the server
+				// did not prove itself) is worth saying.
+				if err := store.TLSFailure(nc); err != nil {
+					p.setError(err.Error())
+					p.logDown("NATS reconnect refused; serving the last good routing view", err)
+				}
 				continue
 			}
 			if r := nc.Stats().Reconnects; r != reconnects || needVerify {

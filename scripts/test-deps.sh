@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the real peers the test suite drives: dig (DNS tests), curl (the
 # README demo), wg, ip, iptables and iperf3 (mesh tests: NAT namespaces, a
-# key rotation under load), ping, wrk (load during a redeploy),
+# key rotation under load), ping, wrk (load during a redeploy), tcpdump
+# (a capture of what crosses the wire to a storage node),
 # the container driver's engines (podman with runc, and Docker's dockerd
 # from docker.io: internal/enginetest starts each on a socket of its own
 # with its own storage), docker-registry (a registry on loopback for
@@ -23,6 +24,7 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v iptables >/dev/null || need+=(iptables)
 command -v iperf3 >/dev/null || need+=(iperf3)
+command -v tcpdump >/dev/null || need+=(tcpdump)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "installing ${need[*]}"

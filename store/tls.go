@@ -155,6 +155,18 @@ func tlsOptions(t *trust) []nats.Option {
 	}
 }
 
+// TLSFailure is why nc, reconnecting, was refused by its own side of a TLS
+// handshake (the server did not prove itself under the fleet CA, or spoke
+// no TLS): a CodeTLS error naming the server and what did not match; nil
+// when nc's last error is something else or none.
+func TLSFailure(nc *nats.Conn) error {
+	err := nc.LastError()
+	if err == nil {
+		return nil
+	}
+	return tlsError(strings.Join(nc.Servers(), ","), err, true, "")
+}
+
 // tlsError turns a connect failure of a TLS handshake into a CodeTLS
 // error that names the server and what did not match.
 func tlsError(url string, err error, withTLS bool, source string) error {
@@ -165,7 +177,10 @@ func tlsError(url string, err error, withTLS bool, source string) error {
 	reason := ""
 	switch {
 	case errors.As(err, &unknown):
-		reason = "its certificate is not issued under the fleet CA in " + source
+		reason = "its certificate is not issued under the fleet CA"
+		if source != "" {
+			reason += " in " + source
+		}
 		if unknown.Cert != nil {
 			reason += fmt.Sprintf(" (it presented %q, issued by %q)", unknown.Cert.Subject.CommonName, unknown.Cert.Issuer.CommonName)
 		}

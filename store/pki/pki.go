@@ -38,9 +38,9 @@ const (
 	ClientTTL = 365 * 24 * time.Hour
 )
 
-// clockSkew backdates what is issued, so a peer whose clock is a little
+// ClockSkew backdates what is issued, so a peer whose clock is a little
 // behind still accepts a certificate issued a moment ago.
-const clockSkew = 5 * time.Minute
+const ClockSkew = 5 * time.Minute
 
 // CA issues certificates under one CA certificate.
 type CA struct {
@@ -61,7 +61,7 @@ func NewCA(name string, ttl time.Duration) (*CA, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(),
 		Subject:               pkix.Name{CommonName: name, Organization: []string{"edgeplane"}},
-		NotBefore:             now.Add(-clockSkew),
+		NotBefore:             now.Add(-ClockSkew),
 		NotAfter:              now.Add(ttl),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
@@ -198,7 +198,7 @@ func (ca *CA) SignRequest(csrPEM []byte, r ClientRequest) (*x509.Certificate, er
 func (ca *CA) issue(pub crypto.PublicKey, tmpl *x509.Certificate, ttl time.Duration) (*x509.Certificate, error) {
 	now := time.Now()
 	tmpl.SerialNumber = serial()
-	tmpl.NotBefore = now.Add(-clockSkew)
+	tmpl.NotBefore = now.Add(-ClockSkew)
 	tmpl.NotAfter = now.Add(ttl)
 	if tmpl.NotAfter.After(ca.Cert.NotAfter) {
 		tmpl.NotAfter = ca.Cert.NotAfter

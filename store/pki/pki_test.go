@@ -56,7 +56,7 @@ func TestServerCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := cert.NotAfter.Sub(cert.NotBefore); got > ServerTTL+clockSkew+time.Second {
+	if got := cert.NotAfter.Sub(cert.NotBefore); got > ServerTTL+ClockSkew+time.Second {
 		t.Fatalf("lifetime %s, want about %s", got, ServerTTL)
 	}
 	for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {

@@ -69,7 +69,7 @@ type BootConfig struct {
 	// default pki.ServerTTL, renewed by the node at two thirds of it.
 	CertTTL time.Duration
 	// CertRenewCheck is how often the node looks at its certificate;
-	// default DefaultRenewCheck.
+	// default as TLSConfig.RenewCheck.
 	CertRenewCheck time.Duration
 
 	// Names scope every stream and bucket; an empty field is its default

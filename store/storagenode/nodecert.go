@@ -61,8 +61,9 @@ func issuedCerts(ca *pki.CA, req pki.ServerRequest, log *zap.Logger) (*nodeCerts
 		return &tls.Certificate{Certificate: [][]byte{cert.Raw, ca.Cert.Raw}, PrivateKey: key, Leaf: cert}, nil
 	}
 	n.due = func(cur *tls.Certificate, now time.Time) bool {
-		life := cur.Leaf.NotAfter.Sub(cur.Leaf.NotBefore)
-		return now.After(cur.Leaf.NotBefore.Add(life * 2 / 3))
+		// Its life counts from issuance, not from the backdated NotBefore.
+		issued := cur.Leaf.NotBefore.Add(pki.ClockSkew)
+		return now.After(issued.Add(cur.Leaf.NotAfter.Sub(issued) * 2 / 3))
 	}
 	return n, n.first()
 }

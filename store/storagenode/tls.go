@@ -1,6 +1,7 @@
 package storagenode
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -196,7 +197,8 @@ type TLSConfig struct {
 	// default pki.ServerTTL. They are renewed at two thirds of it.
 	CertTTL time.Duration
 	// RenewCheck is how often the certificate is looked at for renewal;
-	// default DefaultRenewCheck.
+	// default DefaultRenewCheck, or a tenth of CertTTL when that is
+	// shorter, so a short-lived certificate is renewed in its last third.
 	RenewCheck time.Duration
 
 	certs *nodeCerts
@@ -271,7 +273,8 @@ func (c *TLSConfig) renewWhile(ns *server.Server) {
 	ctx, cancel := context.WithCancel(context.Background())
 	every := c.RenewCheck
 	if every <= 0 {
-		every = DefaultRenewCheck
+		ttl := cmp.Or(c.CertTTL, pki.ServerTTL)
+		every = min(DefaultRenewCheck, max(ttl/10, 100*time.Millisecond))
 	}
 	go c.certs.run(ctx, every)
 	go func() {
