@@ -94,6 +94,8 @@ type fixture struct {
 	t       testing.TB
 	nats    *storetest.Server
 	natsURL string
+	// creds, if set, are the gateway's credentials (a node with auth).
+	creds   string
 	gateway string // host:port of the gateway server
 	admin   string // host:port of the admin API
 	snap    string
@@ -104,7 +106,13 @@ type fixture struct {
 
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
-	f := &fixture{t: t, nats: storetest.Start(t), snap: filepath.Join(t.TempDir(), "snap", "routing.json"),
+	return newFixtureOn(t, storetest.Start(t))
+}
+
+// newFixtureOn is newFixture on a server of the caller's.
+func newFixtureOn(t testing.TB, srv *storetest.Server) *fixture {
+	t.Helper()
+	f := &fixture{t: t, nats: srv, snap: filepath.Join(t.TempDir(), "snap", "routing.json"),
 		gateway: freeAddr(t), admin: freeAddr(t)}
 	f.natsURL = f.nats.URL
 	f.client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
@@ -122,7 +130,7 @@ func (f *fixture) config() []byte {
 		"admin":   map[string]any{"listen": f.admin},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
 		"apps": map[string]any{
-			"edgeplane": map[string]any{"nats_url": f.natsURL, "snapshot_path": f.snap, "gateway_name": "gw-test"},
+			"edgeplane": map[string]any{"nats_url": f.natsURL, "creds_file": f.creds, "snapshot_path": f.snap, "gateway_name": "gw-test"},
 			"http": map[string]any{"servers": map[string]any{"gateway": map[string]any{
 				"listen":          []string{f.gateway},
 				"routes":          []any{map[string]any{"handle": []any{h}}},

@@ -271,9 +271,14 @@ func startSTUN(ctx context.Context, listen, advertise []string) ([]string, error
 // publishBundle records the auth dir's CA bundle in the store, signed by
 // the trust root, for long-running clients to follow (a CA rotation); a
 // server whose auth dir holds no CA or no root has none to publish, and
-// an older copy of the auth dir does not replace a newer bundle.
+// an older copy of the auth dir does not replace a newer bundle. Nor does
+// a server whose store connection is plaintext (--tls off): a client
+// following the bundle would then speak TLS to a node that does not.
 func publishBundle(ctx context.Context, s *store.Store, authDir string, setup *signers.Setup, out io.Writer) error {
 	if setup.Root == nil {
+		return nil
+	}
+	if _, err := s.NC.TLSConnectionState(); err != nil {
 		return nil
 	}
 	f, err := storagenode.LoadFleetTLS(authDir)

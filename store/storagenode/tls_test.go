@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"net"
 	"net/url"
@@ -288,4 +289,78 @@ func forward(t *testing.T, listen, target string) string {
 		}
 	}()
 	return l.Addr().String()
+}
+
+// Turning TLS on where a node ran plaintext with credentials: `control tls
+// init` on its auth dir, then a restart on the same data dir. The store is
+// as it was; a client with credentials from before (which carry no CA) is
+// told what is missing, and connects once given the CA file (or new
+// credentials, which carry it) — nothing needs re-issuing at once.
+func TestTurningTLSOnKeepsTheStoreAndTheCredentials(t *testing.T) {
+	authDir, dataDir := t.TempDir(), t.TempDir()
+	if _, err := storagenode.LoadAuth(authDir, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(authDir, "tls")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := storagenode.BootConfig{DataDir: dataDir, Listen: "127.0.0.1:0", Auth: storagenode.AuthOn, AuthDir: authDir}
+	n := boot(t, cfg)
+	if n.TLS != nil {
+		t.Fatal("a node whose auth dir has no CA speaks TLS")
+	}
+	ctx := context.Background()
+	if _, err := n.Store.Machines.Put(ctx, "m1", []byte(`{"id":"m1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	oldCreds := filepath.Join(t.TempDir(), "agent.creds")
+	b, err := n.Auth.IssueCreds(storagenode.CredsRequest{Role: storagenode.RoleControl, Name: "before"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(oldCreds, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+
+	fleet, err := storagenode.InitFleetTLS(authDir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = boot(t, cfg)
+	if n.TLS == nil {
+		t.Fatal("no TLS after the auth dir got its CA")
+	}
+	url := n.Server.ClientURL()
+	if !strings.HasPrefix(url, "tls://") {
+		t.Fatalf("client URL %s", url)
+	}
+	_, err = store.Connect(store.ConnectOptions{URL: url, CredsFile: oldCreds})
+	if !errors.Is(err, store.ErrNoFleetCA) || !strings.Contains(err.Error(), "CA file") {
+		t.Fatalf("credentials from before TLS, no CA file: %v", err)
+	}
+	caFile := filepath.Join(authDir, "tls", "bundle.crt")
+	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: oldCreds, CAFile: caFile})
+	if err != nil {
+		t.Fatalf("credentials from before TLS with the CA file: %v", err)
+	}
+	defer nc.Close()
+	if _, err := nc.TLSConnectionState(); err != nil {
+		t.Fatalf("not TLS: %v", err)
+	}
+	s, err := store.Open(ctx, nc, n.Store.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Machines.Get(ctx, "m1"); err != nil || string(e.Value()) != `{"id":"m1"}` {
+		t.Fatalf("the store after turning TLS on: %v", err)
+	}
+	// New credentials carry the CA: nothing else is needed.
+	b, err = n.Auth.IssueCreds(storagenode.CredsRequest{Role: storagenode.RoleControl, Name: "after"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(b, fleet.CA.CertPEM()) {
+		t.Fatal("credentials issued after tls init do not carry the CA")
+	}
 }

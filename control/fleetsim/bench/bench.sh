@@ -5,19 +5,25 @@
 # and fleetsim, whose agents and gateways each connect with their own
 # role's credentials. The processes' memory is read from /proc at the end.
 #
-#   control/fleetsim/bench/bench.sh [--nodes 3] [fleetsim flags...]
+#   control/fleetsim/bench/bench.sh [--nodes 3] [--tls on|off] [fleetsim flags...]
 #
 # Defaults are the goals table's: 10,000 machines, 1,000 deployments,
 # 10,000 writes/s for 60 s, 100 gateways, 5 applies before and 5 during.
 # With --nodes 3 the storage nodes form a JetStream cluster (replicas 3)
-# and the third is killed (SIGKILL) halfway through the writes.
+# and the third is killed (SIGKILL) halfway through the writes. With
+# --tls off the auth dir holds no fleet CA, so every connection and route
+# is plaintext (the baseline of what TLS costs; default on).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-nodes=1
-if [ "${1:-}" = "--nodes" ]; then
-	nodes=$2
-	shift 2
-fi
+nodes=1 tls=on
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--nodes) nodes=$2; shift 2 ;;
+	--tls) tls=$2; shift 2 ;;
+	*) break ;;
+	esac
+done
+case "$tls" in on | off) ;; *) echo "--tls $tls: want on or off" >&2; exit 2 ;; esac
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -47,13 +53,19 @@ start_node() {
 		args=(--name "s$i" --cluster-name edge --cluster-listen "${routes[$((i - 1))]}" --routes "$(IFS=,; echo "${routes[*]}")")
 	fi
 	"$work/control" server --data "$work/s$i" --listen "${urls[$((i - 1))]#nats://}" --auth on --auth-dir "$work/auth" \
-		--stun-listen "" --status-flush 0 --log-level warn "${args[@]}" >"$work/s$i.out" 2>&1 &
+		--tls "$tls" --stun-listen "" --status-flush 0 --log-level warn "${args[@]}" >"$work/s$i.out" 2>&1 &
 	pids+=($!)
 	node_pids+=($!)
 }
 start_node 1
 # The first node creates the auth dir the others share.
 for _ in $(seq 100); do [ -f "$work/auth/signing-root.nk" ] && break; sleep 0.2; done
+if [ "$tls" = off ]; then
+	# Without the fleet CA in the auth dir, credentials issued from it
+	# carry none, so every client speaks plaintext too.
+	for _ in $(seq 100); do [ -f "$work/auth/tls/ca.crt" ] && break; sleep 0.2; done
+	rm -rf "$work/auth/tls"
+fi
 for i in $(seq 2 "$nodes"); do start_node "$i"; done
 "$work/control" creds issue --role control --auth-dir "$work/auth" -o "$work/control.creds" >/dev/null
 ready=
