@@ -89,7 +89,8 @@ func cmdJoin(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.Token, "token", "", "invite `TOKEN` from 'control machine invite' (required)")
 	fs.StringVar(&o.DataDir, "data", "", "data dir for keys and state (required)")
 	fs.StringVar(&o.NATSURL, "nats", store.URLFromEnv(), "control plane NATS URL")
-	fs.StringVar(&o.CredsFile, "creds", "", "NATS credentials file: mesh credentials for this machine (saved for run and leave)")
+	fs.StringVar(&o.CredsFile, "creds", "", "NATS credentials file: mesh credentials for this machine (saved for run and leave); it carries the fleet CA")
+	fs.StringVar(&o.CAFile, "tls-ca", os.Getenv("EDGEPLANE_TLS_CA"), "PEM `FILE` of the CAs storage nodes are verified against (env EDGEPLANE_TLS_CA; default: the one the credentials carry; saved for run and leave)")
 	fs.StringVar(&o.TrustRoot, "trust-root", "", "public `KEY` (O...) peer records must be signed under (saved for run; default: the one the credentials carry, else the store's, pinned on first contact)")
 	fs.StringVar(&o.Machine, "machine", store.DefaultMachineID(), "machine ID")
 	fs.IntVar(&o.ListenPort, "listen-port", node.DefaultListenPort, "WireGuard UDP port (0 picks a free one and keeps it)")
@@ -127,6 +128,7 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.StringVar(&c.DataDir, "data", "", "data dir written by 'meshd join' (required)")
 	fs.StringVar(&c.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")
 	fs.StringVar(&c.CredsFile, "creds", "", "NATS credentials file (default: the one used at join)")
+	fs.StringVar(&c.CAFile, "tls-ca", "", "PEM `FILE` of the CAs storage nodes are verified against (default: the one used at join)")
 	fs.StringVar(&c.TrustRoot, "trust-root", "", "public `KEY` (O...) peer records must be signed under (default: the one saved at join)")
 	fs.StringVar(&stun, "stun", "", "comma-separated STUN servers (default: those the registrar announced)")
 	fs.StringVar(&c.MetricsAddr, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9586)")
@@ -235,6 +237,7 @@ func cmdLeave(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&o.DataDir, "data", "", "data dir (required)")
 	fs.StringVar(&o.NATSURL, "nats", "", "control plane NATS URL (default: the one used at join)")
 	fs.StringVar(&o.CredsFile, "creds", "", "NATS credentials file (default: the one used at join)")
+	fs.StringVar(&o.CAFile, "tls-ca", "", "PEM `FILE` of the CAs storage nodes are verified against (default: the one used at join)")
 	fs.BoolVar(&o.Purge, "purge", false, "also delete the private key and all cached state")
 	if err := fs.Parse(args); err != nil {
 		return err

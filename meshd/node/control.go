@@ -65,7 +65,7 @@ func (n *Node) controlLoop(ctx context.Context) {
 	attempt := 0
 	for ctx.Err() == nil {
 		nc, err := store.Connect(store.ConnectOptions{
-			URL: n.st.NATSURL, CredsFile: n.st.CredsFile, Name: "meshd " + n.st.Machine, Timeout: 5 * time.Second,
+			URL: n.st.NATSURL, CredsFile: n.st.CredsFile, CAFile: n.st.CAFile, Name: "meshd " + n.st.Machine, Timeout: 5 * time.Second,
 			ReconnectForever: true, ReconnectDelay: Backoff,
 			OnDisconnect: func(error) { n.setConnected(false); signal(disc) },
 			OnReconnect:  func() { n.setConnected(true); signal(up) },

@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/netip"
@@ -245,4 +246,39 @@ func TestMeshCredentials(t *testing.T) {
 		t.Fatalf("alpha run after leave: %v", err)
 	}
 	a.done <- nil
+}
+
+// Credentials without the fleet CA (issued before TLS, or kept apart from
+// it) work with the CA given as a file: join saves it, and leave (like run)
+// uses what join saved.
+func TestMeshJoinWithCAFile(t *testing.T) {
+	c := startAuthCluster(t)
+	full, err := os.ReadFile(c.creds(t, storagenode.RoleMesh, "alpha"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := bytes.Index(full, []byte(store.BundleHeader))
+	if cut < 0 {
+		t.Fatal("mesh credentials carry no CA")
+	}
+	bare := filepath.Join(c.dir, "bare.creds")
+	if err := os.WriteFile(bare, full[:cut], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "alpha")
+	if _, err := c.join("alpha", dir, c.invite(t), bare); !errors.Is(err, store.ErrNoFleetCA) {
+		t.Fatalf("join with credentials that carry no CA, and no CA file: %v", err)
+	}
+	caFile := filepath.Join(c.dir, "auth", "tls", "bundle.crt")
+	st, err := node.Join(context.Background(), node.JoinOptions{Token: c.invite(t), DataDir: dir, NATSURL: c.url, CredsFile: bare, CAFile: caFile,
+		Machine: "alpha", Bind: "127.0.0.1", Mode: node.ModeNetstack, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatalf("join with the CA file: %v", err)
+	}
+	if st.CAFile != caFile {
+		t.Fatalf("state keeps CA file %q, want %q", st.CAFile, caFile)
+	}
+	if _, err := node.Leave(context.Background(), node.LeaveOptions{DataDir: dir}); err != nil {
+		t.Fatalf("leave with the saved CA file: %v", err)
+	}
 }

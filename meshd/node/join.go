@@ -33,6 +33,9 @@ type JoinOptions struct {
 	// state keeps its absolute path for run and leave. Needed when the
 	// control plane listens beyond loopback.
 	CredsFile string
+	// CAFile, if set, is a PEM bundle of the CAs storage nodes are
+	// verified against besides the one the credentials carry; saved.
+	CAFile string
 	// TrustRoot is the key peer records must be signed under; saved for
 	// run. Default: the root the credentials carry, else the store's,
 	// pinned on first contact.
@@ -97,6 +100,11 @@ func (o *JoinOptions) validate() error {
 		return err
 	}
 	o.CredsFile = creds
+	if o.CAFile != "" {
+		if o.CAFile, err = filepath.Abs(o.CAFile); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -137,7 +145,7 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: o.NATSURL, CredsFile: o.CredsFile, Name: "meshd join " + o.Machine, Timeout: timeout})
+	nc, err := store.Connect(store.ConnectOptions{URL: o.NATSURL, CredsFile: o.CredsFile, CAFile: o.CAFile, Name: "meshd join " + o.Machine, Timeout: timeout})
 	if err != nil {
 		return nil, connectErr(err, o.CredsFile)
 	}
@@ -177,7 +185,7 @@ func Join(ctx context.Context, o JoinOptions) (*State, error) {
 	}
 	st := &State{
 		Version: store.RecordVersion, Machine: rep.Machine, MeshIP: rep.MeshIP, Subnet: rep.Subnet,
-		Secret: rep.Secret, NATSURL: o.NATSURL, CredsFile: o.CredsFile, TrustRoot: o.TrustRoot, Installation: names.Installation, Authority: names.Authority,
+		Secret: rep.Secret, NATSURL: o.NATSURL, CredsFile: o.CredsFile, CAFile: o.CAFile, TrustRoot: o.TrustRoot, Installation: names.Installation, Authority: names.Authority,
 		STUN: rep.STUN, ListenPort: o.ListenPort, Bind: o.Bind, Mode: o.Mode, Interface: o.Interface,
 		JoinedAt: time.Now().UTC(),
 	}

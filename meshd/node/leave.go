@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +18,8 @@ type LeaveOptions struct {
 	NATSURL string // overrides the saved URL
 	// CredsFile overrides the credentials saved at join.
 	CredsFile string
+	// CAFile overrides the CA bundle saved at join.
+	CAFile string
 	// Purge also deletes the private key and every cached file.
 	Purge   bool
 	Timeout time.Duration
@@ -48,6 +51,7 @@ func Leave(ctx context.Context, o LeaveOptions) (*store.MeshLeaveReply, error) {
 			return nil, err
 		}
 	}
+	caFile := cmp.Or(o.CAFile, st.CAFile)
 	timeout := o.Timeout
 	if timeout == 0 {
 		timeout = 10 * time.Second
@@ -56,7 +60,7 @@ func Leave(ctx context.Context, o LeaveOptions) (*store.MeshLeaveReply, error) {
 	if err != nil {
 		return nil, err
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: "meshd leave " + st.Machine, Timeout: timeout})
+	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, CAFile: caFile, Name: "meshd leave " + st.Machine, Timeout: timeout})
 	if err != nil {
 		return nil, fmt.Errorf("leaving needs the control plane; nothing was changed: %w", connectErr(err, creds))
 	}

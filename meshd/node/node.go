@@ -30,6 +30,8 @@ type Config struct {
 	NATSURL string
 	// CredsFile overrides the NATS credentials saved at join.
 	CredsFile string
+	// CAFile overrides the CA bundle saved at join.
+	CAFile string
 	// TrustRoot overrides the trust root saved at join: the key peer
 	// records must be signed under.
 	TrustRoot string
@@ -135,6 +137,9 @@ func New(cfg Config) (*Node, error) {
 	}
 	if cfg.CredsFile != "" {
 		st.CredsFile = cfg.CredsFile
+	}
+	if cfg.CAFile != "" {
+		st.CAFile = cfg.CAFile
 	}
 	// A missing or broken credentials file is a configuration error: say
 	// so now rather than retry a connection that can never succeed.

@@ -42,6 +42,8 @@ type State struct {
 	// CredsFile is the absolute path of the NATS credentials join used;
 	// run and leave reuse it ("" on a loopback control plane without auth).
 	CredsFile string `json:"creds_file,omitempty"`
+	// CAFile is the CA bundle join was given (--tls-ca), if any.
+	CAFile string `json:"tls_ca_file,omitempty"`
 	// TrustRoot is the trust root join was told (--trust-root); "" takes
 	// the one the credentials carry, else the store's, pinned in the data
 	// dir on first contact.
