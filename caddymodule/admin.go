@@ -3,8 +3,11 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -21,7 +24,8 @@ func init() {
 //
 //	GET /edgeplane/projection   status: applied sequence, stream head, lag,
 //	                            last event age, rebuilds, connected or stale
-//	GET /edgeplane/routes       every service with its routes and endpoints
+//	GET /edgeplane/routes       every service with its routes and endpoints,
+//	                            and the endpoints set aside by health checks
 //	GET /edgeplane/hosts/<host> the routes of one host ("*.suffix" for a
 //	                            wildcard) and what "/" resolves to
 type Admin struct{}
@@ -47,6 +51,19 @@ type RouteInfo struct {
 	Revision  int64            `json:"revision"`
 	Routes    []store.Route    `json:"routes"`
 	Endpoints []store.Endpoint `json:"endpoints"`
+	// SetAside are the endpoints that get no new requests, and why.
+	SetAside []SetAsideInfo `json:"set_aside,omitempty"`
+	// FailOpen is set when every endpoint is set aside: they are all
+	// served anyway.
+	FailOpen bool `json:"fail_open,omitempty"`
+}
+
+// SetAsideInfo is one endpoint the gateway sends no new requests to.
+type SetAsideInfo struct {
+	InstanceID string    `json:"instance_id"`
+	Machine    string    `json:"machine"`
+	Reason     string    `json:"reason"`
+	Since      time.Time `json:"since"`
 }
 
 // HostInfo is the answer of /edgeplane/hosts/<host>.
@@ -57,13 +74,22 @@ type HostInfo struct {
 	Root *RouteInfo `json:"root,omitempty"`
 }
 
-func routeInfo(s *projection.Service) RouteInfo {
+func routeInfo(app *App, s *projection.Service) RouteInfo {
 	eps := s.Endpoints
 	if eps == nil {
 		eps = []store.Endpoint{}
 	}
-	return RouteInfo{Namespace: s.Namespace, Service: s.Name, DeployID: s.DeployID, Revision: s.Revision,
+	ri := RouteInfo{Namespace: s.Namespace, Service: s.Name, DeployID: s.DeployID, Revision: s.Revision,
 		Routes: s.Routes, Endpoints: eps}
+	if app.health != nil {
+		for _, e := range eps {
+			if sa, ok := app.health.setAsideOf(net.JoinHostPort(e.Address, strconv.Itoa(e.Port))); ok {
+				ri.SetAside = append(ri.SetAside, SetAsideInfo{InstanceID: e.InstanceID, Machine: e.Machine, Reason: sa.Reason, Since: sa.Since})
+			}
+		}
+		ri.FailOpen = len(eps) > 0 && len(ri.SetAside) == len(eps)
+	}
+	return ri
 }
 
 func serveAdmin(w http.ResponseWriter, r *http.Request) error {
@@ -84,7 +110,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		svcs := p.View().Services()
 		out := make([]RouteInfo, 0, len(svcs))
 		for _, s := range svcs {
-			out = append(out, routeInfo(s))
+			out = append(out, routeInfo(app, s))
 		}
 		body = out
 	case strings.HasPrefix(path, "hosts/") && len(path) > len("hosts/"):
@@ -93,7 +119,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		info := HostInfo{Host: host, Routes: v.HostRoutes(host)}
 		if !strings.HasPrefix(host, "*.") {
 			if s, ok := v.Lookup(host, "/"); ok {
-				ri := routeInfo(s)
+				ri := routeInfo(app, s)
 				info.Root = &ri
 			}
 		}

@@ -7,6 +7,7 @@
 package caddymodule
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -41,10 +42,24 @@ type App struct {
 	// GatewayName names this gateway in the observations `control deploy
 	// apply` waits for. Default: the host name.
 	GatewayName string `json:"gateway_name,omitempty"`
+	// HealthInterval is how often the gateway probes every routable
+	// endpoint at its service's readiness path (a TCP connect without
+	// one); an endpoint whose last probe failed gets no new requests
+	// while its service has another. Default: 1s.
+	HealthInterval caddy.Duration `json:"health_interval,omitempty"`
+	// HealthTimeout bounds one probe. Default: 1s.
+	HealthTimeout caddy.Duration `json:"health_timeout,omitempty"`
+	// DisableHealthChecks turns the probes off: every routable endpoint
+	// gets requests until the routing says otherwise.
+	DisableHealthChecks bool `json:"disable_health_checks,omitempty"`
 
 	key    string
 	shared *sharedProjection
 	logger *zap.Logger
+
+	health     *healthChecker
+	stopHealth context.CancelFunc
+	healthDone chan struct{}
 }
 
 // CaddyModule returns the Caddy module information.
@@ -94,6 +109,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := projection.RegisterMetrics(ctx.GetMetricsRegistry(), a.shared.proj); err != nil {
 		return fmt.Errorf("provisioning edgeplane app: registering metrics: %w", err)
 	}
+	if !a.DisableHealthChecks {
+		interval := cmp.Or(time.Duration(a.HealthInterval), DefaultHealthInterval)
+		timeout := cmp.Or(time.Duration(a.HealthTimeout), DefaultHealthTimeout)
+		a.health = newHealthChecker(interval, timeout, func() *projection.View { return a.shared.proj.View() }, a.logger.Named("health"))
+	}
 	return nil
 }
 
@@ -102,12 +122,23 @@ func (a *App) Validate() error {
 	if a.shared == nil {
 		return fmt.Errorf("edgeplane app not provisioned")
 	}
+	if a.HealthInterval < 0 || a.HealthTimeout < 0 {
+		return fmt.Errorf("edgeplane app: health_interval and health_timeout must not be negative")
+	}
 	return nil
 }
 
 // Start runs the projection (once per shared projection).
 func (a *App) Start() error {
 	a.shared.start()
+	if a.health != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		a.stopHealth, a.healthDone = cancel, make(chan struct{})
+		go func() {
+			defer close(a.healthDone)
+			a.health.run(ctx)
+		}()
+	}
 	current.Store(a)
 	a.logger.Info("edgeplane gateway projection running",
 		zap.String("nats", a.NATSURL), zap.String("gateway", a.GatewayName), zap.String("snapshot", a.SnapshotPath))
@@ -118,6 +149,10 @@ func (a *App) Start() error {
 // until the last app using it is cleaned up.
 func (a *App) Stop() error {
 	current.CompareAndSwap(a, nil)
+	if a.stopHealth != nil {
+		a.stopHealth()
+		<-a.healthDone
+	}
 	return nil
 }
 

@@ -23,8 +23,13 @@ func init() {
 //			creds_file    <path>
 //			installation  <name>
 //			authority     <name>
+//			tls_ca_file   <path>
+//			trust_root    <key>
 //			snapshot_path <path>
 //			gateway_name  <name>
+//			health_interval <duration>
+//			health_timeout  <duration>
+//			disable_health_checks
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -46,6 +51,31 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for d.NextBlock(0) {
 		sub := d.Val()
+		switch sub {
+		case "disable_health_checks":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			a.DisableHealthChecks = true
+			continue
+		case "health_interval", "health_timeout":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			dur, err := caddy.ParseDuration(d.Val())
+			if err != nil {
+				return d.Errf("edgeplane option %s: %v", sub, err)
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			if sub == "health_interval" {
+				a.HealthInterval = caddy.Duration(dur)
+			} else {
+				a.HealthTimeout = caddy.Duration(dur)
+			}
+			continue
+		}
 		dst := a.Setting(sub)
 		switch sub {
 		case "snapshot_path":

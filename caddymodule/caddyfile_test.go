@@ -26,6 +26,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		"own upstream":   {":80 {\n\tedgeplane 127.0.0.1:9000\n}\n", "edgeplane takes no upstreams"},
 		"own to":         {":80 {\n\tedgeplane {\n\t\tto 127.0.0.1:9000\n\t}\n}\n", "edgeplane takes no upstreams"},
 		"dynamic args":   {":80 {\n\treverse_proxy {\n\t\tdynamic edgeplane onlyns\n\t}\n}\n", "dynamic edgeplane takes no arguments or <namespace> <service>, got 1"},
+		"bad interval":   {"{\n\tedgeplane {\n\t\thealth_interval soon\n\t}\n}\n:80\n", "edgeplane option health_interval"},
+		"disable arg":    {"{\n\tedgeplane {\n\t\tdisable_health_checks yes\n\t}\n}\n:80\n", "Caddyfile:3"},
 		"permission arg": {"{\n\ton_demand_tls {\n\t\tpermission edgeplane extra\n\t}\n}\n:80\n", "Caddyfile:3"},
 	}
 	for name, c := range cases {

@@ -81,6 +81,9 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		}
 		return out
 	}).([]string)
+	if u.app.health != nil {
+		dials = u.app.health.healthy(svc.Key(), dials)
+	}
 	vals := make([]reverseproxy.Upstream, len(dials))
 	ups := make([]*reverseproxy.Upstream, len(dials))
 	for i, d := range dials {

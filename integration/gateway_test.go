@@ -33,6 +33,20 @@ type gateway struct {
 }
 
 func (c *cluster) startGateway(name string) *gateway {
+	return c.startGatewayWith(name, map[string]any{"handler": "edgeplane", "load_balancing": map[string]any{"retries": 2}})
+}
+
+// shippedHandler is the edgeplane handler as the shipped caddy.json
+// configures it.
+var shippedHandler = map[string]any{
+	"handler":        "edgeplane",
+	"load_balancing": map[string]any{"selection_policy": map[string]any{"policy": "least_conn"}, "retries": 2},
+	"health_checks":  map[string]any{"passive": map[string]any{"fail_duration": "10s"}},
+	"flush_interval": -1,
+}
+
+// startGatewayWith starts a gateway whose one route is handler.
+func (c *cluster) startGatewayWith(name string, handler map[string]any) *gateway {
 	t := c.t
 	g := &gateway{http: freeAddr(t), admin: freeAddr(t), dns: freeAddr(t), dir: filepath.Join(c.dir, "gw-"+name)}
 	_, httpPort, _ := net.SplitHostPort(g.http)
@@ -49,10 +63,7 @@ func (c *cluster) startGateway(name string) *gateway {
 				"servers": map[string]any{"gw": map[string]any{
 					"listen":          []string{g.http},
 					"automatic_https": map[string]any{"disable": true},
-					"routes": []any{map[string]any{"handle": []any{map[string]any{
-						"handler":        "edgeplane",
-						"load_balancing": map[string]any{"retries": 2},
-					}}}},
+					"routes":          []any{map[string]any{"handle": []any{handler}}},
 				}},
 			},
 		},

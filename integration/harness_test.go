@@ -331,17 +331,29 @@ func (c *cluster) agentDir(id string) string { return filepath.Join(c.dir, "agen
 // killInstances stops every instance any agent of the test started: they
 // outlive agents by design, so the test must end them itself.
 func (c *cluster) killInstances() {
-	files, _ := filepath.Glob(filepath.Join(c.dir, "*", "*", "instances", "*.json"))
-	more, _ := filepath.Glob(filepath.Join(c.dir, "server", "agent", "instances", "*.json"))
-	for _, f := range append(files, more...) {
-		var st struct {
-			Runtime struct{ PID int } `json:"runtime"`
-		}
-		b, _ := os.ReadFile(f)
-		if json.Unmarshal(b, &st) == nil && st.Runtime.PID > 0 {
-			_ = syscall.Kill(-st.Runtime.PID, syscall.SIGKILL)
+	for _, pid := range recordedPIDs(filepath.Join(c.dir, "*", "*", "instances", "*.json"),
+		filepath.Join(c.dir, "server", "agent", "instances", "*.json")) {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+}
+
+// recordedPIDs are the process groups of the instances recorded in the
+// agents' state files matching the glob patterns.
+func recordedPIDs(patterns ...string) []int {
+	var pids []int
+	for _, p := range patterns {
+		files, _ := filepath.Glob(p)
+		for _, f := range files {
+			var st struct {
+				Runtime struct{ PID int } `json:"runtime"`
+			}
+			b, _ := os.ReadFile(f)
+			if json.Unmarshal(b, &st) == nil && st.Runtime.PID > 0 {
+				pids = append(pids, st.Runtime.PID)
+			}
 		}
 	}
+	return pids
 }
 
 // manifest writes a manifest for the hello app and returns its path.

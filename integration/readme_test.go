@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -72,17 +71,7 @@ func TestReadmeUpStopsOnCtrlC(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 2*time.Minute, "the appliance to run", func() bool { return strings.Contains(out.String(), "running; Ctrl-C") })
-	var pids []int
-	files, _ := filepath.Glob(filepath.Join(data, "control", "agent", "instances", "*.json"))
-	for _, f := range files {
-		var st struct {
-			Runtime struct{ PID int } `json:"runtime"`
-		}
-		b, _ := os.ReadFile(f)
-		if json.Unmarshal(b, &st) == nil && st.Runtime.PID > 0 {
-			pids = append(pids, st.Runtime.PID)
-		}
-	}
+	pids := recordedPIDs(filepath.Join(data, "control", "agent", "instances", "*.json"))
 	if len(pids) != 2 {
 		t.Fatalf("want the demo's 2 instances recorded, found %v\n%s", pids, out.String())
 	}

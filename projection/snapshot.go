@@ -36,7 +36,7 @@ func writeSnapshot(path string, v *View) error {
 		f.Services = append(f.Services, store.RoutingEvent{
 			Version: store.RecordVersion, Kind: store.EventServiceUpsert,
 			Namespace: s.Namespace, Service: s.Name, DeployID: s.DeployID, Revision: s.Revision,
-			Routes: s.Routes, Endpoints: s.Endpoints,
+			Routes: s.Routes, Endpoints: s.Endpoints, HealthPath: s.HealthPath,
 		})
 	}
 	f.Machines = v.Machines()

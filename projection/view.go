@@ -52,6 +52,9 @@ type Service struct {
 	Routes          []store.Route
 	// Endpoints are routable instances only, in slot order.
 	Endpoints []store.Endpoint
+	// HealthPath is where gateways probe an endpoint's health (the
+	// service's readiness path); empty for a TCP connect.
+	HealthPath string
 
 	memo sync.Map
 	// digest is serviceDigest(s), computed on first use.
@@ -61,7 +64,7 @@ type Service struct {
 // event is the upsert that makes s again.
 func (s *Service) event() *store.RoutingEvent {
 	return &store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: s.Namespace,
-		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.Endpoints}
+		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.Endpoints, HealthPath: s.HealthPath}
 }
 
 // Key is "<namespace>/<name>".

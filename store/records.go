@@ -416,16 +416,20 @@ type Endpoint struct {
 // identity, and replaces whatever a projection held for it; a removal drops
 // it. Machine events do the same for machines.
 type RoutingEvent struct {
-	Version   int            `json:"version"`
-	Kind      string         `json:"kind"`
-	Namespace string         `json:"namespace,omitempty"`
-	Service   string         `json:"service,omitempty"`
-	DeployID  string         `json:"deploy_id,omitempty"`
-	Revision  int64          `json:"revision,omitempty"`
-	Routes    []Route        `json:"routes,omitempty"`
-	Endpoints []Endpoint     `json:"endpoints,omitempty"`
-	Machine   *MachineRecord `json:"machine,omitempty"`
-	At        time.Time      `json:"at"`
+	Version   int        `json:"version"`
+	Kind      string     `json:"kind"`
+	Namespace string     `json:"namespace,omitempty"`
+	Service   string     `json:"service,omitempty"`
+	DeployID  string     `json:"deploy_id,omitempty"`
+	Revision  int64      `json:"revision,omitempty"`
+	Routes    []Route    `json:"routes,omitempty"`
+	Endpoints []Endpoint `json:"endpoints,omitempty"`
+	// HealthPath is the service's readiness path (Readiness.Path), which
+	// gateways probe each endpoint at; empty when readiness is a TCP
+	// connect.
+	HealthPath string         `json:"health_path,omitempty"`
+	Machine    *MachineRecord `json:"machine,omitempty"`
+	At         time.Time      `json:"at"`
 	// Seq is the stream sequence, filled in when read; not stored.
 	Seq uint64 `json:"-"`
 }

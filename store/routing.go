@@ -164,7 +164,7 @@ func ServiceUpsert(c *DeployCommit, service string, instances map[string]*Instan
 	ev := RoutingEvent{
 		Version: RecordVersion, Kind: EventServiceUpsert,
 		Namespace: c.Namespace, Service: service, DeployID: c.ID, Revision: c.Revision,
-		Routes: c.Manifest.Services[service].Routes, At: time.Now().UTC(),
+		Routes: c.Manifest.Services[service].Routes, HealthPath: c.Manifest.Services[service].Readiness.Path, At: time.Now().UTC(),
 	}
 	for _, slot := range c.SlotsOf(service) {
 		inst := instances[slot.InstanceID]

@@ -6,7 +6,9 @@
 // For tests, HELLO_READY=fail makes /healthz answer 503 forever,
 // HELLO_READY_DELAY=2s delays readiness after start, HELLO_EXIT_AFTER=2s
 // makes it exit with status 3 that long after start, VERSION is echoed
-// in its JSON answer, and /log?line=TEXT prints TEXT to its output.
+// in its JSON answer, /log?line=TEXT prints TEXT to its output, and
+// /stream?lines=N streams N lines naming the instance, one every 200 ms (a
+// long-lived response).
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -55,6 +58,25 @@ func main() {
 	})
 	mux.HandleFunc("/log", func(w http.ResponseWriter, r *http.Request) {
 		log.Print(r.URL.Query().Get("line"))
+	})
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.Atoi(r.URL.Query().Get("lines"))
+		if err != nil || n <= 0 {
+			n = 10
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		flusher, _ := w.(http.Flusher)
+		for i := range n {
+			fmt.Fprintf(w, "%s %d\n", info["instance"], i)
+			if flusher != nil {
+				flusher.Flush()
+			}
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("format") == "json" || r.Header.Get("Accept") == "application/json" {

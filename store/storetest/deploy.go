@@ -30,6 +30,8 @@ type Instance struct {
 type Service struct {
 	Routes    []store.Route
 	Instances []Instance
+	// HealthPath is the service's readiness path, which gateways probe.
+	HealthPath string
 }
 
 // Deploy appends a final commit of namespace with services at the next
@@ -86,7 +88,8 @@ func Prepare(ctx context.Context, s *store.Store, namespace string, services map
 	for _, name := range names {
 		svc := services[name]
 		n := len(svc.Instances)
-		c.Manifest.Services[name] = store.ServiceSpec{Command: []string{"app"}, Replicas: &n, Routes: svc.Routes}
+		c.Manifest.Services[name] = store.ServiceSpec{Command: []string{"app"}, Replicas: &n, Routes: svc.Routes,
+			Readiness: store.Readiness{Path: svc.HealthPath}}
 		for i, in := range svc.Instances {
 			c.Slots = append(c.Slots, store.SlotAssignment{Service: name, Slot: i, InstanceID: in.ID,
 				Machine: in.Machine, Revision: rev})

@@ -1,0 +1,228 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/projection"
+)
+
+// Active health checks for the projection's endpoints. Caddy's own active
+// checks run only for static upstreams, and its passive checks keep their
+// state on dynamic upstreams only while some request refers to them, so
+// neither notices an instance whose machine froze: its kernel still
+// accepts connections and nothing ever answers. The gateway therefore
+// probes every routable endpoint itself, at its service's readiness path
+// (a TCP connect when there is none), and the upstream source sets aside
+// the endpoints whose last probe failed, as long as one of the service's
+// endpoints is left; when none is, it serves them all (fail open) and
+// says so.
+
+// Default probe settings.
+const (
+	DefaultHealthInterval = time.Second
+	DefaultHealthTimeout  = time.Second
+)
+
+// probeConcurrency bounds the probes in flight at once.
+const probeConcurrency = 64
+
+// healthChecker probes endpoints and remembers which failed.
+type healthChecker struct {
+	interval, timeout time.Duration
+	view              func() *projection.View
+	logger            *zap.Logger
+	client            *http.Client
+
+	mu sync.RWMutex
+	// down maps an endpoint's dial address to why its last probe failed
+	// and since when.
+	down map[string]setAside
+	// failOpen names the services served although every endpoint failed,
+	// so that it is logged once per episode.
+	failOpen map[string]bool
+}
+
+// setAside is why an endpoint gets no new requests.
+type setAside struct {
+	Reason string    `json:"reason"`
+	Since  time.Time `json:"since"`
+}
+
+func newHealthChecker(interval, timeout time.Duration, view func() *projection.View, logger *zap.Logger) *healthChecker {
+	return &healthChecker{
+		interval: interval, timeout: timeout, view: view, logger: logger,
+		client: &http.Client{
+			Timeout: timeout,
+			// A probe is one request on a fresh connection: a reused one
+			// could outlive the instance that answered it.
+			Transport: &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{Timeout: timeout}).DialContext},
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				return http.ErrUseLastResponse
+			},
+		},
+		down:     map[string]setAside{},
+		failOpen: map[string]bool{},
+	}
+}
+
+// run probes every interval until ctx ends.
+func (h *healthChecker) run(ctx context.Context) {
+	t := time.NewTicker(h.interval)
+	defer t.Stop()
+	for {
+		h.probeAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+type probeTarget struct{ addr, path, instance string }
+
+// probeAll probes every endpoint of the current view once, in parallel,
+// and replaces what is known about them.
+func (h *healthChecker) probeAll(ctx context.Context) {
+	seen := map[string]probeTarget{}
+	for _, s := range h.view().Services() {
+		for _, e := range s.Endpoints {
+			addr := net.JoinHostPort(e.Address, strconv.Itoa(e.Port))
+			seen[addr] = probeTarget{addr: addr, path: s.HealthPath, instance: e.InstanceID}
+		}
+	}
+	type result struct {
+		t   probeTarget
+		err error
+	}
+	results := make(chan result, len(seen))
+	sem := make(chan struct{}, probeConcurrency)
+	var wg sync.WaitGroup
+	for _, t := range seen {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-sem }()
+			results <- result{t, h.probe(ctx, t)}
+		}()
+	}
+	wg.Wait()
+	close(results)
+	if ctx.Err() != nil {
+		return
+	}
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	next := make(map[string]setAside, len(h.down))
+	for r := range results {
+		if r.err == nil {
+			if _, was := h.down[r.t.addr]; was {
+				h.logger.Info("endpoint healthy again", zap.String("instance", r.t.instance), zap.String("addr", r.t.addr))
+			}
+			continue
+		}
+		prev, was := h.down[r.t.addr]
+		if !was {
+			prev = setAside{Since: now}
+			h.logger.Warn("endpoint failed its health check; no new requests go to it",
+				zap.String("instance", r.t.instance), zap.String("addr", r.t.addr), zap.Error(r.err))
+		}
+		prev.Reason = "health check failed: " + r.err.Error()
+		next[r.t.addr] = prev
+	}
+	h.down = next
+}
+
+// probe is one check of t: a GET of its health path answering 2xx or 3xx,
+// or a TCP connect when there is no path.
+func (h *healthChecker) probe(ctx context.Context, t probeTarget) error {
+	ctx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	if t.path == "" {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", t.addr)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+t.addr+t.path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("no answer within %s", h.timeout)
+		}
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		return fmt.Errorf("GET %s answered %s", t.path, resp.Status)
+	}
+	return nil
+}
+
+// healthy filters dials (a service's endpoint addresses) to those not set
+// aside; when that leaves none, it returns dials whole (fail open) and
+// logs it once per episode.
+func (h *healthChecker) healthy(service string, dials []string) []string {
+	h.mu.RLock()
+	if len(h.down) == 0 {
+		h.mu.RUnlock()
+		return dials
+	}
+	var out []string
+	for _, d := range dials {
+		if _, down := h.down[d]; !down {
+			out = append(out, d)
+		}
+	}
+	h.mu.RUnlock()
+	if len(out) == len(dials) {
+		return dials
+	}
+	if len(out) == 0 {
+		h.mu.Lock()
+		if !h.failOpen[service] {
+			h.failOpen[service] = true
+			h.logger.Warn("every endpoint of the service failed its health check; serving them all", zap.String("service", service))
+		}
+		h.mu.Unlock()
+		return dials
+	}
+	if h.failOpenSet(service) {
+		h.mu.Lock()
+		delete(h.failOpen, service)
+		h.mu.Unlock()
+	}
+	return out
+}
+
+func (h *healthChecker) failOpenSet(service string) bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.failOpen[service]
+}
+
+// setAsideOf is what is known against addr, if anything.
+func (h *healthChecker) setAsideOf(addr string) (setAside, bool) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	s, ok := h.down[addr]
+	return s, ok
+}

@@ -1,0 +1,232 @@
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const fourReplicas = `
+namespace: shop
+services:
+  web:
+    command: ["@HELLO@"]
+    replicas: 4
+    readiness: {path: /healthz, timeout: 10s}
+    routes: [{hosts: [shop.example.com]}]
+`
+
+// outcome is one request of a timed load: when it started, whether it
+// succeeded, and which instance answered.
+type outcome struct {
+	start    time.Time
+	ok       bool
+	instance string
+	err      string
+}
+
+// timedLoad sends requests from workers until stop closes and keeps every
+// outcome.
+func (g *gateway) timedLoad(host string, workers int, stop <-chan struct{}) func() []outcome {
+	var mu sync.Mutex
+	var all []outcome
+	var wg sync.WaitGroup
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				o := outcome{start: time.Now()}
+				code, inst, err := g.request(host, "/")
+				o.ok, o.instance = err == nil && code == 200, inst
+				if !o.ok {
+					o.err = fmt.Sprintf("%d %s %v", code, inst, err)
+				}
+				mu.Lock()
+				all = append(all, o)
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() []outcome {
+		wg.Wait()
+		sort.Slice(all, func(i, j int) bool { return all[i].start.Before(all[j].start) })
+		return all
+	}
+}
+
+// TestFrozenMachineCostsNoRequests is a box that stops answering without
+// warning: two machines run hello's four replicas, two each; steady
+// traffic goes through a gateway configured as the shipped caddy.json is;
+// machine m2's agent and instances are frozen (SIGSTOP), then thawed. From
+// 3 s after the freeze no request fails (the gateway's health checks set
+// m2's endpoints aside), and once thawed m2's instances serve again with no
+// deploy.
+func TestFrozenMachineCostsNoRequests(t *testing.T) {
+	c := newCluster(t)
+	c.join("m1")
+	c.join("m2")
+	c.mustControl("deploy", "apply", "-f", c.manifest("four.yaml", fourReplicas), "--gateway-wait", "10s")
+	byMachine := map[string][]string{}
+	for _, in := range c.instances("shop") {
+		byMachine[in.Machine] = append(byMachine[in.Machine], in.ID)
+	}
+	if len(byMachine["m1"]) != 2 || len(byMachine["m2"]) != 2 {
+		t.Fatalf("placement: %v, want two instances on each machine", byMachine)
+	}
+	onM2 := map[string]bool{byMachine["m2"][0]: true, byMachine["m2"][1]: true}
+	gw := c.startGatewayWith("gw", shippedHandler)
+	eventually(t, 10*time.Second, "the gateway to serve all four", func() bool {
+		return servesOnly(gw, "shop.example.com", append(byMachine["m1"], byMachine["m2"]...), 4)
+	})
+
+	pids := recordedPIDs(filepath.Join(c.agentDir("m2"), "instances", "*.json"))
+	if len(pids) != 2 {
+		t.Fatalf("m2 runs instances %v", pids)
+	}
+	signalM2 := func(sig syscall.Signal) {
+		c.agents["m2"].signal(sig)
+		for _, pid := range pids {
+			_ = syscall.Kill(-pid, sig)
+		}
+	}
+	t.Cleanup(func() { signalM2(syscall.SIGCONT) })
+
+	// A long-lived response from one of m1's instances stays open
+	// through the freeze and the thaw.
+	stream := gw.openStream(t, "shop.example.com", 120, func(inst string) bool { return !onM2[inst] })
+	stop := make(chan struct{})
+	collect := gw.timedLoad("shop.example.com", 4, stop)
+	time.Sleep(2 * time.Second) // steady traffic before the freeze
+	freeze := time.Now()
+	signalM2(syscall.SIGSTOP)
+	time.Sleep(15 * time.Second) // the machine stays frozen
+	thaw := time.Now()
+	signalM2(syscall.SIGCONT)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		served := false
+		code, inst, err := gw.request("shop.example.com", "/")
+		served = err == nil && code == 200 && onM2[inst]
+		if served {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(stop)
+			collect()
+			t.Fatalf("m2's instances serve no request 15 s after the thaw")
+		}
+	}
+	back := time.Since(thaw)
+	close(stop)
+	all := collect()
+
+	// Requests in flight at the freeze fail with those sent in its first
+	// 3 s, while the health checks have not yet set m2 aside.
+	var first, rest, firstN, restN int
+	var lastToM2 time.Time
+	var errs []string
+	for _, o := range all {
+		switch {
+		case o.start.Before(freeze.Add(3 * time.Second)):
+			if !o.start.Before(freeze) {
+				firstN++
+			}
+			if !o.ok {
+				first++
+				lastToM2 = o.start
+			}
+		case o.start.Before(thaw):
+			restN++
+			if !o.ok {
+				rest++
+				errs = append(errs, o.err)
+				lastToM2 = o.start
+			}
+		}
+	}
+	last := "none after the freeze"
+	if lastToM2.After(freeze) {
+		last = fmt.Sprintf("%.1fs after the freeze", lastToM2.Sub(freeze).Seconds())
+	}
+	t.Logf("in flight at the freeze or sent in its first 3 s: %d failed (%d sent in those 3 s, %.2f%%); from 3 s to the thaw: %d of %d failed; "+
+		"the last request sent to m2: %s; m2 served again %s after the thaw",
+		first, firstN, 100*float64(first)/float64(max(firstN, 1)), rest, restN, last, back.Round(time.Millisecond))
+	if rest > 0 {
+		t.Errorf("%d requests failed from 3 s after the freeze to the thaw: %v", rest, errs)
+	}
+	res := stream()
+	t.Logf("stream from %s: %d lines, longest gap %s, %v", res.instance, res.lines, res.maxGap.Round(time.Millisecond), res.err)
+	if res.err != nil || res.lines != 120 || res.maxGap > 2*time.Second {
+		t.Errorf("the long-lived response was cut or stalled: %+v", res)
+	}
+}
+
+// streamResult is how a long-lived response went.
+type streamResult struct {
+	instance string
+	lines    int
+	maxGap   time.Duration
+	err      error
+}
+
+// openStream opens hello's /stream?lines=n through the gateway, retrying
+// until an instance accepted by want answers, and reads it in the
+// background; the returned func waits for its end.
+func (g *gateway) openStream(t *testing.T, host string, n int, want func(instance string) bool) func() streamResult {
+	t.Helper()
+	client := &http.Client{} // no timeout: the response is meant to last
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("http://%s/stream?lines=%d", g.http, n), nil)
+		req.Host = host
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("opening a stream: %v", err)
+		}
+		r := bufio.NewReader(resp.Body)
+		line, err := r.ReadString('\n')
+		inst, _, _ := strings.Cut(line, " ")
+		if err != nil || resp.StatusCode != 200 || !want(inst) {
+			resp.Body.Close()
+			if time.Now().After(deadline) {
+				t.Fatalf("no stream from a wanted instance: %d %q %v", resp.StatusCode, line, err)
+			}
+			continue
+		}
+		done := make(chan streamResult, 1)
+		go func() {
+			defer resp.Body.Close()
+			res := streamResult{instance: inst, lines: 1}
+			last := time.Now()
+			for {
+				_, err := r.ReadString('\n')
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					res.err = err
+					break
+				}
+				res.lines++
+				res.maxGap = max(res.maxGap, time.Since(last))
+				last = time.Now()
+			}
+			done <- res
+		}()
+		return func() streamResult { return <-done }
+	}
+}
