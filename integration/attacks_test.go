@@ -123,11 +123,17 @@ func (f *attackFixture) startGateway() {
 // is where it reaches the store (the cluster's, or a proxy's).
 func startEdgeGateway(t *testing.T, c *cluster, name, natsURL, creds string) *gateway {
 	t.Helper()
+	return startEdgeGatewayWith(t, c, name, natsURL, creds, map[string]any{"handler": "edgeplane"})
+}
+
+// startEdgeGatewayWith is startEdgeGateway with handler on its routes.
+func startEdgeGatewayWith(t *testing.T, c *cluster, name, natsURL, creds string, h map[string]any) *gateway {
+	t.Helper()
 	g := &gateway{http: freeAddr(t), admin: freeAddr(t), dns: freeAddr(t), https: freeAddr(t), dir: filepath.Join(c.dir, name)}
 	if err := os.MkdirAll(g.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	handler := []any{map[string]any{"handle": []any{map[string]any{"handler": "edgeplane"}}}}
+	handler := []any{map[string]any{"handle": []any{h}}}
 	cfg := map[string]any{
 		"admin":   map[string]any{"listen": g.admin},
 		"storage": map[string]any{"module": "edgeplane", "nats_url": natsURL, "creds_file": creds},

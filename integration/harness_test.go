@@ -316,6 +316,19 @@ func (c *cluster) join(id string, inviteArgs ...string) *proc {
 	return p
 }
 
+// joinIn is join with the agent in network namespace ns, its instances
+// listening on and reached at advertise.
+func (c *cluster) joinIn(id, ns, advertise string) *proc {
+	c.t.Helper()
+	token := strings.TrimSpace(c.mustControl("machine", "invite"))
+	p := start(c.t, "agent "+id+" (in "+ns+")", c.natsEnv(storagenode.RoleAgent, id), "ip",
+		append([]string{"netns", "exec", ns, bins.control, "agent", "--data", c.agentDir(id), "--join", token, "--machine", id,
+			"--advertise", advertise, "--stop-grace", "2s"}, c.agentArgs...)...)
+	p.waitOutput(c.t, `agent serving`, 15*time.Second)
+	c.agents[id] = p
+	return p
+}
+
 // restartAgent starts machine id's agent again from its data dir alone.
 func (c *cluster) restartAgent(id string) *proc {
 	c.t.Helper()
