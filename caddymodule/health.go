@@ -182,41 +182,33 @@ func (h *healthChecker) probe(ctx context.Context, t probeTarget) error {
 // logs it once per episode.
 func (h *healthChecker) healthy(service string, dials []string) []string {
 	h.mu.RLock()
-	if len(h.down) == 0 {
+	if len(h.down) == 0 && len(h.failOpen) == 0 {
 		h.mu.RUnlock()
 		return dials
 	}
-	var out []string
+	out := make([]string, 0, len(dials))
 	for _, d := range dials {
 		if _, down := h.down[d]; !down {
 			out = append(out, d)
 		}
 	}
+	wasOpen := h.failOpen[service]
 	h.mu.RUnlock()
-	if len(out) == len(dials) {
-		return dials
-	}
-	if len(out) == 0 {
+	allDown := len(out) == 0 && len(dials) > 0
+	if allDown != wasOpen {
 		h.mu.Lock()
-		if !h.failOpen[service] {
+		if allDown && !h.failOpen[service] {
 			h.failOpen[service] = true
 			h.logger.Warn("every endpoint of the service failed its health check; serving them all", zap.String("service", service))
+		} else if !allDown {
+			delete(h.failOpen, service)
 		}
 		h.mu.Unlock()
+	}
+	if allDown {
 		return dials
 	}
-	if h.failOpenSet(service) {
-		h.mu.Lock()
-		delete(h.failOpen, service)
-		h.mu.Unlock()
-	}
 	return out
-}
-
-func (h *healthChecker) failOpenSet(service string) bool {
-	h.mu.RLock()
-	defer h.mu.RUnlock()
-	return h.failOpen[service]
 }
 
 // setAsideOf is what is known against addr, if anything.

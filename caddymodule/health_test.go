@@ -2,7 +2,9 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,15 +15,23 @@ import (
 
 // frozen is an endpoint whose machine froze: its kernel still accepts
 // connections, and nothing ever answers on them.
-func frozen(t *testing.T, id string) storetest.Instance {
+// thaw makes it answer (X-Backend: id) from then on.
+func frozen(t *testing.T, id string) (inst storetest.Instance, thaw func()) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Backend", id)
+		_, _ = io.WriteString(w, id)
+	})}
+	t.Cleanup(func() {
+		srv.Close()
+		ln.Close()
+	})
 	host, port := splitHostPort(t, ln.Addr().String())
-	return storetest.Instance{ID: id, Machine: "m2", Address: host, Port: port}
+	return storetest.Instance{ID: id, Machine: "m2", Address: host, Port: port}, func() { go srv.Serve(ln) }
 }
 
 func (f *fixture) routesOf(t *testing.T, service string) RouteInfo {
@@ -46,16 +56,19 @@ func (f *fixture) routesOf(t *testing.T, service string) RouteInfo {
 // An endpoint that accepts connections and never answers (a frozen
 // machine) fails its probe at the service's readiness path and gets no new
 // request, so none hangs on it; /edgeplane/routes says which and why. A
-// service whose every endpoint fails is served anyway, and says so.
+// service whose every endpoint fails is served anyway, and says so. A
+// thawed endpoint is served again.
 func TestHealthChecksSetAsideAFrozenEndpoint(t *testing.T) {
 	f := newFixture(t)
 	f.handler = map[string]any{"load_balancing": map[string]any{"selection_policy": map[string]any{"policy": "round_robin"}}}
 	live := newBackend(t, "live")
+	stuck, thaw := frozen(t, "frozen")
+	alone, _ := frozen(t, "alone")
 	seq := f.deploy("shop", map[string]storetest.Service{
 		"web": {Routes: []store.Route{{Hosts: []string{"shop.test"}}}, HealthPath: "/healthz",
-			Instances: []storetest.Instance{live.instance(), frozen(t, "frozen")}},
+			Instances: []storetest.Instance{live.instance(), stuck}},
 		"api": {Routes: []store.Route{{Hosts: []string{"api.shop.test"}}}, HealthPath: "/healthz",
-			Instances: []storetest.Instance{frozen(t, "alone")}},
+			Instances: []storetest.Instance{alone}},
 	})
 	f.load()
 	f.waitSeq(seq)
@@ -75,4 +88,12 @@ func TestHealthChecksSetAsideAFrozenEndpoint(t *testing.T) {
 	if !api.FailOpen || len(api.SetAside) != 1 {
 		t.Fatalf("a service whose every endpoint failed: %+v", api)
 	}
+
+	// Thawed, it passes its next probe and gets requests again, with no
+	// deploy.
+	thaw()
+	storetest.Eventually(t, 5*time.Second, "the thawed endpoint to serve again", func() bool {
+		r, err := f.get("shop.test", "/")
+		return err == nil && r.backend == "frozen" && len(f.routesOf(t, "web").SetAside) == 0
+	})
 }
