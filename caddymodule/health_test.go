@@ -14,8 +14,8 @@ import (
 )
 
 // frozen is an endpoint whose machine froze: its kernel still accepts
-// connections, and nothing ever answers on them.
-// thaw makes it answer (X-Backend: id) from then on.
+// connections, and nothing ever answers on them. Its thaw makes it answer
+// (X-Backend: id) from then on.
 func frozen(t *testing.T, id string) (inst storetest.Instance, thaw func()) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
