@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"reflect"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,8 +12,15 @@ import (
 
 // pskRetryUnknown is how long a peer the registrar gave no key for (a
 // static peer, or one not yet registered everywhere) is not asked for
-// again.
+// again, unless its peer record changes meanwhile.
 const pskRetryUnknown = time.Minute
+
+// pskUnknown is a peer the registrar gave no key for: when, and the peer
+// record this node held then.
+type pskUnknown struct {
+	at  time.Time
+	rec store.MeshPeerRecord
+}
 
 // pskLoop keeps the preshared keys of this node's pairs: it asks the
 // registrar, on its own machine's subject and with its node secret, for the
@@ -21,11 +29,11 @@ const pskRetryUnknown = time.Minute
 // nodes use keys (see computeDesired); until this node holds the key, the
 // pair's handshakes fail and WireGuard retries them.
 func (n *Node) pskLoop(ctx context.Context) {
-	unknown := map[string]time.Time{}
+	unknown := map[string]pskUnknown{}
 	repeat(ctx, n.cfg.ReconcileInterval, n.pskKick, func() { n.fetchPSKs(ctx, unknown) })
 }
 
-func (n *Node) fetchPSKs(ctx context.Context, unknown map[string]time.Time) {
+func (n *Node) fetchPSKs(ctx context.Context, unknown map[string]pskUnknown) {
 	s := n.storeP.Load()
 	if s == nil || !s.NC.IsConnected() {
 		return
@@ -38,17 +46,28 @@ func (n *Node) fetchPSKs(ctx context.Context, unknown map[string]time.Time) {
 		return
 	}
 	var want []string
+	asked := map[string]store.MeshPeerRecord{}
 	for m, rec := range n.peers {
 		_, have := n.psks[m]
-		if m == n.st.Machine || !usesPSK(rec) || have || now.Sub(unknown[m]) < pskRetryUnknown {
+		if m == n.st.Machine || !usesPSK(rec) || have {
+			continue
+		}
+		// A peer registering everywhere rewrites its record: ask again.
+		if u, ok := unknown[m]; ok && now.Sub(u.at) < pskRetryUnknown && reflect.DeepEqual(u.rec, rec) {
 			continue
 		}
 		want = append(want, m)
+		asked[m] = rec
 	}
 	// Keys of machines that left go with them.
 	for m := range n.psks {
 		if _, ok := n.peers[m]; !ok {
 			delete(n.psks, m)
+		}
+	}
+	for m := range unknown {
+		if _, ok := n.peers[m]; !ok {
+			delete(unknown, m)
 		}
 	}
 	ready := n.pskReady
@@ -72,7 +91,7 @@ func (n *Node) fetchPSKs(ctx context.Context, unknown map[string]time.Time) {
 		for _, m := range chunk {
 			k, err := ParseKey(rep.PSKs[m])
 			if err != nil {
-				unknown[m] = now
+				unknown[m] = pskUnknown{at: now, rec: asked[m]}
 				continue
 			}
 			got[m] = k
