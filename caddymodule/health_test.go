@@ -59,11 +59,13 @@ func (f *fixture) routesOf(t *testing.T, service string) RouteInfo {
 // service whose every endpoint fails is served anyway, and says so. A
 // thawed endpoint is served again.
 func TestHealthChecksSetAsideAFrozenEndpoint(t *testing.T) {
-	f := newFixture(t)
-	f.handler = map[string]any{"load_balancing": map[string]any{"selection_policy": map[string]any{"policy": "round_robin"}}}
+	// The endpoints listen before the fixture picks its free ports, so
+	// that none of them takes one.
 	live := newBackend(t, "live")
 	stuck, thaw := frozen(t, "frozen")
 	alone, _ := frozen(t, "alone")
+	f := newFixture(t)
+	f.handler = map[string]any{"load_balancing": map[string]any{"selection_policy": map[string]any{"policy": "round_robin"}}}
 	seq := f.deploy("shop", map[string]storetest.Service{
 		"web": {Routes: []store.Route{{Hosts: []string{"shop.test"}}}, HealthPath: "/healthz",
 			Instances: []storetest.Instance{live.instance(), stuck}},
