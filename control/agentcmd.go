@@ -89,6 +89,7 @@ type agentOptions struct {
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
+	s.SetLogger(logger)
 	ctr, err := agent.ConnectEngine(ctx, o.engine, logger)
 	if err != nil {
 		return err

@@ -301,7 +301,7 @@ type clientFlags struct {
 func addClientFlags(fs *flag.FlagSet, use clientUse) *clientFlags {
 	c := &clientFlags{use: use, format: "text"}
 	c.AddFlags(fs)
-	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, "how long to wait for NATS to answer")
+	fs.DurationVar(&c.timeout, "timeout", 5*time.Second, fmt.Sprintf("how long to wait for NATS to answer (a storage cluster electing leaders after a node died is waited for up to %s)", store.ElectionWait))
 	if use != serves && use != certifies {
 		fs.StringVar(&c.format, "o", "text", "output format: text or json")
 	}

@@ -70,6 +70,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		defer sn.Close()
+		sn.Store.SetLogger(logger)
 		host, _, _ := net.SplitHostPort(*listen)
 		if addr := *enrollListen; sn.TLS != nil && sn.Auth != nil && addr != "off" && (addr != "" || !storagenode.IsLoopback(host)) {
 			if addr == "" {

@@ -255,6 +255,31 @@ func (sc *storageCluster) open(i int, creds string) *store.Store {
 	return s
 }
 
+// startAgent starts machine's agent, with agent-role credentials, joined
+// by a fresh invite and connected to the nodes given (their URLs, in
+// order), and returns its credentials file.
+func (sc *storageCluster) startAgent(machine string, nodes ...int) string {
+	t := sc.t
+	t.Helper()
+	creds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: machine})
+	token := ""
+	eventually(t, 30*time.Second, "an invite", func() bool {
+		out, _, code := sc.control(nodes[0], "machine", "invite")
+		token = strings.TrimSpace(out)
+		return code == 0
+	})
+	var urls []string
+	for _, i := range nodes {
+		urls = append(urls, sc.url(i))
+	}
+	dir := filepath.Join(sc.dir, "agent-"+machine)
+	t.Cleanup(func() { killAgentInstances(dir) })
+	agent := start(t, "agent "+machine, []string{"EDGEPLANE_NATS=" + strings.Join(urls, ","), "EDGEPLANE_NATS_CREDS=" + creds},
+		bins.control, "agent", "--data", dir, "--join", token, "--machine", machine, "--stop-grace", "2s")
+	agent.waitOutput(t, `agent serving`, 30*time.Second)
+	return creds
+}
+
 // eventually polls cond until it holds or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()

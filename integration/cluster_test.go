@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
-	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 const clusterApp = `
@@ -91,18 +90,7 @@ func TestPartitionMinorityRefusesMajorityCommits(t *testing.T) {
 
 	// An agent in the root namespace with agent-role credentials, a client
 	// of the nodes that will form the majority.
-	agentCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
-	token := ""
-	eventually(t, 30*time.Second, "an invite", func() bool {
-		out, _, code := sc.control(2, "machine", "invite")
-		token = strings.TrimSpace(out)
-		return code == 0
-	})
-	agentDir := filepath.Join(sc.dir, "agent-m1")
-	t.Cleanup(func() { killAgentInstances(agentDir) })
-	agent := start(t, "agent m1", []string{"EDGEPLANE_NATS=" + sc.url(2) + "," + sc.url(3), "EDGEPLANE_NATS_CREDS=" + agentCreds},
-		bins.control, "agent", "--data", agentDir, "--join", token, "--machine", "m1", "--stop-grace", "2s")
-	agent.waitOutput(t, `agent serving`, 30*time.Second)
+	agentCreds := sc.startAgent("m1", 2, 3)
 
 	apply := func(node int, version string) (string, string, int) {
 		return sc.control(node, "deploy", "apply", "-f", writeManifest(t, sc.dir, version), "--drain-grace", "10ms", "--gateway-wait", "1s", "--lease-ttl", "2s")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 )
 
 // WaitForJetStream waits until the JetStream API answers on nc: in a
@@ -183,37 +184,70 @@ const PeerActiveBound = 3 * time.Second
 // the missing storage nodes, when the store cannot commit writes now. Every
 // mutating operation calls it before its first write, so that a lost quorum
 // refuses the operation before anything changes; nothing is queued and
-// nothing fails over. On a single server it costs one API round trip.
+// nothing fails over. While a quorum of storage nodes is up but the commits
+// stream has no leader (one is being elected), it waits for the election,
+// for up to the store's election wait. On a single server it costs one API
+// round trip.
 func (s *Store) RequireQuorum(ctx context.Context) error {
-	return CheckQuorum(ctx, s.NC, s.Names)
+	return checkQuorum(ctx, s.NC, s.Names, s.logger(), s.electionWait)
 }
 
 // CheckQuorum is RequireQuorum on a bare connection, for a client that has
 // not bound the store yet (binding needs every stream leader to answer).
 func CheckQuorum(ctx context.Context, nc *nats.Conn, names Names) error {
+	return checkQuorum(ctx, nc, names, zap.NewNop(), ElectionWait)
+}
+
+func checkQuorum(ctx context.Context, nc *nats.Conn, names Names, log *zap.Logger, wait time.Duration) error {
 	js, err := newJetStream(nc)
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, QuorumCheckTimeout)
-	defer cancel()
-	// Stream info is answered by the stream's RAFT leader, whose view of
-	// its replicas is the authoritative one.
-	str, err := js.Stream(cctx, names.DeployCommitsStream())
-	if err == nil {
-		info := str.CachedInfo()
-		return quorumOf(info.Config.Name, info.Cluster)
+	deadline := time.Now().Add(wait)
+	for attempt := 1; ; attempt++ {
+		cctx, cancel := context.WithTimeout(ctx, QuorumCheckTimeout)
+		// Stream info is answered by the stream's RAFT leader, whose view
+		// of its replicas is the authoritative one.
+		str, err := js.Stream(cctx, names.DeployCommitsStream())
+		cancel()
+		var qerr *Error
+		if err == nil {
+			info := str.CachedInfo()
+			if qerr = quorumOf(info.Config.Name, info.Cluster); qerr == nil {
+				return nil
+			}
+		} else {
+			if ctx.Err() != nil {
+				return classify(err)
+			}
+			if !quorumSymptom(err) {
+				return classify(fmt.Errorf("checking write quorum: %w", err))
+			}
+		}
+		// No leader answered, or the one that did has not heard from a
+		// quorum of replicas: ask the storage nodes we can reach what they
+		// see. While they are a quorum, a leader is being elected, or has
+		// just been and has yet to hear from its followers: wait for it.
+		nodes, _ := GatherStorageStatus(ctx, nc, names, 500*time.Millisecond)
+		cause := err
+		if qerr != nil {
+			cause = qerr
+		}
+		lost, majority := quorumLost(nodes, cause)
+		if qerr == nil {
+			qerr = lost
+		}
+		if !majority || time.Now().After(deadline) {
+			return qerr
+		}
+		log.Debug("storage nodes are a quorum, waiting for the commits stream's leader",
+			zap.Int("attempt", attempt), zap.String("reachable", lost.Detail["reachable"]), zap.String("seen", qerr.Message))
+		select {
+		case <-ctx.Done():
+			return qerr
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	if ctx.Err() != nil {
-		return classify(err)
-	}
-	if !quorumSymptom(err) {
-		return classify(fmt.Errorf("checking write quorum: %w", err))
-	}
-	// No leader answered: ask the storage nodes we can reach what they see,
-	// to name the ones that are missing.
-	nodes, _ := GatherStorageStatus(ctx, nc, names, 500*time.Millisecond)
-	return quorumLost(nodes, err)
 }
 
 // quorumSymptom reports whether err looks like a JetStream that cannot reach
@@ -228,7 +262,7 @@ func quorumSymptom(err error) bool {
 }
 
 // quorumOf judges a stream's cluster info as its leader reported it.
-func quorumOf(stream string, ci *jetstream.ClusterInfo) error {
+func quorumOf(stream string, ci *jetstream.ClusterInfo) *Error {
 	if ci == nil || len(ci.Replicas) == 0 {
 		// A single replica: its server answered, so it can write.
 		return nil
@@ -256,8 +290,9 @@ func quorumOf(stream string, ci *jetstream.ClusterInfo) error {
 }
 
 // quorumLost builds the error when no leader answered, from the views of
-// the nodes that did.
-func quorumLost(nodes []StorageNodeStatus, cause error) error {
+// the nodes that did, and says whether those nodes are a majority (a
+// leader is being elected) or not (none can be).
+func quorumLost(nodes []StorageNodeStatus, cause error) (*Error, bool) {
 	known := map[string]bool{}
 	reach := map[string]bool{}
 	size := 0
@@ -287,11 +322,11 @@ func quorumLost(nodes []StorageNodeStatus, cause error) error {
 	if size == 0 {
 		e := quorumError(nil, nil, 0, 0, "no storage node answered")
 		e.Detail["cause"] = cause.Error()
-		return e
+		return e, false
 	}
 	e := quorumError(live, missing, size/2+1, size, "no leader answered within "+QuorumCheckTimeout.String())
 	e.Detail["cause"] = cause.Error()
-	return e
+	return e, len(live) >= size/2+1
 }
 
 func quorumError(live, missing []string, need, size int, seen string) *Error {

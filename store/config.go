@@ -96,7 +96,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 // provisioned (Open), closing the connection when binding fails. o names the
 // connection and sets its timeout and reconnects; its URL and credentials
 // are c's. ctx bounds the binding; without a deadline of its own, o.Timeout
-// does.
+// does, or ElectionWait for a storage cluster, whose leader elections
+// binding waits out.
 func (c Config) Dial(ctx context.Context, o ConnectOptions) (*Store, error) {
 	return c.dial(ctx, o, false)
 }
@@ -126,8 +127,13 @@ func (c Config) dial(ctx context.Context, o ConnectOptions, quorum bool) (*Store
 		}
 	}
 	if _, ok := ctx.Deadline(); !ok {
+		// Binding a storage cluster waits out leader elections (ride).
+		bound := cmp.Or(o.Timeout, defaultConnectTimeout)
+		if nc.ConnectedClusterName() != "" {
+			bound = max(bound, ElectionWait)
+		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cmp.Or(o.Timeout, defaultConnectTimeout))
+		ctx, cancel = context.WithTimeout(ctx, bound)
 		defer cancel()
 	}
 	anchor, err := ResolveAnchor(c.TrustRoot, c.CredsFile, c.TrustPinFile)

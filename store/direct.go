@@ -104,8 +104,34 @@ const directTimeout = 5 * time.Second
 
 // direct sends one direct get request to stream and hands every message of
 // the answer to fn. It returns the number of matching messages left after
-// the answer (0 when the read reached the end).
+// the answer (0 when the read reached the end). An answer that fails before
+// its first message (the replicas that answer direct gets are catching up
+// after a storage node died, say) is asked again while that is an
+// election's symptom; one cut short after it is not, since fn has seen
+// part of it.
 func (s *Store) direct(ctx context.Context, stream string, req directRequest, fn func(*StoredMsg) error) (pending uint64, err error) {
+	var partial error
+	err = s.ride(ctx, "reading "+stream, func(ctx context.Context, _ bool) error {
+		delivered := false
+		var err error
+		pending, err = s.directOnce(ctx, stream, req, func(m *StoredMsg) error {
+			delivered = true
+			return fn(m)
+		})
+		if err != nil && delivered {
+			partial = err
+			return nil
+		}
+		return err
+	})
+	if partial != nil {
+		err = partial
+	}
+	return pending, classify(err)
+}
+
+// directOnce is one attempt of direct.
+func (s *Store) directOnce(ctx context.Context, stream string, req directRequest, fn func(*StoredMsg) error) (pending uint64, err error) {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return 0, err
@@ -113,16 +139,16 @@ func (s *Store) direct(ctx context.Context, stream string, req directRequest, fn
 	inbox := s.NC.NewInbox()
 	sub, err := s.NC.SubscribeSync(inbox)
 	if err != nil {
-		return 0, classify(fmt.Errorf("reading %s: %w", stream, err))
+		return 0, fmt.Errorf("reading %s: %w", stream, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	if err := s.NC.PublishRequest(s.apiPrefix+"DIRECT.GET."+stream, inbox, data); err != nil {
-		return 0, classify(fmt.Errorf("reading %s: %w", stream, err))
+		return 0, fmt.Errorf("reading %s: %w", stream, err)
 	}
 	for {
 		m, err := nextMsg(ctx, sub)
 		if err != nil {
-			return 0, classify(fmt.Errorf("reading %s: %w", stream, err))
+			return 0, fmt.Errorf("reading %s: %w", stream, err)
 		}
 		switch status := m.Header.Get("Status"); status {
 		case "":
@@ -132,7 +158,7 @@ func (s *Store) direct(ctx context.Context, stream string, req directRequest, fn
 		case "404": // nothing (more) matches
 			return 0, nil
 		case "503":
-			return 0, classify(fmt.Errorf("reading %s: %w", stream, nats.ErrNoResponders))
+			return 0, fmt.Errorf("reading %s: %w", stream, nats.ErrNoResponders)
 		default:
 			return 0, fmt.Errorf("reading %s: %s %s", stream, status, m.Header.Get("Description"))
 		}

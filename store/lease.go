@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,6 +134,14 @@ func (l *Lease) Key() string { return l.key }
 // TTL is the lease's time to live.
 func (l *Lease) TTL() time.Duration { return l.ttl }
 
+// store is the store l's bucket belongs to, when it rides out elections.
+func (l *Lease) store() *Store {
+	if kv, ok := l.kv.(electedKV); ok {
+		return kv.s
+	}
+	return nil
+}
+
 // Token is the fencing token: the revision of the latest acquire or renewal.
 func (l *Lease) Token() uint64 {
 	l.mu.Lock()
@@ -152,8 +161,20 @@ func (l *Lease) Renew(ctx context.Context) error {
 	h := l.holder
 	h.Expires = now.Add(l.ttl)
 	data, _ := json.Marshal(h)
-	ack, err := l.js.Publish(ctx, l.subj, data,
-		jetstream.WithMsgTTL(l.ttl), jetstream.WithExpectLastSequencePerSubject(l.token))
+	// A renewal whose answer was lost in a leader election is retried; if
+	// the retry finds the key moved on, the key holding exactly this
+	// renewal means the lost attempt landed.
+	var ack *jetstream.PubAck
+	err := l.store().ride(ctx, "renewing lease "+l.key, func(ctx context.Context, uncertain bool) (err error) {
+		ack, err = l.js.Publish(ctx, l.subj, data,
+			jetstream.WithMsgTTL(l.ttl), jetstream.WithExpectLastSequencePerSubject(l.token))
+		if err != nil && uncertain && IsWrongLastSequence(err) {
+			if ent, gerr := l.kv.Get(ctx, l.key); gerr == nil && bytes.Equal(ent.Value(), data) {
+				ack, err = &jetstream.PubAck{Sequence: ent.Revision()}, nil
+			}
+		}
+		return err
+	})
 	if err != nil {
 		if IsWrongLastSequence(err) {
 			l.lost = &Error{Code: CodeLeaseLost, Message: fmt.Sprintf("lease %s expired or was taken over", l.key),
@@ -207,7 +228,12 @@ func (l *Lease) keepAlive() {
 		case <-l.stop:
 			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), l.ttl/3)
+			// A renewal may wait out a leader election for as long as
+			// the lease has left.
+			l.mu.Lock()
+			left := time.Until(l.holder.Expires)
+			l.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), max(left, l.ttl/3))
 			err := l.Renew(ctx)
 			cancel()
 			if HasCode(err, CodeLeaseLost) {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/edgeplane/edgeplane/signing"
 )
@@ -231,7 +232,7 @@ func (n Names) SigningStreams() []string {
 
 // appendSigned appends body to subject, in stream, signed by key with the
 // sequence it gets. op is the KV operation ("" or "DEL"), msgID makes a
-// retry idempotent, and extra adds expectations (a KV create's "no such
+// retry idempotent (one is made up when empty), and extra adds expectations (a KV create's "no such
 // key yet"). Racing appenders retry with the sequence that beat them.
 func (s *Store) appendSigned(ctx context.Context, key func() (*signing.Key, error), stream, subject, op string, body []byte, msgID string, extra ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 	if key == nil {
@@ -240,6 +241,13 @@ func (s *Store) appendSigned(ctx context.Context, key func() (*signing.Key, erro
 	last, err := s.lastSeq(ctx, stream)
 	if err != nil {
 		return nil, err
+	}
+	// Every append carries a message ID: an attempt whose acknowledgement
+	// was lost in a leader election is retried with it, and the stream
+	// answers a copy that already landed as a duplicate instead of storing
+	// it twice.
+	if msgID == "" {
+		msgID = nuid.Next()
 	}
 	const maxAttempts = 100
 	for attempt := 1; ; attempt++ {
@@ -253,11 +261,12 @@ func (s *Store) appendSigned(ctx context.Context, key func() (*signing.Key, erro
 			m.Header.Set(kvOperationHeader, op)
 		}
 		m.Header.Set(signing.Header, k.Sign(signing.Message{Subject: subject, Seq: last + 1, Op: op, Body: body}))
-		opts := append([]jetstream.PublishOpt{jetstream.WithExpectLastSequence(last)}, extra...)
-		if msgID != "" {
-			opts = append(opts, jetstream.WithMsgID(msgID))
-		}
-		ack, err := s.JS.PublishMsg(ctx, m, opts...)
+		opts := append([]jetstream.PublishOpt{jetstream.WithExpectLastSequence(last), jetstream.WithMsgID(msgID)}, extra...)
+		var ack *jetstream.PubAck
+		err = s.ride(ctx, "append to "+subject, func(ctx context.Context, _ bool) (err error) {
+			ack, err = s.JS.PublishMsg(ctx, m, opts...)
+			return err
+		})
 		if err == nil {
 			if !ack.Duplicate {
 				s.noteLastSeq(stream, ack.Sequence)

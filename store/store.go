@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
 )
 
 // DefaultURL is the NATS URL clients use unless told otherwise.
@@ -186,6 +187,13 @@ type Store struct {
 		mu   sync.Mutex
 		last map[string]uint64
 	}
+
+	// clustered is set when the storage nodes form a JetStream cluster
+	// (then, and only then, operations ride out leader elections for up to
+	// electionWait).
+	clustered    bool
+	electionWait time.Duration
+	log          *zap.Logger
 }
 
 // RoutingHistory is how many events of each routing subject (a service, a
@@ -363,7 +371,7 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		if err != nil {
 			return nil, classify(fmt.Errorf("provisioning stream %s: %w", st.cfg.Name, err))
 		}
-		*st.dst = str
+		*st.dst = s.electedStream(str)
 	}
 	if _, err := s.Renewals.CreateOrUpdateConsumer(ctx, RenewalsConsumerConfig(names)); err != nil {
 		return nil, classify(fmt.Errorf("provisioning the renewal consumer: %w", err))
@@ -390,6 +398,7 @@ func Open(ctx context.Context, nc *nats.Conn, names Names) (*Store, error) {
 		return nil, err
 	}
 	streams, buckets := s.layout()
+	// Binding asks each stream's leader (s.JS waits out an election).
 	for _, st := range streams {
 		str, err := s.JS.Stream(ctx, st.cfg.Name)
 		if err != nil {
@@ -412,7 +421,10 @@ func newStore(nc *nats.Conn, names Names) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{NC: nc, JS: js, Names: names, apiPrefix: apiPrefixOf(nc)}, nil
+	s := &Store{NC: nc, Names: names, apiPrefix: apiPrefixOf(nc),
+		clustered: nc.ConnectedClusterName() != "", electionWait: ElectionWait}
+	s.JS = electedJS{JetStream: js, s: s}
+	return s, nil
 }
 
 // newJetStream is nc's JetStream API, under the prefix its credentials

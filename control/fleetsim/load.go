@@ -62,6 +62,10 @@ type ChurnResult struct {
 	// not keep up with the rate asked for.
 	Behind  int
 	Elapsed time.Duration
+	// Stall is the longest time no write was acknowledged, and StallAt
+	// when it began (since the writes began): what a storage node's
+	// death costs while its streams elect new leaders.
+	Stall, StallAt time.Duration
 }
 
 // Rate is the writes per second achieved.
@@ -92,6 +96,18 @@ func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, onWrite fu
 	const workers = 128
 	work := make(chan int, workers)
 	var wg sync.WaitGroup
+	start := time.Now()
+	var ackMu sync.Mutex
+	lastAck := start
+	acked := func() {
+		now := time.Now()
+		ackMu.Lock()
+		defer ackMu.Unlock()
+		if gap := now.Sub(lastAck); gap > res.Stall {
+			res.Stall, res.StallAt = gap, lastAck.Sub(start)
+		}
+		lastAck = now
+	}
 	for w := range workers {
 		wg.Add(1)
 		go func() {
@@ -121,13 +137,13 @@ func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, onWrite fu
 				f.mu.Unlock()
 				locks[k].Unlock()
 				writes.Add(1)
+				acked()
 				if onWrite != nil {
 					onWrite(Write{Namespace: rec.Namespace, Revision: rev, At: at})
 				}
 			}
 		}()
 	}
-	start := time.Now()
 	r := rand.New(rand.NewPCG(1, uint64(start.UnixNano())))
 	t := time.NewTicker(5 * time.Millisecond)
 	sent := 0
@@ -154,6 +170,8 @@ loop:
 	t.Stop()
 	close(work)
 	wg.Wait()
+	ackMu.Lock()
+	defer ackMu.Unlock()
 	res.Elapsed = time.Since(start)
 	res.Writes, res.Retries, res.Behind = int(writes.Load()), int(retries.Load()), int(behind.Load())
 	if e := firstErr.Load(); e != nil {

@@ -231,6 +231,8 @@ func (r *LoadReport) Summary() string {
 	fmt.Fprintf(&b, "agents started in %s\n", r.StartAgents.Round(time.Millisecond))
 	fmt.Fprintf(&b, "writes: %d acknowledged in %s (%.0f/s), %d retried, %d could not start on time\n",
 		r.Churn.Writes, r.Churn.Elapsed.Round(time.Millisecond), r.Churn.Rate(), r.Churn.Retries, r.Churn.Behind)
+	fmt.Fprintf(&b, "longest time with no write acknowledged: %s (from %.1fs into the writes)\n",
+		r.Churn.Stall.Round(time.Millisecond), r.Churn.StallAt.Seconds())
 	fmt.Fprintf(&b, "status lag: p50 %s, p99 %s, max %s over %d writes; %d never counted\n",
 		ms(Percentile(r.StatusLag, 50)), ms(Percentile(r.StatusLag, 99)), ms(Percentile(r.StatusLag, 100)), len(r.StatusLag), r.Unseen)
 	if len(r.LagWindows) > 0 {

@@ -10,7 +10,8 @@
 # Defaults are the goals table's: 10,000 machines, 1,000 deployments,
 # 10,000 writes/s for 60 s, 100 gateways, 5 applies before and 5 during.
 # With --nodes 3 the storage nodes form a JetStream cluster (replicas 3)
-# and the third is killed (SIGKILL) halfway through the writes. With
+# and the one leading the instances bucket, which the writes go to, is
+# killed (SIGKILL) halfway through the writes. With
 # --tls off the auth dir holds no fleet CA, so every connection and route
 # is plaintext (the baseline of what TLS costs; default on).
 set -euo pipefail
@@ -90,7 +91,9 @@ watch="control-server=$control_pid"
 for i in $(seq "$nodes"); do watch+=",storage-node-s$i=${node_pids[$((i - 1))]}"; done
 kill_args=()
 if [ "$nodes" -gt 1 ]; then
-	kill_args=(--midway-kill "${node_pids[$((nodes - 1))]}")
+	leaders=
+	for i in $(seq "$nodes"); do leaders+="${leaders:+,}s$i=${node_pids[$((i - 1))]}"; done
+	kill_args=(--midway-kill-leader "$leaders")
 fi
 status=0
 "$work/fleetsim" --nats "$nats" --creds "$work/control.creds" --auth-dir "$work/auth" \

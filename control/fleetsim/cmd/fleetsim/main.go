@@ -58,6 +58,7 @@ func run(args []string) int {
 	applies := fs.Int("applies", 5, "with --rate and --gateways: applies measured to every gateway, before and during the writes")
 	signingKey := fs.String("signing-key", os.Getenv("EDGEPLANE_SIGNING_KEY"), "with --applies: signer key `FILE` the applies sign their intent with (control server writes DATA/signer.nk)")
 	midwayKill := fs.Int("midway-kill", 0, "with --rate: kill this process (a storage node) with SIGKILL halfway through the writes")
+	midwayKillLeader := fs.String("midway-kill-leader", "", "with --rate: `NAME=PID,...` storage nodes by server name; halfway through the writes, kill (SIGKILL) the one leading the instances bucket, which the writes go to")
 	watch := fs.String("watch", "", "with --rate: `NAME=PID,...` processes (control server, storage nodes) whose CPU during the writes and memory after the run are reported")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -110,6 +111,14 @@ func run(args []string) int {
 				}
 				return fmt.Sprintf("killed pid %d (SIGKILL)", pid)
 			}
+		}
+		if *midwayKillLeader != "" {
+			nodes, err := parseWatch(*midwayKillLeader)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "fleetsim: --midway-kill-leader: %v\n", err)
+				return 2
+			}
+			spec.Midway = func() string { return killLeader(ctx, s, nodes) }
 		}
 		procs, err := parseWatch(*watch)
 		if err != nil {
@@ -251,4 +260,29 @@ func memoryOf(pid int) string {
 		}
 	}
 	return strings.Join(out, ", ")
+}
+
+// killLeader kills (SIGKILL) the node of nodes that leads the instances
+// bucket and says which it was.
+func killLeader(ctx context.Context, s *store.Store, nodes []*proc) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stream := "KV_" + s.Names.InstancesBucket()
+	str, err := s.JS.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Sprintf("finding the leader of %s: %v", stream, err)
+	}
+	ci := str.CachedInfo().Cluster
+	if ci == nil || ci.Leader == "" {
+		return fmt.Sprintf("%s has no leader to kill", stream)
+	}
+	for _, n := range nodes {
+		if n.name == ci.Leader {
+			if err := syscall.Kill(n.pid, syscall.SIGKILL); err != nil {
+				return fmt.Sprintf("killing %s (pid %d): %v", n.name, n.pid, err)
+			}
+			return fmt.Sprintf("killed %s (pid %d, SIGKILL), the leader of %s", n.name, n.pid, stream)
+		}
+	}
+	return fmt.Sprintf("the leader of %s, %s, is not one of the nodes given", stream, ci.Leader)
 }

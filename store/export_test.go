@@ -1,0 +1,77 @@
+package store
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LoseAnswers makes the next n writes of s land but their answers be lost
+// (the caller sees a timeout), as when the leader that stored a write dies
+// before it answers; clustered makes s ride elections as a client of a
+// storage cluster does. It covers s.JS (appends, lease renewals) and the
+// Machines, Locks and Instances buckets.
+func LoseAnswers(s *Store, n int32, clustered bool) {
+	lose := new(atomic.Int32)
+	lose.Store(n)
+	s.clustered = clustered
+	s.JS = electedJS{JetStream: lossyJS{JetStream: s.JS.(electedJS).JetStream, lose: lose}, s: s}
+	for _, kv := range []*jetstream.KeyValue{&s.Machines, &s.Locks, &s.Instances} {
+		*kv = electedKV{KeyValue: lossyKV{KeyValue: (*kv).(electedKV).KeyValue, lose: lose}, s: s}
+	}
+}
+
+// lost turns err into a lost answer when one is still to be lost.
+func lost(lose *atomic.Int32, err error) error {
+	if err == nil && lose.Add(-1) >= 0 {
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+type lossyJS struct {
+	jetstream.JetStream
+	lose *atomic.Int32
+}
+
+func (js lossyJS) Publish(ctx context.Context, subj string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := js.JetStream.Publish(ctx, subj, data, opts...)
+	if err = lost(js.lose, err); err != nil {
+		return nil, err
+	}
+	return ack, nil
+}
+
+func (js lossyJS) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := js.JetStream.PublishMsg(ctx, m, opts...)
+	if err = lost(js.lose, err); err != nil {
+		return nil, err
+	}
+	return ack, nil
+}
+
+type lossyKV struct {
+	jetstream.KeyValue
+	lose *atomic.Int32
+}
+
+func (kv lossyKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	rev, err := kv.KeyValue.Put(ctx, key, value)
+	return rev, lost(kv.lose, err)
+}
+
+func (kv lossyKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	rev, err := kv.KeyValue.Create(ctx, key, value, opts...)
+	return rev, lost(kv.lose, err)
+}
+
+func (kv lossyKV) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	rev, err := kv.KeyValue.Update(ctx, key, value, last)
+	return rev, lost(kv.lose, err)
+}
+
+func (kv lossyKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
+	return lost(kv.lose, kv.KeyValue.Delete(ctx, key, opts...))
+}
