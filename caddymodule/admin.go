@@ -74,21 +74,27 @@ type HostInfo struct {
 	Root *RouteInfo `json:"root,omitempty"`
 }
 
-func routeInfo(app *App, s *projection.Service) RouteInfo {
+func routeInfo(app *App, v *projection.View, s *projection.Service) RouteInfo {
 	eps := s.Endpoints
 	if eps == nil {
 		eps = []store.Endpoint{}
 	}
 	ri := RouteInfo{Namespace: s.Namespace, Service: s.Name, DeployID: s.DeployID, Revision: s.Revision,
 		Routes: s.Routes, Endpoints: eps}
-	if app.health != nil {
-		for _, e := range eps {
-			if sa, ok := app.health.setAsideOf(net.JoinHostPort(e.Address, strconv.Itoa(e.Port))); ok {
-				ri.SetAside = append(ri.SetAside, SetAsideInfo{InstanceID: e.InstanceID, Machine: e.Machine, Reason: sa.Reason, Since: sa.Since})
-			}
+	for _, e := range eps {
+		if d, down := v.Down(e.Machine); down {
+			ri.SetAside = append(ri.SetAside, SetAsideInfo{InstanceID: e.InstanceID, Machine: e.Machine, Since: d.LastBeat,
+				Reason: fmt.Sprintf("machine %s is %s: no heartbeat since %s (every %s)", e.Machine, d.Liveness, d.LastBeat.UTC().Format(time.RFC3339), d.Interval)})
+			continue
 		}
-		ri.FailOpen = len(eps) > 0 && len(ri.SetAside) == len(eps)
+		if app.health == nil {
+			continue
+		}
+		if sa, ok := app.health.setAsideOf(net.JoinHostPort(e.Address, strconv.Itoa(e.Port))); ok {
+			ri.SetAside = append(ri.SetAside, SetAsideInfo{InstanceID: e.InstanceID, Machine: e.Machine, Reason: sa.Reason, Since: sa.Since})
+		}
 	}
+	ri.FailOpen = len(eps) > 0 && len(ri.SetAside) == len(eps)
 	return ri
 }
 
@@ -107,10 +113,11 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	case path == "projection":
 		body = p.Status()
 	case path == "routes":
-		svcs := p.View().Services()
+		v := p.View()
+		svcs := v.Services()
 		out := make([]RouteInfo, 0, len(svcs))
 		for _, s := range svcs {
-			out = append(out, routeInfo(app, s))
+			out = append(out, routeInfo(app, v, s))
 		}
 		body = out
 	case strings.HasPrefix(path, "hosts/") && len(path) > len("hosts/"):
@@ -119,7 +126,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 		info := HostInfo{Host: host, Routes: v.HostRoutes(host)}
 		if !strings.HasPrefix(host, "*.") {
 			if s, ok := v.Lookup(host, "/"); ok {
-				ri := routeInfo(app, s)
+				ri := routeInfo(app, v, s)
 				info.Root = &ri
 			}
 		}

@@ -71,6 +71,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("provisioning edgeplane handler's reverse proxy: %w", err)
 	}
 	h.proxyReady = true
+	if ht, ok := h.Transport.(*reverseproxy.HTTPTransport); ok && app.health != nil {
+		h.Transport = &abandoningTransport{HTTPTransport: ht, health: app.health}
+	}
 	return nil
 }
 

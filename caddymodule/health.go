@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/projection"
@@ -24,6 +26,15 @@ import (
 // the endpoints whose last probe failed, as long as one of the service's
 // endpoints is left; when none is, it serves them all (fail open) and
 // says so.
+
+// A request already waiting on an endpoint when a probe finds it dead
+// would wait until its client gives up: nothing in the proxy notices. The
+// handler's transport therefore registers each round trip, until its
+// response headers arrive, with the checker, which abandons those on an
+// endpoint as soon as a probe finds it failing, provided the service has
+// another endpoint to retry on. The proxy counts the abandoned attempt
+// as a failure and retries it as it retries any failed attempt (GET by
+// default); a response that has begun is never cut.
 
 // Default probe settings.
 const (
@@ -48,6 +59,25 @@ type healthChecker struct {
 	// failOpen names the services served although every endpoint failed,
 	// so that it is logged once per episode.
 	failOpen map[string]bool
+
+	waitMu sync.Mutex
+	// waiting holds, per endpoint dial address, the round trips waiting
+	// for its response headers.
+	waiting map[string]map[*waiter]struct{}
+}
+
+// waiter is one round trip waiting for its response headers.
+type waiter struct {
+	abandon context.CancelCauseFunc
+}
+
+// errAbandoned is why a round trip was abandoned. It is deliberately not
+// context.Canceled, which the proxy takes for a client that went away and
+// neither retries nor counts against the upstream.
+type errAbandoned struct{ addr, reason string }
+
+func (e *errAbandoned) Error() string {
+	return fmt.Sprintf("abandoned waiting for %s: %s", e.addr, e.reason)
 }
 
 // setAside is why an endpoint gets no new requests.
@@ -70,7 +100,43 @@ func newHealthChecker(interval, timeout time.Duration, view func() *projection.V
 		},
 		down:     map[string]setAside{},
 		failOpen: map[string]bool{},
+		waiting:  map[string]map[*waiter]struct{}{},
 	}
+}
+
+// wait registers a round trip to addr until the returned func is called;
+// abandon ends it with the reason as its cause.
+func (h *healthChecker) wait(addr string, abandon context.CancelCauseFunc) (done func()) {
+	w := &waiter{abandon: abandon}
+	h.waitMu.Lock()
+	ws := h.waiting[addr]
+	if ws == nil {
+		ws = map[*waiter]struct{}{}
+		h.waiting[addr] = ws
+	}
+	ws[w] = struct{}{}
+	h.waitMu.Unlock()
+	return func() {
+		h.waitMu.Lock()
+		delete(ws, w)
+		if len(h.waiting[addr]) == 0 {
+			delete(h.waiting, addr)
+		}
+		h.waitMu.Unlock()
+	}
+}
+
+// abandonWaiting ends every round trip waiting on addr, and returns how
+// many there were.
+func (h *healthChecker) abandonWaiting(addr, reason string) int {
+	h.waitMu.Lock()
+	ws := h.waiting[addr]
+	delete(h.waiting, addr)
+	h.waitMu.Unlock()
+	for w := range ws {
+		w.abandon(&errAbandoned{addr: addr, reason: reason})
+	}
+	return len(ws)
 }
 
 // run probes every interval until ctx ends.
@@ -87,16 +153,18 @@ func (h *healthChecker) run(ctx context.Context) {
 	}
 }
 
-type probeTarget struct{ addr, path, instance string }
+type probeTarget struct{ addr, path, instance, service string }
 
 // probeAll probes every endpoint of the current view once, in parallel,
 // and replaces what is known about them.
 func (h *healthChecker) probeAll(ctx context.Context) {
 	seen := map[string]probeTarget{}
+	endpoints := map[string][]string{} // by service
 	for _, s := range h.view().Services() {
 		for _, e := range s.Endpoints {
 			addr := net.JoinHostPort(e.Address, strconv.Itoa(e.Port))
-			seen[addr] = probeTarget{addr: addr, path: s.HealthPath, instance: e.InstanceID}
+			seen[addr] = probeTarget{addr: addr, path: s.HealthPath, instance: e.InstanceID, service: s.Key()}
+			endpoints[s.Key()] = append(endpoints[s.Key()], addr)
 		}
 	}
 	type result struct {
@@ -126,8 +194,8 @@ func (h *healthChecker) probeAll(ctx context.Context) {
 	}
 	now := time.Now()
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	next := make(map[string]setAside, len(h.down))
+	var newlyDown []probeTarget
 	for r := range results {
 		if r.err == nil {
 			if _, was := h.down[r.t.addr]; was {
@@ -140,11 +208,27 @@ func (h *healthChecker) probeAll(ctx context.Context) {
 			prev = setAside{Since: now}
 			h.logger.Warn("endpoint failed its health check; no new requests go to it",
 				zap.String("instance", r.t.instance), zap.String("addr", r.t.addr), zap.Error(r.err))
+			newlyDown = append(newlyDown, r.t)
 		}
 		prev.Reason = "health check failed: " + r.err.Error()
 		next[r.t.addr] = prev
 	}
 	h.down = next
+	h.mu.Unlock()
+
+	// Requests waiting on an endpoint just found failing are abandoned
+	// for a retry, when their service has an endpoint left to retry on
+	// (otherwise they would only be sent to another failing one).
+	for _, t := range newlyDown {
+		left := slices.ContainsFunc(endpoints[t.service], func(a string) bool { _, down := next[a]; return !down })
+		if !left {
+			continue
+		}
+		if n := h.abandonWaiting(t.addr, next[t.addr].Reason); n > 0 {
+			h.logger.Warn("abandoned requests waiting on a failing endpoint, for a retry elsewhere",
+				zap.String("instance", t.instance), zap.String("addr", t.addr), zap.Int("requests", n))
+		}
+	}
 }
 
 // probe is one check of t: a GET of its health path answering 2xx or 3xx,
@@ -217,4 +301,31 @@ func (h *healthChecker) setAsideOf(addr string) (setAside, bool) {
 	defer h.mu.RUnlock()
 	s, ok := h.down[addr]
 	return s, ok
+}
+
+// abandoningTransport is Caddy's HTTP transport with each round trip
+// registered with the health checker until its response headers arrive,
+// so that one waiting on an endpoint found failing is abandoned for a
+// retry. Embedding keeps every optional interface the proxy asks the
+// transport for (TLS, h2c, PROXY protocol, health-check scheme).
+type abandoningTransport struct {
+	*reverseproxy.HTTPTransport
+	health *healthChecker
+}
+
+// RoundTrip sends req on, abandoning it if its endpoint fails a probe
+// before the response headers arrive.
+func (t *abandoningTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	di, ok := reverseproxy.GetDialInfo(req.Context())
+	if !ok {
+		return t.HTTPTransport.RoundTrip(req)
+	}
+	// The context must live on with the response body once the headers
+	// are in, so it is cancelled only by an abandonment or by the
+	// request's own end.
+	ctx, abandon := context.WithCancelCause(req.Context())
+	done := t.health.wait(di.Address, abandon)
+	resp, err := t.HTTPTransport.RoundTrip(req.WithContext(ctx))
+	done()
+	return resp, err
 }

@@ -2,10 +2,14 @@ package caddymodule
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,4 +102,128 @@ func TestHealthChecksSetAsideAFrozenEndpoint(t *testing.T) {
 		r, err := f.get("shop.test", "/")
 		return err == nil && r.backend == "frozen" && len(f.routesOf(t, "web").SetAside) == 0
 	})
+}
+
+// failing is an endpoint that serves until it fails: from then on its
+// health path and / never answer, as a machine that froze with requests
+// in flight. /stream sends a line every 100 ms for 3 s, whatever happens.
+func failing(t *testing.T, id string) (inst storetest.Instance, fail func()) {
+	t.Helper()
+	failed := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Backend", id)
+		// Read the body, so that the server watches the connection and
+		// ends the request's context when it closes.
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch r.URL.Path {
+		case "/stream":
+			for i := range 30 {
+				fmt.Fprintf(w, "%s %d\n", id, i)
+				w.(http.Flusher).Flush()
+				time.Sleep(100 * time.Millisecond) // the pace of the stream, not a wait for a condition
+			}
+			return
+		case "/healthz":
+			select {
+			case <-failed:
+			default:
+				return
+			}
+		}
+		// / hangs from the start: requests sent to it are in flight
+		// when it fails.
+		select {
+		case <-r.Context().Done():
+		case <-failed:
+			<-r.Context().Done()
+		}
+	}))
+	// Hanging handlers end with their requests' contexts, once the
+	// server's connections are closed.
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	host, port := splitHostPort(t, srv.Listener.Addr().String())
+	return storetest.Instance{ID: id, Machine: "m2", Address: host, Port: port}, sync.OnceFunc(func() { close(failed) })
+}
+
+// Requests already waiting on an endpoint when its probe fails are
+// abandoned and retried on another endpoint: a GET is answered by the
+// live one, a POST (not retried by default) gets 502 at once; neither
+// waits for the client to give up. A response under way from the failing
+// endpoint is not cut.
+func TestRequestsWaitingOnAFailingEndpointAreRetried(t *testing.T) {
+	live := newBackend(t, "live")
+	stuck, fail := failing(t, "stuck")
+	f := newFixture(t)
+	f.handler = map[string]any{"load_balancing": map[string]any{
+		"selection_policy": map[string]any{"policy": "first"}, "retries": 2}}
+	// "first" sends every request to the first endpoint while it is
+	// healthy: stuck, listed first.
+	seq := f.deploy("shop", map[string]storetest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"shop.test"}}}, HealthPath: "/healthz",
+			Instances: []storetest.Instance{stuck, live.instance()}},
+	})
+	f.load()
+	f.waitSeq(seq)
+	storetest.Eventually(t, 5*time.Second, "both endpoints probed healthy", func() bool {
+		r := f.routesOf(t, "web")
+		return len(r.Endpoints) == 2 && len(r.SetAside) == 0
+	})
+
+	type result struct {
+		reply
+		err  error
+		took time.Duration
+	}
+	send := func(method, path string) <-chan result {
+		ch := make(chan result, 1)
+		go func() {
+			start := time.Now()
+			var body io.Reader // a GET has none: one could not be sent twice
+			if method == http.MethodPost {
+				body = strings.NewReader("x")
+			}
+			req, _ := http.NewRequest(method, "http://"+f.gateway+path, body)
+			req.Host = "shop.test"
+			resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+			if err != nil {
+				ch <- result{err: err, took: time.Since(start)}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			ch <- result{reply: reply{status: resp.StatusCode, body: string(b), backend: resp.Header.Get("X-Backend")}, err: err, took: time.Since(start)}
+		}()
+		return ch
+	}
+	stream := send(http.MethodGet, "/stream")
+	gets := []<-chan result{send(http.MethodGet, "/"), send(http.MethodGet, "/")}
+	post := send(http.MethodPost, "/")
+	// Let the requests reach stuck and wait there.
+	storetest.Eventually(t, 5*time.Second, "the requests to wait on stuck", func() bool {
+		a := current.Load()
+		a.health.waitMu.Lock()
+		defer a.health.waitMu.Unlock()
+		return len(a.health.waiting[net.JoinHostPort(stuck.Address, strconv.Itoa(stuck.Port))]) == 3
+	})
+	failedAt := time.Now()
+	fail()
+
+	for i, ch := range gets {
+		r := <-ch
+		t.Logf("GET %d: %d from %q after %s (%v)", i, r.status, r.backend, r.took.Round(time.Millisecond), r.err)
+		if r.err != nil || r.status != 200 || r.backend != "live" {
+			t.Errorf("GET %d waiting on the failing endpoint: %d from %q, %v; want 200 from live", i, r.status, r.backend, r.err)
+		}
+	}
+	r := <-post
+	t.Logf("POST: %d after %s (%v)", r.status, r.took.Round(time.Millisecond), r.err)
+	if r.err != nil || r.status != http.StatusBadGateway {
+		t.Errorf("POST waiting on the failing endpoint: %d %v; want 502", r.status, r.err)
+	}
+	if d := time.Since(failedAt); d > 4*time.Second {
+		t.Errorf("abandoning took %s", d)
+	}
+	if s := <-stream; s.err != nil || s.backend != "stuck" || strings.Count(s.body, "\n") != 30 {
+		t.Errorf("the stream from the failing endpoint was cut: %d lines from %q, %v", strings.Count(s.body, "\n"), s.backend, s.err)
+	}
 }

@@ -81,6 +81,20 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		}
 		return out
 	}).([]string)
+	// Instances of machines whose heartbeats stopped are set aside while
+	// the service has others (fail open), then those failing their health
+	// checks among what is left.
+	if v.AnyDown() {
+		live := make([]string, 0, len(dials))
+		for i, d := range dials {
+			if _, down := v.Down(svc.Endpoints[i].Machine); !down {
+				live = append(live, d)
+			}
+		}
+		if len(live) > 0 {
+			dials = live
+		}
+	}
 	if u.app.health != nil {
 		dials = u.app.health.healthy(svc.Key(), dials)
 	}

@@ -25,6 +25,9 @@ type memView struct {
 
 func (v *memView) Services() []*projection.Service { return v.services }
 func (v *memView) Machines() []store.MachineRecord { return v.machines }
+func (v *memView) LiveEndpoints(svc *projection.Service) ([]store.Endpoint, bool) {
+	return svc.Endpoints, false
+}
 
 // memSource hands out a memView that a test swaps.
 type memSource struct {

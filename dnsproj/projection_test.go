@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,5 +154,88 @@ func TestProjectionOverNATS(t *testing.T) {
 	}
 	if _, got := answers(t, "udp", addr2, "m1.machines.edgeplane.internal.", dns.TypeA); len(got) != 1 {
 		t.Fatalf("machine from snapshot: %q", got)
+	}
+}
+
+// TestMachineThatStopsBeatingLeavesAnswers: DNS answers as the gateway
+// routes. A machine whose heartbeats stop leaves a service's answers
+// while the service has instances elsewhere, stays in the answers of a
+// service that has none (fail open), and comes back when it beats again,
+// with no routing event.
+func TestMachineThatStopsBeatingLeavesAnswers(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	p, err := projection.New(projection.Config{Store: srv.Store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runProjection(t, p)
+	_, addr := startServer(t, Config{}, ProjectionSource(p))
+	_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{
+		"web": {Instances: []storetest.Instance{
+			{ID: "web-a", Machine: "m1", Address: "10.100.0.5", Port: 8080},
+			{ID: "web-b", Machine: "m2", Address: "10.100.0.6", Port: 8080},
+		}},
+		"solo": {Instances: []storetest.Instance{{ID: "solo-a", Machine: "m2", Address: "10.100.0.7", Port: 8080}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const interval = 200 * time.Millisecond
+	beating := map[string]bool{"m1": true, "m2": true}
+	var mu sync.Mutex
+	bctx, stopBeats := context.WithCancel(ctx)
+	beatsDone := make(chan struct{})
+	go func() {
+		defer close(beatsDone)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			mu.Lock()
+			for m, on := range beating {
+				if on {
+					_ = srv.Store.PutMachineBeat(bctx, m, interval)
+				}
+			}
+			mu.Unlock()
+			select {
+			case <-bctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(func() { stopBeats(); <-beatsDone })
+	waitSeq(t, p, seq)
+
+	const web, solo = "web.shop.edgeplane.internal.", "solo.shop.edgeplane.internal."
+	both := []string{"web.shop.edgeplane.internal. 5 IN A 10.100.0.5", "web.shop.edgeplane.internal. 5 IN A 10.100.0.6"}
+	answersNow := func(name string, want []string) func() bool {
+		return func() bool {
+			_, got := answers(t, "udp", addr, name, dns.TypeA)
+			return slices.Equal(got, want)
+		}
+	}
+	storetest.Eventually(t, 10*time.Second, "both of web's instances answered", answersNow(web, both))
+
+	mu.Lock()
+	beating["m2"] = false
+	mu.Unlock()
+	storetest.Eventually(t, 10*time.Second, "m2's instance of web to leave the answers",
+		answersNow(web, []string{"web.shop.edgeplane.internal. 5 IN A 10.100.0.5"}))
+	if _, got := answers(t, "udp", addr, solo, dns.TypeA); !slices.Equal(got, []string{"solo.shop.edgeplane.internal. 5 IN A 10.100.0.7"}) {
+		t.Fatalf("solo, whose only instance is on m2, answered %q; want it served anyway", got)
+	}
+	if _, got := answers(t, "tcp", addr, web, dns.TypeSRV); !slices.Equal(got, []string{
+		"web.shop.edgeplane.internal. 5 IN SRV 0 10 8080 web-a.web.shop.edgeplane.internal."}) {
+		t.Fatalf("SRV with m2 down: %q", got)
+	}
+
+	mu.Lock()
+	beating["m2"] = true
+	mu.Unlock()
+	storetest.Eventually(t, 10*time.Second, "m2's instance of web back in the answers", answersNow(web, both))
+	if v := p.View(); v.Seq != seq {
+		t.Fatalf("liveness moved the routing sequence to %d", v.Seq)
 	}
 }

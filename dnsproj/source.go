@@ -14,6 +14,10 @@ type View interface {
 	Services() []*projection.Service
 	// Machines returns every admitted machine.
 	Machines() []store.MachineRecord
+	// LiveEndpoints returns a service's endpoints on machines not judged
+	// down (heartbeats stopped), or all of them when every one is (fail
+	// open).
+	LiveEndpoints(svc *projection.Service) (eps []store.Endpoint, failOpen bool)
 }
 
 // Source hands out the view to answer from now.

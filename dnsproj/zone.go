@@ -12,7 +12,6 @@ import (
 	"github.com/miekg/dns"
 	"go.uber.org/zap"
 
-	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -198,7 +197,7 @@ func buildIndex(origin string, ttl uint32, nsAddrs []netip.Addr, v View, seq uin
 	apex.nsExtra = capped(append(append([]dns.RR{}, ns.a...), ns.aaaa...))
 
 	if v != nil {
-		b.addServices(v.Services())
+		b.addServices(v)
 		b.addMachines(v.Machines())
 	}
 	for _, n := range b.names {
@@ -208,8 +207,8 @@ func buildIndex(origin string, ttl uint32, nsAddrs []netip.Addr, v View, seq uin
 	return idx
 }
 
-func (b *indexBuilder) addServices(services []*projection.Service) {
-	for _, svc := range services {
+func (b *indexBuilder) addServices(v View) {
+	for _, svc := range v.Services() {
 		nsl, ok1 := dnsLabel(svc.Namespace)
 		sl, ok2 := dnsLabel(svc.Name)
 		if !ok1 || !ok2 {
@@ -226,7 +225,10 @@ func (b *indexBuilder) addServices(services []*projection.Service) {
 		if len(base) > 200 { // leaves room for the instance label below
 			continue
 		}
-		eps := append([]store.Endpoint(nil), svc.Endpoints...)
+		// A machine whose heartbeats stopped is left out of the answers
+		// while the service has instances elsewhere.
+		live, _ := v.LiveEndpoints(svc)
+		eps := append([]store.Endpoint(nil), live...)
 		sort.Slice(eps, func(i, j int) bool {
 			if eps[i].Slot != eps[j].Slot {
 				return eps[i].Slot < eps[j].Slot

@@ -36,13 +36,37 @@ func (c *cluster) startGateway(name string) *gateway {
 	return c.startGatewayWith(name, map[string]any{"handler": "edgeplane", "load_balancing": map[string]any{"retries": 2}})
 }
 
-// shippedHandler is the edgeplane handler as the shipped caddy.json
-// configures it.
-var shippedHandler = map[string]any{
-	"handler":        "edgeplane",
-	"load_balancing": map[string]any{"selection_policy": map[string]any{"policy": "least_conn"}, "retries": 2},
-	"health_checks":  map[string]any{"passive": map[string]any{"fail_duration": "10s"}},
-	"flush_interval": -1,
+// shippedHandler is the edgeplane handler of the shipped caddy.json's
+// HTTPS server, as it is there.
+func shippedHandler(t *testing.T) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile("../caddy.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []struct {
+						Handle []map[string]any `json:"handle"`
+					} `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatalf("caddy.json: %v", err)
+	}
+	for _, r := range cfg.Apps.HTTP.Servers["gateway_https"].Routes {
+		for _, h := range r.Handle {
+			if h["handler"] == "edgeplane" {
+				return h
+			}
+		}
+	}
+	t.Fatal("caddy.json: no edgeplane handler in server gateway_https")
+	return nil
 }
 
 // startGatewayWith starts a gateway whose one route is handler.

@@ -92,6 +92,11 @@ type Projection struct {
 
 	reportKick   chan struct{}
 	snapshotKick chan struct{}
+
+	// live holds the machines' last beats; downNow is the latest
+	// judgement, which every view swapped in carries.
+	live    liveness
+	downNow atomic.Pointer[map[string]MachineDown]
 }
 
 // New creates a projection. If SnapshotPath holds a snapshot, the
@@ -154,6 +159,13 @@ func (p *Projection) Changed() <-chan struct{} {
 
 // swap installs v and wakes everyone waiting on Changed.
 func (p *Projection) swap(v *View) {
+	var down map[string]MachineDown
+	if d := p.downNow.Load(); d != nil {
+		down = *d
+	}
+	if !sameDown(v.down, down) {
+		v = v.withDown(down)
+	}
 	p.view.Store(v)
 	p.chMu.Lock()
 	close(p.changed)
@@ -211,6 +223,10 @@ type Status struct {
 	// HostConflicts are hosts routed by more than one namespace; only
 	// each one's owner is served (see View.Conflicts).
 	HostConflicts []HostConflict `json:"host_conflicts,omitempty"`
+	// MachinesDown are the machines whose heartbeats stopped: their
+	// instances get no new requests (and no DNS answers) while their
+	// services have others.
+	MachinesDown map[string]MachineDown `json:"machines_down,omitempty"`
 }
 
 // SignatureStatus is the projection's side of signed intent.
@@ -245,6 +261,7 @@ func (p *Projection) Status() Status {
 		BadEvents:     p.badEvents.Load(),
 		Loads:         p.loads.Load(),
 		BuiltAt:       v.BuiltAt,
+		MachinesDown:  v.down,
 	}
 	if st.Loads > 1 {
 		st.Rebuilds = st.Loads - 1

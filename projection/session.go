@@ -54,6 +54,14 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 		return store.Classify(fmt.Errorf("following signers: %w", err))
 	}
 	defer func() { _ = ssub.Unsubscribe() }()
+	// Machine heartbeats, to set aside the instances of a machine that
+	// stopped beating (liveness.go).
+	beats := make(chan *nats.Msg, 4096)
+	bsub, err := nc.ChanSubscribe(st.Names.MachineBeatsRepublishedWildcard(), beats)
+	if err != nil {
+		return store.Classify(fmt.Errorf("following machine heartbeats: %w", err))
+	}
+	defer func() { _ = bsub.Unsubscribe() }()
 	if err := nc.Flush(); err != nil {
 		return store.Classify(fmt.Errorf("following routing events: %w", err))
 	}
@@ -62,6 +70,12 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 	if err != nil {
 		return err
 	}
+	if err := p.loadBeats(ctx, st); err != nil {
+		// Liveness then starts from the beats republished from now on.
+		p.log.Warn("reading machine heartbeats", zap.Error(err))
+	}
+	liveTick := time.NewTicker(livenessCheck)
+	defer liveTick.Stop()
 
 	connTick := time.NewTicker(100 * time.Millisecond)
 	defer connTick.Stop()
@@ -94,6 +108,10 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 					p.logDown("lost NATS; serving the last good routing view", nil)
 					p.swap(p.View().withStale(true))
 				}
+				// Cut off, this process hears no beats: it judges no
+				// machine, and starts afresh when it hears them again.
+				p.setDown(nil)
+				p.live.rebase(time.Now())
 				// A reconnect refused at the TLS handshake (the server
 				// did not prove itself) is worth saying.
 				if err := store.TLSFailure(nc); err != nil {
@@ -139,6 +157,16 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 			// the applied sequence: read it.
 			if p.head.Load() > p.View().Seq {
 				needCatchUp = true
+			}
+
+		case <-liveTick.C:
+			if nc.Status() == nats.CONNECTED {
+				p.judgeLiveness()
+			}
+
+		case m := <-beats:
+			if sm, err := store.StoredFromMsg(m); err == nil {
+				p.beat(st, sm)
 			}
 
 		case m := <-signers:

@@ -110,6 +110,10 @@ type View struct {
 
 	numServices, numEndpoints, numMachines int
 	lists                                  *lazyLists
+
+	// down are the machines judged down (their beats stopped) when this
+	// view was swapped in; nil when none is.
+	down map[string]MachineDown
 }
 
 // lazyLists holds sorted lists derived on first use; shared between a view
@@ -429,6 +433,42 @@ func (v *View) withStale(stale bool) *View {
 	c := *v
 	c.Stale = stale
 	return &c
+}
+
+// withDown returns a copy of v with down as the machines judged down.
+func (v *View) withDown(down map[string]MachineDown) *View {
+	c := *v
+	c.down = down
+	return &c
+}
+
+// Down reports whether machine's instances are set aside because its
+// heartbeats stopped, and how it was judged.
+func (v *View) Down(machine string) (MachineDown, bool) {
+	d, ok := v.down[machine]
+	return d, ok
+}
+
+// AnyDown reports whether some machine is judged down.
+func (v *View) AnyDown() bool { return len(v.down) > 0 }
+
+// LiveEndpoints returns svc's endpoints on machines not judged down; when
+// every one of them is, it returns them all and failOpen (serving a
+// machine that may be gone beats serving nothing).
+func (v *View) LiveEndpoints(svc *Service) (eps []store.Endpoint, failOpen bool) {
+	if len(v.down) == 0 {
+		return svc.Endpoints, false
+	}
+	eps = make([]store.Endpoint, 0, len(svc.Endpoints))
+	for _, e := range svc.Endpoints {
+		if _, down := v.down[e.Machine]; !down {
+			eps = append(eps, e)
+		}
+	}
+	if len(eps) == 0 && len(svc.Endpoints) > 0 {
+		return svc.Endpoints, true
+	}
+	return eps, false
 }
 
 // normalizeRequestHost lower-cases host, drops a port and a trailing dot,

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -82,6 +83,22 @@ func (r *MachineBeat) Liveness(now time.Time) string {
 	default:
 		return MachineFresh
 	}
+}
+
+// MachineBeatFromMsg reads a beat as the heartbeats bucket stored it (read
+// by a scan or republished): it is taken only under the key its subject
+// names.
+func (s *Store) MachineBeatFromMsg(sm *StoredMsg) (*MachineBeat, error) {
+	bucket := s.Names.MachineBeatsBucket()
+	key, ok := strings.CutPrefix(sm.Subject, "$KV."+bucket+".")
+	if !ok {
+		return nil, fmt.Errorf("%s: not a heartbeat subject", sm.Subject)
+	}
+	var b MachineBeat
+	if err := DecodeKeyed(bucket, key, sm.Data, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
 }
 
 // PutMachineBeat records that machine's agent is alive now and beats every

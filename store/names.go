@@ -163,6 +163,13 @@ func (n Names) MeshPeersRepublishedWildcard() string { return "rp.kv." + n.MeshP
 // republished, so readers learn of a new or retired signer at once.
 func (n Names) SignersRepublishedWildcard() string { return "rp.kv." + n.SignersBucket() + ".>" }
 
+// MachineBeatsRepublishedWildcard is where the machine heartbeats bucket
+// republishes each beat once stored: what gateways follow to tell a
+// machine that stopped beating.
+func (n Names) MachineBeatsRepublishedWildcard() string {
+	return "rp.kv." + n.MachineBeatsBucket() + ".>"
+}
+
 // CertRenewalSubject is where renewal work for host is scheduled.
 func (n Names) CertRenewalSubject(host string) string {
 	return n.subjectPrefix() + ".certs.renew." + KeySafe(host)

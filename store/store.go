@@ -312,6 +312,9 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		case &s.Signers:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.SignersBucket() + ".>", Destination: names.SignersRepublishedWildcard()}
+		case &s.MachineBeats:
+			buckets[i].cfg.RePublish = &jetstream.RePublish{
+				Source: "$KV." + names.MachineBeatsBucket() + ".>", Destination: names.MachineBeatsRepublishedWildcard()}
 		}
 	}
 	return streams, buckets

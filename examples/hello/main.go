@@ -8,7 +8,8 @@
 // makes it exit with status 3 that long after start, VERSION is echoed
 // in its JSON answer, /log?line=TEXT prints TEXT to its output, and
 // /stream?lines=N streams N lines naming the instance, one every 200 ms (a
-// long-lived response).
+// long-lived response), and /ws is a websocket that answers each message
+// with the instance's ID, a space and the message.
 package main
 
 import (
@@ -23,6 +24,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/net/websocket"
 )
 
 func main() {
@@ -78,6 +81,18 @@ func main() {
 			}
 		}
 	})
+	// Any origin: hello is reached through gateways under any host.
+	mux.Handle("/ws", websocket.Server{Handler: func(ws *websocket.Conn) {
+		for {
+			var msg string
+			if err := websocket.Message.Receive(ws, &msg); err != nil {
+				return
+			}
+			if err := websocket.Message.Send(ws, info["instance"]+" "+msg); err != nil {
+				return
+			}
+		}
+	}})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("format") == "json" || r.Header.Get("Accept") == "application/json" {
 			w.Header().Set("Content-Type", "application/json")

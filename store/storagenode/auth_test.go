@@ -348,6 +348,38 @@ func TestRoleScopedCredentials(t *testing.T) {
 			return err
 		})
 	}
+	// The gateway reads machine heartbeats, and follows them as the bucket
+	// republishes them, to set aside a machine that stopped beating; it
+	// can neither write one nor forge a republished one (either would keep
+	// a dead machine in its and other gateways' rotation).
+	if err := as.PutMachineBeat(ctx, "m1", time.Second); err != nil {
+		t.Fatalf("agent m1's own heartbeat: %v", err)
+	}
+	if b, err := gs.MachineBeats.Get(ctx, "m1"); err != nil || len(b.Value()) == 0 {
+		t.Fatalf("gateway reading m1's heartbeat: %v", err)
+	}
+	if _, err := gwNC.SubscribeSync(names.MachineBeatsRepublishedWildcard()); err != nil {
+		t.Fatal(err)
+	}
+	refusedOn(gwViolations, "write m1's heartbeat", "m1", func(c context.Context) error {
+		return gs.PutMachineBeat(c, "m1", time.Second)
+	})
+	forged := "rp.kv." + names.MachineBeatsBucket() + ".m2"
+	if err := gwNC.Publish(forged, []byte(`{"version":1,"machine":"m2"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := gwNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for refused := false; !refused; {
+		select {
+		case v := <-gwViolations:
+			// Earlier probes' violations may still be queued.
+			refused = strings.Contains(v.Error(), "Permissions Violation") && strings.Contains(v.Error(), forged)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the gateway published a republished heartbeat unrefused")
+		}
+	}
 	// Mesh credentials write only their own heartbeat.
 	ms, err := store.Open(ctx, connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleMesh, Machine: "m1"})), names)
 	if err != nil {
