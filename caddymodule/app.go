@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/projection"
@@ -52,6 +54,10 @@ type App struct {
 	// DisableHealthChecks turns the probes off: every routable endpoint
 	// gets requests until the routing says otherwise.
 	DisableHealthChecks bool `json:"disable_health_checks,omitempty"`
+	// TrafficInterval is how often the gateway writes its per-service
+	// traffic counters to the store, for the control plane to sum.
+	// Default: 5s.
+	TrafficInterval caddy.Duration `json:"traffic_interval,omitempty"`
 
 	key    string
 	shared *sharedProjection
@@ -94,7 +100,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	// A trust root learned on first contact (no trust_root configured, no
 	// credentials carrying one) is pinned beside the snapshot.
 	a.TrustPinFile = filepath.Join(filepath.Dir(a.SnapshotPath), fmt.Sprintf("trust-root-%s-%s", names.Installation, names.Authority))
-	key, err := json.Marshal([]string{a.NATSURL, a.CredsFile, names.Installation, names.Authority, a.SnapshotPath, a.GatewayName, a.TrustRoot})
+	key, err := json.Marshal([]string{a.NATSURL, a.CredsFile, names.Installation, names.Authority, a.SnapshotPath, a.GatewayName, a.TrustRoot,
+		time.Duration(a.TrafficInterval).String()})
 	if err != nil {
 		return fmt.Errorf("provisioning edgeplane app: %w", err)
 	}
@@ -109,6 +116,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err := projection.RegisterMetrics(ctx.GetMetricsRegistry(), a.shared.proj); err != nil {
 		return fmt.Errorf("provisioning edgeplane app: registering metrics: %w", err)
 	}
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		var are prometheus.AlreadyRegisteredError
+		if err := reg.Register(trafficCollector{a.shared.traffic}); err != nil && !errors.As(err, &are) {
+			return fmt.Errorf("provisioning edgeplane app: registering traffic metrics: %w", err)
+		}
+	}
 	if !a.DisableHealthChecks {
 		interval := cmp.Or(time.Duration(a.HealthInterval), DefaultHealthInterval)
 		timeout := cmp.Or(time.Duration(a.HealthTimeout), DefaultHealthTimeout)
@@ -122,8 +135,8 @@ func (a *App) Validate() error {
 	if a.shared == nil {
 		return fmt.Errorf("edgeplane app not provisioned")
 	}
-	if a.HealthInterval < 0 || a.HealthTimeout < 0 {
-		return fmt.Errorf("edgeplane app: health_interval and health_timeout must not be negative")
+	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
+		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
 	}
 	return nil
 }
@@ -175,8 +188,9 @@ func (a *App) Projection() *projection.Projection { return a.shared.proj }
 // sharedProjection is a projection and the NATS connections it opened,
 // shared by every app with the same settings.
 type sharedProjection struct {
-	proj   *projection.Projection
-	logger *zap.Logger
+	proj    *projection.Projection
+	logger  *zap.Logger
+	traffic *trafficTable
 
 	startOnce sync.Once
 	cancel    context.CancelFunc
@@ -190,7 +204,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	// The process-wide logger, not this config's: the projection outlives
 	// the config that created it.
 	logger := caddy.Log().Named("edgeplane.projection")
-	s := &sharedProjection{logger: logger, done: make(chan struct{})}
+	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable()}
 	cfg, name := a.Config, a.GatewayName
 	connect := func(ctx context.Context) (*store.Store, error) {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -207,7 +221,11 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		s.mu.Unlock()
 		return st, nil
 	}
-	p, err := projection.New(projection.Config{Connect: connect, SnapshotPath: a.SnapshotPath, Name: name, Logger: logger})
+	traffic := func() (time.Time, []store.ServiceTraffic) {
+		return s.traffic.since, s.traffic.snapshot(store.MaxTrafficServices)
+	}
+	p, err := projection.New(projection.Config{Connect: connect, SnapshotPath: a.SnapshotPath, Name: name, Logger: logger,
+		Traffic: traffic, TrafficInterval: time.Duration(a.TrafficInterval)})
 	if err != nil {
 		return nil, err
 	}

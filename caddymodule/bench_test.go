@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,8 +21,9 @@ import (
 
 // loadRun drives GETs at url with Host host from workers for d and returns
 // requests per second and latency percentiles. Any failure aborts.
-func loadRun(b *testing.B, client *http.Client, url, host string, workers int, d time.Duration) (rps float64, p50, p99 time.Duration) {
+func loadRun(b *testing.B, client *http.Client, url, host string, workers int, d time.Duration) (rps float64, p50, p99 time.Duration, cpuPerReq time.Duration) {
 	b.Helper()
+	cpu0 := processCPU(b)
 	var mu sync.Mutex
 	var lats []time.Duration
 	var failed error
@@ -63,8 +65,21 @@ func loadRun(b *testing.B, client *http.Client, url, host string, workers int, d
 		b.Fatalf("load against %s: %v", url, failed)
 	}
 	elapsed := time.Since(start)
+	cpu := processCPU(b) - cpu0
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
-	return float64(len(lats)) / elapsed.Seconds(), lats[len(lats)/2], lats[len(lats)*99/100]
+	return float64(len(lats)) / elapsed.Seconds(), lats[len(lats)/2], lats[len(lats)*99/100], cpu / time.Duration(len(lats))
+}
+
+// processCPU is the CPU time this process used so far (user and system).
+// The load generator, the backends and both servers share the process, so
+// a per-request figure from it counts the client's and the backend's work
+// too, the same on both sides of a comparison.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkGatewayVsReverseProxy runs the edgeplane gateway and a stock
@@ -105,21 +120,22 @@ func BenchmarkGatewayVsReverseProxy(b *testing.B) {
 	// Rounds alternate which side goes first, so drift in the machine's
 	// load (other processes) falls on both alike; the figures are medians
 	// of per-round ratios.
-	var rpsRatios, p99Ratios []float64
+	var rpsRatios, p99Ratios, cpuRatios []float64
 	var gwRPS, stRPS float64
 	var gwP99s, stP99s []float64
 	for i := 0; i < rounds; i++ {
 		var gr, sr float64
-		var gp, sp time.Duration
+		var gp, sp, gc, sc time.Duration
 		if i%2 == 0 {
-			sr, _, sp = loadRun(b, client, stURL, "bench.test", workers, round)
-			gr, _, gp = loadRun(b, client, gwURL, "bench.test", workers, round)
+			sr, _, sp, sc = loadRun(b, client, stURL, "bench.test", workers, round)
+			gr, _, gp, gc = loadRun(b, client, gwURL, "bench.test", workers, round)
 		} else {
-			gr, _, gp = loadRun(b, client, gwURL, "bench.test", workers, round)
-			sr, _, sp = loadRun(b, client, stURL, "bench.test", workers, round)
+			gr, _, gp, gc = loadRun(b, client, gwURL, "bench.test", workers, round)
+			sr, _, sp, sc = loadRun(b, client, stURL, "bench.test", workers, round)
 		}
 		gwRPS, stRPS = gwRPS+gr, stRPS+sr
 		rpsRatios = append(rpsRatios, gr/sr)
+		cpuRatios = append(cpuRatios, float64(gc)/float64(sc))
 		p99Ratios = append(p99Ratios, float64(sp)/float64(gp))
 		gwP99s = append(gwP99s, float64(gp.Microseconds())/1000)
 		stP99s = append(stP99s, float64(sp.Microseconds())/1000)
@@ -131,6 +147,7 @@ func BenchmarkGatewayVsReverseProxy(b *testing.B) {
 	b.ReportMetric(gwRPS/rounds, "gateway-req/s")
 	b.ReportMetric(stRPS/rounds, "stock-req/s")
 	b.ReportMetric(med(rpsRatios), "rps-ratio")
+	b.ReportMetric(med(cpuRatios), "cpu-per-req-ratio(gw/stock)")
 	b.ReportMetric(med(gwP99s), "gateway-p99-ms")
 	b.ReportMetric(med(stP99s), "stock-p99-ms")
 	b.ReportMetric(med(p99Ratios), "p99-ratio(stock/gw)")

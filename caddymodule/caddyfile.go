@@ -30,6 +30,7 @@ func init() {
 //			health_interval <duration>
 //			health_timeout  <duration>
 //			disable_health_checks
+//			traffic_interval <duration>
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -58,7 +59,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.DisableHealthChecks = true
 			continue
-		case "health_interval", "health_timeout":
+		case "health_interval", "health_timeout", "traffic_interval":
 			if !d.NextArg() {
 				return d.ArgErr()
 			}
@@ -69,10 +70,13 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			if sub == "health_interval" {
+			switch sub {
+			case "health_interval":
 				a.HealthInterval = caddy.Duration(dur)
-			} else {
+			case "health_timeout":
 				a.HealthTimeout = caddy.Duration(dur)
+			default:
+				a.TrafficInterval = caddy.Duration(dur)
 			}
 			continue
 		}

@@ -100,8 +100,10 @@ type fixture struct {
 	admin   string // host:port of the admin API
 	snap    string
 	client  *http.Client
-	// handler is extra JSON fields of the edgeplane handler.
+	// handler is extra JSON fields of the edgeplane handler, app of the
+	// edgeplane app.
 	handler map[string]any
+	app     map[string]any
 }
 
 func newFixture(t testing.TB) *fixture {
@@ -126,11 +128,15 @@ func (f *fixture) config() []byte {
 	for k, v := range f.handler {
 		h[k] = v
 	}
+	app := map[string]any{"nats_url": f.natsURL, "creds_file": f.creds, "snapshot_path": f.snap, "gateway_name": "gw-test"}
+	for k, v := range f.app {
+		app[k] = v
+	}
 	cfg := map[string]any{
 		"admin":   map[string]any{"listen": f.admin},
 		"logging": map[string]any{"logs": map[string]any{"default": map[string]any{"level": "ERROR"}}},
 		"apps": map[string]any{
-			"edgeplane": map[string]any{"nats_url": f.natsURL, "creds_file": f.creds, "snapshot_path": f.snap, "gateway_name": "gw-test"},
+			"edgeplane": app,
 			"http": map[string]any{"servers": map[string]any{"gateway": map[string]any{
 				"listen":          []string{f.gateway},
 				"routes":          []any{map[string]any{"handle": []any{h}}},

@@ -98,7 +98,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
 	}
 	caddyhttp.SetVar(r.Context(), varService, svc)
-	return h.Handler.ServeHTTP(w, r, next)
+	return h.app.shared.traffic.of(svc).serve(w, r, &h.Handler, next)
 }
 
 func plainError(w http.ResponseWriter, code int, body string) error {

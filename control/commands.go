@@ -83,6 +83,13 @@ var commands = []command{
 	{name: "tls rotate", synopsis: "begin|switch|finish --data DIR", summary: "one step of rotating the fleet CA, with an overlap in which both are trusted (on a storage node)",
 		client: certifies, minArgs: 1, maxArgs: 1, setup: setupTLSRotate},
 
+	{name: "dashboard token", synopsis: "[--name NAME]", summary: "make a login token for the web dashboard; shown once, stored hashed",
+		client: reads, setup: setupDashboardTokenCreate},
+	{name: "dashboard tokens", summary: "the dashboard's login tokens (IDs and names, never the tokens)",
+		client: reads, setup: setupDashboardTokenList},
+	{name: "dashboard revoke", synopsis: "ID", summary: "revoke a dashboard login token; its sessions end at their next request",
+		client: reads, minArgs: 1, maxArgs: 1, setup: setupDashboardTokenRemove},
+
 	{name: "creds issue", synopsis: "--role ROLE --data DIR -o FILE", summary: "issue role-scoped NATS credentials (on a storage node)",
 		setup: setupCredsIssue},
 	{name: "creds revoke", synopsis: "--user-creds FILE | --user UKEY", summary: "refuse a user's credentials on every storage node from now on",

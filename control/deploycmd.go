@@ -201,6 +201,8 @@ type statusView struct {
 	// namespace's instances per machine, from the fleet status.
 	Instances *store.Counts           `json:"instances,omitempty"`
 	Machines  map[string]store.Counts `json:"machines,omitempty"`
+	// Traffic is each service's traffic as the gateways report it.
+	Traffic map[string]store.ServiceTrafficStatus `json:"traffic,omitempty"`
 }
 
 // maxMachinesShown bounds the machines deploy status names in text.
@@ -242,7 +244,7 @@ func deployStatus(ctx context.Context, s *store.Store, d *deploy.Deployer, out *
 			if c, ok := sum.Deploys[v.Latest.DeployID]; ok {
 				v.Instances = &c
 			}
-			v.Machines = sum.Machines
+			v.Machines, v.Traffic = sum.Machines, sum.Traffic
 		}
 		views = append(views, v)
 	}
@@ -292,6 +294,13 @@ func deployStatus(ctx context.Context, s *store.Store, d *deploy.Deployer, out *
 						break
 					}
 					fmt.Fprintf(w, "             %s\n", b)
+				}
+			}
+			for _, svc := range slices.Sorted(maps.Keys(v.Traffic)) {
+				t := v.Traffic[svc]
+				fmt.Fprintf(w, "  traffic:   %s: %s\n", svc, trafficLine(t.TrafficFigures))
+				for _, gw := range slices.Sorted(maps.Keys(t.Gateways)) {
+					fmt.Fprintf(w, "             via %s: %s\n", gw, trafficLine(t.Gateways[gw]))
 				}
 			}
 		}

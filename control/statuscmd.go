@@ -34,6 +34,8 @@ type namespaceView struct {
 	Machines  int          `json:"machines"`
 	// LastErrors are the latest errors, by machine.
 	LastErrors map[string]string `json:"last_errors,omitempty"`
+	// Traffic is each service's traffic as the gateways report it.
+	Traffic map[string]store.ServiceTrafficStatus `json:"traffic,omitempty"`
 }
 
 type machinesView struct {
@@ -79,7 +81,7 @@ func readFleet(ctx context.Context, s *store.Store) (*fleetView, error) {
 			nv.Revision, nv.Deploy, nv.Destroyed = live.Revision, live.ID, live.Destroy
 		}
 		if sum, ok := sums[ns]; ok {
-			nv.Counts, nv.Machines, nv.LastErrors = sum.Counts, len(sum.Machines), sum.LastErrors
+			nv.Counts, nv.Machines, nv.LastErrors, nv.Traffic = sum.Counts, len(sum.Machines), sum.LastErrors, sum.Traffic
 		}
 		v.Namespaces = append(v.Namespaces, nv)
 	}
@@ -136,6 +138,7 @@ func printFleet(w io.Writer, v *fleetView) {
 			fmt.Fprintf(w, "  %s on %s: %s\n", n.Namespace, m, n.LastErrors[m])
 		}
 	}
+	printTraffic(w, v.Namespaces)
 	l := v.Machines.Liveness
 	fmt.Fprintf(w, "machines: %d (%d fresh, %d stale, %d offline, %d never seen)\n", v.Machines.Total,
 		l[store.MachineFresh], l[store.MachineStale], l[store.MachineOffline], l[store.MachineNeverSeen])
@@ -158,4 +161,44 @@ func printFleet(w io.Writer, v *fleetView) {
 		}
 		fmt.Fprintf(w, "  %s at %d (%s)\n", g.Gateway, g.AppliedSeq, state)
 	}
+}
+
+// printTraffic prints every service's fleet traffic, if any gateway
+// reported some.
+func printTraffic(w io.Writer, nss []namespaceView) {
+	var any bool
+	for _, n := range nss {
+		any = any || len(n.Traffic) > 0
+	}
+	if !any {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tREQ/S\t5XX\tP50\tP99\tOPEN\tREQUESTS\tGATEWAYS")
+	for _, n := range nss {
+		for _, svc := range slices.Sorted(maps.Keys(n.Traffic)) {
+			t := n.Traffic[svc]
+			fmt.Fprintf(tw, "%s/%s\t%s\n", n.Namespace, svc, trafficColumns(t.TrafficFigures, len(t.Gateways)))
+		}
+	}
+	tw.Flush()
+}
+
+// latency formats a latency in seconds, "-" for none.
+func latency(s float64) string {
+	if s == 0 {
+		return "-"
+	}
+	return time.Duration(s * float64(time.Second)).Round(100 * time.Microsecond).String()
+}
+
+// trafficColumns formats figures as the traffic table's columns after the
+// name.
+func trafficColumns(f store.TrafficFigures, gateways int) string {
+	return fmt.Sprintf("%.1f\t%.2f%%\t%s\t%s\t%d\t%d\t%d", f.Rate, 100*f.ErrorRatio, latency(f.P50), latency(f.P99), f.Open, f.Requests, gateways)
+}
+
+// trafficLine formats figures on one line.
+func trafficLine(f store.TrafficFigures) string {
+	return fmt.Sprintf("%.1f req/s, %.2f%% 5xx, p50 %s, p99 %s, %d open, %d requests", f.Rate, 100*f.ErrorRatio, latency(f.P50), latency(f.P99), f.Open, f.Requests)
 }

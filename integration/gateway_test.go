@@ -79,7 +79,8 @@ func (c *cluster) startGatewayWith(name string, handler map[string]any) *gateway
 		"apps": map[string]any{
 			"edgeplane": map[string]any{
 				"nats_url": c.url, "gateway_name": name,
-				"snapshot_path": filepath.Join(g.dir, "routing.json"),
+				"snapshot_path":    filepath.Join(g.dir, "routing.json"),
+				"traffic_interval": "1s",
 			},
 			"edgeplane_dns": map[string]any{"listen": []string{g.dns}, "ttl": "1s"},
 			"http": map[string]any{

@@ -53,7 +53,17 @@ type Config struct {
 	ReportInterval time.Duration
 	// SnapshotInterval is the least time between snapshot writes; default 1s.
 	SnapshotInterval time.Duration
+
+	// Traffic, when set (and Name is), reads the gateway's per-service
+	// traffic counters, written to the store every TrafficInterval
+	// (default DefaultTrafficInterval) as store.GatewayTraffic.
+	Traffic         func() (since time.Time, services []store.ServiceTraffic)
+	TrafficInterval time.Duration
 }
+
+// DefaultTrafficInterval is how often a gateway reports its traffic unless
+// told otherwise.
+const DefaultTrafficInterval = 5 * time.Second
 
 // Projection is the routing projection of one process. Create it with New,
 // drive it with Run, read it with View.
@@ -115,6 +125,9 @@ func New(cfg Config) (*Projection, error) {
 	}
 	if cfg.SnapshotInterval <= 0 {
 		cfg.SnapshotInterval = time.Second
+	}
+	if cfg.TrafficInterval <= 0 {
+		cfg.TrafficInterval = DefaultTrafficInterval
 	}
 	p := &Projection{
 		cfg: cfg, log: cfg.Logger,
@@ -313,9 +326,10 @@ func (p *Projection) Run(ctx context.Context) error {
 	defer p.running.Store(false)
 
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); p.reportLoop(ctx) }()
 	go func() { defer wg.Done(); p.snapshotLoop(ctx) }()
+	go func() { defer wg.Done(); p.trafficLoop(ctx) }()
 	defer wg.Wait()
 
 	backoff := newBackoff(100*time.Millisecond, 5*time.Second)

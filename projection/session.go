@@ -480,6 +480,39 @@ func (p *Projection) reportLoop(ctx context.Context) {
 	}
 }
 
+// trafficLoop writes the gateway's traffic counters every TrafficInterval
+// while the store is reachable. A report that could not be written is
+// not retried: the next one carries its counts.
+func (p *Projection) trafficLoop(ctx context.Context) {
+	if p.cfg.Name == "" || p.cfg.Traffic == nil {
+		return
+	}
+	t := time.NewTicker(p.cfg.TrafficInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st := p.cur.Load()
+		if st == nil || !p.connected.Load() {
+			continue
+		}
+		since, services := p.cfg.Traffic()
+		if len(services) == 0 {
+			continue
+		}
+		rep := store.GatewayTraffic{Gateway: p.cfg.Name, Since: since, At: time.Now().UTC(), Services: services}
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := st.PutGatewayTraffic(pctx, &rep)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			p.log.Debug("publishing gateway traffic", zap.Error(err))
+		}
+	}
+}
+
 // maxReportedConflicts bounds the conflicts one observation names: the
 // record must stay small.
 const maxReportedConflicts = 8

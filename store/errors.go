@@ -35,6 +35,9 @@ const (
 	CodeSigningKeyRequired = "signing_key_required"
 	CodeStale              = "stale"
 	CodeInternal           = "internal"
+	// CodeUnauthorized refuses a login (a dashboard token) that is not
+	// known, or not any more.
+	CodeUnauthorized = "unauthorized"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and

@@ -55,6 +55,9 @@ type NamespaceStatus struct {
 	MachinesTrimmed bool `json:"machines_trimmed,omitempty"`
 	// LastErrors is the latest error an instance recorded, by machine.
 	LastErrors map[string]string `json:"last_errors,omitempty"`
+	// Traffic is each service's traffic as the gateways report it (see
+	// GatewayTraffic), by service name.
+	Traffic map[string]ServiceTrafficStatus `json:"traffic,omitempty"`
 	// Revision is the instance records' stream sequence the counts are
 	// complete up to: every instance record write at or below it is
 	// counted. A reader that wrote a record at revision R sees its effect

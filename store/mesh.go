@@ -94,7 +94,16 @@ type MeshHeartbeat struct {
 	// MeshRelayReply): peers with no direct path send to it through their
 	// own allocation on the same relay. "" when the node holds none.
 	Relay string `json:"relay,omitempty"`
+	// Relayed names the peers the node reaches through the mesh relay
+	// now (at most MaxRelayedListed, sorted); PeersRelayed counts them
+	// all. Every other active peer is reached directly.
+	Relayed      []string `json:"relayed,omitempty"`
+	PeersRelayed int      `json:"peers_relayed,omitempty"`
 }
+
+// MaxRelayedListed bounds the relayed peers a heartbeat names: the record
+// must stay small.
+const MaxRelayedListed = 64
 
 func (r *MeshHeartbeat) version() int { return r.Version }
 

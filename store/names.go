@@ -100,11 +100,19 @@ func (n Names) FleetStatusBucket() string { return "cp_fleet_status_" + n.Author
 // observation with a short bucket TTL, never truth.
 func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
 
+// DashboardTokensBucket holds the dashboard's login tokens, hashed
+// (DashboardToken); only the control role reads it.
+func (n Names) DashboardTokensBucket() string { return "cp_dashboard_tokens_" + n.Authority }
+
+// GatewayTrafficBucket holds each gateway's per-service traffic counters
+// (GatewayTraffic): an observation with a short bucket TTL, never truth.
+func (n Names) GatewayTrafficBucket() string { return "cp_gateway_traffic_" + n.Authority }
+
 // ObservationBuckets hold live observations (gateway progress, heartbeats,
 // drift reports): never truth, rebuilt by their writers, so never carried
 // from one store to another.
 func (n Names) ObservationBuckets() []string {
-	return []string{n.GatewaysBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachineStatesBucket(), n.MachineBeatsBucket(), n.FleetStatusBucket()}
+	return []string{n.GatewaysBucket(), n.GatewayTrafficBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachineStatesBucket(), n.MachineBeatsBucket(), n.FleetStatusBucket()}
 }
 
 // Subjects.

@@ -159,6 +159,11 @@ type Store struct {
 	// MeshKeys holds the mesh's secrets (MeshPSKSecretKey).
 	MeshKeys jetstream.KeyValue
 	Gateways jetstream.KeyValue
+	// GatewayTraffic holds each gateway's traffic counters
+	// (GatewayTraffic), an observation aging out like Gateways.
+	GatewayTraffic jetstream.KeyValue
+	// DashboardTokens holds the dashboard's login tokens, hashed.
+	DashboardTokens jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
 
@@ -293,6 +298,8 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.MeshDrift, names.MeshDriftBucket(), 1, 256*mib, 64*kib),
 		bucket(&s.MeshKeys, names.MeshKeysBucket(), 1, 8*mib, 4*kib),
 		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.GatewayTraffic, names.GatewayTrafficBucket(), 1, 256*mib, 1*mib),
+		bucket(&s.DashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
@@ -304,7 +311,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		switch buckets[i].dst {
 		case &s.Locks, &s.Invites, &s.AcmeBudget, &s.MeshIPs:
 			buckets[i].keyTTLs = true
-		case &s.Gateways:
+		case &s.Gateways, &s.GatewayTraffic:
 			buckets[i].cfg.TTL = GatewayObservationTTL
 		case &s.MeshPeers:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{

@@ -6,7 +6,8 @@
 // values rebuild it at start), marks the namespaces that changed, and
 // writes their summaries at a bounded rate (a dirty set flushed every half
 // second by default) to the fleet status bucket, which `control status` and
-// `control deploy status` read.
+// `control deploy status` read. It also sums the gateways' traffic reports
+// into each namespace's summary, per service (traffic.go).
 package fleet
 
 import (
@@ -67,6 +68,8 @@ type Aggregator struct {
 	lastLag time.Duration
 	// leading is set while RunElected holds the lease.
 	leading atomic.Bool
+	// traffic holds each gateway's last reports, by gateway key.
+	traffic map[string]*gatewayReports
 }
 
 // New returns an Aggregator over s writing to the fleet status bucket.
@@ -83,7 +86,8 @@ func New(s *store.Store, cfg Config) (*Aggregator, error) {
 	return &Aggregator{s: s, cfg: cfg, log: cfg.Logger,
 		byNS: map[string]map[string]*store.InstanceRecord{}, onMachine: map[string]map[string]int{},
 		beats: map[string]store.MachineBeat{}, live: map[string]string{},
-		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{}}, nil
+		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{},
+		traffic: map[string]*gatewayReports{}}, nil
 }
 
 // Run follows the store until ctx ends or a watch fails. Run again after
@@ -102,6 +106,11 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		return store.Classify(fmt.Errorf("watching machine heartbeats: %w", err))
 	}
 	defer func() { _ = bw.Stop() }()
+	tw, err := a.s.GatewayTraffic.WatchAll(ctx)
+	if err != nil {
+		return store.Classify(fmt.Errorf("watching gateway traffic: %w", err))
+	}
+	defer func() { _ = tw.Stop() }()
 	t := time.NewTicker(a.cfg.FlushEvery)
 	defer t.Stop()
 	// Nothing is written until both watches have delivered the store as
@@ -135,11 +144,22 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			} else {
 				a.beat(ent)
 			}
+		case ent, ok := <-tw.Updates():
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return store.Errorf(store.CodeUnavailable, "gateway traffic watch ended")
+			}
+			if ent != nil {
+				a.trafficReport(ent)
+			}
 		case <-t.C:
 			if !instancesLoaded || !beatsLoaded {
 				continue
 			}
 			a.ageBeats()
+			a.ageTraffic()
 			if err := a.flush(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn("writing fleet status", zap.Error(err))
 			}
@@ -163,6 +183,7 @@ func (a *Aggregator) reset() {
 	clear(a.onMachine)
 	clear(a.beats)
 	clear(a.live)
+	clear(a.traffic)
 }
 
 func (a *Aggregator) touch(ns string, at time.Time) {
@@ -287,6 +308,7 @@ func (a *Aggregator) summary(ns string) store.NamespaceStatus {
 			st.LastErrors[rec.Machine], lastErrAt[rec.Machine] = rec.ID+": "+rec.Error, rec.UpdatedAt
 		}
 	}
+	st.Traffic = a.trafficOf(ns)
 	if len(st.Machines) > maxMachinesListed {
 		for m, c := range st.Machines {
 			if c.Ready == c.Total() {
@@ -514,6 +536,9 @@ func (a *Aggregator) Describe(ch chan<- *prometheus.Desc) {
 	ch <- instancesDesc
 	ch <- lagDesc
 	ch <- leaderDesc
+	for _, d := range []*prometheus.Desc{trafficRateDesc, trafficTotalDesc, trafficErrorRatioDesc, trafficLatencyDesc} {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -527,6 +552,7 @@ func (a *Aggregator) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(instancesDesc, prometheus.GaugeValue, float64(n), ns, state)
 		}
 	}
+	a.collectTraffic(ch)
 	ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, a.lastLag.Seconds())
 	leading := 0.0
 	if a.leading.Load() {

@@ -132,7 +132,12 @@ func TestLoadRunWithRoleCredentials(t *testing.T) {
 	if rep.Lost != nil || rep.SummaryErr != nil || rep.Unseen != 0 {
 		t.Fatalf("lost: %v; summaries: %v; %d writes never counted", rep.Lost, rep.SummaryErr, rep.Unseen)
 	}
-	if rep.Churn.Writes < 400 || len(rep.StatusLag) != rep.Churn.Writes || len(rep.CommitLagIdle) != 6 || len(rep.CommitLagBusy) != 6 {
+	// Applies during the writes start on a schedule and none starts once
+	// the writes are over: under the race detector on a loaded box the
+	// second may not start in time. At least one must, and every gateway
+	// applies each that does.
+	if rep.Churn.Writes < 400 || len(rep.StatusLag) != rep.Churn.Writes || len(rep.CommitLagIdle) != 6 ||
+		len(rep.CommitLagBusy) < 3 || len(rep.CommitLagBusy)%3 != 0 {
 		t.Fatalf("%+v; %d lags, %d idle and %d busy commit lags", rep.Churn, len(rep.StatusLag), len(rep.CommitLagIdle), len(rep.CommitLagBusy))
 	}
 	t.Logf("%.0f writes/s; status lag p99 %s; commit to 3 gateways p99 %s idle, %s busy", rep.Churn.Rate(),

@@ -8,8 +8,9 @@
 // makes it exit with status 3 that long after start, VERSION is echoed
 // in its JSON answer, /log?line=TEXT prints TEXT to its output, and
 // /stream?lines=N streams N lines naming the instance, one every 200 ms (a
-// long-lived response), and /ws is a websocket that answers each message
-// with the instance's ID, a space and the message.
+// long-lived response), /ws is a websocket that answers each message
+// with the instance's ID, a space and the message, and /status/CODE
+// answers with that status (a misbehaving instance).
 package main
 
 import (
@@ -93,6 +94,15 @@ func main() {
 			}
 		}
 	}})
+	mux.HandleFunc("/status/{code}", func(w http.ResponseWriter, r *http.Request) {
+		code, err := strconv.Atoi(r.PathValue("code"))
+		if err != nil || code < 200 || code > 599 {
+			http.Error(w, "status must be a number from 200 to 599", http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(code)
+		fmt.Fprintf(w, "%d from %s\n", code, info["instance"])
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("format") == "json" || r.Header.Get("Accept") == "application/json" {
 			w.Header().Set("Content-Type", "application/json")

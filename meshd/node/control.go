@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -401,7 +402,17 @@ func (n *Node) heartbeat(ctx context.Context) {
 	if n.relay.addr.IsValid() {
 		hb.Relay = n.relay.addr.String()
 	}
+	for machine, c := range n.paths {
+		if c.relayed {
+			hb.PeersRelayed++
+			hb.Relayed = append(hb.Relayed, machine)
+		}
+	}
 	n.mu.Unlock()
+	slices.Sort(hb.Relayed)
+	if len(hb.Relayed) > store.MaxRelayedListed {
+		hb.Relayed = hb.Relayed[:store.MaxRelayedListed]
+	}
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := s.PutMeshBeat(hctx, hb); err != nil {

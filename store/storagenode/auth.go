@@ -580,6 +580,8 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 			gw = store.KeySafe(machine)
 		}
 		writeKV(n.GatewaysBucket(), gw)
+		// Its traffic counters, under the same name.
+		writeKV(n.GatewayTrafficBucket(), gw)
 		// Certificate storage (caddy.storage.edgeplane): certificates,
 		// keys, ACME accounts and challenge tokens are read and written.
 		readKV(n.CertsBucket())

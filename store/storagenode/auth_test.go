@@ -380,6 +380,26 @@ func TestRoleScopedCredentials(t *testing.T) {
 			t.Fatal("the gateway published a republished heartbeat unrefused")
 		}
 	}
+	// Dashboard login tokens are the control role's alone: no edge role
+	// reads even their hashes, nor plants one.
+	if _, rec, err := store.NewDashboardToken("ops"); err != nil {
+		t.Fatal(err)
+	} else if err := cs.PutDashboardToken(ctx, rec); err != nil {
+		t.Fatal(err)
+	} else {
+		refusedOn(gwViolations, "read a dashboard token", rec.ID, func(c context.Context) error {
+			_, err := gs.DashboardTokens.Get(c, rec.ID)
+			return err
+		})
+		refusedWrite("read a dashboard token", rec.ID, func(c context.Context) error {
+			_, err := as.DashboardTokens.Get(c, rec.ID)
+			return err
+		})
+		refusedWrite("plant a dashboard token", "planted", func(c context.Context) error {
+			_, err := as.DashboardTokens.Put(c, "planted", []byte(`{"version":1,"id":"planted","hash":"00"}`))
+			return err
+		})
+	}
 	// Mesh credentials write only their own heartbeat.
 	ms, err := store.Open(ctx, connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleMesh, Machine: "m1"})), names)
 	if err != nil {

@@ -1,0 +1,268 @@
+package caddymodule
+
+import (
+	"cmp"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Per-service traffic: the handler counts every request it routes by
+// namespace and service (never host or path, so the label set stays as
+// small as the routing table). The counters are plain atomics on the
+// request path; /metrics reads them when scraped, and the projection
+// reports them to the store every traffic interval (store.GatewayTraffic)
+// for the control plane to sum. They live with the shared projection, so
+// a config reload keeps counting.
+
+// latencyBuckets is len(store.TrafficLatencyBounds)+1, fixed so that a
+// service's counters are one allocation.
+const latencyBuckets = 14
+
+func init() {
+	if len(store.TrafficLatencyBounds)+1 != latencyBuckets {
+		panic("caddymodule: latencyBuckets does not match store.TrafficLatencyBounds")
+	}
+}
+
+// serviceCounters are one service's counters.
+type serviceCounters struct {
+	namespace, service string
+	classes            [5]atomic.Uint64
+	bytesIn, bytesOut  atomic.Uint64
+	open               atomic.Int64
+	latency            [latencyBuckets]atomic.Uint64
+}
+
+// observe counts one finished request.
+func (c *serviceCounters) observe(status int, latency time.Duration, in, out int64) {
+	class := status/100 - 1
+	if class < 0 || class > 4 {
+		class = 4 // no valid status is a server error
+	}
+	c.classes[class].Add(1)
+	secs := latency.Seconds()
+	i, _ := slices.BinarySearch(store.TrafficLatencyBounds, secs)
+	c.latency[i].Add(1)
+	if in > 0 {
+		c.bytesIn.Add(uint64(in))
+	}
+	if out > 0 {
+		c.bytesOut.Add(uint64(out))
+	}
+}
+
+// snapshot reads c.
+func (c *serviceCounters) snapshot() store.ServiceTraffic {
+	t := store.ServiceTraffic{Namespace: c.namespace, Service: c.service, BytesIn: c.bytesIn.Load(),
+		BytesOut: c.bytesOut.Load(), Open: c.open.Load(), Latency: make([]uint64, latencyBuckets)}
+	for i := range c.classes {
+		t.Classes[i] = c.classes[i].Load()
+	}
+	for i := range c.latency {
+		t.Latency[i] = c.latency[i].Load()
+	}
+	return t
+}
+
+// trafficTable holds the counters of every service this gateway routed.
+type trafficTable struct {
+	since time.Time
+	mu    sync.RWMutex
+	byKey map[[2]string]*serviceCounters
+	// counters is t.counters as a func value, made once: a closure made
+	// per request would be an allocation per request.
+	counters func(*projection.Service) any
+}
+
+func newTrafficTable() *trafficTable {
+	t := &trafficTable{since: time.Now().UTC(), byKey: map[[2]string]*serviceCounters{}}
+	t.counters = t.countersOf
+	return t
+}
+
+type trafficMemo struct{}
+
+// of returns svc's counters, made on first use; the answer is memoised on
+// the immutable Service, so the request path pays a map lookup once per
+// routing change, not per request.
+func (t *trafficTable) of(svc *projection.Service) *serviceCounters {
+	return svc.Memo(trafficMemo{}, t.counters).(*serviceCounters)
+}
+
+// countersOf returns s's counters, making them on first use.
+func (t *trafficTable) countersOf(s *projection.Service) any {
+	k := [2]string{s.Namespace, s.Name}
+	t.mu.RLock()
+	c := t.byKey[k]
+	t.mu.RUnlock()
+	if c != nil {
+		return c
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c = t.byKey[k]; c == nil {
+		c = &serviceCounters{namespace: s.Namespace, service: s.Name}
+		t.byKey[k] = c
+	}
+	return c
+}
+
+// snapshot reads every service's counters, busiest first, at most max
+// (0: all).
+func (t *trafficTable) snapshot(max int) []store.ServiceTraffic {
+	t.mu.RLock()
+	out := make([]store.ServiceTraffic, 0, len(t.byKey))
+	for _, c := range t.byKey {
+		out = append(out, c.snapshot())
+	}
+	t.mu.RUnlock()
+	slices.SortFunc(out, func(a, b store.ServiceTraffic) int {
+		if c := cmp.Compare(b.Requests(), a.Requests()); c != 0 {
+			return c
+		}
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Service, b.Service))
+	})
+	if max > 0 && len(out) > max {
+		out = out[:max]
+	}
+	return out
+}
+
+// serve runs h for r, counting it against c.
+func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyhttp.MiddlewareHandler, next caddyhttp.Handler) error {
+	start := time.Now()
+	c.open.Add(1)
+	tw := &trafficWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	var body *countingBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &countingBody{ReadCloser: r.Body}
+		r.Body = body
+	}
+	err := h.ServeHTTP(tw, r, next)
+	c.open.Add(-1)
+	status, headersAt := tw.status, tw.headersAt
+	if err != nil {
+		// Caddy writes the error response after the handler returns.
+		status = http.StatusInternalServerError
+		var herr caddyhttp.HandlerError
+		if errors.As(err, &herr) && herr.StatusCode != 0 {
+			status = herr.StatusCode
+		}
+	}
+	if status == 0 {
+		status = http.StatusOK // nothing written: an empty 200
+	}
+	if headersAt.IsZero() {
+		headersAt = time.Now()
+	}
+	var in int64
+	if body != nil {
+		in = body.n
+	}
+	c.observe(status, headersAt.Sub(start), in, tw.bytes)
+	return err
+}
+
+// trafficWriter notes a response's status, when its headers went out and
+// how many body bytes followed.
+type trafficWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	status    int
+	headersAt time.Time
+	bytes     int64
+}
+
+func (w *trafficWriter) WriteHeader(code int) {
+	// Informational answers other than a protocol switch come before the
+	// real one.
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status, w.headersAt = code, time.Now()
+	}
+	w.ResponseWriterWrapper.WriteHeader(code)
+}
+
+func (w *trafficWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status, w.headersAt = http.StatusOK, time.Now()
+	}
+	n, err := w.ResponseWriterWrapper.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the wrapped writer's fast path and counts what it wrote.
+func (w *trafficWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.status == 0 {
+		w.status, w.headersAt = http.StatusOK, time.Now()
+	}
+	n, err := w.ResponseWriterWrapper.ReadFrom(r)
+	w.bytes += n
+	return n, err
+}
+
+// countingBody counts the request body bytes read.
+type countingBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	return n, err
+}
+
+// trafficCollector exports a trafficTable on /metrics.
+type trafficCollector struct{ t *trafficTable }
+
+var (
+	descRequests = prometheus.NewDesc("edgeplane_service_requests_total",
+		"Requests the gateway routed to a service, by status class of the response.", []string{"namespace", "service", "code_class"}, nil)
+	descLatency = prometheus.NewDesc("edgeplane_service_request_duration_seconds",
+		"Time from a request's arrival to its response headers, per service.", []string{"namespace", "service"}, nil)
+	descBytesIn = prometheus.NewDesc("edgeplane_service_request_bytes_total",
+		"Request body bytes the gateway read for a service.", []string{"namespace", "service"}, nil)
+	descBytesOut = prometheus.NewDesc("edgeplane_service_response_bytes_total",
+		"Response body bytes the gateway wrote for a service.", []string{"namespace", "service"}, nil)
+	descOpen = prometheus.NewDesc("edgeplane_service_open_requests",
+		"Requests to a service in progress (websockets and streams included).", []string{"namespace", "service"}, nil)
+)
+
+var codeClasses = [5]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
+
+func (c trafficCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRequests, descLatency, descBytesIn, descBytesOut, descOpen} {
+		ch <- d
+	}
+}
+
+func (c trafficCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.t.snapshot(0) {
+		for i, n := range s.Classes {
+			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(n), s.Namespace, s.Service, codeClasses[i])
+		}
+		buckets := make(map[float64]uint64, len(store.TrafficLatencyBounds))
+		var cum uint64
+		for i, b := range store.TrafficLatencyBounds {
+			cum += s.Latency[i]
+			buckets[b] = cum
+		}
+		// The sum is not kept (it would cost a float add per request);
+		// rates and quantiles come from the counts and buckets.
+		ch <- prometheus.MustNewConstHistogram(descLatency, cum+s.Latency[latencyBuckets-1], 0, buckets, s.Namespace, s.Service)
+		ch <- prometheus.MustNewConstMetric(descBytesIn, prometheus.CounterValue, float64(s.BytesIn), s.Namespace, s.Service)
+		ch <- prometheus.MustNewConstMetric(descBytesOut, prometheus.CounterValue, float64(s.BytesOut), s.Namespace, s.Service)
+		ch <- prometheus.MustNewConstMetric(descOpen, prometheus.GaugeValue, float64(s.Open), s.Namespace, s.Service)
+	}
+}

@@ -1,0 +1,244 @@
+package fleet
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Fleet traffic. Each gateway reports its per-service counters, cumulative
+// since it started, every few seconds (store.GatewayTraffic). The
+// aggregator keeps each gateway's last two reports: their difference is
+// the gateway's traffic over its last interval (rates, error ratio, the
+// latency histogram of that interval), and their sum over gateways is the
+// fleet's. Quantiles come from the merged histograms, never from averaging
+// the gateways' quantiles. A gateway whose report stops coming is dropped
+// once its report is older than the bucket's TTL.
+
+// serviceID is a namespace and a service.
+type serviceID struct{ namespace, service string }
+
+// gatewayReports are one gateway's last two reports.
+type gatewayReports struct {
+	since      time.Time
+	at, prevAt time.Time
+	cur, prev  map[serviceID]store.ServiceTraffic
+	// namespaces are those cur names.
+	namespaces map[string]bool
+}
+
+// trafficReport takes in a gateway's report; a.mu is not held.
+func (a *Aggregator) trafficReport(ent jetstream.KeyValueEntry) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	key := ent.Key()
+	old := a.traffic[key]
+	var rep store.GatewayTraffic
+	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.GatewayTraffic.Bucket(), key, ent.Value(), &rep) != nil {
+		a.dropGateway(key, now)
+		return
+	}
+	g := &gatewayReports{since: rep.Since, at: rep.At, cur: make(map[serviceID]store.ServiceTraffic, len(rep.Services)),
+		namespaces: map[string]bool{}}
+	for _, s := range rep.Services {
+		if len(s.Latency) != len(store.TrafficLatencyBounds)+1 {
+			continue // another histogram layout: not comparable
+		}
+		g.cur[serviceID{s.Namespace, s.Service}] = s
+		g.namespaces[s.Namespace] = true
+	}
+	// The previous report is the baseline only while the counters are
+	// the same ones (the gateway did not restart) and it is older.
+	if old != nil && old.since.Equal(rep.Since) && old.at.Before(rep.At) {
+		g.prev, g.prevAt = old.cur, old.at
+	}
+	if old != nil {
+		for ns := range old.namespaces {
+			a.touch(ns, now)
+		}
+	}
+	for ns := range g.namespaces {
+		a.touch(ns, now)
+	}
+	a.traffic[key] = g
+}
+
+// dropGateway forgets a gateway's reports; a.mu is held.
+func (a *Aggregator) dropGateway(key string, now time.Time) {
+	if g := a.traffic[key]; g != nil {
+		for ns := range g.namespaces {
+			a.touch(ns, now)
+		}
+		delete(a.traffic, key)
+	}
+}
+
+// ageTraffic drops gateways whose last report aged out of the bucket;
+// a.mu is not held.
+func (a *Aggregator) ageTraffic() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	for key, g := range a.traffic {
+		if now.Sub(g.at) > store.GatewayObservationTTL {
+			a.dropGateway(key, now)
+		}
+	}
+}
+
+// interval is one gateway's traffic to one service over its last interval.
+type interval struct {
+	total, errors, bytesIn, bytesOut uint64
+	latency                          []uint64
+	window                           time.Duration
+}
+
+// sinceLast returns cur minus prev (counters that went backwards count as
+// restarted from zero).
+func sinceLast(cur, prev store.ServiceTraffic, window time.Duration) interval {
+	d := func(c, p uint64) uint64 {
+		if c < p {
+			return c
+		}
+		return c - p
+	}
+	iv := interval{total: d(cur.Requests(), prev.Requests()), errors: d(cur.Classes[4], prev.Classes[4]),
+		bytesIn: d(cur.BytesIn, prev.BytesIn), bytesOut: d(cur.BytesOut, prev.BytesOut),
+		latency: make([]uint64, len(cur.Latency)), window: window}
+	for i := range cur.Latency {
+		var p uint64
+		if i < len(prev.Latency) {
+			p = prev.Latency[i]
+		}
+		iv.latency[i] = d(cur.Latency[i], p)
+	}
+	return iv
+}
+
+// figures turns counters and an interval into figures.
+func figures(requests, errors uint64, open int64, iv interval) store.TrafficFigures {
+	f := store.TrafficFigures{Requests: requests, Errors: errors, Open: open, Window: store.Duration(iv.window)}
+	if iv.window > 0 {
+		secs := iv.window.Seconds()
+		f.Rate = float64(iv.total) / secs
+		f.BytesInRate, f.BytesOutRate = float64(iv.bytesIn)/secs, float64(iv.bytesOut)/secs
+	}
+	if iv.total > 0 {
+		f.ErrorRatio = float64(iv.errors) / float64(iv.total)
+		f.P50 = store.LatencyQuantile(0.50, iv.latency)
+		f.P99 = store.LatencyQuantile(0.99, iv.latency)
+	}
+	return f
+}
+
+// maxGatewaysListed bounds the per-gateway figures one service's summary
+// carries: the busiest are listed, the fleet figures count them all.
+const maxGatewaysListed = 32
+
+// trafficOf computes ns's traffic per service; a.mu is held.
+func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus {
+	type acc struct {
+		requests, errors uint64
+		open             int64
+		sum              interval
+		gateways         map[string]store.TrafficFigures
+	}
+	byService := map[string]*acc{}
+	for gw, g := range a.traffic {
+		if !g.namespaces[ns] {
+			continue
+		}
+		for id, cur := range g.cur {
+			if id.namespace != ns {
+				continue
+			}
+			s := byService[id.service]
+			if s == nil {
+				s = &acc{gateways: map[string]store.TrafficFigures{}, sum: interval{latency: make([]uint64, len(cur.Latency))}}
+				byService[id.service] = s
+			}
+			var iv interval
+			if prev, ok := g.prev[id]; ok {
+				iv = sinceLast(cur, prev, g.at.Sub(g.prevAt))
+			} else if g.prev != nil {
+				// New since the last report: all of it is this interval's.
+				iv = sinceLast(cur, store.ServiceTraffic{}, g.at.Sub(g.prevAt))
+			}
+			s.requests += cur.Requests()
+			s.errors += cur.Classes[4]
+			s.open += cur.Open
+			s.sum.total += iv.total
+			s.sum.errors += iv.errors
+			s.sum.bytesIn += iv.bytesIn
+			s.sum.bytesOut += iv.bytesOut
+			for i := range iv.latency {
+				s.sum.latency[i] += iv.latency[i]
+			}
+			s.sum.window = max(s.sum.window, iv.window)
+			s.gateways[gw] = figures(cur.Requests(), cur.Classes[4], cur.Open, iv)
+		}
+	}
+	if len(byService) == 0 {
+		return nil
+	}
+	out := make(map[string]store.ServiceTrafficStatus, len(byService))
+	for svc, s := range byService {
+		fleet := figures(s.requests, s.errors, s.open, s.sum)
+		// The fleet's rate is the sum of the gateways' rates: their
+		// intervals need not line up.
+		fleet.Rate, fleet.BytesInRate, fleet.BytesOutRate = 0, 0, 0
+		for _, f := range s.gateways {
+			fleet.Rate += f.Rate
+			fleet.BytesInRate += f.BytesInRate
+			fleet.BytesOutRate += f.BytesOutRate
+		}
+		st := store.ServiceTrafficStatus{TrafficFigures: fleet, Gateways: s.gateways}
+		if len(st.Gateways) > maxGatewaysListed {
+			names := make([]string, 0, len(st.Gateways))
+			for gw := range st.Gateways {
+				names = append(names, gw)
+			}
+			slices.SortFunc(names, func(x, y string) int {
+				return cmp.Or(cmp.Compare(st.Gateways[y].Requests, st.Gateways[x].Requests), cmp.Compare(x, y))
+			})
+			for _, gw := range names[maxGatewaysListed:] {
+				delete(st.Gateways, gw)
+			}
+		}
+		out[svc] = st
+	}
+	return out
+}
+
+var (
+	trafficRateDesc = prometheus.NewDesc("edgeplane_fleet_service_requests_per_second",
+		"Requests per second to a service, summed over the gateways' last reporting intervals.", []string{"namespace", "service"}, nil)
+	trafficTotalDesc = prometheus.NewDesc("edgeplane_fleet_service_requests",
+		"Requests to a service counted by the gateways reporting now, since each started (5xx: those answered with a server error).",
+		[]string{"namespace", "service", "code_class"}, nil)
+	trafficErrorRatioDesc = prometheus.NewDesc("edgeplane_fleet_service_error_ratio",
+		"Share of a service's responses that were 5xx over the gateways' last intervals.", []string{"namespace", "service"}, nil)
+	trafficLatencyDesc = prometheus.NewDesc("edgeplane_fleet_service_latency_seconds",
+		"Latency quantiles (to response headers) of a service over the gateways' last intervals, from their merged histograms.",
+		[]string{"namespace", "service", "quantile"}, nil)
+)
+
+// collectTraffic sends the flushed traffic figures; a.mu is held.
+func (a *Aggregator) collectTraffic(ch chan<- prometheus.Metric) {
+	for ns, st := range a.flushed {
+		for svc, t := range st.Traffic {
+			ch <- prometheus.MustNewConstMetric(trafficRateDesc, prometheus.GaugeValue, t.Rate, ns, svc)
+			ch <- prometheus.MustNewConstMetric(trafficTotalDesc, prometheus.GaugeValue, float64(t.Requests), ns, svc, "all")
+			ch <- prometheus.MustNewConstMetric(trafficTotalDesc, prometheus.GaugeValue, float64(t.Errors), ns, svc, "5xx")
+			ch <- prometheus.MustNewConstMetric(trafficErrorRatioDesc, prometheus.GaugeValue, t.ErrorRatio, ns, svc)
+			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P50, ns, svc, "0.5")
+			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P99, ns, svc, "0.99")
+		}
+	}
+}

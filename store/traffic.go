@@ -1,0 +1,138 @@
+package store
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Per-service traffic. Every gateway counts the requests it routes per
+// namespace and service and writes its counters, cumulative since it
+// started, to the gateway traffic bucket every few seconds (an observation
+// that ages out with the gateway); control/fleet's aggregator sums them
+// into each namespace's summary. Cumulative counters make a lost or late
+// report cost resolution, never counts: the next one carries them.
+
+// TrafficLatencyBounds are the upper bounds, in seconds, of the latency
+// histogram every gateway keeps per service (time to response headers);
+// a last bucket holds everything slower. Gateways and the aggregator must
+// agree on them: a report whose histogram has another length is ignored.
+var TrafficLatencyBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// ServiceTraffic is one service's counters at one gateway.
+type ServiceTraffic struct {
+	Namespace string `json:"ns"`
+	Service   string `json:"svc"`
+	// Classes counts responses by status class: [0] 1xx ... [4] 5xx.
+	Classes [5]uint64 `json:"classes"`
+	// BytesIn and BytesOut are request and response body bytes.
+	BytesIn  uint64 `json:"in,omitempty"`
+	BytesOut uint64 `json:"out,omitempty"`
+	// Open is the requests in progress now (websockets and streams
+	// included): a gauge, not a counter.
+	Open int64 `json:"open,omitempty"`
+	// Latency counts responses per TrafficLatencyBounds bucket (not
+	// cumulative across buckets), the last being the overflow.
+	Latency []uint64 `json:"lat"`
+}
+
+// Requests is every response counted.
+func (t *ServiceTraffic) Requests() uint64 {
+	var n uint64
+	for _, c := range t.Classes {
+		n += c
+	}
+	return n
+}
+
+// GatewayTraffic is what one gateway reports of its traffic. Key: the
+// gateway (GatewayKey).
+type GatewayTraffic struct {
+	Version int    `json:"version"`
+	Gateway string `json:"gateway"`
+	// Since is when the gateway's counters started: a reader seeing it
+	// change knows the counters restarted from zero.
+	Since    time.Time        `json:"since"`
+	At       time.Time        `json:"at"`
+	Services []ServiceTraffic `json:"services"`
+}
+
+func (r *GatewayTraffic) version() int { return r.Version }
+
+// KeyOK checks the report is filed under the gateway it names.
+func (r *GatewayTraffic) KeyOK(key string) error { return keyMust(key, GatewayKey(r.Gateway)) }
+
+// MaxTrafficServices bounds the services one report carries, so that it
+// fits the bucket's value size; a gateway routing more reports the busiest.
+const MaxTrafficServices = 4000
+
+// PutGatewayTraffic writes gateway t.Gateway's traffic report.
+func (s *Store) PutGatewayTraffic(ctx context.Context, t *GatewayTraffic) error {
+	t.Version = RecordVersion
+	_, err := PutJSON(ctx, s.GatewayTraffic, GatewayKey(t.Gateway), t)
+	return err
+}
+
+// TrafficFigures are a service's traffic over a recent window, from one
+// gateway or summed over the fleet.
+type TrafficFigures struct {
+	// Requests is every response counted by the gateways reporting now,
+	// since each started; Errors the 5xx among them.
+	Requests uint64 `json:"requests"`
+	Errors   uint64 `json:"errors_5xx"`
+	// Rate is requests per second over the window; ErrorRatio the share
+	// of 5xx among the window's responses.
+	Rate       float64 `json:"rate"`
+	ErrorRatio float64 `json:"error_ratio"`
+	// P50 and P99 are latency quantiles (seconds, to response headers) of
+	// the window's responses, estimated from the merged histograms;
+	// zero with no response in the window.
+	P50 float64 `json:"p50_s"`
+	P99 float64 `json:"p99_s"`
+	// BytesInRate and BytesOutRate are body bytes per second.
+	BytesInRate  float64 `json:"bytes_in_rate,omitempty"`
+	BytesOutRate float64 `json:"bytes_out_rate,omitempty"`
+	Open         int64   `json:"open,omitempty"`
+	// Window is the span the rates cover.
+	Window Duration `json:"window,omitempty"`
+}
+
+// ServiceTrafficStatus is a service's traffic fleet-wide and per gateway.
+type ServiceTrafficStatus struct {
+	TrafficFigures
+	Gateways map[string]TrafficFigures `json:"gateways,omitempty"`
+}
+
+// LatencyQuantile estimates quantile q (0..1) of the latencies counted in
+// buckets (per TrafficLatencyBounds) by linear interpolation within the
+// bucket it falls in, as Prometheus' histogram_quantile does; the
+// overflow bucket answers its lower bound.
+func LatencyQuantile(q float64, buckets []uint64) float64 {
+	var total uint64
+	for _, c := range buckets {
+		total += c
+	}
+	if total == 0 || len(buckets) != len(TrafficLatencyBounds)+1 {
+		return 0
+	}
+	rank := q * float64(total)
+	var seen float64
+	for i, c := range buckets {
+		if c == 0 {
+			continue
+		}
+		if seen+float64(c) >= rank {
+			if i == len(TrafficLatencyBounds) {
+				return TrafficLatencyBounds[i-1]
+			}
+			lo := 0.0
+			if i > 0 {
+				lo = TrafficLatencyBounds[i-1]
+			}
+			frac := math.Max(0, (rank-seen)/float64(c))
+			return lo + (TrafficLatencyBounds[i]-lo)*frac
+		}
+		seen += float64(c)
+	}
+	return TrafficLatencyBounds[len(TrafficLatencyBounds)-1]
+}
