@@ -153,6 +153,7 @@ func (a *App) Start() error {
 		}()
 	}
 	current.Store(a)
+	a.shared.app.Store(a)
 	a.logger.Info("edgeplane gateway projection running",
 		zap.String("nats", a.NATSURL), zap.String("gateway", a.GatewayName), zap.String("snapshot", a.SnapshotPath))
 	return nil
@@ -162,6 +163,7 @@ func (a *App) Start() error {
 // until the last app using it is cleaned up.
 func (a *App) Stop() error {
 	current.CompareAndSwap(a, nil)
+	a.shared.app.CompareAndSwap(a, nil)
 	if a.stopHealth != nil {
 		a.stopHealth()
 		<-a.healthDone
@@ -191,6 +193,9 @@ type sharedProjection struct {
 	proj    *projection.Projection
 	logger  *zap.Logger
 	traffic *trafficTable
+	// app is the app serving now, whose health checks the set-aside
+	// report reads.
+	app atomic.Pointer[App]
 
 	startOnce sync.Once
 	cancel    context.CancelFunc
@@ -221,8 +226,8 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		s.mu.Unlock()
 		return st, nil
 	}
-	traffic := func() (time.Time, []store.ServiceTraffic) {
-		return s.traffic.since, s.traffic.snapshot(store.MaxTrafficServices)
+	traffic := func() (time.Time, []store.ServiceTraffic, []store.EndpointSetAside) {
+		return s.traffic.since, s.traffic.snapshot(store.MaxTrafficServices), s.setAside()
 	}
 	p, err := projection.New(projection.Config{Connect: connect, SnapshotPath: a.SnapshotPath, Name: name, Logger: logger,
 		Traffic: traffic, TrafficInterval: time.Duration(a.TrafficInterval)})
@@ -272,3 +277,25 @@ var (
 	_ caddy.CleanerUpper = (*App)(nil)
 	_ caddy.Destructor   = (*sharedProjection)(nil)
 )
+
+// setAside lists the endpoints the serving app sets aside now, as
+// /edgeplane/routes does.
+func (s *sharedProjection) setAside() []store.EndpointSetAside {
+	a := s.app.Load()
+	if a == nil {
+		return nil
+	}
+	v := s.proj.View()
+	var out []store.EndpointSetAside
+	for _, svc := range v.Services() {
+		ri := routeInfo(a, v, svc)
+		for _, sa := range ri.SetAside {
+			if len(out) == store.MaxSetAsideReported {
+				return out
+			}
+			out = append(out, store.EndpointSetAside{Namespace: svc.Namespace, Service: svc.Name, Instance: sa.InstanceID,
+				Machine: sa.Machine, Reason: sa.Reason, Since: sa.Since.UTC(), FailOpen: ri.FailOpen})
+		}
+	}
+	return out
+}

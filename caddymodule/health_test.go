@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -70,6 +71,7 @@ func TestHealthChecksSetAsideAFrozenEndpoint(t *testing.T) {
 	alone, _ := frozen(t, "alone")
 	f := newFixture(t)
 	f.handler = map[string]any{"load_balancing": map[string]any{"selection_policy": map[string]any{"policy": "round_robin"}}}
+	f.app = map[string]any{"traffic_interval": "200ms"}
 	seq := f.deploy("shop", map[string]storetest.Service{
 		"web": {Routes: []store.Route{{Hosts: []string{"shop.test"}}}, HealthPath: "/healthz",
 			Instances: []storetest.Instance{live.instance(), stuck}},
@@ -94,6 +96,24 @@ func TestHealthChecksSetAsideAFrozenEndpoint(t *testing.T) {
 	if !api.FailOpen || len(api.SetAside) != 1 {
 		t.Fatalf("a service whose every endpoint failed: %+v", api)
 	}
+	// The gateway reports what it sets aside with its traffic, for the
+	// control plane to show.
+	storetest.Eventually(t, 5*time.Second, "the set-aside endpoints in the gateway's report", func() bool {
+		ent, err := f.nats.Store.GatewayTraffic.Get(context.Background(), store.GatewayKey("gw-test"))
+		if err != nil {
+			return false
+		}
+		var rep store.GatewayTraffic
+		if err := store.DecodeKeyed(f.nats.Store.GatewayTraffic.Bucket(), ent.Key(), ent.Value(), &rep); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]store.EndpointSetAside{}
+		for _, sa := range rep.SetAside {
+			got[sa.Instance] = sa
+		}
+		return len(got) == 2 && !got["frozen"].FailOpen && got["alone"].FailOpen &&
+			strings.Contains(got["frozen"].Reason, "health check failed")
+	})
 
 	// Thawed, it passes its next probe and gets requests again, with no
 	// deploy.

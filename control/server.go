@@ -44,6 +44,8 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	meshCooldown := fs.Duration("mesh-ip-cooldown", registrar.DefaultCooldown, "how long a released mesh IP stays out of the pool")
 	meshSubnet := fs.String("mesh-subnet", store.MeshSubnet, "subnet mesh IPs are allocated from")
 	metrics := fs.String("metrics-listen", "", "serve Prometheus metrics (edgeplane_fleet_*) on this address's /metrics; empty: off")
+	dashListen := fs.String("dashboard-listen", "", "serve the read-only web dashboard on this address (e.g. 127.0.0.1:8090); empty: off")
+	dashLogin := fs.Bool("dashboard-login", false, "ask for a login token (control dashboard token) even on loopback; off loopback it is always asked for")
 	enrollListen := fs.String("enroll-listen", "", "with TLS, answer invited boxes' enrollments (HTTPS) on this address (default: --listen's host, port 4223, when that is not loopback); off: none")
 	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much); 0: this server never writes it (another control server does)")
 	cf := addClusterFlags(fs)
@@ -88,6 +90,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			data: *data, authDir: cf.authDir, name: cf.name,
 			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshRelay: *meshRelay, meshRelayIP: *meshRelayIP, meshRelays: *meshRelays,
 			meshCooldown: *meshCooldown, meshSubnet: *meshSubnet, metricsListen: *metrics, statusFlush: *statusFlush,
+			dashboardListen: *dashListen, dashboardLogin: *dashLogin,
 		}.plane(c.stdout, logger)
 		if err != nil {
 			return err
@@ -120,6 +123,8 @@ type serverConfig struct {
 	meshCooldown              time.Duration
 	meshSubnet                string
 	metricsListen             string
+	dashboardListen           string
+	dashboardLogin            bool
 	statusFlush               time.Duration
 }
 
@@ -131,6 +136,7 @@ func (f serverConfig) plane(progress io.Writer, logger *zap.Logger) (controlplan
 		Name: f.name, DataDir: f.data, AuthDir: cmp.Or(f.authDir, filepath.Join(f.data, "auth")),
 		MeshRelay: f.meshRelay, MeshCooldown: f.meshCooldown, MeshSubnet: f.meshSubnet,
 		MetricsListen: f.metricsListen, StatusFlush: f.statusFlush,
+		DashboardListen: f.dashboardListen, DashboardLogin: f.dashboardLogin,
 		Progress: progress, Logger: logger,
 	}
 	if f.statusFlush == 0 {

@@ -33,6 +33,9 @@ func TestReadmeUp(t *testing.T) {
 	if _, err := exec.LookPath("dig"); err == nil && !strings.Contains(text, "\n127.0.0.1\n") {
 		t.Fatalf("DNS did not answer with the instances' address:\n%s", text)
 	}
+	if !strings.Contains(text, "dashboard: http://127.0.0.1:") {
+		t.Fatalf("the dashboard did not answer:\n%s", text)
+	}
 	if !strings.Contains(text, "==> stopped") {
 		t.Fatalf("the demo did not stop cleanly:\n%s", text)
 	}
@@ -51,7 +54,7 @@ func upCommand(ctx context.Context, t *testing.T, data string, args ...string) *
 	cmd := exec.CommandContext(ctx, "../scripts/up.sh", args...)
 	cmd.Env = append(os.Environ(), "BIN="+bins.dir, "EDGEPLANE_DATA="+data,
 		"UP_NATS_PORT="+port(), "UP_HTTP_PORT="+port(), "UP_HTTPS_PORT="+port(), "UP_ADMIN_PORT="+port(),
-		"UP_DNS_PORT="+port(), "UP_STUN_PORT="+port())
+		"UP_DNS_PORT="+port(), "UP_STUN_PORT="+port(), "UP_DASHBOARD_PORT="+port())
 	return cmd
 }
 

@@ -45,20 +45,7 @@ func TestFleetTrafficSumsTheGateways(t *testing.T) {
 
 	var web store.ServiceTrafficStatus
 	eventually(t, 10*time.Second, "the control plane to sum 500 requests, 50 of them 5xx", func() bool {
-		var v struct {
-			Namespaces []struct {
-				Namespace string                                `json:"namespace"`
-				Traffic   map[string]store.ServiceTrafficStatus `json:"traffic"`
-			} `json:"namespaces"`
-		}
-		if err := json.Unmarshal([]byte(c.mustControl("status", "-o", "json")), &v); err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range v.Namespaces {
-			if n.Namespace == "shop" {
-				web = n.Traffic["web"]
-			}
-		}
+		web = c.statusOf("shop").Traffic["web"]
 		return web.Requests == 500 && web.Errors == 50
 	})
 	took := time.Since(lastSent)
@@ -72,7 +59,9 @@ func TestFleetTrafficSumsTheGateways(t *testing.T) {
 	if took > 3*time.Second {
 		t.Errorf("the sum took %s after the last request", took)
 	}
-	if web.P50 <= 0 || web.P99 < web.P50 {
+	// Quantiles cover the gateways' last intervals, which may hold no
+	// request by now (control/fleet's tests check their values).
+	if web.P99 < web.P50 {
 		t.Errorf("latency quantiles: p50 %v p99 %v", web.P50, web.P99)
 	}
 
@@ -87,4 +76,29 @@ func TestFleetTrafficSumsTheGateways(t *testing.T) {
 	if m := scrape(t, metrics); !strings.Contains(m, `edgeplane_fleet_service_requests{code_class="5xx",namespace="shop",service="web"} 50`) {
 		t.Errorf("server metrics lack the fleet's 5xx count:\n%s", m)
 	}
+}
+
+// namespaceStatus is one namespace in `control status -o json`.
+type namespaceStatus struct {
+	Namespace string                                `json:"namespace"`
+	Revision  int64                                 `json:"revision"`
+	Counts    store.Counts                          `json:"counts"`
+	Traffic   map[string]store.ServiceTrafficStatus `json:"traffic"`
+}
+
+// statusOf is namespace ns as `control status -o json` shows it.
+func (c *cluster) statusOf(ns string) namespaceStatus {
+	c.t.Helper()
+	var v struct {
+		Namespaces []namespaceStatus `json:"namespaces"`
+	}
+	if err := json.Unmarshal([]byte(c.mustControl("status", "-o", "json")), &v); err != nil {
+		c.t.Fatal(err)
+	}
+	for _, n := range v.Namespaces {
+		if n.Namespace == ns {
+			return n
+		}
+	}
+	return namespaceStatus{Namespace: ns}
 }

@@ -57,7 +57,7 @@ type Config struct {
 	// Traffic, when set (and Name is), reads the gateway's per-service
 	// traffic counters, written to the store every TrafficInterval
 	// (default DefaultTrafficInterval) as store.GatewayTraffic.
-	Traffic         func() (since time.Time, services []store.ServiceTraffic)
+	Traffic         func() (since time.Time, services []store.ServiceTraffic, setAside []store.EndpointSetAside)
 	TrafficInterval time.Duration
 }
 

@@ -499,11 +499,11 @@ func (p *Projection) trafficLoop(ctx context.Context) {
 		if st == nil || !p.connected.Load() {
 			continue
 		}
-		since, services := p.cfg.Traffic()
-		if len(services) == 0 {
+		since, services, aside := p.cfg.Traffic()
+		if len(services) == 0 && len(aside) == 0 {
 			continue
 		}
-		rep := store.GatewayTraffic{Gateway: p.cfg.Name, Since: since, At: time.Now().UTC(), Services: services}
+		rep := store.GatewayTraffic{Gateway: p.cfg.Name, Since: since, At: time.Now().UTC(), Services: services, SetAside: aside}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := st.PutGatewayTraffic(pctx, &rep)
 		cancel()

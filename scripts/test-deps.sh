@@ -6,8 +6,8 @@
 # the container driver's engines (podman with runc, and Docker's dockerd
 # from docker.io: internal/enginetest starts each on a socket of its own
 # with its own storage), docker-registry (a registry on loopback for
-# pull-by-digest tests), and Pebble (the ACME test server). Safe to run
-# again.
+# pull-by-digest tests), chromium (the dashboard's tests drive it
+# headless), and Pebble (the ACME test server). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +25,7 @@ command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v iptables >/dev/null || need+=(iptables)
 command -v iperf3 >/dev/null || need+=(iperf3)
 command -v tcpdump >/dev/null || need+=(tcpdump)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "installing ${need[*]}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the whole edgeplane appliance on this box and shows the sample app
 # answering through the gateway:
-#   control server --agent   embedded NATS (127.0.0.1:4222), the control plane, this box's agent
+#   control server --agent   embedded NATS (127.0.0.1:4222), the control plane, this box's agent,
+#                            the web dashboard on http://127.0.0.1:8090/
 #   caddy (custom build)     gateway on :8080/:8443, admin on localhost:2019, DNS on 127.0.0.1:1053
 #   examples/hello.yaml      deployed with `control deploy apply`
 #
@@ -10,7 +11,7 @@
 #        scripts/up.sh --down   stop what an earlier run left
 # Everything it writes lives in $EDGEPLANE_DATA (default ./.data). The ports
 # can be moved with UP_NATS_PORT, UP_HTTP_PORT, UP_HTTPS_PORT, UP_ADMIN_PORT,
-# UP_DNS_PORT and UP_STUN_PORT (it and the next one); BIN names the folder
+# UP_DNS_PORT, UP_DASHBOARD_PORT and UP_STUN_PORT (it and the next one); BIN names the folder
 # with the binaries (default ./bin, what `make build` fills).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,7 @@ HTTPS_PORT=${UP_HTTPS_PORT:-8443}
 ADMIN_PORT=${UP_ADMIN_PORT:-2019}
 DNS_PORT=${UP_DNS_PORT:-1053}
 STUN_PORT=${UP_STUN_PORT:-3478}
+DASHBOARD_PORT=${UP_DASHBOARD_PORT:-8090}
 export EDGEPLANE_NATS=nats://127.0.0.1:$NATS_PORT
 # Deploys are signed: the CLI signs with the key control server keeps in its
 # data dir (DATA/signer.nk).
@@ -76,7 +78,7 @@ log "starting control server with the local agent (data in $DATA/control)"
 # the terminal reaches this script alone, whose exit trap removes the demo
 # through the still running control plane and then stops both.
 setsid "$BIN/control" server --data "$DATA/control" --agent --machine local --listen "127.0.0.1:$NATS_PORT" \
-	--stun-listen "127.0.0.1:$STUN_PORT,127.0.0.1:$((STUN_PORT + 1))" >"$DATA/control.log" 2>&1 &
+	--stun-listen "127.0.0.1:$STUN_PORT,127.0.0.1:$((STUN_PORT + 1))" --dashboard-listen "127.0.0.1:$DASHBOARD_PORT" >"$DATA/control.log" 2>&1 &
 echo $! >"$DATA/control.pid"
 wait_for 30 "control server" grep -q "control server ready" "$DATA/control.log" || { cat "$DATA/control.log"; exit 1; }
 
@@ -105,6 +107,7 @@ log "every layer agrees: control doctor --gateway http://localhost:$ADMIN_PORT -
 "$BIN/control" doctor --gateway "http://localhost:$ADMIN_PORT" --dns "127.0.0.1:$DNS_PORT" || true
 log "deploy more with EDGEPLANE_NATS=$EDGEPLANE_NATS EDGEPLANE_SIGNING_KEY=$EDGEPLANE_SIGNING_KEY $BIN/control deploy apply -f FILE"
 log "inspect: $BIN/control deploy status | $BIN/control instances | $BIN/control machine ls | curl localhost:$ADMIN_PORT/edgeplane/routes"
+curl -fsS -o /dev/null "http://127.0.0.1:$DASHBOARD_PORT/" && log "dashboard: http://127.0.0.1:$DASHBOARD_PORT/ (read-only; open on loopback)"
 
 if [ "$mode" = --once ]; then
 	down

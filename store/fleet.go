@@ -58,6 +58,9 @@ type NamespaceStatus struct {
 	// Traffic is each service's traffic as the gateways report it (see
 	// GatewayTraffic), by service name.
 	Traffic map[string]ServiceTrafficStatus `json:"traffic,omitempty"`
+	// SetAside are the namespace's endpoints some gateway sends no new
+	// request to, by gateway (at most MaxSetAsideReported in all).
+	SetAside map[string][]EndpointSetAside `json:"set_aside,omitempty"`
 	// Revision is the instance records' stream sequence the counts are
 	// complete up to: every instance record write at or below it is
 	// counted. A reader that wrote a record at revision R sees its effect

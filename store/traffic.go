@@ -55,7 +55,27 @@ type GatewayTraffic struct {
 	Since    time.Time        `json:"since"`
 	At       time.Time        `json:"at"`
 	Services []ServiceTraffic `json:"services"`
+	// SetAside are the endpoints the gateway sends no new request to now
+	// (their probe failed, or their machine stopped beating), at most
+	// MaxSetAsideReported.
+	SetAside []EndpointSetAside `json:"set_aside,omitempty"`
 }
+
+// EndpointSetAside is one endpoint a gateway sets aside, and why.
+type EndpointSetAside struct {
+	Namespace string    `json:"ns"`
+	Service   string    `json:"svc"`
+	Instance  string    `json:"instance"`
+	Machine   string    `json:"machine"`
+	Reason    string    `json:"reason"`
+	Since     time.Time `json:"since"`
+	// FailOpen is set when the service has no other endpoint, so the
+	// gateway serves this one anyway.
+	FailOpen bool `json:"fail_open,omitempty"`
+}
+
+// MaxSetAsideReported bounds the set-aside endpoints one report names.
+const MaxSetAsideReported = 1000
 
 func (r *GatewayTraffic) version() int { return r.Version }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/edgeplane/edgeplane/control/dashboard"
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/hosts"
@@ -68,6 +69,10 @@ type Config struct {
 	// MetricsListen, if set, serves the fleet status metrics
 	// (edgeplane_fleet_*) on this address's /metrics.
 	MetricsListen string
+	// DashboardListen, if set, serves the web dashboard there, asking
+	// for a login off loopback or when DashboardLogin says so.
+	DashboardListen string
+	DashboardLogin  bool
 
 	// LocalAgent, if set, prepares this box's agent once everything else
 	// serves (records the machine, so a deploy right after "ready" can
@@ -172,6 +177,28 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 		}
 		defer stop()
 		fmt.Fprintf(out, "metrics on http://%s/metrics\n", cfg.MetricsListen)
+	}
+	if cfg.DashboardListen != "" {
+		login := cfg.DashboardLogin || dashboard.RequiresLogin(cfg.DashboardListen)
+		dash, err := dashboard.New(s, dashboard.Config{RequireLogin: login, Logger: logger.Named("dashboard")})
+		if err != nil {
+			return err
+		}
+		url, wait, err := dashboard.Serve(ctx, cfg.DashboardListen, dash)
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dash.Run(ctx)
+			wait()
+		}()
+		note := "open: loopback only"
+		if login {
+			note = "log in with a token from `control dashboard token`"
+		}
+		fmt.Fprintf(out, "dashboard on %s (%s)\n", url, note)
 	}
 	errc := make(chan error, 1)
 	if cfg.LocalAgent != nil {

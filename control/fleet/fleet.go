@@ -308,7 +308,7 @@ func (a *Aggregator) summary(ns string) store.NamespaceStatus {
 			st.LastErrors[rec.Machine], lastErrAt[rec.Machine] = rec.ID+": "+rec.Error, rec.UpdatedAt
 		}
 	}
-	st.Traffic = a.trafficOf(ns)
+	st.Traffic, st.SetAside = a.trafficOf(ns), a.setAsideOf(ns)
 	if len(st.Machines) > maxMachinesListed {
 		for m, c := range st.Machines {
 			if c.Ready == c.Total() {

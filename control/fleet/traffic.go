@@ -28,8 +28,10 @@ type gatewayReports struct {
 	since      time.Time
 	at, prevAt time.Time
 	cur, prev  map[serviceID]store.ServiceTraffic
-	// namespaces are those cur names.
+	// namespaces are those cur or aside name.
 	namespaces map[string]bool
+	// aside are the endpoints the gateway sets aside, by namespace.
+	aside map[string][]store.EndpointSetAside
 }
 
 // trafficReport takes in a gateway's report; a.mu is not held.
@@ -52,6 +54,13 @@ func (a *Aggregator) trafficReport(ent jetstream.KeyValueEntry) {
 		}
 		g.cur[serviceID{s.Namespace, s.Service}] = s
 		g.namespaces[s.Namespace] = true
+	}
+	for _, sa := range rep.SetAside {
+		if g.aside == nil {
+			g.aside = map[string][]store.EndpointSetAside{}
+		}
+		g.aside[sa.Namespace] = append(g.aside[sa.Namespace], sa)
+		g.namespaces[sa.Namespace] = true
 	}
 	// The previous report is the baseline only while the counters are
 	// the same ones (the gateway did not restart) and it is older.
@@ -212,6 +221,29 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 			}
 		}
 		out[svc] = st
+	}
+	return out
+}
+
+// setAsideOf lists what each gateway sets aside of ns; a.mu is held.
+func (a *Aggregator) setAsideOf(ns string) map[string][]store.EndpointSetAside {
+	var out map[string][]store.EndpointSetAside
+	n := 0
+	for gw, g := range a.traffic {
+		if len(g.aside[ns]) == 0 {
+			continue
+		}
+		if out == nil {
+			out = map[string][]store.EndpointSetAside{}
+		}
+		list := g.aside[ns]
+		if n+len(list) > store.MaxSetAsideReported {
+			list = list[:store.MaxSetAsideReported-n]
+		}
+		out[gw] = list
+		if n += len(list); n == store.MaxSetAsideReported {
+			break
+		}
 	}
 	return out
 }

@@ -100,4 +100,19 @@ func TestAggregatorSumsGatewayTraffic(t *testing.T) {
 	if g := got.Gateways["gw2"]; g.Rate != 0 || g.Requests != 5 {
 		t.Errorf("gw2 after its restart: %+v", g)
 	}
+
+	// What a gateway sets aside reaches the namespace's summary.
+	aside := store.EndpointSetAside{Namespace: "shop", Service: "web", Instance: "w1", Machine: "m1", Reason: "health check failed: no answer within 1s"}
+	if err := s.PutGatewayTraffic(ctx, &store.GatewayTraffic{Gateway: "gw1", Since: since, At: at.Add(4 * time.Second),
+		Services: []store.ServiceTraffic{counters("shop", "web", 300, 30, 2)}, SetAside: []store.EndpointSetAside{aside}}); err != nil {
+		t.Fatal(err)
+	}
+	storetest.Eventually(t, 10*time.Second, "gw1's set-aside endpoint in shop's summary", func() bool {
+		sums, err := fleet.Read(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := sums["shop"].SetAside["gw1"]
+		return len(l) == 1 && l[0] == aside
+	})
 }

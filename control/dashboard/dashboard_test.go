@@ -1,0 +1,193 @@
+package dashboard
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+func TestRequiresLogin(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:8090": false, "[::1]:8090": false, "localhost:8090": false, "127.0.0.2:8090": false,
+		"0.0.0.0:8090": true, ":8090": true, "[::]:8090": true, "10.0.0.5:8090": true, "dash.example.com:8090": true, "garbage": true,
+	} {
+		if got := RequiresLogin(addr); got != want {
+			t.Errorf("RequiresLogin(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
+// get fetches path from srv with the given headers and returns status,
+// body and the response.
+func get(t *testing.T, srv *httptest.Server, method, path string, body url.Values, hdr map[string]string) (int, string, *http.Response) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = strings.NewReader(body.Encode())
+	}
+	req, _ := http.NewRequest(method, srv.URL+path, rd)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp
+}
+
+// Every name a role can influence reaches the page escaped, behind a
+// policy that runs no inline script anyway; the login refuses a wrong
+// token and a post from another site, and takes a good one.
+func TestPagesEscapeAndLoginGuards(t *testing.T) {
+	s := storetest.Start(t).Store
+	ctx := context.Background()
+	const evil = `<script>alert(1)</script>`
+	if _, err := store.PutJSON(ctx, s.Machines, "m1", &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive,
+		Address: "10.100.0.1", Labels: map[string]string{"note": evil}, Region: evil}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := storetest.Deploy(ctx, s, "shop", map[string]storetest.Service{
+		"web": {Routes: []store.Route{{Hosts: []string{"shop.example.com"}}},
+			Instances: []storetest.Instance{{ID: "w1", Machine: "m1", Address: "10.100.0.1", Port: 8080}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(s, Config{RequireLogin: true, DoctorEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(d)
+	t.Cleanup(srv.Close)
+
+	code, _, resp := get(t, srv, "GET", "/", nil, nil)
+	if code != http.StatusSeeOther || resp.Header.Get("Location") != "/login" {
+		t.Fatalf("not logged in: %d to %q", code, resp.Header.Get("Location"))
+	}
+	if code, _, _ = get(t, srv, "GET", "/events", nil, nil); code != http.StatusUnauthorized {
+		t.Fatalf("events not logged in: %d", code)
+	}
+	tok, rec, err := store.NewDashboardToken("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutDashboardToken(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	form := url.Values{"token": {tok}}
+	if code, _, _ = get(t, srv, "POST", "/login", form, map[string]string{"Sec-Fetch-Site": "cross-site"}); code != http.StatusForbidden {
+		t.Errorf("a cross-site login: %d", code)
+	}
+	if code, _, _ = get(t, srv, "POST", "/login", form, map[string]string{"Origin": "http://evil.example"}); code != http.StatusForbidden {
+		t.Errorf("a login from another origin: %d", code)
+	}
+	if code, body, _ := get(t, srv, "POST", "/login", url.Values{"token": {tok + "x"}}, nil); code != http.StatusUnauthorized || !strings.Contains(body, "unknown or revoked") {
+		t.Errorf("a wrong token: %d", code)
+	}
+	code, _, resp = get(t, srv, "POST", "/login", form, map[string]string{"Sec-Fetch-Site": "same-origin"})
+	if code != http.StatusSeeOther || len(resp.Cookies()) != 1 {
+		t.Fatalf("a good login: %d %v", code, resp.Cookies())
+	}
+	c := resp.Cookies()[0]
+	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode {
+		t.Errorf("the session cookie: %+v", c)
+	}
+	cookie := map[string]string{"Cookie": c.Name + "=" + c.Value}
+	for _, path := range []string{"/", "/machines", "/machine/m1", "/ns/shop"} {
+		code, body, resp := get(t, srv, "GET", path, nil, cookie)
+		if code != http.StatusOK {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+		if strings.Contains(body, evil) {
+			t.Errorf("%s carries the label unescaped", path)
+		}
+		if path == "/machines" || path == "/machine/m1" {
+			if !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+				t.Errorf("%s does not show the label as text", path)
+			}
+		}
+		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") {
+			t.Errorf("%s: policy %q", path, csp)
+		}
+	}
+	// A fragment is the page's body alone.
+	if _, body, _ := get(t, srv, "GET", "/ns/shop", nil, map[string]string{"Cookie": cookie["Cookie"], "X-Fragment": "1"}); strings.Contains(body, "<html") || !strings.Contains(body, "namespace shop") {
+		t.Errorf("a fragment: %.200s", body)
+	}
+	if code, _, _ := get(t, srv, "GET", "/ns/nope", nil, cookie); code != http.StatusNotFound {
+		t.Errorf("an unknown namespace: %d", code)
+	}
+	if code, _, _ := get(t, srv, "GET", "/machine/"+url.PathEscape("a<b"), nil, cookie); code != http.StatusNotFound {
+		t.Errorf("a machine name no machine can have: %d", code)
+	}
+	// Revoked, the cookie stops working at its next request.
+	if err := s.DeleteDashboardToken(ctx, rec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := get(t, srv, "GET", "/", nil, cookie); code != http.StatusSeeOther {
+		t.Errorf("a revoked token's session: %d", code)
+	}
+}
+
+func TestManifestChanges(t *testing.T) {
+	two := 2
+	a := &store.Manifest{Services: map[string]store.ServiceSpec{
+		"web": {Command: []string{"hello"}, Env: map[string]string{"A": "1", "SECRET": "x"}},
+		"old": {Command: []string{"old"}},
+	}}
+	b := &store.Manifest{Services: map[string]store.ServiceSpec{
+		"web": {Command: []string{"hello"}, Env: map[string]string{"A": "1", "SECRET": "y", "B": "2"}, Replicas: &two},
+		"new": {Command: []string{"new"}},
+	}}
+	got := strings.Join(manifestChanges(a, b), "; ")
+	want := "new: added; web: env SECRET, env B added, replicas; old: removed"
+	if got != want {
+		t.Errorf("changes:\n got %s\nwant %s", got, want)
+	}
+	if strings.Contains(got, "y") && strings.Contains(got, `"y"`) {
+		t.Error("a value was shown")
+	}
+	if got := manifestChanges(nil, b); len(got) != 1 || got[0] != "first deploy: new, web" {
+		t.Errorf("first deploy: %v", got)
+	}
+}
+
+func TestHistoryCharts(t *testing.T) {
+	var h history
+	now := time.Now()
+	for i := 0; i < 5; i++ {
+		h.add("shop", map[string]store.ServiceTrafficStatus{"web": {TrafficFigures: store.TrafficFigures{Rate: float64(10 * i), P99: 0.01}}},
+			now.Add(time.Duration(i-5)*historyStep))
+	}
+	// Within one step the latest figures replace the last point.
+	h.add("shop", map[string]store.ServiceTrafficStatus{"web": {TrafficFigures: store.TrafficFigures{Rate: 100}}}, now.Add(-historyStep+time.Second))
+	cs := h.charts("shop", "web")
+	if len(cs) != 3 || cs[0].Points != 5 || cs[0].Max != "100.0" || cs[0].Last != "100.0" {
+		t.Fatalf("charts: %+v", cs[0])
+	}
+	if strings.ContainsAny(cs[0].Path, "<>\"'&") || !strings.HasPrefix(cs[0].Path, "M") {
+		t.Errorf("path %q", cs[0].Path)
+	}
+	// An hour on, the old points are gone.
+	h.add("shop", map[string]store.ServiceTrafficStatus{"web": {}}, now.Add(historySpan+time.Minute))
+	h.mu.Lock()
+	n := len(h.series["shop"]["web"])
+	h.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d points after an hour", n)
+	}
+}

@@ -1,0 +1,589 @@
+package dashboard
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/control/doctor"
+	"github.com/edgeplane/edgeplane/control/fleet"
+	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Page sizes: a page costs its rows, not the fleet's.
+const (
+	namespacesPerPage = 50
+	machinesPerPage   = 100
+	historyShown      = 10
+)
+
+// pageData is what every page has.
+type pageData struct {
+	Title string
+	// Scope is what change events refresh the page: "*" any, a
+	// namespace, or "none".
+	Scope string
+	At    time.Time
+}
+
+// pager is one page of a longer list.
+type pager struct {
+	Page, Pages, Total int
+}
+
+func (p pager) Prev() int { return p.Page - 1 }
+func (p pager) Next() int { return p.Page + 1 }
+
+// paginate cuts the page of n items r asks for (?page=N, from 1).
+func paginate(r *http.Request, n, per int) (pager, int, int) {
+	pages := max(1, (n+per-1)/per)
+	page, err := strconv.Atoi(r.URL.Query().Get("page"))
+	if err != nil || page < 1 {
+		page = 1
+	}
+	page = min(page, pages)
+	from := (page - 1) * per
+	return pager{Page: page, Pages: pages, Total: n}, from, min(n, from+per)
+}
+
+// page serves one page: the whole document, or only its body when the
+// page's script asks for a refresh (X-Fragment).
+func (d *Server) page(name string, data func(r *http.Request) (any, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		v, err := data(r.WithContext(ctx))
+		if err != nil {
+			status := http.StatusServiceUnavailable
+			if store.HasCode(err, store.CodeNotFound) {
+				status = http.StatusNotFound
+			}
+			d.log.Debug("dashboard page", zap.String("path", r.URL.Path), zap.Error(err))
+			d.render(w, r, "error", status, &errorData{pageData: pageData{Title: "error", Scope: "none", At: time.Now()}, Message: err.Error()})
+			return
+		}
+		d.render(w, r, name, http.StatusOK, v)
+	})
+}
+
+type errorData struct {
+	pageData
+	Message string
+}
+
+// render executes a page template into a buffer first, so that a
+// template error is a clean 500 and not half a page.
+func (d *Server) render(w http.ResponseWriter, r *http.Request, name string, status int, v any) {
+	tmpl := "layout"
+	if r.Header.Get("X-Fragment") != "" {
+		tmpl = "body"
+	}
+	var buf bytes.Buffer
+	if err := d.pages[name].ExecuteTemplate(&buf, tmpl, v); err != nil {
+		d.log.Error("dashboard template", zap.String("page", name), zap.Error(err))
+		http.Error(w, "page failed to render", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// readCache keeps the fleet-wide reads every page refresh makes for a
+// moment, so that many open pages refreshing at once read the store once.
+type readCache struct {
+	mu       sync.Mutex
+	at       time.Time
+	sums     map[string]store.NamespaceStatus
+	machines []machines.Listed
+}
+
+const readCacheTTL = time.Second
+
+func (d *Server) fleetReads(ctx context.Context) (map[string]store.NamespaceStatus, []machines.Listed, error) {
+	c := &d.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) < readCacheTTL {
+		return c.sums, c.machines, nil
+	}
+	sums, err := fleet.Read(ctx, d.s)
+	if err != nil {
+		return nil, nil, err
+	}
+	list, err := machines.List(ctx, d.s, false, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	slices.SortFunc(list, func(a, b machines.Listed) int { return strings.Compare(a.ID, b.ID) })
+	c.at, c.sums, c.machines = time.Now(), sums, list
+	return sums, list, nil
+}
+
+// forget drops the cached reads: a change event means they are old.
+func (c *readCache) forget() {
+	c.mu.Lock()
+	c.at = time.Time{}
+	c.mu.Unlock()
+}
+
+type nsRow struct {
+	Name      string
+	Revision  int64
+	Deploy    string
+	Destroyed bool
+	Counts    store.Counts
+	Machines  int
+	Traffic   store.TrafficFigures
+	Services  int
+}
+
+type gatewayRow struct {
+	Name       string
+	AppliedSeq uint64
+	Lag        uint64
+	Stale      bool
+	Age        time.Duration
+}
+
+type overviewData struct {
+	pageData
+	Namespaces []nsRow
+	Pager      pager
+	Machines   struct {
+		Total    int
+		Liveness map[string]int
+		NotFresh []machines.Listed
+		More     int
+	}
+	Gateways   []gatewayRow
+	RoutingSeq uint64
+	Certs      []certs.Status
+	Doctor     *doctor.Report
+}
+
+// certSoon is how close to expiry a certificate is shown.
+const certSoon = 30 * 24 * time.Hour
+
+func (d *Server) overview(r *http.Request) (any, error) {
+	ctx := r.Context()
+	v := &overviewData{pageData: pageData{Title: "fleet", Scope: "*", At: time.Now()}, Doctor: d.doctor.Load()}
+	sums, list, err := d.fleetReads(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nss, err := d.s.CommittedNamespaces(ctx)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(nss)
+	var from, to int
+	v.Pager, from, to = paginate(r, len(nss), namespacesPerPage)
+	for _, ns := range nss[from:to] {
+		row := nsRow{Name: ns}
+		if live, err := d.s.LiveCommit(ctx, ns); err == nil {
+			row.Revision, row.Deploy, row.Destroyed = live.Revision, live.ID, live.Destroy
+		}
+		if sum, ok := sums[ns]; ok {
+			row.Counts, row.Machines, row.Services = sum.Counts, len(sum.Machines), len(sum.Traffic)
+			row.Traffic = sumTraffic(sum.Traffic)
+		}
+		v.Namespaces = append(v.Namespaces, row)
+	}
+	v.Machines.Total, v.Machines.Liveness = len(list), map[string]int{}
+	for _, m := range list {
+		v.Machines.Liveness[m.Liveness]++
+		if m.Liveness != store.MachineFresh {
+			if len(v.Machines.NotFresh) < 20 {
+				v.Machines.NotFresh = append(v.Machines.NotFresh, m)
+			} else {
+				v.Machines.More++
+			}
+		}
+	}
+	info, err := d.s.Routing.Info(ctx)
+	if err != nil {
+		return nil, store.Classify(fmt.Errorf("reading the routing stream: %w", err))
+	}
+	v.RoutingSeq = info.State.LastSeq
+	err = store.ListJSON(ctx, d.s, d.s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
+		age := time.Since(g.At)
+		if age >= store.GatewayObservationTTL {
+			return nil
+		}
+		row := gatewayRow{Name: g.Gateway, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age}
+		if v.RoutingSeq > g.AppliedSeq {
+			row.Lag = v.RoutingSeq - g.AppliedSeq
+		}
+		v.Gateways = append(v.Gateways, row)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(v.Gateways, func(a, b gatewayRow) int { return strings.Compare(a.Name, b.Name) })
+	cs, err := certs.ListStatus(ctx, d.s)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cs {
+		if c.LastError != "" || (!c.Expiry.IsZero() && time.Until(c.Expiry) < certSoon) {
+			v.Certs = append(v.Certs, c)
+		}
+	}
+	slices.SortFunc(v.Certs, func(a, b certs.Status) int { return a.Expiry.Compare(b.Expiry) })
+	return v, nil
+}
+
+// sumTraffic is a namespace's traffic over its services: rates and
+// counts add up; the error ratio is weighted by rate; the p99 shown is
+// the worst service's.
+func sumTraffic(svcs map[string]store.ServiceTrafficStatus) store.TrafficFigures {
+	var f store.TrafficFigures
+	var errRate float64
+	for _, s := range svcs {
+		f.Requests += s.Requests
+		f.Errors += s.Errors
+		f.Rate += s.Rate
+		f.Open += s.Open
+		errRate += s.Rate * s.ErrorRatio
+		f.P99 = max(f.P99, s.P99)
+	}
+	if f.Rate > 0 {
+		f.ErrorRatio = errRate / f.Rate
+	}
+	return f
+}
+
+type machinesData struct {
+	pageData
+	Machines []machines.Listed
+	Pager    pager
+}
+
+func (d *Server) machines(r *http.Request) (any, error) {
+	_, list, err := d.fleetReads(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	v := &machinesData{pageData: pageData{Title: "machines", Scope: "*", At: time.Now()}}
+	var from, to int
+	v.Pager, from, to = paginate(r, len(list), machinesPerPage)
+	v.Machines = list[from:to]
+	return v, nil
+}
+
+// historyRow is one final commit and what it changed from the one before.
+type historyRow struct {
+	ID        string
+	Revision  int64
+	CreatedAt time.Time
+	Note      string
+	Changes   []string
+}
+
+type instanceRow struct {
+	store.InstanceRecord
+	// Aside says, per gateway, why it sends the instance no new request.
+	Aside []string
+}
+
+type routeRow struct {
+	Service  string
+	Hosts    []string
+	Prefixes []string
+}
+
+type serviceTraffic struct {
+	Service  string
+	Figures  store.TrafficFigures
+	Gateways []gatewayTraffic
+	Charts   []chart
+}
+
+type gatewayTraffic struct {
+	Gateway string
+	Figures store.TrafficFigures
+}
+
+type namespaceData struct {
+	pageData
+	Namespace string
+	Live      *store.DeployCommit
+	Latest    *store.DeployStatus
+	Phases    []store.PhaseRecord
+	Counts    *store.Counts
+	History   []historyRow
+	Instances []instanceRow
+	Routes    []routeRow
+	Traffic   []serviceTraffic
+}
+
+func (d *Server) namespace(r *http.Request) (any, error) {
+	ctx := r.Context()
+	ns := r.PathValue("ns")
+	if !store.ValidToken(ns) {
+		return nil, store.Errorf(store.CodeNotFound, "no namespace %q", ns)
+	}
+	v := &namespaceData{pageData: pageData{Title: ns, Scope: ns, At: time.Now()}, Namespace: ns}
+	hist, _, err := d.s.CommitHistory(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	if len(hist) == 0 {
+		return nil, store.Errorf(store.CodeNotFound, "namespace %s has no committed deploy", ns)
+	}
+	v.Live = &hist[len(hist)-1]
+	for i := len(hist) - 1; i >= 0 && len(v.History) < historyShown; i-- {
+		c := &hist[i]
+		row := historyRow{ID: c.ID, Revision: c.Revision, CreatedAt: c.CreatedAt}
+		switch {
+		case c.Destroy:
+			row.Note = "destroy"
+		case c.RollbackOf != "":
+			row.Note = "rollback to " + c.RollbackOf
+		}
+		var prev *store.Manifest
+		if i > 0 {
+			prev = &hist[i-1].Manifest
+		}
+		row.Changes = manifestChanges(prev, &c.Manifest)
+		v.History = append(v.History, row)
+	}
+	var sts []store.DeployStatus
+	err = store.ListJSON(ctx, d.s, d.s.Status, ns+".*", func(_ string, st *store.DeployStatus) error {
+		sts = append(sts, *st)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(sts) > 0 {
+		slices.SortFunc(sts, func(a, b store.DeployStatus) int { return strings.Compare(a.DeployID, b.DeployID) })
+		v.Latest = &sts[len(sts)-1]
+		err = store.ListJSON(ctx, d.s, d.s.Phases, ns+"."+v.Latest.DeployID+".*", func(_ string, p *store.PhaseRecord) error {
+			v.Phases = append(v.Phases, *p)
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		slices.SortFunc(v.Phases, func(a, b store.PhaseRecord) int { return cmp.Compare(a.Index, b.Index) })
+	}
+	sums, _, err := d.fleetReads(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sum := sums[ns]
+	if v.Latest != nil {
+		if c, ok := sum.Deploys[v.Latest.DeployID]; ok {
+			v.Counts = &c
+		}
+	}
+	aside := map[string][]string{}
+	for gw, list := range sum.SetAside {
+		for _, sa := range list {
+			note := gw + ": " + sa.Reason
+			if sa.FailOpen {
+				note += " (served anyway: the service has no other)"
+			}
+			aside[sa.Instance] = append(aside[sa.Instance], note)
+		}
+	}
+	err = store.ListJSON(ctx, d.s, d.s.Instances, ns+".>", func(_ string, in *store.InstanceRecord) error {
+		row := instanceRow{InstanceRecord: *in, Aside: aside[in.ID]}
+		slices.Sort(row.Aside)
+		v.Instances = append(v.Instances, row)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(v.Instances, func(a, b instanceRow) int {
+		return cmp.Or(strings.Compare(a.Service, b.Service), cmp.Compare(a.Slot, b.Slot), strings.Compare(a.ID, b.ID))
+	})
+	for _, svc := range slices.Sorted(maps.Keys(v.Live.Manifest.Services)) {
+		for _, rt := range v.Live.Manifest.Services[svc].Routes {
+			v.Routes = append(v.Routes, routeRow{Service: svc, Hosts: rt.Hosts, Prefixes: rt.PathPrefixes})
+		}
+	}
+	for _, svc := range slices.Sorted(maps.Keys(sum.Traffic)) {
+		t := sum.Traffic[svc]
+		st := serviceTraffic{Service: svc, Figures: t.TrafficFigures, Charts: d.history.charts(ns, svc)}
+		for _, gw := range slices.Sorted(maps.Keys(t.Gateways)) {
+			st.Gateways = append(st.Gateways, gatewayTraffic{Gateway: gw, Figures: t.Gateways[gw]})
+		}
+		v.Traffic = append(v.Traffic, st)
+	}
+	return v, nil
+}
+
+// manifestChanges says what changed from prev to cur, per service and
+// field. Values are not shown: an environment may hold secrets, and the
+// commit itself is a `control deploy history` away.
+func manifestChanges(prev, cur *store.Manifest) []string {
+	if prev == nil {
+		return []string{"first deploy: " + strings.Join(slices.Sorted(maps.Keys(cur.Services)), ", ")}
+	}
+	var out []string
+	for _, svc := range slices.Sorted(maps.Keys(cur.Services)) {
+		old, ok := prev.Services[svc]
+		if !ok {
+			out = append(out, svc+": added")
+			continue
+		}
+		if f := changedFields(old, cur.Services[svc]); len(f) > 0 {
+			out = append(out, svc+": "+strings.Join(f, ", "))
+		}
+	}
+	for _, svc := range slices.Sorted(maps.Keys(prev.Services)) {
+		if _, ok := cur.Services[svc]; !ok {
+			out = append(out, svc+": removed")
+		}
+	}
+	if len(out) == 0 {
+		out = []string{"no change to the manifest"}
+	}
+	return out
+}
+
+// changedFields names the fields of a service spec that differ (env by
+// variable name).
+func changedFields(a, b store.ServiceSpec) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(a.Env)) {
+		if nv, ok := b.Env[k]; !ok {
+			out = append(out, "env "+k+" removed")
+		} else if nv != a.Env[k] {
+			out = append(out, "env "+k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(b.Env)) {
+		if _, ok := a.Env[k]; !ok {
+			out = append(out, "env "+k+" added")
+		}
+	}
+	a.Env, b.Env = nil, nil
+	am, bm := fieldsOf(a), fieldsOf(b)
+	for _, k := range slices.Sorted(maps.Keys(bm)) {
+		if am[k] != bm[k] {
+			out = append(out, k)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(am)) {
+		if _, ok := bm[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// fieldsOf is a spec's JSON fields, each encoded.
+func fieldsOf(s store.ServiceSpec) map[string]string {
+	raw, _ := json.Marshal(s)
+	var m map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &m)
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = string(v)
+	}
+	return out
+}
+
+type machineData struct {
+	pageData
+	Machine   store.MachineRecord
+	Liveness  string
+	LastBeat  time.Time
+	Interval  time.Duration
+	State     *store.MachineState
+	Instances []store.InstanceRecord
+	Mesh      *store.MeshHeartbeat
+	MeshLive  string
+	Direct    int
+}
+
+func (d *Server) machine(r *http.Request) (any, error) {
+	ctx := r.Context()
+	id := r.PathValue("id")
+	if !store.ValidToken(id) {
+		return nil, store.Errorf(store.CodeNotFound, "no machine %q", id)
+	}
+	v := &machineData{pageData: pageData{Title: "machine " + id, Scope: "*", At: time.Now()}}
+	if _, err := store.GetJSON(ctx, d.s.Machines, id, &v.Machine); err != nil {
+		return nil, err
+	}
+	v.Liveness = store.MachineNeverSeen
+	var beat store.MachineBeat
+	if _, err := store.GetJSON(ctx, d.s.MachineBeats, id, &beat); err == nil {
+		v.Liveness, v.LastBeat, v.Interval = beat.Liveness(time.Now()), beat.At, time.Duration(beat.Interval)
+	} else if !store.HasCode(err, store.CodeNotFound) {
+		return nil, err
+	}
+	var st store.MachineState
+	if _, err := store.GetJSON(ctx, d.s.MachineStates, id, &st); err == nil {
+		v.State = &st
+	} else if !store.HasCode(err, store.CodeNotFound) {
+		return nil, err
+	}
+	err := store.ListJSON(ctx, d.s, d.s.Instances, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
+		v.Instances = append(v.Instances, *in)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(v.Instances, func(a, b store.InstanceRecord) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Service, b.Service), cmp.Compare(a.Slot, b.Slot))
+	})
+	var hb store.MeshHeartbeat
+	if _, err := store.GetJSON(ctx, d.s.MeshBeats, store.MeshBeatKey(id), &hb); err == nil {
+		v.Mesh, v.MeshLive = &hb, hb.Liveness(time.Now())
+		v.Direct = max(0, hb.PeersActive-hb.PeersRelayed)
+	} else if !store.HasCode(err, store.CodeNotFound) {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Template helpers.
+var funcs = template.FuncMap{
+	"ago": func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return time.Since(t).Round(time.Second).String() + " ago"
+	},
+	"when": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"pct":  func(f float64) string { return strconv.FormatFloat(100*f, 'f', 2, 64) + "%" },
+	"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"secs": func(s float64) string {
+		if s == 0 {
+			return "-"
+		}
+		return time.Duration(s * float64(time.Second)).Round(100 * time.Microsecond).String()
+	},
+	"dur":  func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+	"join": strings.Join,
+	"get":  func(m map[string]int, k string) int { return m[k] },
+}
