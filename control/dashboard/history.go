@@ -99,6 +99,9 @@ func (h *history) charts(ns, svc string) []chart {
 				cmd = "M"
 			}
 			fmt.Fprintf(&b, "%s%.1f,%.1f ", cmd, max(0, x), y)
+			if len(pts) == 1 { // one point: a short stroke, so it shows
+				fmt.Fprintf(&b, "L%.1f,%.1f ", max(0, x)-4, y)
+			}
 		}
 		c.Path = strings.TrimSpace(b.String())
 		return c

@@ -104,41 +104,55 @@ func (d *Server) render(w http.ResponseWriter, r *http.Request, name string, sta
 	_, _ = w.Write(buf.Bytes())
 }
 
-// readCache keeps the fleet-wide reads every page refresh makes for a
-// moment, so that many open pages refreshing at once read the store once.
+// readCache keeps the fleet-wide reads for a moment, so that many open
+// pages refreshing at once read the store once.
 type readCache struct {
-	mu       sync.Mutex
-	at       time.Time
-	sums     map[string]store.NamespaceStatus
-	machines []machines.Listed
+	mu         sync.Mutex
+	sumsAt     time.Time
+	sums       map[string]store.NamespaceStatus
+	machinesAt time.Time
+	machines   []machines.Listed
 }
 
 const readCacheTTL = time.Second
 
-func (d *Server) fleetReads(ctx context.Context) (map[string]store.NamespaceStatus, []machines.Listed, error) {
+// summaries are every namespace's fleet summary.
+func (d *Server) summaries(ctx context.Context) (map[string]store.NamespaceStatus, error) {
 	c := &d.cache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.at) < readCacheTTL {
-		return c.sums, c.machines, nil
+	if time.Since(c.sumsAt) < readCacheTTL {
+		return c.sums, nil
 	}
 	sums, err := fleet.Read(ctx, d.s)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
+	}
+	c.sumsAt, c.sums = time.Now(), sums
+	return sums, nil
+}
+
+// machineList is every machine with its liveness and state, by ID.
+func (d *Server) machineList(ctx context.Context) ([]machines.Listed, error) {
+	c := &d.cache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.machinesAt) < readCacheTTL {
+		return c.machines, nil
 	}
 	list, err := machines.List(ctx, d.s, false, 0)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	slices.SortFunc(list, func(a, b machines.Listed) int { return strings.Compare(a.ID, b.ID) })
-	c.at, c.sums, c.machines = time.Now(), sums, list
-	return sums, list, nil
+	c.machinesAt, c.machines = time.Now(), list
+	return list, nil
 }
 
 // forget drops the cached reads: a change event means they are old.
 func (c *readCache) forget() {
 	c.mu.Lock()
-	c.at = time.Time{}
+	c.sumsAt, c.machinesAt = time.Time{}, time.Time{}
 	c.mu.Unlock()
 }
 
@@ -183,7 +197,11 @@ const certSoon = 30 * 24 * time.Hour
 func (d *Server) overview(r *http.Request) (any, error) {
 	ctx := r.Context()
 	v := &overviewData{pageData: pageData{Title: "fleet", Scope: "*", At: time.Now()}, Doctor: d.doctor.Load()}
-	sums, list, err := d.fleetReads(ctx)
+	sums, err := d.summaries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := d.machineList(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -277,7 +295,7 @@ type machinesData struct {
 }
 
 func (d *Server) machines(r *http.Request) (any, error) {
-	_, list, err := d.fleetReads(r.Context())
+	list, err := d.machineList(r.Context())
 	if err != nil {
 		return nil, err
 	}
@@ -385,11 +403,10 @@ func (d *Server) namespace(r *http.Request) (any, error) {
 		}
 		slices.SortFunc(v.Phases, func(a, b store.PhaseRecord) int { return cmp.Compare(a.Index, b.Index) })
 	}
-	sums, _, err := d.fleetReads(ctx)
-	if err != nil {
+	var sum store.NamespaceStatus
+	if _, err := store.GetJSON(ctx, d.s.FleetStatus, ns, &sum); err != nil && !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
 	}
-	sum := sums[ns]
 	if v.Latest != nil {
 		if c, ok := sum.Deploys[v.Latest.DeployID]; ok {
 			v.Counts = &c
