@@ -20,18 +20,27 @@ import (
 // the gateways' quantiles. A gateway whose report stops coming is dropped
 // once its report is older than the bucket's TTL.
 
-// serviceID is a namespace and a service.
-type serviceID struct{ namespace, service string }
+// byService is one namespace's counters in a report, by service.
+type byService map[string]store.ServiceTraffic
 
-// gatewayReports are one gateway's last two reports.
+// gatewayReports are one gateway's last two reports, indexed by
+// namespace so that a namespace's summary costs its own services.
 type gatewayReports struct {
 	since      time.Time
 	at, prevAt time.Time
-	cur, prev  map[serviceID]store.ServiceTraffic
-	// namespaces are those cur or aside name.
-	namespaces map[string]bool
+	cur, prev  map[string]byService
 	// aside are the endpoints the gateway sets aside, by namespace.
 	aside map[string][]store.EndpointSetAside
+}
+
+// touchAll marks dirty every namespace g names; a.mu is held.
+func (a *Aggregator) touchAll(g *gatewayReports, now time.Time) {
+	for ns := range g.cur {
+		a.touch(ns, now)
+	}
+	for ns := range g.aside {
+		a.touch(ns, now)
+	}
 }
 
 // trafficReport takes in a gateway's report; a.mu is not held.
@@ -46,21 +55,18 @@ func (a *Aggregator) trafficReport(ent jetstream.KeyValueEntry) {
 		a.dropGateway(key, now)
 		return
 	}
-	g := &gatewayReports{since: rep.Since, at: rep.At, cur: make(map[serviceID]store.ServiceTraffic, len(rep.Services)),
-		namespaces: map[string]bool{}}
+	g := &gatewayReports{since: rep.Since, at: rep.At, cur: map[string]byService{}, aside: map[string][]store.EndpointSetAside{}}
 	for _, s := range rep.Services {
 		if len(s.Latency) != len(store.TrafficLatencyBounds)+1 {
 			continue // another histogram layout: not comparable
 		}
-		g.cur[serviceID{s.Namespace, s.Service}] = s
-		g.namespaces[s.Namespace] = true
+		if g.cur[s.Namespace] == nil {
+			g.cur[s.Namespace] = byService{}
+		}
+		g.cur[s.Namespace][s.Service] = s
 	}
 	for _, sa := range rep.SetAside {
-		if g.aside == nil {
-			g.aside = map[string][]store.EndpointSetAside{}
-		}
 		g.aside[sa.Namespace] = append(g.aside[sa.Namespace], sa)
-		g.namespaces[sa.Namespace] = true
 	}
 	// The previous report is the baseline only while the counters are
 	// the same ones (the gateway did not restart) and it is older.
@@ -68,22 +74,16 @@ func (a *Aggregator) trafficReport(ent jetstream.KeyValueEntry) {
 		g.prev, g.prevAt = old.cur, old.at
 	}
 	if old != nil {
-		for ns := range old.namespaces {
-			a.touch(ns, now)
-		}
+		a.touchAll(old, now)
 	}
-	for ns := range g.namespaces {
-		a.touch(ns, now)
-	}
+	a.touchAll(g, now)
 	a.traffic[key] = g
 }
 
 // dropGateway forgets a gateway's reports; a.mu is held.
 func (a *Aggregator) dropGateway(key string, now time.Time) {
 	if g := a.traffic[key]; g != nil {
-		for ns := range g.namespaces {
-			a.touch(ns, now)
-		}
+		a.touchAll(g, now)
 		delete(a.traffic, key)
 	}
 }
@@ -158,22 +158,16 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 		sum              interval
 		gateways         map[string]store.TrafficFigures
 	}
-	byService := map[string]*acc{}
+	services := map[string]*acc{}
 	for gw, g := range a.traffic {
-		if !g.namespaces[ns] {
-			continue
-		}
-		for id, cur := range g.cur {
-			if id.namespace != ns {
-				continue
-			}
-			s := byService[id.service]
+		for svc, cur := range g.cur[ns] {
+			s := services[svc]
 			if s == nil {
 				s = &acc{gateways: map[string]store.TrafficFigures{}, sum: interval{latency: make([]uint64, len(cur.Latency))}}
-				byService[id.service] = s
+				services[svc] = s
 			}
 			var iv interval
-			if prev, ok := g.prev[id]; ok {
+			if prev, ok := g.prev[ns][svc]; ok {
 				iv = sinceLast(cur, prev, g.at.Sub(g.prevAt))
 			} else if g.prev != nil {
 				// New since the last report: all of it is this interval's.
@@ -193,11 +187,11 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 			s.gateways[gw] = figures(cur.Requests(), cur.Classes[4], cur.Open, iv)
 		}
 	}
-	if len(byService) == 0 {
+	if len(services) == 0 {
 		return nil
 	}
-	out := make(map[string]store.ServiceTrafficStatus, len(byService))
-	for svc, s := range byService {
+	out := make(map[string]store.ServiceTrafficStatus, len(services))
+	for svc, s := range services {
 		fleet := figures(s.requests, s.errors, s.open, s.sum)
 		// The fleet's rate is the sum of the gateways' rates: their
 		// intervals need not line up.

@@ -380,6 +380,29 @@ func TestRoleScopedCredentials(t *testing.T) {
 			t.Fatal("the gateway published a republished heartbeat unrefused")
 		}
 	}
+	// A named gateway writes its own traffic report and no other
+	// gateway's; an agent writes none.
+	gw1NC := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw1"}))
+	gw1Violations := make(chan error, 16)
+	gw1NC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case gw1Violations <- err:
+		default:
+		}
+	})
+	gw1, err := store.Open(ctx, gw1NC, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gw1.PutGatewayTraffic(ctx, &store.GatewayTraffic{Gateway: "gw1", At: time.Now()}); err != nil {
+		t.Fatalf("gateway gw1's own traffic report: %v", err)
+	}
+	refusedOn(gw1Violations, "write gw2's traffic report", "gw2", func(c context.Context) error {
+		return gw1.PutGatewayTraffic(c, &store.GatewayTraffic{Gateway: "gw2", At: time.Now()})
+	})
+	refusedWrite("write a gateway's traffic report", "gw1", func(c context.Context) error {
+		return as.PutGatewayTraffic(c, &store.GatewayTraffic{Gateway: "gw1", At: time.Now()})
+	})
 	// Dashboard login tokens are the control role's alone: no edge role
 	// reads even their hashes, nor plants one.
 	if _, rec, err := store.NewDashboardToken("ops"); err != nil {
