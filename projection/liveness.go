@@ -110,12 +110,12 @@ func (p *Projection) loadBeats(ctx context.Context, st *store.Store) error {
 		return err
 	}
 	for _, e := range entries {
-		b, err := st.MachineBeatFromMsg(&store.StoredMsg{Subject: "$KV." + st.Names.MachineBeatsBucket() + "." + e.Key, Data: e.Value})
-		if err != nil {
+		var b store.MachineBeat
+		if err := store.DecodeKeyed(st.MachineBeats.Bucket(), e.Key, e.Value, &b); err != nil {
 			p.log.Warn("skipping a heartbeat record", zap.Error(err))
 			continue
 		}
-		p.live.observe(b, e.Created)
+		p.live.observe(&b, e.Created)
 	}
 	return nil
 }
