@@ -31,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
+	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/doctor"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -70,6 +71,8 @@ type Server struct {
 	cfg Config
 	log *zap.Logger
 	mux *http.ServeMux
+	// deploys reads deploy history, statuses and phases.
+	deploys *deploy.Deployer
 
 	pages map[string]*template.Template
 
@@ -87,7 +90,8 @@ func New(s *store.Store, cfg Config) (*Server, error) {
 	if cfg.DoctorEvery == 0 {
 		cfg.DoctorEvery = 30 * time.Second
 	}
-	d := &Server{s: s, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{}}
+	d := &Server{s: s, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{},
+		deploys: deploy.New(s, deploy.Options{})}
 	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html")
 	if err != nil {
 		return nil, fmt.Errorf("dashboard templates: %w", err)

@@ -359,7 +359,7 @@ func (d *Server) namespace(r *http.Request) (any, error) {
 		return nil, store.Errorf(store.CodeNotFound, "no namespace %q", ns)
 	}
 	v := &namespaceData{pageData: pageData{Title: ns, Scope: ns, At: time.Now()}, Namespace: ns}
-	hist, _, err := d.s.CommitHistory(ctx, ns)
+	hist, _, err := d.deploys.History(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -383,25 +383,15 @@ func (d *Server) namespace(r *http.Request) (any, error) {
 		row.Changes = manifestChanges(prev, &c.Manifest)
 		v.History = append(v.History, row)
 	}
-	var sts []store.DeployStatus
-	err = store.ListJSON(ctx, d.s, d.s.Status, ns+".*", func(_ string, st *store.DeployStatus) error {
-		sts = append(sts, *st)
-		return nil
-	})
+	sts, err := d.deploys.Statuses(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
 	if len(sts) > 0 {
-		slices.SortFunc(sts, func(a, b store.DeployStatus) int { return strings.Compare(a.DeployID, b.DeployID) })
 		v.Latest = &sts[len(sts)-1]
-		err = store.ListJSON(ctx, d.s, d.s.Phases, ns+"."+v.Latest.DeployID+".*", func(_ string, p *store.PhaseRecord) error {
-			v.Phases = append(v.Phases, *p)
-			return nil
-		})
-		if err != nil {
+		if v.Phases, err = d.deploys.Phases(ctx, ns, v.Latest.DeployID); err != nil {
 			return nil, err
 		}
-		slices.SortFunc(v.Phases, func(a, b store.PhaseRecord) int { return cmp.Compare(a.Index, b.Index) })
 	}
 	var sum store.NamespaceStatus
 	if _, err := store.GetJSON(ctx, d.s.FleetStatus, ns, &sum); err != nil && !store.HasCode(err, store.CodeNotFound) {
@@ -542,9 +532,11 @@ func (d *Server) machine(r *http.Request) (any, error) {
 		return nil, store.Errorf(store.CodeNotFound, "no machine %q", id)
 	}
 	v := &machineData{pageData: pageData{Title: "machine " + id, Scope: "*", At: time.Now()}}
-	if _, err := store.GetJSON(ctx, d.s.Machines, id, &v.Machine); err != nil {
+	rec, err := machines.Get(ctx, d.s, id)
+	if err != nil {
 		return nil, err
 	}
+	v.Machine = *rec
 	v.Liveness = store.MachineNeverSeen
 	var beat store.MachineBeat
 	if _, err := store.GetJSON(ctx, d.s.MachineBeats, id, &beat); err == nil {
@@ -558,7 +550,7 @@ func (d *Server) machine(r *http.Request) (any, error) {
 	} else if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
 	}
-	err := store.ListJSON(ctx, d.s, d.s.Instances, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
+	err = store.ListJSON(ctx, d.s, d.s.Instances, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
 		v.Instances = append(v.Instances, *in)
 		return nil
 	})
