@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,7 +19,7 @@ import (
 type fleetView struct {
 	Namespaces []namespaceView `json:"namespaces"`
 	Machines   machinesView    `json:"machines"`
-	Gateways   []gatewayView   `json:"gateways"`
+	Gateways   []fleet.Gateway `json:"gateways"`
 	RoutingSeq uint64          `json:"routing_seq"`
 	At         time.Time       `json:"at"`
 }
@@ -46,13 +45,6 @@ type machinesView struct {
 	NotFresh []string `json:"not_fresh,omitempty"`
 }
 
-type gatewayView struct {
-	Gateway    string `json:"gateway"`
-	AppliedSeq uint64 `json:"applied_seq"`
-	Lag        uint64 `json:"lag"`
-	Stale      bool   `json:"stale,omitempty"`
-}
-
 func setupStatus(*flag.FlagSet) func(*call) error {
 	return func(c *call) error {
 		return c.withStore(func(s *store.Store) error {
@@ -66,7 +58,7 @@ func setupStatus(*flag.FlagSet) func(*call) error {
 }
 
 func readFleet(ctx context.Context, s *store.Store) (*fleetView, error) {
-	v := &fleetView{At: time.Now().UTC(), Namespaces: []namespaceView{}, Gateways: []gatewayView{}}
+	v := &fleetView{At: time.Now().UTC(), Namespaces: []namespaceView{}}
 	sums, err := fleet.Read(ctx, s)
 	if err != nil {
 		return nil, err
@@ -101,23 +93,7 @@ func readFleet(ctx context.Context, s *store.Store) (*fleetView, error) {
 			v.Machines.NotFresh = append(v.Machines.NotFresh, what+")")
 		}
 	}
-	info, err := s.Routing.Info(ctx)
-	if err != nil {
-		return nil, store.Classify(fmt.Errorf("reading the routing stream: %w", err))
-	}
-	v.RoutingSeq = info.State.LastSeq
-	err = store.ListJSON(ctx, s, s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
-		if time.Since(g.At) >= store.GatewayObservationTTL {
-			return nil
-		}
-		gv := gatewayView{Gateway: g.Gateway, AppliedSeq: g.AppliedSeq, Stale: g.Stale}
-		if v.RoutingSeq > g.AppliedSeq {
-			gv.Lag = v.RoutingSeq - g.AppliedSeq
-		}
-		v.Gateways = append(v.Gateways, gv)
-		return nil
-	})
-	slices.SortFunc(v.Gateways, func(a, b gatewayView) int { return strings.Compare(a.Gateway, b.Gateway) })
+	v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, s)
 	return v, err
 }
 

@@ -5,7 +5,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"fmt"
 	"html/template"
 	"maps"
 	"net/http"
@@ -167,14 +166,6 @@ type nsRow struct {
 	Services  int
 }
 
-type gatewayRow struct {
-	Name       string
-	AppliedSeq uint64
-	Lag        uint64
-	Stale      bool
-	Age        time.Duration
-}
-
 type overviewData struct {
 	pageData
 	Namespaces []nsRow
@@ -185,7 +176,7 @@ type overviewData struct {
 		NotFresh []machines.Listed
 		More     int
 	}
-	Gateways   []gatewayRow
+	Gateways   []fleet.Gateway
 	RoutingSeq uint64
 	Certs      []certs.Status
 	Doctor     *doctor.Report
@@ -234,27 +225,9 @@ func (d *Server) overview(r *http.Request) (any, error) {
 			}
 		}
 	}
-	info, err := d.s.Routing.Info(ctx)
-	if err != nil {
-		return nil, store.Classify(fmt.Errorf("reading the routing stream: %w", err))
-	}
-	v.RoutingSeq = info.State.LastSeq
-	err = store.ListJSON(ctx, d.s, d.s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
-		age := time.Since(g.At)
-		if age >= store.GatewayObservationTTL {
-			return nil
-		}
-		row := gatewayRow{Name: g.Gateway, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age}
-		if v.RoutingSeq > g.AppliedSeq {
-			row.Lag = v.RoutingSeq - g.AppliedSeq
-		}
-		v.Gateways = append(v.Gateways, row)
-		return nil
-	})
-	if err != nil {
+	if v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, d.s); err != nil {
 		return nil, err
 	}
-	slices.SortFunc(v.Gateways, func(a, b gatewayRow) int { return strings.Compare(a.Name, b.Name) })
 	cs, err := certs.ListStatus(ctx, d.s)
 	if err != nil {
 		return nil, err

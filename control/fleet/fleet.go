@@ -560,3 +560,40 @@ func (a *Aggregator) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leading)
 }
+
+// Gateway is a gateway reporting now: the routing sequence it applied,
+// how far behind the routing stream's head that is, and whether it serves
+// a view it knows may be behind.
+type Gateway struct {
+	Gateway    string `json:"gateway"`
+	AppliedSeq uint64 `json:"applied_seq"`
+	Lag        uint64 `json:"lag"`
+	Stale      bool   `json:"stale,omitempty"`
+	// Age is how old its last report is.
+	Age time.Duration `json:"-"`
+}
+
+// Gateways returns the routing stream's head and the gateways whose
+// report has not aged out, by name.
+func Gateways(ctx context.Context, s *store.Store) (head uint64, gws []Gateway, err error) {
+	info, err := s.Routing.Info(ctx)
+	if err != nil {
+		return 0, nil, store.Classify(fmt.Errorf("reading the routing stream: %w", err))
+	}
+	head = info.State.LastSeq
+	gws = []Gateway{}
+	err = store.ListJSON(ctx, s, s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
+		age := time.Since(g.At)
+		if age >= store.GatewayObservationTTL {
+			return nil
+		}
+		gw := Gateway{Gateway: g.Gateway, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age}
+		if head > g.AppliedSeq {
+			gw.Lag = head - g.AppliedSeq
+		}
+		gws = append(gws, gw)
+		return nil
+	})
+	slices.SortFunc(gws, func(a, b Gateway) int { return strings.Compare(a.Gateway, b.Gateway) })
+	return head, gws, err
+}
