@@ -149,28 +149,36 @@ func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyh
 		body = &countingBody{ReadCloser: r.Body}
 		r.Body = body
 	}
-	err := h.ServeHTTP(tw, r, next)
-	c.open.Add(-1)
-	status, headersAt := tw.status, tw.headersAt
-	if err != nil {
-		// Caddy writes the error response after the handler returns.
-		status = http.StatusInternalServerError
-		var herr caddyhttp.HandlerError
-		if errors.As(err, &herr) && herr.StatusCode != 0 {
-			status = herr.StatusCode
+	var err error
+	// Deferred: the proxy aborts a response it cannot finish (an upstream
+	// that dropped mid-body) with panic(http.ErrAbortHandler), which must
+	// neither leave the request open nor go uncounted.
+	defer func() {
+		c.open.Add(-1)
+		status, headersAt := tw.status, tw.headersAt
+		if err != nil && status == 0 {
+			// Caddy writes the error response after the handler returns
+			// (once headers went out, the client saw those, and they
+			// count).
+			status = http.StatusInternalServerError
+			var herr caddyhttp.HandlerError
+			if errors.As(err, &herr) && herr.StatusCode != 0 {
+				status = herr.StatusCode
+			}
 		}
-	}
-	if status == 0 {
-		status = http.StatusOK // nothing written: an empty 200
-	}
-	if headersAt.IsZero() {
-		headersAt = time.Now()
-	}
-	var in int64
-	if body != nil {
-		in = body.n
-	}
-	c.observe(status, headersAt.Sub(start), in, tw.bytes)
+		if status == 0 {
+			status = http.StatusOK // nothing written: an empty 200
+		}
+		if headersAt.IsZero() {
+			headersAt = time.Now()
+		}
+		var in int64
+		if body != nil {
+			in = body.n
+		}
+		c.observe(status, headersAt.Sub(start), in, tw.bytes)
+	}()
+	err = h.ServeHTTP(tw, r, next)
 	return err
 }
 

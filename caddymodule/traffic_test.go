@@ -21,6 +21,13 @@ func statusBackend(t *testing.T) storetest.Instance {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/cut" {
+			// The response begins, then the connection drops.
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, "01234")
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}
 		if c, ok := strings.CutPrefix(r.URL.Path, "/status/"); ok {
 			code, _ := strconv.Atoi(c)
 			w.WriteHeader(code)
@@ -68,23 +75,33 @@ func TestTrafficPerService(t *testing.T) {
 		send("shop.test", http.MethodPost, "/status/500", "abcde")
 	}
 	send("shop.test", http.MethodGet, "/status/404", "")
+	// A response cut after its headers counts as what the client was
+	// told: 200.
+	send("shop.test", http.MethodGet, "/cut", "")
 	if code := send("api.shop.test", http.MethodGet, "/", ""); code != http.StatusBadGateway {
 		t.Fatalf("a dead upstream answered %d", code)
 	}
 	send("nope.test", http.MethodGet, "/", "")
 
-	code, body := f.adminGet("/metrics")
-	if code != 200 {
-		t.Fatalf("metrics: %d", code)
-	}
+	// The cut response ends at the gateway a moment after its client
+	// sees it end.
+	var body []byte
+	storetest.Eventually(t, 5*time.Second, "every request counted and none open", func() bool {
+		var code int
+		code, body = f.adminGet("/metrics")
+		if code != 200 {
+			t.Fatalf("metrics: %d", code)
+		}
+		return strings.Contains(string(body), `edgeplane_service_open_requests{namespace="shop",service="web"} 0`)
+	})
 	for _, want := range []string{
-		`edgeplane_service_requests_total{code_class="2xx",namespace="shop",service="web"} 7`,
+		`edgeplane_service_requests_total{code_class="2xx",namespace="shop",service="web"} 8`,
 		`edgeplane_service_requests_total{code_class="5xx",namespace="shop",service="web"} 3`,
 		`edgeplane_service_requests_total{code_class="4xx",namespace="shop",service="web"} 1`,
 		`edgeplane_service_requests_total{code_class="5xx",namespace="shop",service="api"} 1`,
 		`edgeplane_service_request_bytes_total{namespace="shop",service="web"} 15`,
-		`edgeplane_service_response_bytes_total{namespace="shop",service="web"} 110`,
-		`edgeplane_service_request_duration_seconds_count{namespace="shop",service="web"} 11`,
+		`edgeplane_service_response_bytes_total{namespace="shop",service="web"} 115`,
+		`edgeplane_service_request_duration_seconds_count{namespace="shop",service="web"} 12`,
 		`edgeplane_service_open_requests{namespace="shop",service="web"} 0`,
 	} {
 		if !strings.Contains(string(body), want) {
@@ -111,7 +128,7 @@ func TestTrafficPerService(t *testing.T) {
 	})
 	// Busiest first.
 	web := rep.Services[0]
-	if got := fmt.Sprint(web.Namespace, "/", web.Service, " ", web.Classes, " ", web.BytesIn, " ", web.BytesOut); got != "shop/web [0 7 0 1 3] 15 110" {
+	if got := fmt.Sprint(web.Namespace, "/", web.Service, " ", web.Classes, " ", web.BytesIn, " ", web.BytesOut); got != "shop/web [0 8 0 1 3] 15 115" {
 		t.Errorf("web in the report: %s", got)
 	}
 	if rep.Since.IsZero() || rep.At.Before(rep.Since) {
