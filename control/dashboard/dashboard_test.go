@@ -191,3 +191,25 @@ func TestHistoryCharts(t *testing.T) {
 		t.Errorf("%d points after an hour", n)
 	}
 }
+
+// With the store gone, a page says so (503 and why), and nothing is
+// rendered half.
+func TestPagesWithoutTheStore(t *testing.T) {
+	srv := storetest.Start(t)
+	d, err := New(srv.Store, Config{DoctorEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(d)
+	t.Cleanup(hs.Close)
+	if code, _, _ := get(t, hs, "GET", "/", nil, nil); code != http.StatusOK {
+		t.Fatalf("overview with the store up: %d", code)
+	}
+	srv.NATS.Shutdown()
+	srv.NATS.WaitForShutdown()
+	d.cache.forget()
+	code, body, _ := get(t, hs, "GET", "/", nil, nil)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `id="error"`) || strings.Contains(body, `id="namespaces"`) {
+		t.Fatalf("overview with the store gone: %d %.300s", code, body)
+	}
+}
