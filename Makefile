@@ -6,20 +6,30 @@
 
 GO       ?= go
 BIN      ?= bin
+DIST     ?= dist
+# VERSION is what the binaries report (control version, meshd version, the
+# agent's heartbeat) and the packages' version: make build VERSION=1.4.0.
+VERSION  ?= 0.0.0-dev
+LDFLAGS  := -X github.com/edgeplane/edgeplane/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
-.PHONY: up down build image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh deps-test
+.PHONY: up down build package image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh deps-test
 
 # ENGINE builds the example image: docker if it answers, else podman.
 ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
 
 build:
 	mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/control ./control
-	$(GO) build -o $(BIN)/caddy ./caddymodule/cmd/caddy
-	$(GO) build -o $(BIN)/meshd ./meshd
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/control ./control
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/caddy ./caddymodule/cmd/caddy
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/meshd ./meshd
 	$(GO) build -o $(BIN)/edgeplane-dns ./dnsproj/cmd/edgeplane-dns
 	$(GO) build -o $(BIN)/hello ./examples/hello
+
+# Debian packages of control, the gateway and meshd, with their systemd
+# units, into $(DIST) (packaging/, README "Install on a box").
+package: build
+	$(GO) run ./packaging/build --bin $(BIN) --out $(DIST) --version $(VERSION)
 
 # The example app as an image (examples/hello-image.yaml runs it):
 # localhost/edgeplane-hello:latest, FROM scratch with a static hello.

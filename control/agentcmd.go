@@ -26,6 +26,7 @@ import (
 func setupAgent(fs *flag.FlagSet) func(*call) error {
 	data := fs.String("data", "", "agent data dir: identity, instance state and logs (required)")
 	join := fs.String("join", "", "invite `TOKEN` from 'control machine invite'; needed once")
+	joinOnly := fs.Bool("join-only", false, "with --join: redeem the invite, save the identity (and enrolled credentials) in --data and exit, for a service that starts the agent later")
 	machine := fs.String("machine", "", "machine ID (default: the hostname)")
 	advertise := fs.String("advertise", "", "IP instances listen on and are reached at (default: the saved one, else this machine's mesh IP, else 127.0.0.1)")
 	o := agentOptions{}
@@ -42,6 +43,9 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 		if *data == "" {
 			return usagef("--data is required")
 		}
+		if *joinOnly && *join == "" {
+			return usagef("--join-only needs --join TOKEN")
+		}
 		logger, err := lf.logger(c)
 		if err != nil {
 			return err
@@ -57,6 +61,10 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 			}
 			if err != nil {
 				return err
+			}
+			if *joinOnly {
+				fmt.Fprintf(c.stdout, "machine %s (%s) joined; its identity is in %s\n", rec.ID, rec.Address, *data)
+				return nil
 			}
 			fmt.Fprintf(c.stdout, "agent for machine %s (%s) serving; instances survive this process\n", rec.ID, rec.Address)
 			o.dir = *data

@@ -92,6 +92,8 @@ var commands = []command{
 
 	{name: "creds issue", synopsis: "--role ROLE --data DIR -o FILE", summary: "issue role-scoped NATS credentials (on a storage node)",
 		setup: setupCredsIssue},
+	{name: "version", summary: "this binary's version, architecture and Go version",
+		setup: setupVersion},
 	{name: "creds revoke", synopsis: "--user-creds FILE | --user UKEY", summary: "refuse a user's credentials on every storage node from now on",
 		client: reads, setup: setupCredsRevoke},
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/internal/logging"
+	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -31,6 +32,7 @@ commands:
   run     --data DIR [--nats URL] [--creds FILE] [--metrics ADDR] [--stun HOST:PORT,...] [intervals]
   status  --data DIR [-o json]
   leave   --data DIR [--purge] [--nats URL] [--creds FILE]
+  version
 
 --creds is a NATS credentials file with mesh credentials for this machine
 (` + "`control creds issue --role mesh --machine ID -o FILE`" + ` on a storage node);
@@ -68,6 +70,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return cmdStatus(ctx, args[1:], stdout, stderr)
 	case "leave":
 		return cmdLeave(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version.String("meshd"))
+		return nil
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
