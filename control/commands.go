@@ -38,6 +38,11 @@ var commands = []command{
 	{name: "deploy destroy", synopsis: "NS", summary: "retire a namespace: stop its instances, remove its routing, release its hosts",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupDeployDestroy},
 
+	{name: "release push", synopsis: "VERSION --bin DIR | --control FILE [--caddy FILE] [--meshd FILE]", summary: "store a version of the fleet's own binaries, signed, for machines to upgrade to",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupReleasePush},
+	{name: "release ls", aliases: []string{"release list"}, summary: "pushed releases: version, architecture, binaries (each record verified)",
+		client: reads, setup: setupReleaseList},
+
 	{name: "status", summary: "the fleet at a glance: namespaces with their revision and instance counts, machines by liveness, gateways and their lag",
 		client: reads, setup: setupStatus},
 	{name: "doctor", synopsis: "[--gateway URL] [--dns ADDR]", summary: "read every layer and say where they disagree; exit 0 when coherent",

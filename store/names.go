@@ -108,6 +108,12 @@ func (n Names) DashboardTokensBucket() string { return "cp_dashboard_tokens_" + 
 // (GatewayTraffic): an observation with a short bucket TTL, never truth.
 func (n Names) GatewayTrafficBucket() string { return "cp_gateway_traffic_" + n.Authority }
 
+// ReleasesBucket holds the signed release records (ReleaseRecord).
+func (n Names) ReleasesBucket() string { return "cp_releases_" + n.Authority }
+
+// ReleaseBinariesStore is the object store of the releases' binaries.
+func (n Names) ReleaseBinariesStore() string { return "cp_release_bins_" + n.Authority }
+
 // ObservationBuckets hold live observations (gateway progress, heartbeats,
 // drift reports): never truth, rebuilt by their writers, so never carried
 // from one store to another.

@@ -164,6 +164,9 @@ type Store struct {
 	GatewayTraffic jetstream.KeyValue
 	// DashboardTokens holds the dashboard's login tokens, hashed.
 	DashboardTokens jetstream.KeyValue
+	// Releases holds the signed release records; their binaries are in
+	// the object store ReleaseBinariesStore.
+	Releases jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
 
@@ -300,6 +303,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.GatewayTraffic, names.GatewayTrafficBucket(), 1, 256*mib, 1*mib),
 		bucket(&s.DashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
+		bucket(&s.Releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
@@ -397,8 +401,20 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		}
 		*b.dst = kv
 	}
+	// The releases' binaries: written by control clients, read by direct
+	// gets (FetchReleaseBinary), so Open does not bind it.
+	if _, err := s.JS.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket: names.ReleaseBinariesStore(), Description: "the fleet's own binaries, per release and architecture",
+		Replicas: r, MaxBytes: ReleaseStoreMaxBytes,
+	}); err != nil {
+		return nil, classify(fmt.Errorf("provisioning the release object store: %w", err))
+	}
 	return s, nil
 }
+
+// ReleaseStoreMaxBytes bounds the release object store: about forty
+// releases of three ~50 MB binaries for two architectures.
+const ReleaseStoreMaxBytes = 16 * gib
 
 // Open binds to streams and buckets that a server already provisioned. It
 // fails with a clear error if they are missing.

@@ -5,6 +5,7 @@ package version
 
 import (
 	"fmt"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -31,6 +32,10 @@ type Parsed struct {
 	Pre                 string
 }
 
+// preRe is what a prerelease may hold: it becomes part of NATS subjects
+// and file names.
+var preRe = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z-]*$`)
+
 // Parse reads a release version. "dev" and anything that is not
 // MAJOR.MINOR.PATCH[-PRE] are refused: a release must say where it stands.
 func Parse(v string) (Parsed, error) {
@@ -48,7 +53,7 @@ func Parse(v string) (Parsed, error) {
 		}
 		n[i] = x
 	}
-	if strings.ContainsAny(pre, " /\\") || (pre == "" && strings.HasSuffix(s, "-")) {
+	if (pre == "" && strings.HasSuffix(s, "-")) || (pre != "" && !preRe.MatchString(pre)) {
 		return Parsed{}, fmt.Errorf("version %q: bad prerelease %q", v, pre)
 	}
 	return Parsed{Major: n[0], Minor: n[1], Patch: n[2], Pre: pre}, nil

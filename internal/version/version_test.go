@@ -26,7 +26,7 @@ func TestOrder(t *testing.T) {
 }
 
 func TestParseRefuses(t *testing.T) {
-	for _, v := range []string{"", "dev", "1.2", "1.2.3.4", "1.x.3", "01.2.3", "1.2.3-", "1.2.3-a/b", "-1.2.3"} {
+	for _, v := range []string{"", "dev", "1.2", "1.2.3.4", "1.x.3", "01.2.3", "1.2.3-", "1.2.3-a/b", "-1.2.3", "1.2.3-rc.1", "1.2.3-*", "1.2.3->"} {
 		if _, err := Parse(v); err == nil {
 			t.Errorf("Parse(%q) accepted", v)
 		}

@@ -621,6 +621,10 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		writeKV(n.MachineBeatsBucket(), machine)
 		// Its peer record is signed: the certificates to verify it.
 		readKV(n.SignersBucket())
+		// Releases to upgrade this box to: the signed records and the
+		// binaries' chunks, read by direct gets; never written.
+		readKV(n.ReleasesBucket())
+		read("OBJ_" + n.ReleaseBinariesStore())
 		// Its own RPC subject, and requests on its own machine's subjects:
 		// admission (the control plane redeems the invite and writes the
 		// machine record) and routing republish (an agent publishes no

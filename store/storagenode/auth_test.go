@@ -1,8 +1,10 @@
 package storagenode_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/signing/signers"
@@ -423,6 +426,57 @@ func TestRoleScopedCredentials(t *testing.T) {
 			return err
 		})
 	}
+	// Releases: an agent reads the signed records and fetches the
+	// binaries to upgrade its box, and cannot push one, even holding a
+	// signer's key, nor change a stored binary's bytes.
+	if err := cs.PushRelease(ctx, &store.ReleaseRecord{Release: "1.2.0", Arch: "linux/amd64"},
+		map[string]io.Reader{"control": strings.NewReader("#!/bin/sh\n")}); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := as.Release(ctx, "1.2.0", "linux/amd64")
+	if err != nil {
+		t.Fatalf("agent reads a release: %v", err)
+	}
+	var fetched bytes.Buffer
+	if err := as.FetchReleaseBinary(ctx, rel, "control", &fetched); err != nil || fetched.String() != "#!/bin/sh\n" {
+		t.Fatalf("agent fetches a release binary: %q, %v", fetched.String(), err)
+	}
+	refusedWrite("write a release record", store.ReleaseKey("9.9.9", "linux/amd64"), func(c context.Context) error {
+		_, err := as.Releases.Put(c, store.ReleaseKey("9.9.9", "linux/amd64"), []byte(`{"version":1}`))
+		return err
+	})
+	for what, push := range map[string]func(context.Context) error{
+		"push a release": func(c context.Context) error {
+			return as.PushRelease(c, &store.ReleaseRecord{Release: "9.9.9", Arch: "linux/amd64"}, map[string]io.Reader{"control": strings.NewReader("evil")})
+		},
+		"overwrite a release binary": func(c context.Context) error {
+			obs, err := as.JS.ObjectStore(c, names.ReleaseBinariesStore())
+			if err != nil {
+				return err
+			}
+			_, err = obs.Put(c, jetstream.ObjectMeta{Name: rel.Binaries["control"].Object}, strings.NewReader("evil"))
+			return err
+		},
+	} {
+		c, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := push(c)
+		cancel()
+		if err == nil {
+			t.Fatalf("agent credentials could %s", what)
+		}
+	}
+	fetched.Reset()
+	if err := as.FetchReleaseBinary(ctx, rel, "control", &fetched); err != nil || fetched.String() != "#!/bin/sh\n" {
+		t.Fatalf("after the attempts, the release binary reads %q, %v", fetched.String(), err)
+	}
+	if _, err := as.Release(ctx, "9.9.9", "linux/amd64"); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("a release the agent pushed exists: %v", err)
+	}
+	// Gateways and meshd have no business with releases.
+	refusedOn(gwViolations, "read a release", "KV_"+names.ReleasesBucket(), func(c context.Context) error {
+		_, err := gs.Release(c, "1.2.0", "linux/amd64")
+		return err
+	})
 	// Mesh credentials write only their own heartbeat.
 	ms, err := store.Open(ctx, connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleMesh, Machine: "m1"})), names)
 	if err != nil {

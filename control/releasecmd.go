@@ -1,0 +1,105 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/edgeplane/edgeplane/internal/version"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+func setupReleasePush(fs *flag.FlagSet) func(*call) error {
+	arch := fs.String("arch", version.Arch(), "GOOS/GOARCH the binaries are built for")
+	bin := fs.String("bin", "", "dir holding the binaries (control, caddy, meshd; those present are pushed), as make build writes them")
+	files := map[string]*string{}
+	for _, name := range store.ReleaseBinaryNames {
+		files[name] = fs.String(name, "", "the "+name+" binary `FILE` (instead of --bin)")
+	}
+	notes := fs.String("notes", "", "a line about the release, shown by release ls")
+	return func(c *call) error {
+		rel := c.args[0]
+		if _, err := version.Parse(rel); err != nil {
+			return usagef("%v", err)
+		}
+		paths := map[string]string{}
+		for name, f := range files {
+			switch {
+			case *f != "":
+				paths[name] = *f
+			case *bin != "":
+				p := filepath.Join(*bin, name)
+				if _, err := os.Stat(p); err == nil {
+					paths[name] = p
+				}
+			}
+		}
+		if len(paths) == 0 {
+			return usagef("nothing to push: give --bin DIR or --control/--caddy/--meshd FILE")
+		}
+		readers := map[string]io.Reader{}
+		for name, p := range paths {
+			f, err := os.Open(p)
+			if err != nil {
+				return store.Errorf(store.CodeInvalid, "%v", err).With("binary", name)
+			}
+			defer f.Close()
+			readers[name] = f
+		}
+		return c.withStore(func(s *store.Store) error {
+			r := &store.ReleaseRecord{Release: rel, Arch: *arch, Notes: *notes}
+			if err := s.PushRelease(c.ctx, r, readers); err != nil {
+				return err
+			}
+			return c.out.emit(r, func(w io.Writer) {
+				fmt.Fprintf(w, "release %s for %s pushed, signed:\n", r.Release, r.Arch)
+				printReleaseBinaries(w, r)
+			})
+		})
+	}
+}
+
+func printReleaseBinaries(w io.Writer, r *store.ReleaseRecord) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, name := range store.ReleaseBinaryNames {
+		if b, ok := r.Binaries[name]; ok {
+			fmt.Fprintf(tw, "  %s\t%d bytes\tsha256 %s\n", name, b.Size, b.SHA256)
+		}
+	}
+	tw.Flush()
+}
+
+func setupReleaseList(*flag.FlagSet) func(*call) error {
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error {
+			good, bad, err := s.ListReleases(c.ctx)
+			if err != nil {
+				return err
+			}
+			for _, e := range bad {
+				fmt.Fprintf(c.stderr, "refused: %v\n", e)
+			}
+			if good == nil {
+				good = []store.ReleaseRecord{}
+			}
+			return c.out.emit(good, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "RELEASE\tARCH\tBINARIES\tPUSHED\tNOTES")
+				for _, r := range good {
+					var names []string
+					for _, n := range store.ReleaseBinaryNames {
+						if _, ok := r.Binaries[n]; ok {
+							names = append(names, n)
+						}
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Release, r.Arch, strings.Join(names, ","), r.PushedAt.Format("2006-01-02 15:04:05Z"), dash(r.Notes))
+				}
+				tw.Flush()
+			})
+		})
+	}
+}
