@@ -76,7 +76,9 @@ func ValidateRelease(release, arch string) error {
 	return nil
 }
 
-func (s *Store) releaseSubject(key string) string { return "$KV." + s.Names.ReleasesBucket() + "." + key }
+func (s *Store) releaseSubject(key string) string {
+	return "$KV." + s.Names.ReleasesBucket() + "." + key
+}
 
 // PushRelease stores bins (name to reader) as release rel.Release for
 // rel.Arch and then writes rel, signed, naming each with its size and
