@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,8 +19,11 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/control/enroll"
+	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/control/upgrade"
 	"github.com/edgeplane/edgeplane/internal/metricsserver"
+	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -46,6 +51,27 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 		if *joinOnly && *join == "" {
 			return usagef("--join-only needs --join TOKEN")
 		}
+		// Which binary runs this agent: the release the machine upgraded
+		// to, or the previous one after a failed trial (control/upgrade).
+		releases, self, trial := upgrade.Dir(""), "", (*upgrade.Trial)(nil)
+		if !*joinOnly {
+			var next string
+			var err error
+			releases = upgrade.ForData(*data)
+			if self, err = ownBinary(); err != nil {
+				return err
+			}
+			launched := os.Getenv(upgrade.LaunchedEnv) != ""
+			os.Unsetenv(upgrade.LaunchedEnv)
+			if next, trial, err = releases.Launch(self, launched); err != nil {
+				return fmt.Errorf("agent releases: %w", err)
+			}
+			if next != "" {
+				return execAgent(next, true)
+			}
+			// A test build can make one release fail at start.
+			failpoint.Hit("agent_start@" + version.Version)
+		}
 		logger, err := lf.logger(c)
 		if err != nil {
 			return err
@@ -54,7 +80,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 		if err := enrollBox(c, *join, *machine, *data, *enrollAt); err != nil {
 			return err
 		}
-		return c.withStore(func(s *store.Store) error {
+		err = c.withStore(func(s *store.Store) error {
 			rec, err := agent.Identify(c.ctx, s, agent.JoinRequest{DataDir: *data, Token: *join, Machine: *machine, Advertise: *advertise})
 			if errors.Is(err, agent.ErrBadAdvertise) {
 				return usagef("--advertise %q is not an IP address", *advertise)
@@ -80,9 +106,52 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 				stopFollow()
 				<-followed
 			}()
+			o.releases, o.self, o.trial = releases, self, trial
 			return runAgent(c.ctx, s, rec, o, logger)
 		})
+		if re, ok := agent.IsRestart(err); ok {
+			logger.Info("agent restarting", zap.String("binary", re.Path), zap.String("reason", re.Reason))
+			_ = logger.Sync()
+			return execAgent(re.Path, false)
+		}
+		return err
 	}
+}
+
+// ownBinary is this process's binary, symlinks resolved.
+func ownBinary() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("agent binary: %w", err)
+	}
+	return filepath.EvalSymlinks(self)
+}
+
+// execAgent goes on as the agent binary path, in this process (same PID:
+// a supervisor sees no exit, instances keep their parent), with this
+// process's arguments except an invite, which is good once. launched
+// marks an exec by Launch (upgrade.LaunchedEnv).
+func execAgent(path string, launched bool) error {
+	args := []string{path}
+	for i := 1; i < len(os.Args); i++ {
+		a := os.Args[i]
+		switch {
+		case a == "--join" || a == "-join":
+			i++
+			continue
+		case strings.HasPrefix(a, "--join=") || strings.HasPrefix(a, "-join="):
+			continue
+		}
+		args = append(args, a)
+	}
+	env := os.Environ()
+	if launched {
+		env = append(env, upgrade.LaunchedEnv+"=1")
+	}
+	if err := syscall.Exec(path, args, env); err != nil {
+		return fmt.Errorf("restarting the agent as %s: %w", path, err)
+	}
+	return nil
 }
 
 // agentOptions are an agent's settings from its command line.
@@ -94,6 +163,9 @@ type agentOptions struct {
 	metricsListen                     string
 	engine                            string
 	beat                              time.Duration
+	releases                          upgrade.Dir
+	self                              string
+	trial                             *upgrade.Trial
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
@@ -109,6 +181,7 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 		Store: s, Machine: *rec, DataDir: o.dir, Driver: &runtime.Process{}, Containers: ctr,
 		Logger: logger, MaxInstances: o.maxInstances, StopGrace: o.stopGrace,
 		RestartBackoff: o.restartBackoff, RestartBackoffMax: o.restartBackoffMax, BeatInterval: o.beat,
+		Releases: o.releases, Self: o.self, Trial: o.trial,
 	})
 	if err != nil {
 		return err

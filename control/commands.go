@@ -43,6 +43,11 @@ var commands = []command{
 	{name: "release ls", aliases: []string{"release list"}, summary: "pushed releases: version, architecture, binaries (each record verified)",
 		client: reads, setup: setupReleaseList},
 
+	{name: "fleet upgrade", synopsis: "VERSION [--canary 1] [--batch N] [--max-unavailable 1] [--health-bound 60s]", summary: "move every machine's agent to a pushed release: canaries, then batches; a machine whose new release is sick rolls back by itself and the rollout stops",
+		client: reads, minArgs: 1, maxArgs: 1, setup: setupFleetUpgrade},
+	{name: "fleet versions", summary: "machines by the release their agent runs, with upgrades that did not end confirmed",
+		client: reads, setup: setupFleetVersions},
+
 	{name: "status", summary: "the fleet at a glance: namespaces with their revision and instance counts, machines by liveness, gateways and their lag",
 		client: reads, setup: setupStatus},
 	{name: "doctor", synopsis: "[--gateway URL] [--dns ADDR]", summary: "read every layer and say where they disagree; exit 0 when coherent",

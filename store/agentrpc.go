@@ -20,6 +20,8 @@ const (
 	CmdRestart      = "command.restart"
 	CmdStop         = "command.stop"
 	CmdForceCleanup = "command.force_cleanup"
+	// CmdUpgrade moves the machine's agent to another release.
+	CmdUpgrade = "command.upgrade"
 )
 
 // CapacityRequest asks a machine for its live capacity.
@@ -170,4 +172,40 @@ type RepublishRequest struct {
 // upsert; 0 when the live commit no longer has the service.
 type RepublishReply struct {
 	Seq uint64 `json:"seq,omitempty"`
+}
+
+// UpgradeRequest tells a machine's agent to move to Release: fetch and
+// verify its binary, restart into it, and keep it only if it passes its
+// health gate within HealthBound. Attempt guards the generation like a
+// leased command's: an older attempt than one seen is refused as stale.
+type UpgradeRequest struct {
+	Release string `json:"release"`
+	Rollout string `json:"rollout,omitempty"`
+	Attempt int    `json:"attempt"`
+	// AllowDowngrade lets Release be older than what runs.
+	AllowDowngrade bool     `json:"allow_downgrade,omitempty"`
+	HealthBound    Duration `json:"health_bound"`
+}
+
+// UpgradeReply says what the agent did: Restarting when it is about to
+// restart into the new release (its outcome comes in its machine state),
+// or Detail when there was nothing to do.
+type UpgradeReply struct {
+	Attempt    int    `json:"attempt"`
+	From       string `json:"from"`
+	To         string `json:"to"`
+	Restarting bool   `json:"restarting,omitempty"`
+	Detail     string `json:"detail,omitempty"`
+}
+
+// UpgradeStatus is a machine's latest upgrade as its agent reports it in
+// its MachineState.
+type UpgradeStatus struct {
+	Rollout string    `json:"rollout,omitempty"`
+	Attempt int       `json:"attempt"`
+	From    string    `json:"from"`
+	To      string    `json:"to"`
+	State   string    `json:"state"`
+	Reason  string    `json:"reason,omitempty"`
+	At      time.Time `json:"at"`
 }

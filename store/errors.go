@@ -34,7 +34,10 @@ const (
 	// holds no signing key.
 	CodeSigningKeyRequired = "signing_key_required"
 	CodeStale              = "stale"
-	CodeInternal           = "internal"
+	// CodeUpgradeFailed: a machine's upgrade failed and the fleet upgrade
+	// stopped there (the machine rolled back by itself).
+	CodeUpgradeFailed = "upgrade_failed"
+	CodeInternal      = "internal"
 	// CodeUnauthorized refuses a login (a dashboard token) that is not
 	// known, or not any more.
 	CodeUnauthorized = "unauthorized"

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/edgeplane/edgeplane/internal/version"
 )
 
 // Machine observations, split by how often they change: the MachineRecord is the
@@ -28,7 +30,12 @@ type MachineState struct {
 	// Restarts counts restarts since the agent started.
 	Restarts  uint64    `json:"restarts,omitempty"`
 	StartedAt time.Time `json:"started_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	// Release is the agent's version (control version), Arch its
+	// GOOS/GOARCH; Upgrade its latest upgrade, if any.
+	Release   string         `json:"release,omitempty"`
+	Arch      string         `json:"arch,omitempty"`
+	Upgrade   *UpgradeStatus `json:"upgrade,omitempty"`
+	UpdatedAt time.Time      `json:"updated_at"`
 }
 
 func (r *MachineState) version() int { return r.Version }
@@ -43,6 +50,8 @@ type MachineBeat struct {
 	Machine  string    `json:"machine"`
 	At       time.Time `json:"at"`
 	Interval Duration  `json:"interval"`
+	// Release is the version of the agent that beats.
+	Release string `json:"release,omitempty"`
 }
 
 func (r *MachineBeat) version() int { return r.Version }
@@ -104,7 +113,7 @@ func (s *Store) MachineBeatFromMsg(sm *StoredMsg) (*MachineBeat, error) {
 // PutMachineBeat records that machine's agent is alive now and beats every
 // interval.
 func (s *Store) PutMachineBeat(ctx context.Context, machine string, interval time.Duration) error {
-	_, err := PutJSON(ctx, s.MachineBeats, machine, &MachineBeat{Version: RecordVersion, Machine: machine, At: time.Now().UTC(), Interval: Duration(interval)})
+	_, err := PutJSON(ctx, s.MachineBeats, machine, &MachineBeat{Version: RecordVersion, Machine: machine, At: time.Now().UTC(), Interval: Duration(interval), Release: version.Version})
 	if err != nil {
 		return fmt.Errorf("heartbeat of %s: %w", machine, err)
 	}

@@ -26,6 +26,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/control/upgrade"
+	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -56,6 +58,13 @@ type Config struct {
 	// RestartBackoffMax (with jitter); defaults 1s and 5m. An instance
 	// that stayed up for RestartBackoffMax starts over from RestartBackoff.
 	RestartBackoff, RestartBackoffMax time.Duration
+	// Releases is the release dir the agent upgrades itself in; Self its
+	// own binary (the previous one of an upgrade); Trial the upgrade this
+	// start belongs to, from upgrade.Dir.Launch (nil: none). Without
+	// Releases the agent refuses upgrades.
+	Releases upgrade.Dir
+	Self     string
+	Trial    *upgrade.Trial
 }
 
 // Agent serves one machine.
@@ -106,6 +115,16 @@ type Agent struct {
 	logMu sync.Mutex
 	// logSizes samples each instance's output size (see logs.go).
 	logSizes map[string][]logSample
+
+	// observed is set once a heartbeat and machine state were written.
+	observed atomic.Bool
+	// upgradeStatus is the latest upgrade, reported in the machine state.
+	upgradeStatus atomic.Pointer[store.UpgradeStatus]
+	// upgradeMu makes one upgrade at a time.
+	upgradeMu sync.Mutex
+	// cancelRun ends Run; restartInto, when set, is why (guarded by mu).
+	cancelRun   context.CancelFunc
+	restartInto *RestartError
 }
 
 // instance is a running instance and what the agent persists about it.
@@ -178,18 +197,27 @@ func New(cfg Config) (*Agent, error) {
 		}
 	}
 	log := cfg.Logger.With(zap.String("machine", cfg.Machine.ID))
-	return &Agent{
+	a := &Agent{
 		cfg: cfg, log: log,
 		instances: map[string]*instance{}, attempts: map[string]int{},
 		republish: newRepublishQueue(filepath.Join(cfg.DataDir, "republish-pending.json")),
 		logSizes:  map[string][]logSample{}, stateKick: make(chan struct{}, 1),
 		quit: make(chan struct{}),
-	}, nil
+	}
+	if t := cfg.Trial; t != nil {
+		a.upgradeStatus.Store(&store.UpgradeStatus{Rollout: t.Rollout, Attempt: t.Attempt, From: t.From, To: t.To, State: t.State, Reason: t.Reason, At: t.At})
+		// An upgrade's attempt stays refused as stale after the restart.
+		a.attempts["upgrade"] = t.Attempt
+	}
+	return a, nil
 }
 
 // Run adopts persisted instances, then answers RPCs until ctx ends. Instances
 // keep running after Run returns.
 func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.locked(func() { a.cancelRun = cancel })
 	if err := a.republish.load(); err != nil {
 		a.log.Warn("ignoring unreadable pending republishes", zap.String("file", a.republish.path), zap.Error(err))
 	}
@@ -214,13 +242,42 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent %s: %w", a.cfg.Machine.ID, err)
 	}
-	a.log.Info("agent serving", zap.String("subject", names.NodeListenSubject(a.cfg.Machine.ID)), zap.Int("instances", a.count()))
+	a.log.Info("agent serving", zap.String("subject", names.NodeListenSubject(a.cfg.Machine.ID)), zap.Int("instances", a.count()),
+		zap.String("release", version.Version))
+	if t := a.cfg.Trial; t != nil && t.State == upgrade.StateTrial {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.gate(ctx, t)
+		}()
+	}
 	<-ctx.Done()
-	stop()
-	close(a.quit)
-	a.wg.Wait()
-	return nil
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		stop()
+		close(a.quit)
+		a.wg.Wait()
+	}()
+	var restart *RestartError
+	a.locked(func() { restart = a.restartInto })
+	if restart == nil {
+		<-finished
+		return nil
+	}
+	// Going on as another binary (this process is replaced): a request
+	// that hangs, which may be why the release is rolled back, must not
+	// keep it from happening.
+	select {
+	case <-finished:
+	case <-time.After(restartWait):
+		a.log.Warn("requests still under way at the restart; restarting anyway", zap.Duration("waited", restartWait))
+	}
+	return restart
 }
+
+// restartWait bounds how long a restart waits for requests under way.
+const restartWait = 2 * time.Second
 
 // locked runs f holding mu; a panic in f releases it.
 func (a *Agent) locked(f func()) {

@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -39,6 +40,7 @@ func (a *Agent) observe(ctx context.Context) {
 		err := a.cfg.Store.PutMachineState(wctx, st)
 		if err == nil {
 			written = st
+			a.observed.Store(true)
 		}
 		note(err)
 	}
@@ -77,7 +79,7 @@ func (a *Agent) machineState(started time.Time) *store.MachineState {
 	defer a.mu.Unlock()
 	st := &store.MachineState{Machine: a.cfg.Machine.ID, Instances: len(a.instances), ByState: map[string]int{},
 		Capacity: a.cfg.MaxInstances, Free: max(0, a.cfg.MaxInstances-len(a.instances)), Drivers: a.drivers(),
-		Restarts: a.restarts.Load(), StartedAt: started}
+		Restarts: a.restarts.Load(), StartedAt: started, Release: version.Version, Arch: version.Arch(), Upgrade: a.upgradeStatus.Load()}
 	for _, inst := range a.instances {
 		st.ByState[inst.Record.State]++
 	}
@@ -86,5 +88,5 @@ func (a *Agent) machineState(started time.Time) *store.MachineState {
 
 func sameState(a, b *store.MachineState) bool {
 	return a.Instances == b.Instances && a.Free == b.Free && a.Capacity == b.Capacity && a.Restarts == b.Restarts &&
-		maps.Equal(a.ByState, b.ByState) && slices.Equal(a.Drivers, b.Drivers)
+		maps.Equal(a.ByState, b.ByState) && slices.Equal(a.Drivers, b.Drivers) && a.Upgrade == b.Upgrade
 }

@@ -6,13 +6,17 @@ import (
 	"errors"
 	"sort"
 
+	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/control/runtime"
+	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
 
 // handle answers one RPC on the machine's subject (store.Serve calls it,
 // recovering a panic into an internal error).
 func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, error) {
+	// A test build can make one release stop answering.
+	failpoint.Hit("agent_rpc@" + version.Version)
 	switch command {
 	case store.CmdCapacity:
 		return a.capacity(), nil
@@ -60,6 +64,12 @@ func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, e
 			return nil, err
 		}
 		return a.leased(ctx, command, req)
+	case store.CmdUpgrade:
+		var req store.UpgradeRequest
+		if err := decode(command, data, &req); err != nil {
+			return nil, err
+		}
+		return a.upgradeTo(ctx, req)
 	}
 	return nil, store.Errorf(store.CodeInvalid, "unknown command %q", command).With("command", command)
 }

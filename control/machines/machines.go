@@ -123,6 +123,11 @@ type Listed struct {
 	Instances int      `json:"instances"`
 	Free      int      `json:"free"`
 	Drivers   []string `json:"drivers,omitempty"`
+	// Release and Arch are the agent's version and GOOS/GOARCH; Upgrade
+	// its latest upgrade (from its state).
+	Release string               `json:"release,omitempty"`
+	Arch    string               `json:"arch,omitempty"`
+	Upgrade *store.UpgradeStatus `json:"upgrade,omitempty"`
 	// Probed is set when the machine was asked just now; Reachable, RTT
 	// and Problem say how that went.
 	Probed    bool   `json:"probed,omitempty"`
@@ -159,6 +164,10 @@ func List(ctx context.Context, s *store.Store, probe bool, timeout time.Duration
 		l.Liveness = b.Liveness(now)
 		if st, ok := states[l.ID]; ok {
 			l.Instances, l.Free, l.Drivers = st.Instances, st.Free, st.Drivers
+			l.Release, l.Arch, l.Upgrade = st.Release, st.Arch, st.Upgrade
+		}
+		if l.Release == "" && b != nil {
+			l.Release = b.Release
 		}
 	}
 	if !probe {

@@ -1,0 +1,198 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/control/upgrade"
+	"github.com/edgeplane/edgeplane/internal/version"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// RestartError is what Run returns when the agent is to go on as another
+// binary: a release it upgraded to, or the previous one after a failed
+// trial. Its caller flushes what it holds and execs Path in this process,
+// so a supervisor (systemd) sees no exit and the instances keep their
+// parent.
+type RestartError struct {
+	Path   string
+	Reason string
+}
+
+func (e *RestartError) Error() string { return "agent restarting into " + e.Path + ": " + e.Reason }
+
+// DefaultHealthBound is how long a new release has to pass its health gate
+// when the request names no bound.
+const DefaultHealthBound = 60 * time.Second
+
+// requestRestart ends Run with a RestartError into path, once every request
+// under way (this one's reply included) has been answered.
+func (a *Agent) requestRestart(path, reason string) {
+	a.mu.Lock()
+	if a.restartInto == nil {
+		a.restartInto = &RestartError{Path: path, Reason: reason}
+	}
+	cancel := a.cancelRun
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// upgradeTo stages req.Release, verified, starts its trial and restarts
+// into it after answering.
+func (a *Agent) upgradeTo(ctx context.Context, req store.UpgradeRequest) (*store.UpgradeReply, error) {
+	if last, ok := a.takeAttempt("upgrade", req.Attempt); !ok {
+		return nil, store.Errorf(store.CodeStale, "upgrade attempt %d is older than attempt %d", req.Attempt, last)
+	}
+	cur := version.Version
+	rep := &store.UpgradeReply{Attempt: req.Attempt, From: cur, To: req.Release}
+	if _, err := version.Parse(req.Release); err != nil {
+		return nil, store.Errorf(store.CodeInvalid, "%v", err)
+	}
+	if req.Release == cur {
+		rep.Detail = "already running " + cur
+		return rep, nil
+	}
+	if version.Older(req.Release, cur) && !req.AllowDowngrade {
+		return nil, store.Errorf(store.CodeConflict, "release %s is older than %s, which machine %s runs; going back needs the operator to say so (--allow-downgrade)",
+			req.Release, cur, a.cfg.Machine.ID).With("reason", "downgrade").With("running", cur).With("release", req.Release)
+	}
+	if a.cfg.Releases == "" {
+		return nil, store.Errorf(store.CodeInvalid, "machine %s's agent has no release dir: it cannot upgrade itself", a.cfg.Machine.ID)
+	}
+	if !a.upgradeMu.TryLock() {
+		return nil, store.Errorf(store.CodeBusy, "machine %s is upgrading already", a.cfg.Machine.ID)
+	}
+	defer a.upgradeMu.Unlock()
+	rel, err := a.cfg.Store.Release(ctx, req.Release, version.Arch())
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := rel.Binaries["control"]; !ok {
+		return nil, store.Errorf(store.CodeNotFound, "release %s for %s has no control binary", req.Release, version.Arch())
+	}
+	path, err := a.cfg.Releases.Stage(req.Release, func(w io.Writer) error {
+		return a.cfg.Store.FetchReleaseBinary(ctx, rel, "control", w)
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The signed digest says these are the bytes the operator pushed;
+	// the binary itself must say it is the release it was pushed as.
+	out, err := exec.CommandContext(ctx, path, "version").Output()
+	if want := "control " + req.Release + " "; err != nil || !strings.HasPrefix(string(out), want) {
+		return nil, store.Errorf(store.CodeInvalid, "the control binary of release %s reports %q (%v), not %q", req.Release, strings.TrimSpace(string(out)), err, strings.TrimSpace(want))
+	}
+	bound := time.Duration(req.HealthBound)
+	if bound <= 0 {
+		bound = DefaultHealthBound
+	}
+	now := time.Now().UTC()
+	t := &upgrade.Trial{Rollout: req.Rollout, Attempt: req.Attempt, From: cur, FromPath: a.cfg.Self, To: req.Release, ToPath: path,
+		ReadyBefore: a.readyCount(), Started: now, Deadline: now.Add(bound)}
+	if err := a.cfg.Releases.Begin(t); err != nil {
+		return nil, fmt.Errorf("starting the upgrade to %s: %w", req.Release, err)
+	}
+	a.log.Info("upgrading: restarting into the new release", zap.String("from", cur), zap.String("to", req.Release), zap.Duration("health_bound", bound))
+	a.requestRestart(path, "upgrade to "+req.Release)
+	rep.Restarting = true
+	return rep, nil
+}
+
+func (a *Agent) readyCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, inst := range a.instances {
+		if inst.Record.State == store.InstanceReady {
+			n++
+		}
+	}
+	return n
+}
+
+// setUpgrade makes t the upgrade the machine state reports.
+func (a *Agent) setUpgrade(t *upgrade.Trial) {
+	if t == nil {
+		return
+	}
+	st := &store.UpgradeStatus{Rollout: t.Rollout, Attempt: t.Attempt, From: t.From, To: t.To, State: t.State, Reason: t.Reason, At: t.At}
+	a.upgradeStatus.Store(st)
+	a.kickState()
+}
+
+// gate is the health gate of a release on trial: within the trial's
+// deadline this agent must have written its heartbeat and state, answer
+// an RPC sent to its own subject, and have as many instances ready as
+// there were when the upgrade began. It confirms the release, or rolls it
+// back and restarts into the previous binary, saying which check failed.
+func (a *Agent) gate(ctx context.Context, t *upgrade.Trial) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(time.Until(t.Deadline))
+	defer deadline.Stop()
+	failing := "not checked yet"
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			reason := fmt.Sprintf("release %s did not pass its health gate within %s: %s", t.To, t.Deadline.Sub(t.Started).Round(time.Second), failing)
+			a.log.Error("upgrade failed: rolling back", zap.String("release", t.To), zap.String("reason", reason))
+			path, err := a.cfg.Releases.RollBack(t, reason)
+			if err != nil {
+				a.log.Error("rolling back", zap.Error(err))
+				return
+			}
+			a.setUpgrade(t)
+			a.requestRestart(path, "rollback from "+t.To)
+			return
+		case <-tick.C:
+			failing = a.healthProblem(ctx, t)
+			if failing != "" {
+				continue
+			}
+			if err := a.cfg.Releases.Confirm(t); err != nil {
+				a.log.Error("confirming the upgrade", zap.Error(err))
+				failing = err.Error()
+				continue
+			}
+			a.log.Info("upgrade confirmed", zap.String("release", t.To), zap.Duration("after", time.Since(t.Started)))
+			a.setUpgrade(t)
+			return
+		}
+	}
+}
+
+// healthProblem is what keeps the release on trial from passing; "" when
+// nothing does.
+func (a *Agent) healthProblem(ctx context.Context, t *upgrade.Trial) string {
+	if !a.observed.Load() {
+		return "its heartbeat and machine state were not written"
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var rep store.CapacityReply
+	if err := a.cfg.Store.Call(cctx, a.cfg.Machine.ID, store.CmdCapacity, store.CapacityRequest{}, &rep); err != nil {
+		return "it does not answer its RPCs: " + err.Error()
+	}
+	if n := a.readyCount(); n < t.ReadyBefore {
+		return fmt.Sprintf("%d instances ready, %d were before the upgrade", n, t.ReadyBefore)
+	}
+	return ""
+}
+
+// IsRestart reports whether err asks to restart, and into what.
+func IsRestart(err error) (*RestartError, bool) {
+	var re *RestartError
+	ok := errors.As(err, &re)
+	return re, ok
+}

@@ -1,0 +1,275 @@
+// Package upgrade moves a machine's agent onto another release of the
+// control binary and back, on the machine itself: the release dir under the
+// agent's data dir, the trial an upgrade starts in, and the rules a
+// starting agent follows to run the right binary.
+//
+// The package's binary (/usr/bin/control) is never written: under systemd
+// it is read-only, and a package upgrade owns it. Releases are staged in
+// DATA/releases/<version>/control, and DATA/releases/current, a symlink
+// swapped atomically, names the one to run. Every start of `control agent`
+// begins with Launch: it follows current (exec), counts the starts of a
+// release on trial, and rolls back to the previous binary when a release on
+// trial starts a second time without having been found healthy: it exited
+// or was killed before its health gate passed. The health gate itself runs
+// in the new agent (Confirm or RollBack before its deadline), so a release
+// that hangs rolls back as well.
+package upgrade
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// States of an upgrade on a machine.
+const (
+	// StateTrial: the new release runs (or is starting) and has not passed
+	// its health gate yet.
+	StateTrial = "trial"
+	// StateConfirmed: it passed; it is what this machine runs from now on.
+	StateConfirmed = "confirmed"
+	// StateRolledBack: it failed; the previous binary runs again.
+	StateRolledBack = "rolled_back"
+)
+
+// LaunchedEnv marks a process that Launch exec'd, so that its own Launch
+// does not count the same start twice.
+const LaunchedEnv = "EDGEPLANE_AGENT_LAUNCHED"
+
+// Trial is the record of the latest upgrade of this machine
+// (DATA/releases/upgrade.json).
+type Trial struct {
+	Rollout string `json:"rollout,omitempty"`
+	Attempt int    `json:"attempt"`
+	// From and FromPath are the release that ran before and its binary;
+	// To and ToPath the new one.
+	From     string `json:"from"`
+	FromPath string `json:"from_path"`
+	To       string `json:"to"`
+	ToPath   string `json:"to_path"`
+	// ReadyBefore is how many instances were ready when the upgrade
+	// began: the new agent must have them ready again.
+	ReadyBefore int       `json:"ready_before"`
+	Started     time.Time `json:"started"`
+	Deadline    time.Time `json:"deadline"`
+	// Boots counts starts of the new release while on trial.
+	Boots  int       `json:"boots"`
+	State  string    `json:"state"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// Dir is a machine's release dir.
+type Dir string
+
+// ForData is the release dir of an agent data dir.
+func ForData(data string) Dir { return Dir(filepath.Join(data, "releases")) }
+
+func (d Dir) trialPath() string   { return filepath.Join(string(d), "upgrade.json") }
+func (d Dir) currentPath() string { return filepath.Join(string(d), "current") }
+
+// BinaryPath is where release ver's control binary is staged.
+func (d Dir) BinaryPath(ver string) string { return filepath.Join(string(d), ver, "control") }
+
+// Load reads the latest upgrade; nil when there never was one.
+func (d Dir) Load() (*Trial, error) {
+	b, err := os.ReadFile(d.trialPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var t Trial
+	if err := json.Unmarshal(b, &t); err != nil {
+		return nil, fmt.Errorf("reading %s: %w", d.trialPath(), err)
+	}
+	return &t, nil
+}
+
+func (d Dir) save(t *Trial) error {
+	t.At = time.Now().UTC()
+	b, err := json.MarshalIndent(t, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(d.trialPath(), b, 0o600)
+}
+
+// Current is the binary current names, resolved; "" when there is none
+// (the installed binary runs).
+func (d Dir) Current() (string, error) {
+	target, err := os.Readlink(d.currentPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(string(d), target)
+	}
+	return target, nil
+}
+
+// point makes current name bin, atomically; "" removes it.
+func (d Dir) point(bin string) error {
+	if bin == "" || !strings.HasPrefix(bin, string(d)+string(filepath.Separator)) {
+		// A binary outside the release dir is the installed one, which
+		// runs when current names nothing.
+		if err := os.Remove(d.currentPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	rel, err := filepath.Rel(string(d), bin)
+	if err != nil {
+		return err
+	}
+	tmp := d.currentPath() + ".tmp"
+	_ = os.Remove(tmp)
+	if err := os.Symlink(rel, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, d.currentPath()); err != nil {
+		return err
+	}
+	return syncDir(string(d))
+}
+
+// Stage writes release ver's binary, as fetch writes it, into the release
+// dir, executable, and returns its path. fetch must verify what it wrote
+// (size, digest); the file is only put in place once it returned nil.
+func (d Dir) Stage(ver string, fetch func(io.Writer) error) (string, error) {
+	path := d.BinaryPath(ver)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".control-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(f.Name())
+	if err := fetch(f); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Chmod(0o755); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return "", err
+	}
+	if err := f.Close(); err != nil {
+		return "", err
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return "", err
+	}
+	return path, syncDir(filepath.Dir(path))
+}
+
+// Begin records t as the upgrade on trial and points current at its
+// binary. The caller then restarts into t.ToPath.
+func (d Dir) Begin(t *Trial) error {
+	t.State, t.Boots, t.Reason = StateTrial, 0, ""
+	if err := d.save(t); err != nil {
+		return err
+	}
+	return d.point(t.ToPath)
+}
+
+// Confirm ends the trial: the new release stays.
+func (d Dir) Confirm(t *Trial) error {
+	t.State, t.Reason = StateConfirmed, ""
+	return d.save(t)
+}
+
+// RollBack ends the trial in failure: current names the previous binary
+// again, whose path is returned for the caller to restart into.
+func (d Dir) RollBack(t *Trial, reason string) (string, error) {
+	t.State, t.Reason = StateRolledBack, reason
+	if err := d.point(t.FromPath); err != nil {
+		return "", err
+	}
+	if err := d.save(t); err != nil {
+		return "", err
+	}
+	return t.FromPath, nil
+}
+
+// Launch decides what binary this start of the agent runs. self is this
+// process's binary; launched is whether Launch of another process exec'd it
+// (LaunchedEnv). It returns the binary to exec instead of going on, or ""
+// to go on in this process, and the trial on way (nil if none).
+func (d Dir) Launch(self string, launched bool) (execPath string, trial *Trial, err error) {
+	t, err := d.Load()
+	if err != nil {
+		return "", nil, err
+	}
+	if t != nil && t.State == StateTrial && !launched {
+		t.Boots++
+		if t.Boots > 1 {
+			// It started before and ended without passing its health
+			// gate (an exit, a crash, a kill): back to the previous one.
+			if _, err := d.RollBack(t, fmt.Sprintf("release %s ended before it passed its health gate (start %d)", t.To, t.Boots)); err != nil {
+				return "", t, err
+			}
+		} else if err := d.save(t); err != nil {
+			return "", t, err
+		}
+	}
+	cur, err := d.Current()
+	if err != nil {
+		return "", t, err
+	}
+	if cur == "" || sameFile(cur, self) {
+		return "", t, nil
+	}
+	if _, err := os.Stat(cur); err != nil {
+		// A current that names nothing runnable is no reason not to run.
+		return "", t, nil
+	}
+	return cur, t, nil
+}
+
+func sameFile(a, b string) bool {
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
+}
+
+func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, mode); err != nil {
+		return err
+	}
+	f, err := os.Open(tmp)
+	if err == nil {
+		_ = f.Sync()
+		f.Close()
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}

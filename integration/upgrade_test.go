@@ -1,0 +1,318 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
+)
+
+// buildControlVersion builds the control binary (with failpoints, like
+// bins.control) reporting version v.
+func buildControlVersion(t *testing.T, dir, v string) string {
+	t.Helper()
+	out := filepath.Join(dir, "control-"+v)
+	cmd := exec.Command("go", "build", "-tags", "failpoints", "-ldflags", "-X github.com/edgeplane/edgeplane/internal/version.Version="+v, "-o", out, "../control")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building control %s: %v\n%s", v, err, b)
+	}
+	return out
+}
+
+// supervised runs a command as systemd's Restart=always would: started
+// again a second after it exits, until the test ends. Its output, across
+// restarts, is kept.
+type supervised struct {
+	name string
+	mu   sync.Mutex
+	out  bytes.Buffer
+	cmd  *exec.Cmd
+	runs int
+	stop chan struct{}
+	done chan struct{}
+}
+
+func (p *supervised) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.Write(b)
+}
+
+func (p *supervised) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+func supervise(t *testing.T, name string, env []string, bin string, args ...string) *supervised {
+	t.Helper()
+	p := &supervised{name: name, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for {
+			cmd := exec.Command(bin, args...)
+			cmd.Env = append(os.Environ(), env...)
+			cmd.Stdout, cmd.Stderr = p, p
+			if err := cmd.Start(); err != nil {
+				fmt.Fprintf(p, "supervisor: starting %s: %v\n", bin, err)
+				return
+			}
+			p.mu.Lock()
+			p.cmd, p.runs = cmd, p.runs+1
+			p.mu.Unlock()
+			err := cmd.Wait()
+			fmt.Fprintf(p, "supervisor: %s exited: %v\n", name, err)
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(p.stop)
+		p.mu.Lock()
+		cmd := p.cmd
+		p.mu.Unlock()
+		if cmd != nil && cmd.Process != nil {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+		}
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("%s did not stop within 15 s of SIGTERM", name)
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("--- %s output ---\n%s", name, p.output())
+		}
+	})
+	return p
+}
+
+func (p *supervised) waitOutput(t *testing.T, re string, timeout time.Duration) {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(timeout)
+	for !rx.MatchString(p.output()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not print %q within %s:\n%s", p.name, re, timeout, p.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *supervised) pids() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.runs
+}
+
+// fleetVersions reads `control fleet versions -o json` as machine →
+// listing.
+func (c *cluster) fleetVersions() map[string]machines.Listed {
+	c.t.Helper()
+	var groups []struct {
+		Release  string            `json:"release"`
+		Machines []machines.Listed `json:"machines"`
+	}
+	out := c.mustControl("fleet", "versions", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &groups); err != nil {
+		c.t.Fatalf("fleet versions: %v\n%s", err, out)
+	}
+	by := map[string]machines.Listed{}
+	for _, g := range groups {
+		for _, m := range g.Machines {
+			by[m.ID] = m
+		}
+	}
+	return by
+}
+
+const upgradeApp = `
+namespace: shop
+services:
+  web:
+    command: ["@HELLO@"]
+    replicas: @N@
+    readiness: {path: /healthz, timeout: 10s}
+    routes: [{hosts: [shop.example.com]}]
+`
+
+// A fleet of real agents, started as systemd would start them (the
+// installed binary, restarted when it exits), moves from 1.0.0 to 1.1.0:
+// the canary first, then batches, the instances serving through the
+// gateway under load all along. Then a release whose agent exits at start,
+// and one that stops answering RPCs: each canary rolls itself back and the
+// rollout stops, the rest of the fleet untouched. Downgrades and releases
+// not signed under the trust root are refused by the agents themselves.
+func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
+	n := 5
+	if v, err := strconv.Atoi(os.Getenv("EDGEPLANE_UPGRADE_MACHINES")); err == nil && v > 0 {
+		n = v
+	}
+	dir := t.TempDir()
+	installed := buildControlVersion(t, dir, "1.0.0")
+	next := buildControlVersion(t, dir, "1.1.0")
+	exits := buildControlVersion(t, dir, "1.2.0")
+	hangs := buildControlVersion(t, dir, "1.3.0")
+
+	c := newCluster(t)
+	for v, bin := range map[string]string{"1.0.0": installed, "1.1.0": next, "1.2.0": exits, "1.3.0": hangs} {
+		c.mustControl("release", "push", v, "--control", bin, "--notes", "test build "+v)
+	}
+	ls := c.mustControl("release", "ls")
+	for _, v := range []string{"1.0.0", "1.1.0", "1.2.0", "1.3.0"} {
+		if !strings.Contains(ls, v) {
+			t.Fatalf("release ls lacks %s:\n%s", v, ls)
+		}
+	}
+	// 1.2.0's agent exits at start; 1.3.0's answers no RPC.
+	env := []string{"EDGEPLANE_FAILPOINTS=agent_start@1.2.0,agent_rpc@1.3.0:pause"}
+	agents := map[string]*supervised{}
+	var ids []string
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("u%02d", i)
+		ids = append(ids, id)
+		token := strings.TrimSpace(c.mustControl("machine", "invite"))
+		data := c.agentDir(id)
+		join := exec.Command(installed, "agent", "--data", data, "--join", token, "--join-only", "--machine", id)
+		join.Env = append(os.Environ(), c.natsEnv(storagenode.RoleAgent, id)...)
+		if out, err := join.CombinedOutput(); err != nil || !strings.Contains(string(out), "joined") {
+			t.Fatalf("join %s: %v\n%s", id, err, out)
+		}
+		agents[id] = supervise(t, "agent "+id, append(c.natsEnv(storagenode.RoleAgent, id), env...), installed,
+			"agent", "--data", data, "--heartbeat", "1s", "--stop-grace", "2s")
+	}
+	for _, id := range ids {
+		agents[id].waitOutput(t, `agent serving`, 30*time.Second)
+	}
+	gw := c.startGateway("gw1")
+	c.mustControl("deploy", "apply", "-f", c.manifest("app.yaml", strings.ReplaceAll(upgradeApp, "@N@", strconv.Itoa(n))), "--drain-grace", "200ms")
+	before := map[string]bool{}
+	for _, in := range c.instances("shop") {
+		before[in.ID+"@"+in.Machine] = true
+	}
+	eventually(t, 20*time.Second, "every machine reporting 1.0.0", func() bool {
+		v := c.fleetVersions()
+		for _, id := range ids {
+			if v[id].Release != "1.0.0" || v[id].Arch == "" {
+				return false
+			}
+		}
+		return true
+	})
+
+	stop := make(chan struct{})
+	l, wg := gw.runLoad("shop.example.com", 8, stop)
+	startUp := time.Now()
+	out := c.mustControl("fleet", "upgrade", "1.1.0", "--canary", "1", "--batch", "2", "--max-unavailable", "2", "--health-bound", "30s")
+	took := time.Since(startUp)
+	time.Sleep(500 * time.Millisecond) // the load goes on past the last restart
+	close(stop)
+	wg.Wait()
+	t.Logf("rolling upgrade of %d agents 1.0.0 → 1.1.0 in %s under load: %d requests, %d failed\n%s", n, took.Round(time.Millisecond), l.ok.Load(), l.failed.Load(), out)
+	if l.failed.Load() != 0 || l.ok.Load() < 100 {
+		t.Fatalf("upgrade under load: %d ok, %d failed: %v", l.ok.Load(), l.failed.Load(), l.errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if !strings.HasPrefix(lines[0], "upgrading") || !strings.Contains(lines[0], ids[0]) || !strings.Contains(lines[0], "canary") ||
+		!strings.HasPrefix(lines[1], "upgraded") || !strings.Contains(lines[1], ids[0]) {
+		t.Fatalf("the canary did not go first and alone:\n%s", out)
+	}
+	if got := strings.Count(out, "\nupgraded "); got+boolInt(strings.HasPrefix(out, "upgraded ")) != n {
+		t.Fatalf("%d of %d machines upgraded:\n%s", got, n, out)
+	}
+	v := c.fleetVersions()
+	for _, id := range ids {
+		if v[id].Release != "1.1.0" || v[id].Upgrade == nil || v[id].Upgrade.State != "confirmed" {
+			t.Fatalf("machine %s after the rollout: %+v", id, v[id])
+		}
+		// In place: the same process (exec), the binary in the release dir.
+		if agents[id].pids() != 1 {
+			t.Fatalf("agent %s was started %d times: an upgrade is an exec, not an exit", id, agents[id].pids())
+		}
+	}
+	// Instances were adopted, not replaced.
+	for _, in := range c.instances("shop") {
+		if !before[in.ID+"@"+in.Machine] || in.State != store.InstanceReady {
+			t.Fatalf("instance %s on %s after the upgrade: state %s (new: %v)", in.ID, in.Machine, in.State, !before[in.ID+"@"+in.Machine])
+		}
+	}
+
+	// Sick releases: the canary rolls back by itself within the health
+	// bound (+10 s), the rollout stops, nobody else is touched.
+	for _, sick := range []struct{ release, why string }{
+		{"1.2.0", "ended before it passed its health gate"},
+		{"1.3.0", "does not answer its RPCs"},
+	} {
+		const bound = 8 * time.Second
+		start := time.Now()
+		out, errOut, code := c.control("fleet", "upgrade", sick.release, "--canary", "1", "--health-bound", bound.String())
+		back := time.Since(start)
+		t.Logf("sick release %s: canary back on 1.1.0 and reported after %s (goal ≤ bound %s + 10 s)\n%s%s", sick.release, back.Round(time.Millisecond), bound, out, errOut)
+		if code == 0 || !strings.Contains(errOut, "upgrade_failed") || !strings.Contains(errOut, ids[0]) || !strings.Contains(errOut, sick.why) {
+			t.Fatalf("rollout of %s: exit %d\n%s%s", sick.release, code, out, errOut)
+		}
+		if back > bound+10*time.Second {
+			t.Fatalf("the canary took %s to roll back (bound %s)", back, bound)
+		}
+		v := c.fleetVersions()
+		if u := v[ids[0]].Upgrade; v[ids[0]].Release != "1.1.0" || u == nil || u.State != "rolled_back" || u.To != sick.release {
+			t.Fatalf("canary after %s: %+v %+v", sick.release, v[ids[0]], u)
+		}
+		for _, id := range ids[1:] {
+			if u := v[id].Upgrade; v[id].Release != "1.1.0" || u == nil || u.To != "1.1.0" {
+				t.Fatalf("machine %s was touched by the failed rollout of %s: %+v", id, sick.release, v[id])
+			}
+		}
+	}
+	if !strings.Contains(agents[ids[0]].output(), "failpoint agent_start@1.2.0: exiting") {
+		t.Fatalf("1.2.0 did not exit at start:\n%s", agents[ids[0]].output())
+	}
+
+	// Refused by the agent itself: a downgrade without the operator's
+	// word, and a release not signed under the trust root.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var rep store.UpgradeReply
+	err := c.store.Call(ctx, ids[1], store.CmdUpgrade, store.UpgradeRequest{Release: "1.0.0", Attempt: int(time.Now().UnixMilli()), HealthBound: store.Duration(10 * time.Second)}, &rep)
+	if se := store.AsError(err); se == nil || se.Code != store.CodeConflict || se.Detail["reason"] != "downgrade" {
+		t.Fatalf("downgrade without the flag: %v", err)
+	}
+	forged, _ := json.Marshal(store.ReleaseRecord{Version: 1, Release: "1.4.0", Arch: v[ids[1]].Arch, Binaries: map[string]store.ReleaseBinary{}})
+	if _, err := c.store.Releases.Put(ctx, store.ReleaseKey("1.4.0", v[ids[1]].Arch), forged); err != nil {
+		t.Fatal(err)
+	}
+	err = c.store.Call(ctx, ids[1], store.CmdUpgrade, store.UpgradeRequest{Release: "1.4.0", Attempt: int(time.Now().UnixMilli()), HealthBound: store.Duration(10 * time.Second)}, &rep)
+	if se := store.AsError(err); se == nil || se.Code != store.CodeBadSignature {
+		t.Fatalf("unsigned release: %v", err)
+	}
+	// With the operator's word, one machine goes back.
+	out = c.mustControl("fleet", "upgrade", "1.0.0", "--machines", ids[1], "--allow-downgrade", "--health-bound", "30s")
+	if v := c.fleetVersions(); v[ids[1]].Release != "1.0.0" || v[ids[2]].Release != "1.1.0" {
+		t.Fatalf("downgrade of %s: %+v\n%s", ids[1], v[ids[1]], out)
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
