@@ -15,4 +15,7 @@ import (
 	_ "github.com/edgeplane/edgeplane/certs/caddystorage"
 	// DNS from the same projection.
 	_ "github.com/edgeplane/edgeplane/dnsproj/caddydns"
+	// `caddy supervise`: the gateway swapped for a new process without
+	// dropping a request.
+	_ "github.com/edgeplane/edgeplane/caddymodule/supervise"
 )

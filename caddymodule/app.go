@@ -242,9 +242,15 @@ func (s *sharedProjection) start() {
 	s.startOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
+		drained := make(chan struct{})
+		go func() {
+			defer close(drained)
+			watchDrain(ctx)
+		}()
 		go func() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
+			<-drained
 		}()
 	})
 }

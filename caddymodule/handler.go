@@ -87,6 +87,7 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP routes the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	markDraining(w)
 	svc, ok := h.app.Projection().View().Lookup(r.Host, r.URL.Path)
 	if !ok {
 		if c := h.logger.Check(zapcore.DebugLevel, "no route"); c != nil {

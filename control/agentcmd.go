@@ -42,6 +42,8 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "serve Prometheus metrics (edgeplane_agent_*) on this address's /metrics; empty: off")
 	fs.DurationVar(&o.beat, "heartbeat", store.DefaultBeatInterval, "how often the agent writes this machine's heartbeat (stale after 3 missed, offline after 10)")
 	fs.StringVar(&o.engine, "engine", "", "container engine socket for services with an image, e.g. unix:///run/podman/podman.sock (default: Docker's socket, then podman's, if one answers; none: no containers)")
+	gwReleases := fs.String("gateway-releases", "", "dir this machine's gateway binaries are staged in for fleet upgrades; the gateway runs as `caddy supervise --binary DIR/current` (packaged: /var/lib/edgeplane/gateway/releases)")
+	fs.StringVar(&o.gatewayPidfile, "gateway-pidfile", "", "pidfile of this machine's `caddy supervise`, told to swap the gateway when a release carries caddy (packaged: /run/edgeplane-gateway/supervise.pid)")
 	enrollAt := fs.String("enroll", "", "with --join and no --creds: storage nodes' enrollment addresses host:port, comma-separated (default: the --nats hosts, port 4223)")
 	lf := addLogFlags(fs)
 	return func(c *call) error {
@@ -106,7 +108,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 				stopFollow()
 				<-followed
 			}()
-			o.releases, o.self, o.trial = releases, self, trial
+			o.releases, o.self, o.trial, o.gatewayReleases = releases, self, trial, upgrade.Dir(*gwReleases)
 			return runAgent(c.ctx, s, rec, o, logger)
 		})
 		if re, ok := agent.IsRestart(err); ok {
@@ -166,6 +168,8 @@ type agentOptions struct {
 	releases                          upgrade.Dir
 	self                              string
 	trial                             *upgrade.Trial
+	gatewayReleases                   upgrade.Dir
+	gatewayPidfile                    string
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
@@ -182,6 +186,7 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 		Logger: logger, MaxInstances: o.maxInstances, StopGrace: o.stopGrace,
 		RestartBackoff: o.restartBackoff, RestartBackoffMax: o.restartBackoffMax, BeatInterval: o.beat,
 		Releases: o.releases, Self: o.self, Trial: o.trial,
+		GatewayReleases: o.gatewayReleases, GatewayPidfile: o.gatewayPidfile,
 	})
 	if err != nil {
 		return err

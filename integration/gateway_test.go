@@ -71,6 +71,34 @@ func shippedHandler(t *testing.T) map[string]any {
 
 // startGatewayWith starts a gateway whose one route is handler.
 func (c *cluster) startGatewayWith(name string, handler map[string]any) *gateway {
+	g, path, env := c.gatewayConfig(name, handler)
+	g.proc = start(c.t, "caddy "+name, env, bins.caddy, "run", "--config", path)
+	g.waitConnected(c.t, name)
+	return g
+}
+
+// waitConnected waits until the gateway's projection is connected.
+func (g *gateway) waitConnected(t *testing.T, name string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if st, err := g.projection(); err == nil && st.Connected {
+			return
+		}
+		if time.Now().After(deadline) {
+			out := ""
+			if g.proc != nil {
+				out = g.proc.output()
+			}
+			t.Fatalf("gateway %s did not come up:\n%s", name, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// gatewayConfig writes the config of a gateway whose one route is handler
+// and returns it with its path and the environment to run it in.
+func (c *cluster) gatewayConfig(name string, handler map[string]any) (*gateway, string, []string) {
 	t := c.t
 	g := &gateway{http: freeAddr(t), admin: freeAddr(t), dns: freeAddr(t), dir: filepath.Join(c.dir, "gw-"+name)}
 	_, httpPort, _ := net.SplitHostPort(g.http)
@@ -102,18 +130,7 @@ func (c *cluster) startGatewayWith(name string, handler map[string]any) *gateway
 		t.Fatal(err)
 	}
 	env := []string{"HOME=" + g.dir, "XDG_DATA_HOME=" + filepath.Join(g.dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(g.dir, "config")}
-	g.proc = start(t, "caddy "+name, env, bins.caddy, "run", "--config", path)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if st, err := g.projection(); err == nil && st.Connected {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gateway %s did not come up:\n%s", name, g.proc.output())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return g
+	return g, path, env
 }
 
 func atoi(s string) int {

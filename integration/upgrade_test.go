@@ -174,7 +174,13 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 
 	c := newCluster(t)
 	for v, bin := range map[string]string{"1.0.0": installed, "1.1.0": next, "1.2.0": exits, "1.3.0": hangs} {
-		c.mustControl("release", "push", v, "--control", bin, "--notes", "test build "+v)
+		args := []string{"release", "push", v, "--control", bin, "--notes", "test build " + v}
+		if v == "1.1.0" {
+			// 1.1.0 carries the gateway too: the machine that runs it
+			// swaps it under load.
+			args = append(args, "--caddy", bins.caddy)
+		}
+		c.mustControl(args...)
 	}
 	ls := c.mustControl("release", "ls")
 	for _, v := range []string{"1.0.0", "1.1.0", "1.2.0", "1.3.0"} {
@@ -184,6 +190,10 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	}
 	// 1.2.0's agent exits at start; 1.3.0's answers no RPC.
 	env := []string{"EDGEPLANE_FAILPOINTS=agent_start@1.2.0,agent_rpc@1.3.0:pause"}
+	// The gateway runs on the first machine as the package runs it:
+	// `caddy supervise`, following the link its agent swaps.
+	gwReleases := filepath.Join(dir, "gateway-releases")
+	gwPidfile := filepath.Join(dir, "gateway.pid")
 	agents := map[string]*supervised{}
 	var ids []string
 	for i := 1; i <= n; i++ {
@@ -196,13 +206,19 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 		if out, err := join.CombinedOutput(); err != nil || !strings.Contains(string(out), "joined") {
 			t.Fatalf("join %s: %v\n%s", id, err, out)
 		}
-		agents[id] = supervise(t, "agent "+id, append(c.natsEnv(storagenode.RoleAgent, id), env...), installed,
-			"agent", "--data", data, "--heartbeat", "1s", "--stop-grace", "2s")
+		args := []string{"agent", "--data", data, "--heartbeat", "1s", "--stop-grace", "2s"}
+		if i == 1 {
+			args = append(args, "--gateway-releases", gwReleases, "--gateway-pidfile", gwPidfile)
+		}
+		agents[id] = supervise(t, "agent "+id, append(c.natsEnv(storagenode.RoleAgent, id), env...), installed, args...)
 	}
 	for _, id := range ids {
 		agents[id].waitOutput(t, `agent serving`, 30*time.Second)
 	}
-	gw := c.startGateway("gw1")
+	gw, gwConfig, gwEnv := c.gatewayConfig("gw1", map[string]any{"handler": "edgeplane", "load_balancing": map[string]any{"retries": 2}})
+	gw.proc = start(t, "caddy supervise", gwEnv, bins.caddy, "supervise", "--config", gwConfig,
+		"--binary", filepath.Join(gwReleases, "current"), "--pidfile", gwPidfile, "--drain", "1s")
+	gw.waitConnected(t, "gw1")
 	c.mustControl("deploy", "apply", "-f", c.manifest("app.yaml", strings.ReplaceAll(upgradeApp, "@N@", strconv.Itoa(n))), "--drain-grace", "200ms")
 	before := map[string]bool{}
 	for _, in := range c.instances("shop") {
@@ -237,6 +253,10 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	}
 	if got := strings.Count(out, "\nupgraded "); got+boolInt(strings.HasPrefix(out, "upgraded ")) != n {
 		t.Fatalf("%d of %d machines upgraded:\n%s", got, n, out)
+	}
+	// The gateway now runs 1.1.0's caddy, staged by machine u01's agent.
+	if exe, want := childBinary(t, gw.proc.cmd.Process.Pid), filepath.Join(gwReleases, "1.1.0", "caddy"); exe != want {
+		t.Fatalf("the gateway runs %s, want %s\n%s", exe, want, gw.proc.output())
 	}
 	v := c.fleetVersions()
 	for _, id := range ids {

@@ -65,6 +65,12 @@ type Config struct {
 	Releases upgrade.Dir
 	Self     string
 	Trial    *upgrade.Trial
+	// GatewayReleases and GatewayPidfile name this machine's gateway, run
+	// by `caddy supervise --binary GatewayReleases/current --pidfile
+	// GatewayPidfile`: an upgrade to a release with a caddy binary swaps
+	// it first. Unset, or no gateway running: the gateway is left alone.
+	GatewayReleases upgrade.Dir
+	GatewayPidfile  string
 }
 
 // Agent serves one machine.

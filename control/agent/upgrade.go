@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -79,7 +82,7 @@ func (a *Agent) upgradeTo(ctx context.Context, req store.UpgradeRequest) (*store
 	if _, ok := rel.Binaries["control"]; !ok {
 		return nil, store.Errorf(store.CodeNotFound, "release %s for %s has no control binary", req.Release, version.Arch())
 	}
-	path, err := a.cfg.Releases.Stage(req.Release, func(w io.Writer) error {
+	path, err := a.cfg.Releases.Stage(req.Release, "control", func(w io.Writer) error {
 		return a.cfg.Store.FetchReleaseBinary(ctx, rel, "control", w)
 	})
 	if err != nil {
@@ -94,6 +97,9 @@ func (a *Agent) upgradeTo(ctx context.Context, req store.UpgradeRequest) (*store
 	bound := time.Duration(req.HealthBound)
 	if bound <= 0 {
 		bound = DefaultHealthBound
+	}
+	if err := a.upgradeGateway(ctx, rel, bound); err != nil {
+		return nil, err
 	}
 	now := time.Now().UTC()
 	t := &upgrade.Trial{Rollout: req.Rollout, Attempt: req.Attempt, From: cur, FromPath: a.cfg.Self, To: req.Release, ToPath: path,
@@ -195,4 +201,78 @@ func IsRestart(err error) (*RestartError, bool) {
 	var re *RestartError
 	ok := errors.As(err, &re)
 	return re, ok
+}
+
+// upgradeGateway swaps this machine's gateway onto rel's caddy binary, if
+// the release has one and a supervised gateway runs here: the binary is
+// staged, the link supervise follows points to it, and supervise is told
+// to swap (SIGHUP): the new gateway starts beside the old on the same
+// ports and the old one stops once the new one serves, so no request is
+// dropped. A swap that fails within bound puts the link back (the old
+// gateway never stopped) and refuses the upgrade.
+func (a *Agent) upgradeGateway(ctx context.Context, rel *store.ReleaseRecord, bound time.Duration) error {
+	if a.cfg.GatewayReleases == "" || a.cfg.GatewayPidfile == "" {
+		return nil
+	}
+	if _, ok := rel.Binaries["caddy"]; !ok {
+		return nil
+	}
+	b, err := os.ReadFile(a.cfg.GatewayPidfile)
+	if errors.Is(err, os.ErrNotExist) {
+		a.log.Info("no supervised gateway runs here: its binary is left alone", zap.String("pidfile", a.cfg.GatewayPidfile))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("gateway pidfile: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return store.Errorf(store.CodeInvalid, "gateway pidfile %s holds %q, not a PID", a.cfg.GatewayPidfile, strings.TrimSpace(string(b)))
+	}
+	prev, err := a.cfg.GatewayReleases.Current()
+	if err != nil {
+		return err
+	}
+	path, err := a.cfg.GatewayReleases.Stage(rel.Release, "caddy", func(w io.Writer) error {
+		return a.cfg.Store.FetchReleaseBinary(ctx, rel, "caddy", w)
+	})
+	if err != nil {
+		return err
+	}
+	outcome := a.cfg.GatewayPidfile + ".swap"
+	_ = os.Remove(outcome)
+	if err := a.cfg.GatewayReleases.Point(path); err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+		_ = a.cfg.GatewayReleases.Point(prev)
+		return fmt.Errorf("telling the gateway (pid %d) to swap: %w", pid, err)
+	}
+	a.log.Info("gateway swapping to the new release", zap.String("release", rel.Release), zap.Int("pid", pid))
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			_ = a.cfg.GatewayReleases.Point(prev)
+			return ctx.Err()
+		case <-deadline.C:
+			_ = a.cfg.GatewayReleases.Point(prev)
+			return store.Errorf(store.CodeUpgradeFailed, "the gateway did not report its swap to %s within %s", rel.Release, bound)
+		case <-tick.C:
+			b, err := os.ReadFile(outcome)
+			if err != nil || len(b) == 0 {
+				continue
+			}
+			line := strings.TrimSpace(string(b))
+			if strings.HasPrefix(line, "ok ") {
+				a.log.Info("gateway serving the new release", zap.String("release", rel.Release))
+				return nil
+			}
+			_ = a.cfg.GatewayReleases.Point(prev)
+			return store.Errorf(store.CodeUpgradeFailed, "the gateway of release %s did not serve (the old one still does): %s", rel.Release, line)
+		}
+	}
 }

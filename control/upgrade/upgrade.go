@@ -73,8 +73,8 @@ func ForData(data string) Dir { return Dir(filepath.Join(data, "releases")) }
 func (d Dir) trialPath() string   { return filepath.Join(string(d), "upgrade.json") }
 func (d Dir) currentPath() string { return filepath.Join(string(d), "current") }
 
-// BinaryPath is where release ver's control binary is staged.
-func (d Dir) BinaryPath(ver string) string { return filepath.Join(string(d), ver, "control") }
+// BinaryPath is where release ver's binary name is staged.
+func (d Dir) BinaryPath(ver, name string) string { return filepath.Join(string(d), ver, name) }
 
 // Load reads the latest upgrade; nil when there never was one.
 func (d Dir) Load() (*Trial, error) {
@@ -117,7 +117,10 @@ func (d Dir) Current() (string, error) {
 	return target, nil
 }
 
-// point makes current name bin, atomically; "" removes it.
+// Point makes current name bin, atomically; "" or a binary outside the
+// release dir removes it.
+func (d Dir) Point(bin string) error { return d.point(bin) }
+
 func (d Dir) point(bin string) error {
 	if bin == "" || !strings.HasPrefix(bin, string(d)+string(filepath.Separator)) {
 		// A binary outside the release dir is the installed one, which
@@ -142,15 +145,18 @@ func (d Dir) point(bin string) error {
 	return syncDir(string(d))
 }
 
-// Stage writes release ver's binary, as fetch writes it, into the release
-// dir, executable, and returns its path. fetch must verify what it wrote
-// (size, digest); the file is only put in place once it returned nil.
-func (d Dir) Stage(ver string, fetch func(io.Writer) error) (string, error) {
-	path := d.BinaryPath(ver)
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+// Stage writes release ver's binary name, as fetch writes it, into the
+// release dir, executable, and returns its path. fetch must verify what it
+// wrote (size, digest); the file is only put in place once it returned
+// nil.
+func (d Dir) Stage(ver, name string, fetch func(io.Writer) error) (string, error) {
+	path := d.BinaryPath(ver, name)
+	// Readable by the service user of a binary staged for another service
+	// (the gateway's caddy); the data dir above keeps the rest private.
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".control-*")
+	f, err := os.CreateTemp(filepath.Dir(path), "."+name+"-*")
 	if err != nil {
 		return "", err
 	}

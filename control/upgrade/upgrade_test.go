@@ -13,7 +13,7 @@ import (
 
 func stage(t *testing.T, d Dir, ver string) string {
 	t.Helper()
-	p, err := d.Stage(ver, func(w io.Writer) error {
+	p, err := d.Stage(ver, "control", func(w io.Writer) error {
 		_, err := io.WriteString(w, "#!/bin/sh\necho control "+ver+"\n")
 		return err
 	})
@@ -96,17 +96,17 @@ func TestLaunchFollowsCurrentAndRollsBackASecondStart(t *testing.T) {
 // A fetch that fails leaves nothing staged: no half-written binary.
 func TestStageKeepsNothingOfAFailedFetch(t *testing.T) {
 	d := ForData(t.TempDir())
-	_, err := d.Stage("1.1.0", func(w io.Writer) error {
+	_, err := d.Stage("1.1.0", "control", func(w io.Writer) error {
 		w.Write(bytes.Repeat([]byte("x"), 1000))
 		return errors.New("digest mismatch")
 	})
 	if err == nil {
 		t.Fatal("a failed fetch staged")
 	}
-	if _, err := os.Stat(d.BinaryPath("1.1.0")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(d.BinaryPath("1.1.0", "control")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("staged binary after a failed fetch: %v", err)
 	}
-	entries, _ := os.ReadDir(filepath.Dir(d.BinaryPath("1.1.0")))
+	entries, _ := os.ReadDir(filepath.Dir(d.BinaryPath("1.1.0", "control")))
 	if len(entries) != 0 {
 		t.Fatalf("left behind: %v", entries)
 	}
