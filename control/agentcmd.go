@@ -21,8 +21,8 @@ import (
 	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/control/runtime"
-	"github.com/edgeplane/edgeplane/control/upgrade"
 	"github.com/edgeplane/edgeplane/internal/metricsserver"
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -44,6 +44,8 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 	fs.StringVar(&o.engine, "engine", "", "container engine socket for services with an image, e.g. unix:///run/podman/podman.sock (default: Docker's socket, then podman's, if one answers; none: no containers)")
 	gwReleases := fs.String("gateway-releases", "", "dir this machine's gateway binaries are staged in for fleet upgrades; the gateway runs as `caddy supervise --binary DIR/current` (packaged: /var/lib/edgeplane/gateway/releases)")
 	fs.StringVar(&o.gatewayPidfile, "gateway-pidfile", "", "pidfile of this machine's `caddy supervise`, told to swap the gateway when a release carries caddy (packaged: /run/edgeplane-gateway/supervise.pid)")
+	meshdReleases := fs.String("meshd-releases", "", "meshd's release dir (its data dir's releases/) for fleet upgrades (packaged: /var/lib/edgeplane/meshd/releases)")
+	fs.StringVar(&o.meshdPidfile, "meshd-pidfile", "", "pidfile of this machine's `meshd run --pidfile`, restarted onto a release that carries meshd (packaged: /run/edgeplane-meshd/meshd.pid)")
 	enrollAt := fs.String("enroll", "", "with --join and no --creds: storage nodes' enrollment addresses host:port, comma-separated (default: the --nats hosts, port 4223)")
 	lf := addLogFlags(fs)
 	return func(c *call) error {
@@ -109,6 +111,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 				<-followed
 			}()
 			o.releases, o.self, o.trial, o.gatewayReleases = releases, self, trial, upgrade.Dir(*gwReleases)
+			o.meshdReleases = upgrade.Dir(*meshdReleases)
 			return runAgent(c.ctx, s, rec, o, logger)
 		})
 		if re, ok := agent.IsRestart(err); ok {
@@ -170,6 +173,8 @@ type agentOptions struct {
 	trial                             *upgrade.Trial
 	gatewayReleases                   upgrade.Dir
 	gatewayPidfile                    string
+	meshdReleases                     upgrade.Dir
+	meshdPidfile                      string
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
@@ -187,6 +192,7 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 		RestartBackoff: o.restartBackoff, RestartBackoffMax: o.restartBackoffMax, BeatInterval: o.beat,
 		Releases: o.releases, Self: o.self, Trial: o.trial,
 		GatewayReleases: o.gatewayReleases, GatewayPidfile: o.gatewayPidfile,
+		MeshdReleases: o.meshdReleases, MeshdPidfile: o.meshdPidfile,
 	})
 	if err != nil {
 		return err

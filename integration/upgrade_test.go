@@ -166,6 +166,7 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("EDGEPLANE_UPGRADE_MACHINES")); err == nil && v > 0 {
 		n = v
 	}
+	buildExtra(t)
 	dir := t.TempDir()
 	installed := buildControlVersion(t, dir, "1.0.0")
 	next := buildControlVersion(t, dir, "1.1.0")
@@ -178,10 +179,11 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 		if v == "1.1.0" {
 			// 1.1.0 carries the gateway too: the machine that runs it
 			// swaps it under load.
-			args = append(args, "--caddy", bins.caddy)
+			args = append(args, "--caddy", bins.caddy, "--meshd", extraBins.meshd)
 		}
 		c.mustControl(args...)
 	}
+
 	ls := c.mustControl("release", "ls")
 	for _, v := range []string{"1.0.0", "1.1.0", "1.2.0", "1.3.0"} {
 		if !strings.Contains(ls, v) {
@@ -195,6 +197,7 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	gwReleases := filepath.Join(dir, "gateway-releases")
 	gwPidfile := filepath.Join(dir, "gateway.pid")
 	agents := map[string]*supervised{}
+	var meshes []*supervisedMesh
 	var ids []string
 	for i := 1; i <= n; i++ {
 		id := fmt.Sprintf("u%02d", i)
@@ -209,6 +212,11 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 		args := []string{"agent", "--data", data, "--heartbeat", "1s", "--stop-grace", "2s"}
 		if i == 1 {
 			args = append(args, "--gateway-releases", gwReleases, "--gateway-pidfile", gwPidfile)
+		}
+		if i <= 2 {
+			m := c.startSupervisedMesh(id)
+			meshes = append(meshes, m)
+			args = append(args, "--meshd-releases", filepath.Join(m.dir, "releases"), "--meshd-pidfile", m.pidfile)
 		}
 		agents[id] = supervise(t, "agent "+id, append(c.natsEnv(storagenode.RoleAgent, id), env...), installed, args...)
 	}
@@ -257,6 +265,18 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	// The gateway now runs 1.1.0's caddy, staged by machine u01's agent.
 	if exe, want := childBinary(t, gw.proc.cmd.Process.Pid), filepath.Join(gwReleases, "1.1.0", "caddy"); exe != want {
 		t.Fatalf("the gateway runs %s, want %s\n%s", exe, want, gw.proc.output())
+	}
+	// meshd on u01 and u02 runs 1.1.0's binary and the two handshake
+	// again.
+	restarted := time.Now()
+	for i, m := range meshes {
+		if exe, want := mustPidExe(t, m.pidfile), filepath.Join(m.dir, "releases", "1.1.0", "meshd"); exe != want {
+			t.Fatalf("meshd %s runs %s, want %s\n%s", m.id, exe, want, m.proc.output())
+		}
+		peer := meshes[1-i].id
+		eventually(t, 30*time.Second, "meshd "+m.id+" handshaking with "+peer+" after its upgrade", func() bool {
+			return m.meshNode.handshakeWith(t, peer, restarted.Add(-10*time.Second))
+		})
 	}
 	v := c.fleetVersions()
 	for _, id := range ids {
@@ -335,4 +355,44 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// supervisedMesh is a meshd (netstack, on loopback) run as its unit runs
+// it: restarted when it exits, with a pidfile.
+type supervisedMesh struct {
+	meshNode
+	pidfile string
+	proc    *supervised
+}
+
+func (c *cluster) startSupervisedMesh(id string) *supervisedMesh {
+	t := c.t
+	m := &supervisedMesh{meshNode: meshNode{id: id, dir: filepath.Join(c.dir, "mesh-"+id)}}
+	m.pidfile = filepath.Join(c.dir, "meshd-"+id+".pid")
+	token := strings.TrimSpace(c.mustControl("machine", "invite"))
+	if out, err := exec.Command(extraBins.meshd, "join", "--token", token, "--data", m.dir, "--nats", c.url,
+		"--machine", id, "--mode", "netstack", "--bind", "127.0.0.1", "--listen-port", "0").CombinedOutput(); err != nil {
+		t.Fatalf("meshd join %s: %v\n%s", id, err, out)
+	}
+	m.proc = supervise(t, "meshd "+id, nil, extraBins.meshd, "run", "--data", m.dir, "--pidfile", m.pidfile,
+		"--heartbeat-interval", "1s", "--reconcile-interval", "1s")
+	eventually(t, 15*time.Second, "meshd "+id+" writing its pidfile", func() bool {
+		_, err := os.Stat(m.pidfile)
+		return err == nil
+	})
+	return m
+}
+
+// mustPidExe is the binary of the process a pidfile names.
+func mustPidExe(t *testing.T, pidfile string) string {
+	t.Helper()
+	b, err := os.ReadFile(pidfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Readlink("/proc/" + strings.TrimSpace(string(b)) + "/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
 }

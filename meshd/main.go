@@ -14,12 +14,15 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/edgeplane/edgeplane/internal/logging"
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/store"
@@ -29,7 +32,7 @@ const usage = `usage: meshd <command> [flags]
 
 commands:
   join    --token TOKEN --data DIR [--nats URL] [--creds FILE] [--machine ID] [--listen-port N] [--bind IP] [--mode tun|netstack]
-  run     --data DIR [--nats URL] [--creds FILE] [--metrics ADDR] [--stun HOST:PORT,...] [intervals]
+  run     --data DIR [--nats URL] [--creds FILE] [--metrics ADDR] [--stun HOST:PORT,...] [--pidfile FILE] [intervals]
   status  --data DIR [-o json]
   leave   --data DIR [--purge] [--nats URL] [--creds FILE]
   version
@@ -145,11 +148,29 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&c.RelayAfter, "relay-after", node.DefaultRelayAfter, "send to a peer through the mesh relay when no handshake completed over the direct path for this long")
 	fs.DurationVar(&c.ProbeInterval, "probe-interval", node.DefaultProbeInterval, "how often a relayed peer's direct path is probed (the tunnel moves back when it answers)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	pidfile := fs.String("pidfile", "", "write meshd's PID here: a fleet upgrade stages a new meshd in DATA/releases and restarts it by this PID")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if c.DataDir == "" {
 		return errors.New("run: --data is required")
+	}
+	// A release a fleet upgrade staged (DATA/releases/current) runs instead
+	// of this binary.
+	if self, err := ownBinary(); err == nil {
+		next, err := upgrade.ForData(c.DataDir).Follow(self)
+		if err != nil {
+			return fmt.Errorf("run: releases: %w", err)
+		}
+		if next != "" {
+			return syscall.Exec(next, append([]string{next}, os.Args[1:]...), os.Environ())
+		}
+	}
+	if *pidfile != "" {
+		if err := os.WriteFile(*pidfile, []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+			return fmt.Errorf("run: --pidfile: %w", err)
+		}
+		defer os.Remove(*pidfile)
 	}
 	for _, d := range []time.Duration{c.HeartbeatInterval, c.ReconcileInterval, c.STUNInterval, c.WatchFallback, c.RelayAfter, c.ProbeInterval} {
 		if d < 100*time.Millisecond {
@@ -261,4 +282,13 @@ func cmdLeave(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	fmt.Fprintln(stdout)
 	return nil
+}
+
+// ownBinary is this process's binary, symlinks resolved.
+func ownBinary() (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return filepath.EvalSymlinks(self)
 }

@@ -26,7 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/runtime"
-	"github.com/edgeplane/edgeplane/control/upgrade"
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -71,6 +71,13 @@ type Config struct {
 	// it first. Unset, or no gateway running: the gateway is left alone.
 	GatewayReleases upgrade.Dir
 	GatewayPidfile  string
+	// MeshdReleases and MeshdPidfile name this machine's meshd (`meshd
+	// run --pidfile`, whose data dir holds MeshdReleases, restarted by its
+	// supervisor): an upgrade to a release with a meshd binary restarts
+	// it onto the new binary first. Unset, or no meshd running: left
+	// alone.
+	MeshdReleases upgrade.Dir
+	MeshdPidfile  string
 }
 
 // Agent serves one machine.

@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/edgeplane/edgeplane/control/upgrade"
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -99,6 +99,9 @@ func (a *Agent) upgradeTo(ctx context.Context, req store.UpgradeRequest) (*store
 		bound = DefaultHealthBound
 	}
 	if err := a.upgradeGateway(ctx, rel, bound); err != nil {
+		return nil, err
+	}
+	if err := a.upgradeMeshd(ctx, rel, bound); err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
@@ -217,17 +220,13 @@ func (a *Agent) upgradeGateway(ctx context.Context, rel *store.ReleaseRecord, bo
 	if _, ok := rel.Binaries["caddy"]; !ok {
 		return nil
 	}
-	b, err := os.ReadFile(a.cfg.GatewayPidfile)
-	if errors.Is(err, os.ErrNotExist) {
+	pid, err := readPidfile(a.cfg.GatewayPidfile)
+	if err != nil {
+		return err
+	}
+	if pid == 0 {
 		a.log.Info("no supervised gateway runs here: its binary is left alone", zap.String("pidfile", a.cfg.GatewayPidfile))
 		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("gateway pidfile: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
-		return store.Errorf(store.CodeInvalid, "gateway pidfile %s holds %q, not a PID", a.cfg.GatewayPidfile, strings.TrimSpace(string(b)))
 	}
 	prev, err := a.cfg.GatewayReleases.Current()
 	if err != nil {
@@ -273,6 +272,116 @@ func (a *Agent) upgradeGateway(ctx context.Context, rel *store.ReleaseRecord, bo
 			}
 			_ = a.cfg.GatewayReleases.Point(prev)
 			return store.Errorf(store.CodeUpgradeFailed, "the gateway of release %s did not serve (the old one still does): %s", rel.Release, line)
+		}
+	}
+}
+
+// readPidfile reads a service's pidfile: 0 when there is none (the service
+// does not run here).
+func readPidfile(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("pidfile: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return 0, store.Errorf(store.CodeInvalid, "pidfile %s holds %q, not a PID", path, strings.TrimSpace(string(b)))
+	}
+	return pid, nil
+}
+
+// meshdSettle is how long a restarted meshd must keep running its new
+// binary to count as up.
+const meshdSettle = 2 * time.Second
+
+// upgradeMeshd moves this machine's meshd onto rel's meshd binary, if the
+// release has one and meshd runs here: the binary is staged in meshd's
+// release dir, its link swapped, and meshd stopped (SIGTERM); its
+// supervisor (systemd's Restart=always) starts it again and `meshd run`
+// follows the link. Peers keep their tunnel state, so the mesh resumes at
+// the new process's first handshake (the gap is measured by
+// meshd/bench/upgrade-gap.sh). If the new meshd does not keep running
+// within bound, the link goes back and meshd is restarted on the old
+// binary, and the upgrade is refused.
+func (a *Agent) upgradeMeshd(ctx context.Context, rel *store.ReleaseRecord, bound time.Duration) error {
+	if a.cfg.MeshdReleases == "" || a.cfg.MeshdPidfile == "" {
+		return nil
+	}
+	if _, ok := rel.Binaries["meshd"]; !ok {
+		return nil
+	}
+	pid, err := readPidfile(a.cfg.MeshdPidfile)
+	if err != nil || pid == 0 {
+		if pid == 0 && err == nil {
+			a.log.Info("meshd does not run here: its binary is left alone", zap.String("pidfile", a.cfg.MeshdPidfile))
+		}
+		return err
+	}
+	prev, err := a.cfg.MeshdReleases.Current()
+	if err != nil {
+		return err
+	}
+	path, err := a.cfg.MeshdReleases.Stage(rel.Release, "meshd", func(w io.Writer) error {
+		return a.cfg.Store.FetchReleaseBinary(ctx, rel, "meshd", w)
+	})
+	if err != nil {
+		return err
+	}
+	if err := a.cfg.MeshdReleases.Point(path); err != nil {
+		return err
+	}
+	a.log.Info("restarting meshd onto the new release", zap.String("release", rel.Release), zap.Int("pid", pid))
+	if err := a.restartMeshd(ctx, pid, path, bound); err != nil {
+		a.log.Error("meshd did not come up on the new release: back to the previous one", zap.Error(err))
+		_ = a.cfg.MeshdReleases.Point(prev)
+		if cur, _ := readPidfile(a.cfg.MeshdPidfile); cur != 0 {
+			_ = syscall.Kill(cur, syscall.SIGTERM)
+		}
+		return store.Errorf(store.CodeUpgradeFailed, "meshd of release %s did not keep running within %s: %v", rel.Release, bound, err)
+	}
+	return nil
+}
+
+// restartMeshd stops meshd (pid) and waits until a meshd process runs
+// binary and has kept running for meshdSettle.
+func (a *Agent) restartMeshd(ctx context.Context, pid int, binary string, bound time.Duration) error {
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stopping meshd (pid %d): %w", pid, err)
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
+	var up int
+	var since time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return fmt.Errorf("no meshd running %s", binary)
+		case <-tick.C:
+		}
+		cur, err := readPidfile(a.cfg.MeshdPidfile)
+		if err != nil || cur == 0 || cur == pid {
+			up = 0
+			continue
+		}
+		exe, err := os.Readlink("/proc/" + strconv.Itoa(cur) + "/exe")
+		if err != nil || exe != binary {
+			up = 0
+			continue
+		}
+		if cur != up {
+			up, since = cur, time.Now()
+			continue
+		}
+		if time.Since(since) >= meshdSettle {
+			a.log.Info("meshd runs the new release", zap.Int("pid", cur))
+			return nil
 		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/machines"
-	"github.com/edgeplane/edgeplane/control/upgrade"
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )

@@ -1,7 +1,9 @@
 // Package upgrade moves a machine's agent onto another release of the
 // control binary and back, on the machine itself: the release dir under the
 // agent's data dir, the trial an upgrade starts in, and the rules a
-// starting agent follows to run the right binary.
+// starting agent follows to run the right binary. meshd and the gateway
+// follow a release dir of their own the same way (Follow), staged by the
+// agent.
 //
 // The package's binary (/usr/bin/control) is never written: under systemd
 // it is read-only, and a package upgrade owns it. Releases are staged in
@@ -232,18 +234,22 @@ func (d Dir) Launch(self string, launched bool) (execPath string, trial *Trial, 
 			return "", t, err
 		}
 	}
+	next, err := d.Follow(self)
+	return next, t, err
+}
+
+// Follow is the binary current names when that is not self (for the
+// caller to exec), else "". A current naming nothing that exists is no
+// reason not to run: "" too.
+func (d Dir) Follow(self string) (string, error) {
 	cur, err := d.Current()
-	if err != nil {
-		return "", t, err
-	}
-	if cur == "" || sameFile(cur, self) {
-		return "", t, nil
+	if err != nil || cur == "" || sameFile(cur, self) {
+		return "", err
 	}
 	if _, err := os.Stat(cur); err != nil {
-		// A current that names nothing runnable is no reason not to run.
-		return "", t, nil
+		return "", nil
 	}
-	return cur, t, nil
+	return cur, nil
 }
 
 func sameFile(a, b string) bool {
