@@ -13,7 +13,7 @@ VERSION  ?= 0.0.0-dev
 LDFLAGS  := -X github.com/edgeplane/edgeplane/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
-.PHONY: up down build package image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh deps-test
+.PHONY: up down build package image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade deps-test
 
 # ENGINE builds the example image: docker if it answers, else podman.
 ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
@@ -79,5 +79,9 @@ bench-dns:
 
 bench-mesh:
 	meshd/bench/bench.sh
+
+# How long the mesh stops while one node's meshd is replaced (root).
+bench-mesh-upgrade:
+	meshd/bench/upgrade-gap.sh
 
 bench: bench-apply bench-gateway

@@ -13,10 +13,12 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -35,6 +37,12 @@ type Config struct {
 	// writes on: its own connection, with its machine's agent credentials
 	// (Dialer.Agent). Unset, every agent shares the store Start is given.
 	Dial func(ctx context.Context, machine string) (*store.Store, error)
+	// Release is the release the simulated agents report running
+	// (default "1.0.0"); an upgrade request moves them to another, after
+	// verifying the release and fetching its control binary as an agent
+	// does, and RestartTime (default 200ms) for the simulated restart.
+	Release     string
+	RestartTime time.Duration
 }
 
 // Fleet is a running simulated fleet.
@@ -47,6 +55,12 @@ type Fleet struct {
 
 	mu    sync.Mutex
 	insts map[string]map[string]store.InstanceRecord // by machine, by instance ID
+	// release and upgrade are each machine's running release and latest
+	// upgrade (as an agent reports them).
+	release map[string]string
+	upgrade map[string]*store.UpgradeStatus
+	// Fetched counts the release bytes the simulated agents fetched.
+	Fetched atomic.Int64
 	// placed are the instances Place wrote (machine, instance ID): what
 	// Churn changes. Applies' instances are left to the applies.
 	placed [][2]string
@@ -71,11 +85,19 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 	if cfg.Address == "" {
 		cfg.Address = "127.0.0.1"
 	}
-	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, insts: map[string]map[string]store.InstanceRecord{}}
+	if cfg.Release == "" {
+		cfg.Release = "1.0.0"
+	}
+	if cfg.RestartTime <= 0 {
+		cfg.RestartTime = 200 * time.Millisecond
+	}
+	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, insts: map[string]map[string]store.InstanceRecord{},
+		release: map[string]string{}, upgrade: map[string]*store.UpgradeStatus{}}
 	for i := range cfg.Machines {
 		id := fmt.Sprintf("%s%05d", cfg.Prefix, i)
 		f.IDs = append(f.IDs, id)
 		f.insts[id] = map[string]store.InstanceRecord{}
+		f.release[id] = cfg.Release
 	}
 	now := time.Now().UTC()
 	runCtx := ctx // the agents' own, beyond starting them
@@ -192,9 +214,71 @@ func (f *Fleet) writeObservations(ctx context.Context, id string) error {
 	}
 	f.mu.Lock()
 	n := len(f.insts[id])
+	rel, up := f.release[id], f.upgrade[id]
 	f.mu.Unlock()
 	return as.PutMachineState(ctx, &store.MachineState{Machine: id, Instances: n, Free: max(0, f.cfg.Capacity-n),
-		Capacity: f.cfg.Capacity, Drivers: []string{"process"}, ByState: map[string]int{store.InstanceReady: n}})
+		Capacity: f.cfg.Capacity, Drivers: []string{"process"}, ByState: map[string]int{store.InstanceReady: n},
+		Release: rel, Arch: version.Arch(), Upgrade: up})
+}
+
+// Releases counts the simulated machines by the release they run.
+func (f *Fleet) Releases() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]int{}
+	for _, r := range f.release {
+		out[r]++
+	}
+	return out
+}
+
+// upgradeTo does what an agent's upgrade does to the store: verify the
+// release, fetch its control binary (checked against the signed digest),
+// answer, and after a simulated restart report the new release confirmed.
+func (f *Fleet) upgradeTo(ctx context.Context, id string, req store.UpgradeRequest) (*store.UpgradeReply, error) {
+	f.mu.Lock()
+	cur := f.release[id]
+	f.mu.Unlock()
+	rep := &store.UpgradeReply{Attempt: req.Attempt, From: cur, To: req.Release}
+	if req.Release == cur {
+		rep.Detail = "already running " + cur
+		return rep, nil
+	}
+	as := f.agent(id)
+	rel, err := as.Release(ctx, req.Release, version.Arch())
+	if err != nil {
+		return nil, err
+	}
+	var n countWriter
+	if err := as.FetchReleaseBinary(ctx, rel, "control", &n); err != nil {
+		return nil, err
+	}
+	f.Fetched.Add(int64(n))
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		t := time.NewTimer(f.cfg.RestartTime)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		f.mu.Lock()
+		f.release[id] = req.Release
+		f.upgrade[id] = &store.UpgradeStatus{Rollout: req.Rollout, Attempt: req.Attempt, From: cur, To: req.Release, State: "confirmed", At: time.Now().UTC()}
+		f.mu.Unlock()
+		_ = f.writeObservations(context.WithoutCancel(ctx), id)
+	}()
+	rep.Restarting = true
+	return rep, nil
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	*c += countWriter(len(p))
+	return len(p), nil
 }
 
 func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (any, error) {
@@ -258,6 +342,12 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 			_ = f.agent(id).DeleteInstance(ctx, store.InstanceKey(req.Namespace, id, req.InstanceID))
 		}
 		return nil, f.writeObservations(ctx, id)
+	case store.CmdUpgrade:
+		var req store.UpgradeRequest
+		if err := json.Unmarshal(data, &req); err != nil {
+			return nil, store.Errorf(store.CodeInvalid, "decoding upgrade: %w", err)
+		}
+		return f.upgradeTo(ctx, id, req)
 	case store.CmdInventory:
 		f.mu.Lock()
 		defer f.mu.Unlock()
