@@ -67,6 +67,12 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// m1's agent reports its release and a rolled-back upgrade (the
+	// reason carries markup too).
+	if err := s.PutMachineState(ctx, &store.MachineState{Machine: "m1", Capacity: 10, Free: 9, Instances: 1, Release: "1.1.0", Arch: "linux/amd64",
+		Upgrade: &store.UpgradeStatus{From: "1.1.0", To: "1.2.0", State: "rolled_back", Reason: "sick " + evil, At: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
 	d, err := New(s, Config{RequireLogin: true, DoctorEvery: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +124,21 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 		if path == "/machines" || path == "/machine/m1" {
 			if !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") {
 				t.Errorf("%s does not show the label as text", path)
+			}
+		}
+		// The release each machine runs, and an upgrade that rolled back.
+		for p, want := range map[string][]string{
+			"/":           {`<section id="releases">`, "<td>1.1.0</td><td class=\"n\">1</td>", "1.1.0 → 1.2.0: rolled_back (sick"},
+			"/machines":   {"1.1.0 (rolled_back 1.2.0)"},
+			"/machine/m1": {`id="release">1.1.0 linux/amd64`, "1.1.0 → 1.2.0: rolled_back (sick"},
+		} {
+			if p != path {
+				continue
+			}
+			for _, w := range want {
+				if !strings.Contains(body, w) {
+					t.Errorf("%s lacks %q", path, w)
+				}
 			}
 		}
 		if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") {

@@ -176,10 +176,20 @@ type overviewData struct {
 		NotFresh []machines.Listed
 		More     int
 	}
+	// Releases counts machines by the release their agent runs; Upgrades
+	// are machines whose latest upgrade is on trial or rolled back.
+	Releases   []releaseCount
+	Upgrades   []machines.Listed
 	Gateways   []fleet.Gateway
 	RoutingSeq uint64
 	Certs      []certs.Status
 	Doctor     *doctor.Report
+}
+
+// releaseCount is how many machines run a release.
+type releaseCount struct {
+	Release  string
+	Machines int
 }
 
 // certSoon is how close to expiry a certificate is shown.
@@ -215,7 +225,16 @@ func (d *Server) overview(r *http.Request) (any, error) {
 		v.Namespaces = append(v.Namespaces, row)
 	}
 	v.Machines.Total, v.Machines.Liveness = len(list), map[string]int{}
+	byRelease := map[string]int{}
 	for _, m := range list {
+		r := m.Release
+		if r == "" {
+			r = "unknown"
+		}
+		byRelease[r]++
+		if u := m.Upgrade; u != nil && u.State != "confirmed" && len(v.Upgrades) < 20 {
+			v.Upgrades = append(v.Upgrades, m)
+		}
 		v.Machines.Liveness[m.Liveness]++
 		if m.Liveness != store.MachineFresh {
 			if len(v.Machines.NotFresh) < 20 {
@@ -225,6 +244,15 @@ func (d *Server) overview(r *http.Request) (any, error) {
 			}
 		}
 	}
+	for r, n := range byRelease {
+		v.Releases = append(v.Releases, releaseCount{Release: r, Machines: n})
+	}
+	slices.SortFunc(v.Releases, func(a, b releaseCount) int {
+		if a.Machines != b.Machines {
+			return b.Machines - a.Machines
+		}
+		return strings.Compare(a.Release, b.Release)
+	})
 	if v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, d.s); err != nil {
 		return nil, err
 	}
