@@ -429,8 +429,11 @@ func TestRoleScopedCredentials(t *testing.T) {
 	// Releases: an agent reads the signed records and fetches the
 	// binaries to upgrade its box, and cannot push one, even holding a
 	// signer's key, nor change a stored binary's bytes.
+	// Larger than the edge account's largest publish and than one object
+	// store chunk: an agent still reads it whole.
+	binary := "#!/bin/sh\n" + strings.Repeat("# padding\n", 40_000)
 	if err := cs.PushRelease(ctx, &store.ReleaseRecord{Release: "1.2.0", Arch: "linux/amd64"},
-		map[string]io.Reader{"control": strings.NewReader("#!/bin/sh\n")}); err != nil {
+		map[string]io.Reader{"control": strings.NewReader(binary)}); err != nil {
 		t.Fatal(err)
 	}
 	rel, err := as.Release(ctx, "1.2.0", "linux/amd64")
@@ -438,8 +441,8 @@ func TestRoleScopedCredentials(t *testing.T) {
 		t.Fatalf("agent reads a release: %v", err)
 	}
 	var fetched bytes.Buffer
-	if err := as.FetchReleaseBinary(ctx, rel, "control", &fetched); err != nil || fetched.String() != "#!/bin/sh\n" {
-		t.Fatalf("agent fetches a release binary: %q, %v", fetched.String(), err)
+	if err := as.FetchReleaseBinary(ctx, rel, "control", &fetched); err != nil || fetched.String() != binary {
+		t.Fatalf("agent fetches a release binary: %d bytes, %v", fetched.Len(), err)
 	}
 	refusedWrite("write a release record", store.ReleaseKey("9.9.9", "linux/amd64"), func(c context.Context) error {
 		_, err := as.Releases.Put(c, store.ReleaseKey("9.9.9", "linux/amd64"), []byte(`{"version":1}`))
@@ -466,8 +469,8 @@ func TestRoleScopedCredentials(t *testing.T) {
 		}
 	}
 	fetched.Reset()
-	if err := as.FetchReleaseBinary(ctx, rel, "control", &fetched); err != nil || fetched.String() != "#!/bin/sh\n" {
-		t.Fatalf("after the attempts, the release binary reads %q, %v", fetched.String(), err)
+	if err := as.FetchReleaseBinary(ctx, rel, "control", &fetched); err != nil || fetched.String() != binary {
+		t.Fatalf("after the attempts, the release binary reads %d bytes, %v", fetched.Len(), err)
 	}
 	if _, err := as.Release(ctx, "9.9.9", "linux/amd64"); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("a release the agent pushed exists: %v", err)
