@@ -85,6 +85,10 @@ func setupFleetVersions(*flag.FlagSet) func(*call) error {
 			for _, g := range by {
 				groups = append(groups, *g)
 			}
+			latest, err := s.LatestRollout(c.ctx)
+			if err != nil {
+				return err
+			}
 			sort.Slice(groups, func(i, j int) bool {
 				return len(groups[i].Machines) > len(groups[j].Machines) || (len(groups[i].Machines) == len(groups[j].Machines) && groups[i].Release < groups[j].Release)
 			})
@@ -110,7 +114,22 @@ func setupFleetVersions(*flag.FlagSet) func(*call) error {
 					fmt.Fprintf(tw, "%s\t%d: %s\t%s\n", g.Release, len(g.Machines), strings.Join(ids, ", "), dash(strings.Join(notes, "; ")))
 				}
 				tw.Flush()
+				if latest != nil {
+					fmt.Fprintf(w, "\nlatest rollout: %s\n", rolloutLine(latest))
+				}
 			})
 		})
 	}
+}
+
+// rolloutLine says where a rollout stands, in one line.
+func rolloutLine(r *store.RolloutRecord) string {
+	line := fmt.Sprintf("%s to %s, %s: %d upgraded, %d already on it, %d skipped, of %d", r.ID, r.Release, r.State, r.Upgraded, r.Current, r.Skipped, r.Total)
+	if r.State == store.RolloutRunning && r.Phase != "" {
+		line += " (" + r.Phase + ", updated " + time.Since(r.Updated).Round(time.Second).String() + " ago)"
+	}
+	if r.FailedMachine != "" {
+		line += "; stopped at " + r.FailedMachine + ": " + r.Reason
+	}
+	return line
 }

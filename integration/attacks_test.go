@@ -778,6 +778,9 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 			{store.CmdInventory, struct{}{}},
 			{store.CmdLogs, store.LogsRequest{InstanceID: "x", Namespace: "shop", Offset: -1}},
 			{store.CmdResolveImage, store.ResolveImageRequest{Image: "hello"}},
+			// A stolen credential must not move a box to another release,
+			// even a signed one.
+			{store.CmdUpgrade, store.UpgradeRequest{Release: "1.2.0", Attempt: int(time.Now().UnixMilli()), AllowDowngrade: true}},
 		} {
 			th.try(t, role.name+" calls m1's "+call.cmd, func(ctx context.Context) error {
 				return th.st.Call(ctx, "m1", call.cmd, call.req, nil)

@@ -309,6 +309,9 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 		if code == 0 || !strings.Contains(errOut, "upgrade_failed") || !strings.Contains(errOut, ids[0]) || !strings.Contains(errOut, sick.why) {
 			t.Fatalf("rollout of %s: exit %d\n%s%s", sick.release, code, out, errOut)
 		}
+		if vs := c.mustControl("fleet", "versions"); !strings.Contains(vs, "failed") || !strings.Contains(vs, "stopped at "+ids[0]) {
+			t.Fatalf("fleet versions after the failed rollout of %s:\n%s", sick.release, vs)
+		}
 		if back > bound+10*time.Second {
 			t.Fatalf("the canary took %s to roll back (bound %s)", back, bound)
 		}

@@ -111,6 +111,9 @@ func (n Names) GatewayTrafficBucket() string { return "cp_gateway_traffic_" + n.
 // ReleasesBucket holds the signed release records (ReleaseRecord).
 func (n Names) ReleasesBucket() string { return "cp_releases_" + n.Authority }
 
+// RolloutsBucket holds the fleet upgrades' progress (RolloutRecord).
+func (n Names) RolloutsBucket() string { return "cp_rollouts_" + n.Authority }
+
 // ReleaseBinariesStore is the object store of the releases' binaries.
 func (n Names) ReleaseBinariesStore() string { return "cp_release_bins_" + n.Authority }
 

@@ -276,3 +276,61 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
+// Rollout states.
+const (
+	RolloutRunning = "running"
+	RolloutDone    = "done"
+	RolloutFailed  = "failed"
+)
+
+// RolloutRecord is a fleet upgrade as the control client running it
+// records it, for the dashboard and `control fleet versions`. Key: its ID.
+// It is an account of progress, not intent: each machine's outcome is what
+// its agent reports in its machine state.
+type RolloutRecord struct {
+	Version int    `json:"version"`
+	ID      string `json:"id"`
+	Release string `json:"release"`
+	Holder  string `json:"holder,omitempty"`
+	State   string `json:"state"`
+	// Phase is the phase under way (canary, batch N).
+	Phase string `json:"phase,omitempty"`
+	// Total machines asked or to be asked; Upgraded, Current and Skipped
+	// count outcomes so far.
+	Total    int `json:"total"`
+	Upgraded int `json:"upgraded"`
+	Current  int `json:"current"`
+	Skipped  int `json:"skipped"`
+	// FailedMachine and Reason say why a failed rollout stopped.
+	FailedMachine string    `json:"failed_machine,omitempty"`
+	Reason        string    `json:"reason,omitempty"`
+	Started       time.Time `json:"started"`
+	Updated       time.Time `json:"updated"`
+}
+
+func (r *RolloutRecord) version() int { return r.Version }
+
+// KeyOK checks that the record is filed under its ID.
+func (r *RolloutRecord) KeyOK(key string) error { return keyMust(key, r.ID) }
+
+// PutRollout records a rollout's progress.
+func (s *Store) PutRollout(ctx context.Context, r *RolloutRecord) error {
+	r.Version, r.Updated = RecordVersion, time.Now().UTC()
+	if _, err := PutJSON(ctx, s.Rollouts, r.ID, r); err != nil {
+		return fmt.Errorf("recording rollout %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// LatestRollout is the rollout started last; nil when there was none.
+func (s *Store) LatestRollout(ctx context.Context) (*RolloutRecord, error) {
+	var latest *RolloutRecord
+	err := ListJSON(ctx, s, s.Rollouts, ">", func(_ string, r *RolloutRecord) error {
+		if latest == nil || r.Started.After(latest.Started) {
+			latest = r
+		}
+		return nil
+	})
+	return latest, err
+}

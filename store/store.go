@@ -167,6 +167,8 @@ type Store struct {
 	// Releases holds the signed release records; their binaries are in
 	// the object store ReleaseBinariesStore.
 	Releases jetstream.KeyValue
+	// Rollouts holds the progress of fleet upgrades.
+	Rollouts jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
 
@@ -304,6 +306,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.GatewayTraffic, names.GatewayTrafficBucket(), 1, 256*mib, 1*mib),
 		bucket(&s.DashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
 		bucket(&s.Releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
+		bucket(&s.Rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),

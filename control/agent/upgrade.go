@@ -187,16 +187,43 @@ func (a *Agent) healthProblem(ctx context.Context, t *upgrade.Trial) string {
 	if !a.observed.Load() {
 		return "its heartbeat and machine state were not written"
 	}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	var rep store.CapacityReply
-	if err := a.cfg.Store.Call(cctx, a.cfg.Machine.ID, store.CmdCapacity, store.CapacityRequest{}, &rep); err != nil {
+	if err := a.answers(ctx); err != nil {
 		return "it does not answer its RPCs: " + err.Error()
 	}
 	if n := a.readyCount(); n < t.ReadyBefore {
 		return fmt.Sprintf("%d instances ready, %d were before the upgrade", n, t.ReadyBefore)
 	}
 	return ""
+}
+
+// answers checks that the agent serves its RPCs: connected, its
+// subscription known to the server (a flush is a round trip after it), and
+// its request handler answering a capacity request within a second. Agent
+// credentials may not send requests, not even to their own machine, so the
+// handler is asked in process.
+func (a *Agent) answers(ctx context.Context) error {
+	nc := a.cfg.Store.NC
+	if !nc.IsConnected() {
+		return errors.New("not connected to NATS")
+	}
+	if err := nc.FlushTimeout(time.Second); err != nil {
+		return fmt.Errorf("NATS round trip: %w", err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	// A handler that hangs keeps this goroutine; the rollback it causes
+	// replaces the process.
+	go func() {
+		_, err := a.handle(hctx, store.CmdCapacity, []byte("{}"))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-hctx.Done():
+		return errors.New("a capacity request got no answer within 1s")
+	}
 }
 
 // IsRestart reports whether err asks to restart, and into what.

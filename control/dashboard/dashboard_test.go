@@ -73,6 +73,10 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 		Upgrade: &store.UpgradeStatus{From: "1.1.0", To: "1.2.0", State: "rolled_back", Reason: "sick " + evil, At: time.Now()}}); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.PutRollout(ctx, &store.RolloutRecord{ID: "1.2.0-1", Release: "1.2.0", State: store.RolloutFailed, Total: 1,
+		FailedMachine: "m1", Reason: "rolled back " + evil, Started: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
 	d, err := New(s, Config{RequireLogin: true, DoctorEvery: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +132,7 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 		}
 		// The release each machine runs, and an upgrade that rolled back.
 		for p, want := range map[string][]string{
-			"/":           {`<section id="releases">`, "<td>1.1.0</td><td class=\"n\">1</td>", "1.1.0 → 1.2.0: rolled_back (sick"},
+			"/":           {`<section id="releases">`, "<td>1.1.0</td><td class=\"n\">1</td>", "1.1.0 → 1.2.0: rolled_back (sick", "latest rollout 1.2.0-1 to 1.2.0: failed"},
 			"/machines":   {"1.1.0 (rolled_back 1.2.0)"},
 			"/machine/m1": {`id="release">1.1.0 linux/amd64`, "1.1.0 → 1.2.0: rolled_back (sick"},
 		} {

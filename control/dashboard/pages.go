@@ -180,6 +180,7 @@ type overviewData struct {
 	// are machines whose latest upgrade is on trial or rolled back.
 	Releases   []releaseCount
 	Upgrades   []machines.Listed
+	Rollout    *store.RolloutRecord
 	Gateways   []fleet.Gateway
 	RoutingSeq uint64
 	Certs      []certs.Status
@@ -253,6 +254,9 @@ func (d *Server) overview(r *http.Request) (any, error) {
 		}
 		return strings.Compare(a.Release, b.Release)
 	})
+	if v.Rollout, err = d.s.LatestRollout(ctx); err != nil {
+		return nil, err
+	}
 	if v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, d.s); err != nil {
 		return nil, err
 	}

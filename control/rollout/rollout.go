@@ -169,6 +169,25 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Result, error) {
 		return nil, store.Errorf(store.CodeNotFound, "no machine to upgrade to %s", o.Release)
 	}
 
+	rec := &recorder{s: s, rec: store.RolloutRecord{ID: res.Rollout, Release: o.Release, Holder: host, State: store.RolloutRunning,
+		Total: len(targets) + len(res.Current), Current: len(res.Current), Skipped: len(res.Skipped), Started: start.UTC()}}
+	rec.write(ctx, true)
+	progress := o.Progress
+	o.Progress = func(st Step) {
+		rec.update(ctx, func(r *store.RolloutRecord) {
+			r.Phase = st.Phase
+			switch st.State {
+			case StepUpgraded:
+				r.Upgraded++
+			case StepCurrent:
+				r.Current++
+			}
+		})
+		if progress != nil {
+			progress(st)
+		}
+	}
+
 	phases := plan(targets, o.Canary, o.Batch)
 	for i, ph := range phases {
 		failed := runPhase(ctx, s, o, res, ph)
@@ -182,6 +201,13 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Result, error) {
 	}
 	sort.Strings(res.Upgraded)
 	res.Took = time.Since(start).Round(time.Millisecond).String()
+	rec.mu.Lock()
+	rec.rec.State, rec.rec.Phase = store.RolloutDone, ""
+	if res.Failed != nil {
+		rec.rec.State, rec.rec.FailedMachine, rec.rec.Reason = store.RolloutFailed, res.Failed.Machine, res.Failed.Detail
+	}
+	rec.mu.Unlock()
+	rec.write(context.WithoutCancel(ctx), true)
 	if res.Failed != nil {
 		return res, store.Errorf(store.CodeUpgradeFailed, "machine %s: %s; the rollout stopped (%d upgraded, %d untouched)",
 			res.Failed.Machine, res.Failed.Detail, len(res.Upgraded), len(res.Untouched)).
@@ -320,4 +346,41 @@ func upgradeOne(ctx context.Context, s *store.Store, o Options, rollout, phaseNa
 		case <-tick.C:
 		}
 	}
+}
+
+// recorder keeps a rollout's record in the store: at most every
+// recordEvery while it runs, and at its start and end.
+type recorder struct {
+	s    *store.Store
+	mu   sync.Mutex
+	rec  store.RolloutRecord
+	last time.Time
+}
+
+const recordEvery = 500 * time.Millisecond
+
+func (r *recorder) update(ctx context.Context, f func(*store.RolloutRecord)) {
+	r.mu.Lock()
+	f(&r.rec)
+	due := time.Since(r.last) >= recordEvery
+	r.mu.Unlock()
+	if due {
+		r.write(ctx, false)
+	}
+}
+
+// write stores the record. It is an account for people, so a failed write
+// does not stop the rollout; the next one carries the progress.
+func (r *recorder) write(ctx context.Context, force bool) {
+	r.mu.Lock()
+	if !force && time.Since(r.last) < recordEvery {
+		r.mu.Unlock()
+		return
+	}
+	r.last = time.Now()
+	rec := r.rec
+	r.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = r.s.PutRollout(wctx, &rec)
 }

@@ -80,6 +80,9 @@ func TestRolloutThroughASimulatedFleet(t *testing.T) {
 	if len(res.Upgraded) != n || rel["1.1.0"] != n || len(rel) != 1 {
 		t.Fatalf("upgraded %d of %d; releases now %v; skipped %v", len(res.Upgraded), n, rel, res.Skipped)
 	}
+	if r, err := srv.Store.LatestRollout(ctx); err != nil || r == nil || r.ID != res.Rollout || r.State != store.RolloutDone || r.Upgraded != n || r.Total != n {
+		t.Fatalf("the rollout's record: %+v %v", r, err)
+	}
 	if fleet.Fetched.Load() != int64(n)*int64(len(bin)) {
 		t.Fatalf("fetched %d bytes, want %d", fleet.Fetched.Load(), int64(n)*int64(len(bin)))
 	}

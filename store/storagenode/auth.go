@@ -632,9 +632,6 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// from stored state after one of its instances changes).
 		p.Sub.Allow.Add(n.NodeListenSubject(machine))
 		p.Pub.Allow.Add(n.RoutingRepublishSubject(machine), n.AdmissionSubject("*", machine))
-		// Requests to itself only: an upgraded agent's health gate asks
-		// its own RPC subject whether it answers.
-		p.Pub.Allow.Add(n.NodeListenSubject(machine))
 	case RoleMesh:
 		readKV(n.MeshPeersBucket())
 		readKV(n.MeshHeartbeatsBucket())
