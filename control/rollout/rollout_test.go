@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -92,10 +93,22 @@ func TestRolloutThroughASimulatedFleet(t *testing.T) {
 	if err != nil || len(res.Current) != n || len(res.Upgraded) != 0 {
 		t.Fatalf("second rollout: %+v %v", res, err)
 	}
-	// A release that is not in the store is refused up front; so is a
-	// second rollout while one holds the lease.
-	if _, err := rollout.Run(ctx, srv.Store, rollout.Options{Release: "9.9.9"}); err == nil {
-		t.Fatal("a rollout of a release never pushed went ahead")
+	// Refused up front, nothing asked of any machine: a release never
+	// pushed, a machine that does not exist, a bad option; and a second
+	// rollout while one holds the lease.
+	if _, err := rollout.Run(ctx, srv.Store, rollout.Options{Release: "9.9.9"}); !store.HasCode(err, store.CodeNotFound) {
+		t.Fatalf("a rollout of a release never pushed: %v", err)
+	}
+	if _, err := rollout.Run(ctx, srv.Store, rollout.Options{Release: "1.1.0", Machines: []string{fleet.IDs[0], "nope"}}); !store.HasCode(err, store.CodeNotFound) || !strings.Contains(err.Error(), "no machine nope") {
+		t.Fatalf("a rollout naming an unknown machine: %v", err)
+	}
+	for _, o := range []rollout.Options{{Release: "latest"}, {Release: "1.1.0", Canary: -1}} {
+		if _, err := rollout.Run(ctx, srv.Store, o); !store.HasCode(err, store.CodeInvalid) {
+			t.Fatalf("rollout %+v: %v, want invalid", o, err)
+		}
+	}
+	if got := fleet.Releases(); got["1.1.0"] != n || len(got) != 1 {
+		t.Fatalf("refused rollouts changed the fleet: %v", got)
 	}
 	lease, err := srv.Store.AcquireLease(ctx, rollout.LockKey, store.LeaseOptions{TTL: 10 * time.Second, Holder: "other"})
 	if err != nil {

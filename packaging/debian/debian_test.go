@@ -9,6 +9,27 @@ import (
 	"testing"
 )
 
+// Build refuses what it cannot package, saying what is missing, and
+// writes nothing.
+func TestBuildRefusals(t *testing.T) {
+	out := t.TempDir()
+	for _, o := range []Options{
+		{Root: "../..", Bin: t.TempDir(), Out: out, Version: "1.0.0", Arch: "amd64"},
+		{Root: "../..", Bin: t.TempDir(), Out: out, Arch: "amd64"},
+	} {
+		_, err := Build(o)
+		if err == nil {
+			t.Fatalf("built %+v", o)
+		}
+		if o.Version != "" && !strings.Contains(err.Error(), "run make build first") {
+			t.Errorf("missing binaries: %v", err)
+		}
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Fatalf("left behind: %v", entries)
+	}
+}
+
 // TestPackagesInstallRemovePurge builds the packages from this tree,
 // installs them with dpkg on this machine, checks every file lands where
 // the README says and every unit passes systemd-analyze verify, then

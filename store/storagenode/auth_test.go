@@ -503,6 +503,13 @@ func TestRoleScopedCredentials(t *testing.T) {
 		_, err := store.AcquireLease(c, gs.JS, gs.Locks, "cp.lock.fleet_upgrade", store.LeaseOptions{TTL: 10 * time.Second})
 		return err
 	})
+	// Nor write a rollout's record (what the dashboard shows of one).
+	refusedWrite("write a rollout record", "r1", func(c context.Context) error {
+		return as.PutRollout(c, &store.RolloutRecord{ID: "r1", Release: "1.2.0", State: store.RolloutDone, Started: time.Now()})
+	})
+	refusedOn(gwViolations, "write a rollout record", "r1", func(c context.Context) error {
+		return gs.PutRollout(c, &store.RolloutRecord{ID: "r1", Release: "1.2.0", State: store.RolloutDone, Started: time.Now()})
+	})
 	// Gateways and meshd have no business with releases.
 	refusedOn(gwViolations, "read a release", "KV_"+names.ReleasesBucket(), func(c context.Context) error {
 		_, err := gs.Release(c, "1.2.0", "linux/amd64")
