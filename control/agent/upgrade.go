@@ -275,6 +275,32 @@ func (a *Agent) upgradeGateway(ctx context.Context, rel *store.ReleaseRecord, bo
 		return fmt.Errorf("telling the gateway (pid %d) to swap: %w", pid, err)
 	}
 	a.log.Info("gateway swapping to the new release", zap.String("release", rel.Release), zap.Int("pid", pid))
+	err = pollUntil(ctx, bound, func() (bool, error) {
+		b, err := os.ReadFile(outcome)
+		if err != nil || len(b) == 0 {
+			return false, nil
+		}
+		if line := strings.TrimSpace(string(b)); !strings.HasPrefix(line, "ok ") {
+			return false, store.Errorf(store.CodeUpgradeFailed, "the gateway of release %s did not serve (the old one still does): %s", rel.Release, line)
+		}
+		return true, nil
+	})
+	if errors.Is(err, errPollTimeout) {
+		err = store.Errorf(store.CodeUpgradeFailed, "the gateway did not report its swap to %s within %s", rel.Release, bound)
+	}
+	if err != nil {
+		_ = a.cfg.GatewayReleases.Point(prev)
+		return err
+	}
+	a.log.Info("gateway serving the new release", zap.String("release", rel.Release))
+	return nil
+}
+
+var errPollTimeout = errors.New("not within the bound")
+
+// pollUntil calls check every 100ms until it reports done or fails, ctx
+// ends, or bound passes (errPollTimeout).
+func pollUntil(ctx context.Context, bound time.Duration, check func() (done bool, err error)) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.NewTimer(bound)
@@ -282,23 +308,13 @@ func (a *Agent) upgradeGateway(ctx context.Context, rel *store.ReleaseRecord, bo
 	for {
 		select {
 		case <-ctx.Done():
-			_ = a.cfg.GatewayReleases.Point(prev)
 			return ctx.Err()
 		case <-deadline.C:
-			_ = a.cfg.GatewayReleases.Point(prev)
-			return store.Errorf(store.CodeUpgradeFailed, "the gateway did not report its swap to %s within %s", rel.Release, bound)
+			return errPollTimeout
 		case <-tick.C:
-			b, err := os.ReadFile(outcome)
-			if err != nil || len(b) == 0 {
-				continue
-			}
-			line := strings.TrimSpace(string(b))
-			if strings.HasPrefix(line, "ok ") {
-				a.log.Info("gateway serving the new release", zap.String("release", rel.Release))
-				return nil
-			}
-			_ = a.cfg.GatewayReleases.Point(prev)
-			return store.Errorf(store.CodeUpgradeFailed, "the gateway of release %s did not serve (the old one still does): %s", rel.Release, line)
+		}
+		if done, err := check(); done || err != nil {
+			return err
 		}
 	}
 }
@@ -378,37 +394,29 @@ func (a *Agent) restartMeshd(ctx context.Context, pid int, binary string, bound 
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		return fmt.Errorf("stopping meshd (pid %d): %w", pid, err)
 	}
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(bound)
-	defer deadline.Stop()
 	var up int
 	var since time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline.C:
-			return fmt.Errorf("no meshd running %s", binary)
-		case <-tick.C:
-		}
+	err := pollUntil(ctx, bound, func() (bool, error) {
 		cur, err := readPidfile(a.cfg.MeshdPidfile)
 		if err != nil || cur == 0 || cur == pid {
 			up = 0
-			continue
+			return false, nil
 		}
-		exe, err := os.Readlink("/proc/" + strconv.Itoa(cur) + "/exe")
-		if err != nil || exe != binary {
+		if exe, err := os.Readlink("/proc/" + strconv.Itoa(cur) + "/exe"); err != nil || exe != binary {
 			up = 0
-			continue
+			return false, nil
 		}
 		if cur != up {
 			up, since = cur, time.Now()
-			continue
+			return false, nil
 		}
-		if time.Since(since) >= meshdSettle {
-			a.log.Info("meshd runs the new release", zap.Int("pid", cur))
-			return nil
-		}
+		return time.Since(since) >= meshdSettle, nil
+	})
+	if errors.Is(err, errPollTimeout) {
+		return fmt.Errorf("no meshd running %s", binary)
 	}
+	if err == nil {
+		a.log.Info("meshd runs the new release", zap.Int("pid", up))
+	}
+	return err
 }
