@@ -66,27 +66,32 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// proc is a running binary whose output is kept for assertions and for the
-// failure report.
+// outputLog keeps a process's output for assertions and for the failure
+// report.
+type outputLog struct {
+	mu  sync.Mutex
+	out bytes.Buffer
+}
+
+func (o *outputLog) Write(b []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.out.Write(b)
+}
+
+func (o *outputLog) output() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.out.String()
+}
+
+// proc is a running binary and its output.
 type proc struct {
+	outputLog
 	name string
 	cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer
 	done chan struct{}
 	err  error
-}
-
-func (p *proc) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *proc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
 }
 
 // waitOutput waits until the process printed something matching re.

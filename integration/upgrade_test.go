@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -37,25 +36,14 @@ func buildControlVersion(t *testing.T, dir, v string) string {
 // again a second after it exits, until the test ends. Its output, across
 // restarts, is kept.
 type supervised struct {
+	outputLog
 	name string
-	mu   sync.Mutex
-	out  bytes.Buffer
-	cmd  *exec.Cmd
-	runs int
-	stop chan struct{}
-	done chan struct{}
-}
-
-func (p *supervised) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *supervised) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
+	// runMu guards cmd and runs.
+	runMu sync.Mutex
+	cmd   *exec.Cmd
+	runs  int
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 func supervise(t *testing.T, name string, env []string, bin string, args ...string) *supervised {
@@ -71,9 +59,9 @@ func supervise(t *testing.T, name string, env []string, bin string, args ...stri
 				fmt.Fprintf(p, "supervisor: starting %s: %v\n", bin, err)
 				return
 			}
-			p.mu.Lock()
+			p.runMu.Lock()
 			p.cmd, p.runs = cmd, p.runs+1
-			p.mu.Unlock()
+			p.runMu.Unlock()
 			err := cmd.Wait()
 			fmt.Fprintf(p, "supervisor: %s exited: %v\n", name, err)
 			select {
@@ -85,9 +73,9 @@ func supervise(t *testing.T, name string, env []string, bin string, args ...stri
 	}()
 	t.Cleanup(func() {
 		close(p.stop)
-		p.mu.Lock()
+		p.runMu.Lock()
 		cmd := p.cmd
-		p.mu.Unlock()
+		p.runMu.Unlock()
 		if cmd != nil && cmd.Process != nil {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 		}
@@ -118,8 +106,8 @@ func (p *supervised) waitOutput(t *testing.T, re string, timeout time.Duration) 
 }
 
 func (p *supervised) pids() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
 	return p.runs
 }
 
