@@ -16,7 +16,9 @@ TMP=$(mktemp -d)
 ID=$$
 A=mdbA$ID
 B=mdbB$ID
+NET=10.223.0
 PIDS=()
+. "$(dirname "$0")/pair.sh"
 
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -40,14 +42,7 @@ if [ -z "$WGREF" ]; then
 	WGREF=$TMP/wireguard
 fi
 
-ip netns add "$A"
-ip netns add "$B"
-ip link add "va$ID" netns "$A" type veth peer name "vb$ID" netns "$B"
-ip -n "$A" addr add 10.223.0.1/24 dev "va$ID"
-ip -n "$B" addr add 10.223.0.2/24 dev "vb$ID"
-for n in "$A" "$B"; do ip -n "$n" link set lo up; done
-ip -n "$A" link set "va$ID" up
-ip -n "$B" link set "vb$ID" up
+pair_netns
 
 ip netns exec "$B" iperf3 -s >/dev/null 2>&1 &
 PIDS+=($!)
@@ -89,21 +84,9 @@ ip -n "$A" link del "wgrA$ID" 2>/dev/null || true
 ip -n "$B" link del "wgrB$ID" 2>/dev/null || true
 
 echo "meshd..." >&2
-coproc CTL { ip netns exec "$A" "$TMP/meshdev" --data "$TMP/ctl" --host 10.223.0.1 2>"$TMP/meshdev.log"; }
-PIDS+=($CTL_PID)
-read -r ready <&"${CTL[0]}"
-case $ready in READY*) ;; *) echo "bench: meshdev failed: $(cat "$TMP/meshdev.log")" >&2; exit 1;; esac
+mesh_join bench
 for side in A B; do
 	ns=${!side}
-	# meshdev's NATS listens beyond loopback, so it requires credentials:
-	# mesh credentials for each node's machine.
-	echo "creds bench$side $TMP/$side.creds" >&"${CTL[1]}"
-	read -r kind creds <&"${CTL[0]}"
-	[ "$kind" = CREDS ] || { echo "bench: meshdev creds: $kind $creds" >&2; exit 1; }
-	echo invite >&"${CTL[1]}"
-	read -r _ tok <&"${CTL[0]}"
-	ip netns exec "$ns" "$TMP/meshd" join --token "$tok" --data "$TMP/$side" --nats nats://10.223.0.1:4222 \
-		--creds "$creds" --machine "bench$side" --listen-port 51820 >/dev/null
 	ip netns exec "$ns" "$TMP/meshd" run --data "$TMP/$side" --log-level warn >"$TMP/meshd-$side.log" 2>&1 &
 	PIDS+=($!)
 done

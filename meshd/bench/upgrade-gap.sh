@@ -17,7 +17,9 @@ TMP=$(mktemp -d)
 ID=$$
 A=mugA$ID
 B=mugB$ID
+NET=10.224.0
 PIDS=()
+. "$(dirname "$0")/pair.sh"
 
 cleanup() {
 	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -39,29 +41,8 @@ echo "building meshd (two versions) and meshdev..." >&2
 	go build -ldflags "-X github.com/edgeplane/edgeplane/internal/version.Version=1.0.0" -o "$TMP/meshd" ./meshd &&
 	go build -ldflags "-X github.com/edgeplane/edgeplane/internal/version.Version=1.1.0" -o "$TMP/meshd-next" ./meshd)
 
-ip netns add "$A"
-ip netns add "$B"
-ip link add "va$ID" netns "$A" type veth peer name "vb$ID" netns "$B"
-ip -n "$A" addr add 10.224.0.1/24 dev "va$ID"
-ip -n "$B" addr add 10.224.0.2/24 dev "vb$ID"
-for n in "$A" "$B"; do ip -n "$n" link set lo up; done
-ip -n "$A" link set "va$ID" up
-ip -n "$B" link set "vb$ID" up
-
-coproc CTL { ip netns exec "$A" "$TMP/meshdev" --data "$TMP/ctl" --host 10.224.0.1 2>"$TMP/meshdev.log"; }
-PIDS+=($CTL_PID)
-read -r ready <&"${CTL[0]}"
-case $ready in READY*) ;; *) echo "upgrade-gap: meshdev failed: $(cat "$TMP/meshdev.log")" >&2; exit 1;; esac
-for side in A B; do
-	ns=${!side}
-	echo "creds gap$side $TMP/$side.creds" >&"${CTL[1]}"
-	read -r kind creds <&"${CTL[0]}"
-	[ "$kind" = CREDS ] || { echo "upgrade-gap: meshdev creds: $kind $creds" >&2; exit 1; }
-	echo invite >&"${CTL[1]}"
-	read -r _ tok <&"${CTL[0]}"
-	ip netns exec "$ns" "$TMP/meshd" join --token "$tok" --data "$TMP/$side" --nats nats://10.224.0.1:4222 \
-		--creds "$creds" --machine "gap$side" --listen-port 51820 >/dev/null
-done
+pair_netns
+mesh_join gap
 run_meshd() { # side binary
 	local ns=${!1}
 	ip netns exec "$ns" "$2" run --data "$TMP/$1" --log-level warn --pidfile "$TMP/$1.pid" >>"$TMP/meshd-$1.log" 2>&1 &
