@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/pki"
 )
@@ -214,10 +215,4 @@ func provenUnder(cs tls.ConnectionState, host string, cas []string) (*x509.Certi
 }
 
 // writeFile writes data to a private file whole.
-func writeFile(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
+func writeFile(path string, data []byte) error { return atomicfile.Write(path, data, 0o600) }

@@ -26,6 +26,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 )
 
 // States of an upgrade on a machine.
@@ -100,7 +102,10 @@ func (d Dir) save(t *Trial) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(d.trialPath(), b, 0o600)
+	if err := os.MkdirAll(string(d), 0o700); err != nil {
+		return err
+	}
+	return atomicfile.Write(d.trialPath(), b, 0o600)
 }
 
 // Current is the binary current names, resolved; "" when there is none
@@ -144,7 +149,7 @@ func (d Dir) point(bin string) error {
 	if err := os.Rename(tmp, d.currentPath()); err != nil {
 		return err
 	}
-	return syncDir(string(d))
+	return atomicfile.SyncDir(string(d))
 }
 
 // Stage writes release ver's binary name, as fetch writes it, into the
@@ -181,7 +186,7 @@ func (d Dir) Stage(ver, name string, fetch func(io.Writer) error) (string, error
 	if err := os.Rename(f.Name(), path); err != nil {
 		return "", err
 	}
-	return path, syncDir(filepath.Dir(path))
+	return path, atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // Begin records t as the upgrade on trial and points current at its
@@ -256,32 +261,4 @@ func sameFile(a, b string) bool {
 	fa, errA := os.Stat(a)
 	fb, errB := os.Stat(b)
 	return errA == nil && errB == nil && os.SameFile(fa, fb)
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, mode); err != nil {
-		return err
-	}
-	f, err := os.Open(tmp)
-	if err == nil {
-		_ = f.Sync()
-		f.Close()
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/crypto/curve25519"
 
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -110,11 +111,7 @@ func saveJSON(dir, name string, v any) error {
 
 // writeFile replaces dir/name with b (mode 0600) whole or not at all.
 func writeFile(dir, name string, b []byte) error {
-	tmp := filepath.Join(dir, "."+name+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", name, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, name), b, 0o600); err != nil {
 		return fmt.Errorf("writing %s: %w", name, err)
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -209,7 +210,7 @@ func InitStoreKey(dir string) (string, error) {
 		return "", err
 	}
 	key := base64.RawURLEncoding.EncodeToString(raw[:])
-	if err := writeFileAtomic(filepath.Join(dir, authStoreKeyFile), []byte(key+"\n"), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, authStoreKeyFile), []byte(key+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("auth dir: %w", err)
 	}
 	return key, nil
@@ -684,5 +685,5 @@ func checkStoreKey(dataDir, key string) error {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
-	return writeFileAtomic(path, []byte(want+"\n"), 0o600)
+	return atomicfile.Write(path, []byte(want+"\n"), 0o600)
 }

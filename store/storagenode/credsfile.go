@@ -3,6 +3,8 @@ package storagenode
 import (
 	"fmt"
 	"os"
+
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 )
 
 // ControlCredsFile is the name, in a storage node's data dir, of the
@@ -18,7 +20,7 @@ func (a *Auth) WriteCredsFile(path string, r CredsRequest) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(path, b, 0o600)
+	return atomicfile.Write(path, b, 0o600)
 }
 
 // TempCredsFile issues short-lived credentials for a command's own

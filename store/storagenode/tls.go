@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/pki"
 	"github.com/nats-io/nats-server/v2/server"
@@ -128,34 +129,11 @@ func InitFleetTLS(authDir string, ca *pki.CA) (*FleetTLS, error) {
 		name string
 		data []byte
 	}{{tlsCAKeyFile, keyPEM}, {tlsCAFile, ca.CertPEM()}, {tlsBundleFile, ca.CertPEM()}} {
-		if err := writeFileAtomic(filepath.Join(dir, f.name), f.data, 0o600); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, f.name), f.data, 0o600); err != nil {
 			return nil, fmt.Errorf("auth dir TLS: %w", err)
 		}
 	}
 	return LoadFleetTLS(authDir)
-}
-
-// writeFileAtomic replaces path with data: a reader sees the old file or
-// the new one, never a part, and two writers never share a temporary file.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), mode)
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-	}
-	return err
 }
 
 // clientTLS is the server side of the client port: TLS from the first byte
@@ -411,7 +389,7 @@ type tlsFile struct {
 // whole) and its generation is the old one.
 func writeTLSFiles(authDir string, generation int, files []tlsFile, remove []string, dir string) (*FleetTLS, error) {
 	for _, f := range files {
-		if err := writeFileAtomic(filepath.Join(dir, f.name), f.data, 0o600); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, f.name), f.data, 0o600); err != nil {
 			return nil, fmt.Errorf("auth dir TLS: %w", err)
 		}
 	}
@@ -420,7 +398,7 @@ func writeTLSFiles(authDir string, generation int, files []tlsFile, remove []str
 			return nil, fmt.Errorf("auth dir TLS: %w", err)
 		}
 	}
-	if err := writeFileAtomic(filepath.Join(dir, tlsGenerationFile), []byte(strconv.Itoa(generation)+"\n"), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, tlsGenerationFile), []byte(strconv.Itoa(generation)+"\n"), 0o600); err != nil {
 		return nil, fmt.Errorf("auth dir TLS: %w", err)
 	}
 	return LoadFleetTLS(authDir)
