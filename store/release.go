@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"sort"
 	"strings"
@@ -92,8 +91,8 @@ func (s *Store) PushRelease(ctx context.Context, rel *ReleaseRecord, bins map[st
 		return Errorf(CodeInvalid, "release %s has no binaries", rel.Release)
 	}
 	if s.signer == nil {
-		_, err := s.appendSigned(ctx, nil, "", "", "", nil, "")
-		return err
+		// Refused before any binary is stored.
+		return errSigningKeyRequired()
 	}
 	if _, err := s.Release(ctx, rel.Release, rel.Arch); err == nil {
 		return Errorf(CodeConflict, "release %s for %s was pushed already; a version is never replaced, push a new one", rel.Release, rel.Arch).
@@ -245,7 +244,7 @@ func (s *Store) FetchReleaseBinary(ctx context.Context, rel *ReleaseRecord, name
 		return Errorf(CodeNotFound, "release %s: object %s has no readable meta record", rel.Release, b.Object)
 	}
 	h := sha256.New()
-	cw := &countingWriter{w: io.MultiWriter(w, h), h: h}
+	cw := &countingWriter{w: io.MultiWriter(w, h)}
 	if _, err := s.ReadFrom(ctx, stream, 1, "$O."+bucket+".C."+om.NUID, func(m *StoredMsg) error {
 		if cw.n+int64(len(m.Data)) > b.Size {
 			return errTooLong
@@ -255,7 +254,7 @@ func (s *Store) FetchReleaseBinary(ctx context.Context, rel *ReleaseRecord, name
 	}); err != nil && !errors.Is(err, errTooLong) {
 		return fmt.Errorf("reading %s of release %s: %w", name, rel.Release, err)
 	}
-	got := hex.EncodeToString(cw.h.Sum(nil))
+	got := hex.EncodeToString(h.Sum(nil))
 	if cw.n != b.Size || got != b.SHA256 {
 		return (&Error{Code: CodeBadSignature, Message: fmt.Sprintf("%s of release %s: read %d bytes with SHA-256 %s, the signed release names %d bytes with %s",
 			name, rel.Release, cw.n, got, b.Size, b.SHA256)}).With("reason", "digest_mismatch")
@@ -267,7 +266,6 @@ var errTooLong = errors.New("longer than the signed size")
 
 type countingWriter struct {
 	w io.Writer
-	h hash.Hash
 	n int64
 }
 

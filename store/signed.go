@@ -236,7 +236,7 @@ func (n Names) SigningStreams() []string {
 // key yet"). Racing appenders retry with the sequence that beat them.
 func (s *Store) appendSigned(ctx context.Context, key func() (*signing.Key, error), stream, subject, op string, body []byte, msgID string, extra ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
 	if key == nil {
-		return nil, &Error{Code: CodeSigningKeyRequired, Message: "writing intent needs a signing key: pass --signing-key FILE (control server writes DATA/signer.nk; `control signing issue` makes more)"}
+		return nil, errSigningKeyRequired()
 	}
 	last, err := s.lastSeq(ctx, stream)
 	if err != nil {
@@ -290,6 +290,10 @@ func (s *Store) appendSigned(ctx context.Context, key func() (*signing.Key, erro
 		}
 		last = cur
 	}
+}
+
+func errSigningKeyRequired() *Error {
+	return &Error{Code: CodeSigningKeyRequired, Message: "writing intent needs a signing key: pass --signing-key FILE (control server writes DATA/signer.nk; `control signing issue` makes more)"}
 }
 
 // AppendSigned appends body to subject of stream, signed by s's signer,
