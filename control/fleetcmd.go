@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/rollout"
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -103,7 +104,7 @@ func setupFleetVersions(*flag.FlagSet) func(*call) error {
 						if m.Liveness != store.MachineFresh {
 							ids[i] += " (" + m.Liveness + ")"
 						}
-						if u := m.Upgrade; u != nil && u.State != "confirmed" {
+						if u := m.Upgrade; u != nil && u.State != upgrade.StateConfirmed {
 							note := fmt.Sprintf("%s: %s %s→%s", m.ID, u.State, u.From, u.To)
 							if u.Reason != "" {
 								note += ": " + u.Reason

@@ -20,6 +20,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/doctor"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -233,7 +234,7 @@ func (d *Server) overview(r *http.Request) (any, error) {
 			r = "unknown"
 		}
 		byRelease[r]++
-		if u := m.Upgrade; u != nil && u.State != "confirmed" && len(v.Upgrades) < 20 {
+		if u := m.Upgrade; u != nil && u.State != upgrade.StateConfirmed && len(v.Upgrades) < 20 {
 			v.Upgrades = append(v.Upgrades, m)
 		}
 		v.Machines.Liveness[m.Liveness]++

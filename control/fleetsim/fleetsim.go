@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -266,7 +267,7 @@ func (f *Fleet) upgradeTo(ctx context.Context, id string, req store.UpgradeReque
 		}
 		f.mu.Lock()
 		f.release[id] = req.Release
-		f.upgrade[id] = &store.UpgradeStatus{Rollout: req.Rollout, Attempt: req.Attempt, From: cur, To: req.Release, State: "confirmed", At: time.Now().UTC()}
+		f.upgrade[id] = &store.UpgradeStatus{Rollout: req.Rollout, Attempt: req.Attempt, From: cur, To: req.Release, State: upgrade.StateConfirmed, At: time.Now().UTC()}
 		f.mu.Unlock()
 		_ = f.writeObservations(context.WithoutCancel(ctx), id)
 	}()
