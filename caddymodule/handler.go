@@ -99,7 +99,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
 	}
 	caddyhttp.SetVar(r.Context(), varService, svc)
-	return h.app.shared.traffic.of(svc).serve(w, r, &h.Handler, next)
+	side := unsplit
+	if svc.Split != nil {
+		side = pickSide(w, r, svc)
+		caddyhttp.SetVar(r.Context(), varSide, side)
+	}
+	return h.app.shared.traffic.of(svc).serve(w, r, &h.Handler, next, side)
 }
 
 func plainError(w http.ResponseWriter, code int, body string) error {

@@ -264,6 +264,14 @@ func (h *healthChecker) probe(ctx context.Context, t probeTarget) error {
 // healthy filters dials (a service's endpoint addresses) to those not set
 // aside; when that leaves none, it returns dials whole (fail open) and
 // logs it once per episode.
+// isDown reports whether dial failed its latest health checks.
+func (h *healthChecker) isDown(dial string) bool {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	_, down := h.down[dial]
+	return down
+}
+
 func (h *healthChecker) healthy(service string, dials []string) []string {
 	h.mu.RLock()
 	if len(h.down) == 0 && len(h.failOpen) == 0 {

@@ -42,18 +42,55 @@ type serviceCounters struct {
 	bytesIn, bytesOut  atomic.Uint64
 	open               atomic.Int64
 	latency            [latencyBuckets]atomic.Uint64
+	// canary counts each side of the service's split while a canary
+	// routes it; nil otherwise.
+	canary atomic.Pointer[canaryCounters]
 }
 
-// observe counts one finished request.
-func (c *serviceCounters) observe(status int, latency time.Duration, in, out int64) {
-	class := status/100 - 1
+// canaryCounters count the two sides of one canary's split.
+type canaryCounters struct {
+	split store.Split
+	sides [2]sideCounters
+}
+
+// sideCounters are one side's responses by class and latency.
+type sideCounters struct {
+	classes [5]atomic.Uint64
+	latency [latencyBuckets]atomic.Uint64
+}
+
+// bucketsOf returns the status class and latency bucket of a response.
+func bucketsOf(status int, latency time.Duration) (class, bucket int) {
+	class = status/100 - 1
 	if class < 0 || class > 4 {
 		class = 4 // no valid status is a server error
 	}
+	bucket, _ = slices.BinarySearch(store.TrafficLatencyBounds, latency.Seconds())
+	return class, bucket
+}
+
+func (c *sideCounters) snapshot(rev int64) store.RevisionCounts {
+	out := store.RevisionCounts{Revision: rev, Latency: make([]uint64, latencyBuckets)}
+	for i := range c.classes {
+		out.Classes[i] = c.classes[i].Load()
+	}
+	for i := range c.latency {
+		out.Latency[i] = c.latency[i].Load()
+	}
+	return out
+}
+
+// observe counts one finished request.
+func (c *serviceCounters) observe(status int, latency time.Duration, in, out int64, side int) {
+	class, i := bucketsOf(status, latency)
 	c.classes[class].Add(1)
-	secs := latency.Seconds()
-	i, _ := slices.BinarySearch(store.TrafficLatencyBounds, secs)
 	c.latency[i].Add(1)
+	if side != unsplit {
+		if cc := c.canary.Load(); cc != nil {
+			cc.sides[side].classes[class].Add(1)
+			cc.sides[side].latency[i].Add(1)
+		}
+	}
 	if in > 0 {
 		c.bytesIn.Add(uint64(in))
 	}
@@ -71,6 +108,10 @@ func (c *serviceCounters) snapshot() store.ServiceTraffic {
 	}
 	for i := range c.latency {
 		t.Latency[i] = c.latency[i].Load()
+	}
+	if cc := c.canary.Load(); cc != nil {
+		t.Canary = &store.CanaryTraffic{Deploy: cc.split.Deploy,
+			Old: cc.sides[sideOld].snapshot(cc.split.From), New: cc.sides[sideNew].snapshot(cc.split.Revision)}
 	}
 	return t
 }
@@ -106,14 +147,22 @@ func (t *trafficTable) countersOf(s *projection.Service) any {
 	t.mu.RLock()
 	c := t.byKey[k]
 	t.mu.RUnlock()
-	if c != nil {
-		return c
+	if c == nil {
+		t.mu.Lock()
+		if c = t.byKey[k]; c == nil {
+			c = &serviceCounters{namespace: s.Namespace, service: s.Name}
+			t.byKey[k] = c
+		}
+		t.mu.Unlock()
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if c = t.byKey[k]; c == nil {
-		c = &serviceCounters{namespace: s.Namespace, service: s.Name}
-		t.byKey[k] = c
+	// Once per routing change of the service: a new canary starts its
+	// own counters (every step of one canary keeps counting in them), and
+	// the end of the split drops them.
+	switch cc := c.canary.Load(); {
+	case s.Split == nil:
+		c.canary.Store(nil)
+	case cc == nil || cc.split.Deploy != s.Split.Deploy:
+		c.canary.Store(&canaryCounters{split: *s.Split})
 	}
 	return c
 }
@@ -140,7 +189,8 @@ func (t *trafficTable) snapshot(max int) []store.ServiceTraffic {
 }
 
 // serve runs h for r, counting it against c.
-func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyhttp.MiddlewareHandler, next caddyhttp.Handler) error {
+// side is the split's side the request goes to, or unsplit.
+func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyhttp.MiddlewareHandler, next caddyhttp.Handler, side int) error {
 	start := time.Now()
 	c.open.Add(1)
 	tw := &trafficWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
@@ -176,7 +226,7 @@ func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyh
 		if body != nil {
 			in = body.n
 		}
-		c.observe(status, headersAt.Sub(start), in, tw.bytes)
+		c.observe(status, headersAt.Sub(start), in, tw.bytes, side)
 	}()
 	err = h.ServeHTTP(tw, r, next)
 	return err

@@ -7,9 +7,11 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/store"
 )
 
 func init() {
@@ -81,13 +83,50 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		}
 		return out
 	}).([]string)
-	// Instances of machines whose heartbeats stopped are set aside while
-	// the service has others (fail open), then those failing their health
-	// checks among what is left.
+	// A split service's request gets the side the handler picked for it.
+	if side, ok := caddyhttp.GetVar(r.Context(), varSide).(int); ok && side != unsplit && svc.Split != nil {
+		old, fresh := svc.Sides()
+		idx := old
+		if side == sideNew {
+			idx = fresh
+		}
+		picked := make([]string, 0, len(idx))
+		eps := make([]store.Endpoint, 0, len(idx))
+		for _, j := range idx {
+			picked, eps = append(picked, dials[j]), append(eps, svc.Endpoints[j])
+		}
+		// A side none of whose endpoints can serve leaves the request to
+		// the whole service rather than failing it open.
+		if u.anyServing(v, picked, eps) {
+			return u.upstreams(v, svc.Key(), picked, eps), nil
+		}
+	}
+	return u.upstreams(v, svc.Key(), dials, svc.Endpoints), nil
+}
+
+// anyServing reports whether one of dials (of eps) is on a live machine
+// and passing its health check.
+func (u *Upstreams) anyServing(v *projection.View, dials []string, eps []store.Endpoint) bool {
+	for i, d := range dials {
+		if _, down := v.Down(eps[i].Machine); down {
+			continue
+		}
+		if u.app.health == nil || !u.app.health.isDown(d) {
+			return true
+		}
+	}
+	return false
+}
+
+// upstreams gives dials (of eps) as fresh Upstream values: instances of
+// machines whose heartbeats stopped are set aside while the service has
+// others (fail open), then those failing their health checks among what
+// is left.
+func (u *Upstreams) upstreams(v *projection.View, key string, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
 	if v.AnyDown() {
 		live := make([]string, 0, len(dials))
 		for i, d := range dials {
-			if _, down := v.Down(svc.Endpoints[i].Machine); !down {
+			if _, down := v.Down(eps[i].Machine); !down {
 				live = append(live, d)
 			}
 		}
@@ -96,7 +135,7 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		}
 	}
 	if u.app.health != nil {
-		dials = u.app.health.healthy(svc.Key(), dials)
+		dials = u.app.health.healthy(key, dials)
 	}
 	vals := make([]reverseproxy.Upstream, len(dials))
 	ups := make([]*reverseproxy.Upstream, len(dials))
@@ -104,7 +143,7 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		vals[i].Dial = d
 		ups[i] = &vals[i]
 	}
-	return ups, nil
+	return ups
 }
 
 // Interface guards

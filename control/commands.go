@@ -35,6 +35,10 @@ var commands = []command{
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupDeployHistory},
 	{name: "deploy rollback", synopsis: "NS [--to ID]", summary: "deploy an earlier commit's spec again",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupDeployRollback},
+	{name: "deploy promote", synopsis: "NS", summary: "promote the canary under way in a namespace now: its final commit follows at once",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupCanaryDecision(store.DecisionPromote)},
+	{name: "deploy abort", synopsis: "NS", summary: "abort the canary under way in a namespace: everything routed back to the live revision, candidates stopped",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupCanaryDecision(store.DecisionAbort)},
 	{name: "deploy destroy", synopsis: "NS", summary: "retire a namespace: stop its instances, remove its routing, release its hosts",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupDeployDestroy},
 

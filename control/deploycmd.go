@@ -111,6 +111,23 @@ func setupDeployDestroy(fs *flag.FlagSet) func(*call) error {
 	}
 }
 
+func setupCanaryDecision(action string) func(*flag.FlagSet) func(*call) error {
+	return func(*flag.FlagSet) func(*call) error {
+		return func(c *call) error {
+			return c.withDeployer(deploy.Options{}, func(d *deploy.Deployer) error {
+				st, err := d.DecideCanary(c.ctx, c.args[0], action)
+				if err != nil {
+					return err
+				}
+				return c.out.emit(st, func(w io.Writer) {
+					fmt.Fprintf(w, "%s of the canary of deploy %s (revision %d) recorded; the apply holding it acts within %s (the control plane, if its orchestrator is gone)\n",
+						action, st.DeployID, st.Revision, deploy.CanaryPoll)
+				})
+			})
+		}
+	}
+}
+
 func setupDeployStatus(*flag.FlagSet) func(*call) error {
 	return func(c *call) error {
 		return c.withStore(func(s *store.Store) error {
@@ -277,6 +294,16 @@ func deployStatus(ctx context.Context, s *store.Store, d *deploy.Deployer, out *
 			for _, p := range v.Phases {
 				fmt.Fprintf(w, "  [%d] %-17s %-8s %s\n", p.Index, p.Name, p.State, p.Detail)
 			}
+			for _, c := range st.Canary {
+				fmt.Fprintf(w, "  canary:    step %d %d%% hold %s: %s", c.Step, c.Weight, c.Hold, c.Verdict)
+				if c.Reason != "" {
+					fmt.Fprintf(w, ": %s", c.Reason)
+				}
+				fmt.Fprintln(w)
+				for _, f := range c.Judged {
+					fmt.Fprintf(w, "             %s: %s\n", f.Service, canaryLine(f))
+				}
+			}
 			if c := v.Instances; c != nil {
 				fmt.Fprintf(w, "  instances: %d ready, %d starting, %d backoff, %d failed, %d stale\n", c.Ready, c.Starting, c.Backoff, c.Failed, c.Stale)
 			}
@@ -402,4 +429,13 @@ func findInstance(ctx context.Context, s *store.Store, id string) (*store.Instan
 		return nil, store.Errorf(store.CodeNotFound, "no instance %s", id).With("instance", id)
 	}
 	return found, nil
+}
+
+// canaryLine shows one service's canary figures, new revision first.
+func canaryLine(f store.CanaryFigures) string {
+	side := func(t store.RevisionTotals) string {
+		return fmt.Sprintf("revision %d %d requests, %d 5xx (%.2f%%), p99 %s", t.Revision, t.Requests, t.Errors, 100*t.ErrorRatio,
+			time.Duration(t.P99*float64(time.Second)).Round(100*time.Microsecond))
+	}
+	return side(f.New) + " | " + side(f.Old)
 }

@@ -239,7 +239,11 @@ func (b *indexBuilder) addServices(v View) {
 		srvName := "_http._tcp." + base
 		srvNode := b.node(srvName)
 		seen := make(map[netip.Addr]bool)
-		for _, ep := range eps {
+		// During a canary each side's SRV weights add up to its share;
+		// a side with none (the new revision at 0%, the old at 100%) is
+		// answered under its instance names only.
+		weights := svc.SRVWeights(eps)
+		for i, ep := range eps {
 			ip, err := netip.ParseAddr(ep.Address)
 			if err != nil || ep.Port <= 0 || ep.Port > 65535 {
 				continue
@@ -248,6 +252,9 @@ func (b *indexBuilder) addServices(v View) {
 			target := instanceLabel(ep) + "." + base
 			inst := b.node(target)
 			b.addAddr(inst, target, ip)
+			if weights[i] == 0 {
+				continue
+			}
 			if !seen[ip] {
 				seen[ip] = true
 				b.addAddr(svcNode, base, ip)
@@ -257,7 +264,7 @@ func (b *indexBuilder) addServices(v View) {
 				name string
 			}{{svcNode, base}, {srvNode, srvName}} {
 				owner.n.srv = append(owner.n.srv, &dns.SRV{
-					Hdr: b.hdr(owner.name, dns.TypeSRV), Priority: 0, Weight: 10,
+					Hdr: b.hdr(owner.name, dns.TypeSRV), Priority: 0, Weight: weights[i],
 					Port: uint16(ep.Port), Target: target,
 				})
 				owner.n.srvExtra = append(owner.n.srvExtra, inst.a...)

@@ -231,3 +231,39 @@ func TestConfigErrors(t *testing.T) {
 		t.Fatal("a nil source was accepted")
 	}
 }
+
+// During a canary each side's SRV weights add up to its share of the
+// split; a side at 0% is answered under its instance names only.
+func TestCanarySplitSRVWeights(t *testing.T) {
+	split := func(weight int) *memView {
+		web := svc("shop", "web",
+			ep("i-old-1", 0, "10.100.0.5", 8080), ep("i-old-2", 1, "10.100.0.6", 8080),
+			store.Endpoint{InstanceID: "i-new-1", Machine: "m1", Slot: 0, Revision: 2, Address: "10.100.0.7", Port: 8080})
+		web.Split = &store.Split{Deploy: "d2", Revision: 2, From: 1, Weight: weight}
+		return &memView{services: []*projection.Service{web}}
+	}
+	src := &memSource{}
+	src.set(split(10), 1)
+	_, addr := startServer(t, Config{}, src)
+	const name = "web.shop.edgeplane.internal."
+	if _, got := answers(t, "udp", addr, name, dns.TypeSRV); !slices.Equal(got, []string{
+		"web.shop.edgeplane.internal. 5 IN SRV 0 1000 8080 i-new-1.web.shop.edgeplane.internal.",
+		"web.shop.edgeplane.internal. 5 IN SRV 0 4500 8080 i-old-1.web.shop.edgeplane.internal.",
+		"web.shop.edgeplane.internal. 5 IN SRV 0 4500 8080 i-old-2.web.shop.edgeplane.internal.",
+	}) {
+		t.Fatalf("SRV at 10%%: %q", got)
+	}
+	src.set(split(0), 2)
+	if _, got := answers(t, "udp", addr, name, dns.TypeA); !slices.Equal(got, []string{
+		"web.shop.edgeplane.internal. 5 IN A 10.100.0.5", "web.shop.edgeplane.internal. 5 IN A 10.100.0.6"}) {
+		t.Fatalf("A at 0%%: %q", got)
+	}
+	if _, got := answers(t, "udp", addr, "i-new-1."+name, dns.TypeA); !slices.Equal(got, []string{"i-new-1.web.shop.edgeplane.internal. 5 IN A 10.100.0.7"}) {
+		t.Fatalf("the new instance's own name at 0%%: %q", got)
+	}
+	src.set(split(100), 3)
+	if _, got := answers(t, "udp", addr, name, dns.TypeSRV); !slices.Equal(got, []string{
+		"web.shop.edgeplane.internal. 5 IN SRV 0 10000 8080 i-new-1.web.shop.edgeplane.internal."}) {
+		t.Fatalf("SRV at 100%%: %q", got)
+	}
+}

@@ -74,7 +74,7 @@ func (b *builder) apply(ev *store.RoutingEvent) error {
 func (b *builder) upsertService(ev *store.RoutingEvent) {
 	s := &Service{
 		Namespace: ev.Namespace, Name: ev.Service, DeployID: ev.DeployID, Revision: ev.Revision,
-		Routes: ev.Routes, Endpoints: ev.Endpoints, HealthPath: ev.HealthPath,
+		Routes: ev.Routes, Endpoints: ev.Endpoints, HealthPath: ev.HealthPath, Split: ev.Split,
 	}
 	key := s.Key()
 	b.removeService(key)

@@ -33,11 +33,7 @@ func writeSnapshot(path string, v *View) error {
 	f := snapshotFile{Format: snapshotFormat, Seq: v.Seq, StreamCreated: v.StreamCreated,
 		BuiltAt: v.BuiltAt, SavedAt: time.Now().UTC()}
 	for _, s := range v.Services() {
-		f.Services = append(f.Services, store.RoutingEvent{
-			Version: store.RecordVersion, Kind: store.EventServiceUpsert,
-			Namespace: s.Namespace, Service: s.Name, DeployID: s.DeployID, Revision: s.Revision,
-			Routes: s.Routes, Endpoints: s.Endpoints, HealthPath: s.HealthPath,
-		})
+		f.Services = append(f.Services, *s.event())
 	}
 	f.Machines = v.Machines()
 	data, err := json.Marshal(&f)

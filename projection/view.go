@@ -55,6 +55,9 @@ type Service struct {
 	// HealthPath is where gateways probe an endpoint's health (the
 	// service's readiness path); empty for a TCP connect.
 	HealthPath string
+	// Split, during a canary, divides the traffic between the endpoints
+	// of Split.Revision and the others.
+	Split *store.Split
 
 	memo sync.Map
 	// digest is serviceDigest(s), computed on first use.
@@ -64,7 +67,7 @@ type Service struct {
 // event is the upsert that makes s again.
 func (s *Service) event() *store.RoutingEvent {
 	return &store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: s.Namespace,
-		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.Endpoints, HealthPath: s.HealthPath}
+		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.Endpoints, HealthPath: s.HealthPath, Split: s.Split}
 }
 
 // Key is "<namespace>/<name>".
@@ -346,6 +349,19 @@ func serviceDigest(s *Service) [2]uint64 {
 		num(int64(len(r.PathPrefixes)))
 		for _, x := range r.PathPrefixes {
 			str(x)
+		}
+	}
+	if sp := s.Split; sp != nil {
+		str(sp.Deploy)
+		num(sp.Revision)
+		num(int64(sp.Weight))
+		if sp.Sticky {
+			num(1)
+		}
+		if m := sp.Match; m != nil {
+			str(m.Header)
+			str(m.Cookie)
+			str(m.Value)
 		}
 	}
 	num(int64(len(s.Endpoints)))

@@ -114,6 +114,10 @@ func (n Names) ReleasesBucket() string { return "cp_releases_" + n.Authority }
 // RolloutsBucket holds the fleet upgrades' progress (RolloutRecord).
 func (n Names) RolloutsBucket() string { return "cp_rollouts_" + n.Authority }
 
+// CanaryDecisionsBucket holds operators' promote and abort decisions on
+// canaries under way (CanaryDecision); control role only.
+func (n Names) CanaryDecisionsBucket() string { return "cp_canary_decisions_" + n.Authority }
+
 // ReleaseBinariesStore is the object store of the releases' binaries.
 func (n Names) ReleaseBinariesStore() string { return "cp_release_bins_" + n.Authority }
 

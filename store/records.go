@@ -69,6 +69,9 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 type Manifest struct {
 	Namespace string                 `json:"namespace" yaml:"namespace"`
 	Services  map[string]ServiceSpec `json:"services" yaml:"services"`
+	// Rollout, when set, takes every changed service through canary
+	// steps before the final commit.
+	Rollout *CanarySpec `json:"rollout,omitempty" yaml:"rollout,omitempty"`
 }
 
 // ServiceSpec describes one service of a manifest.
@@ -187,6 +190,8 @@ type DeployCommit struct {
 	Slots        []SlotAssignment `json:"slots"`
 	// RollbackOf names the commit whose spec this deploy re-applied.
 	RollbackOf string `json:"rollback_of,omitempty"`
+	// Canary marks a checkpoint commit as a canary step, or its abort.
+	Canary *Canary `json:"canary,omitempty"`
 	// Destroy marks the final commit of `control deploy destroy`: no
 	// services, every instance stopped, every host released.
 	Destroy bool `json:"destroy,omitempty"`
@@ -249,10 +254,12 @@ type DeployStatus struct {
 	// published, drained and every instance it replaced stopped; or failed
 	// with every candidate stopped. Until then `control server` finishes
 	// it when its orchestrator is gone.
-	Settled   bool      `json:"settled,omitempty"`
-	Warnings  []string  `json:"warnings,omitempty"`
-	StartedAt time.Time `json:"started_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Settled  bool     `json:"settled,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+	// Canary are the canary steps the deploy went through, as judged.
+	Canary    []CanaryStepStatus `json:"canary,omitempty"`
+	StartedAt time.Time          `json:"started_at"`
+	UpdatedAt time.Time          `json:"updated_at"`
 	// Rev is the KV revision, filled in when read.
 	Rev uint64 `json:"-"`
 }
@@ -427,9 +434,11 @@ type RoutingEvent struct {
 	// HealthPath is the service's readiness path (Readiness.Path), which
 	// gateways probe each endpoint at; empty when readiness is a TCP
 	// connect.
-	HealthPath string         `json:"health_path,omitempty"`
-	Machine    *MachineRecord `json:"machine,omitempty"`
-	At         time.Time      `json:"at"`
+	HealthPath string `json:"health_path,omitempty"`
+	// Split divides the service's traffic during a canary.
+	Split   *Split         `json:"split,omitempty"`
+	Machine *MachineRecord `json:"machine,omitempty"`
+	At      time.Time      `json:"at"`
 	// Seq is the stream sequence, filled in when read; not stored.
 	Seq uint64 `json:"-"`
 }

@@ -267,9 +267,13 @@ func (s *Store) RepublishService(ctx context.Context, namespace, service string)
 // republish is RepublishService; check, when set, vets the namespace's
 // instance records before anything is published.
 func (s *Store) republish(ctx context.Context, namespace, service string, check func(map[string]*InstanceRecord) error) (uint64, error) {
-	c, err := s.LiveCommit(ctx, namespace)
+	live, canary, err := s.RoutingCommits(ctx, namespace)
 	if err != nil {
 		return 0, err
+	}
+	if live == nil && canary == nil {
+		return 0, &Error{Code: CodeNotFound, Message: fmt.Sprintf("namespace %s has no committed deploy", namespace),
+			Detail: map[string]string{"namespace": namespace}}
 	}
 	insts, err := s.NamespaceInstances(ctx, namespace)
 	if err != nil {
@@ -280,10 +284,27 @@ func (s *Store) republish(ctx context.Context, namespace, service string, check 
 			return 0, err
 		}
 	}
-	if _, ok := c.Manifest.Services[service]; !ok {
-		return 0, nil
+	// While a canary is under way its step says how the service is
+	// routed; the live commit alone otherwise.
+	if canary == nil {
+		if _, ok := live.Manifest.Services[service]; !ok {
+			return 0, nil
+		}
+		return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, insts)})
 	}
-	return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(c, service, insts)})
+	for _, ev := range CanaryEvents(canary, live, insts) {
+		if ev.Service == service {
+			return s.PublishRouting(ctx, "", []RoutingEvent{ev})
+		}
+	}
+	// A service the canary removes is routed as live routes it until the
+	// final commit.
+	if live != nil {
+		if _, ok := live.Manifest.Services[service]; ok {
+			return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, insts)})
+		}
+	}
+	return 0, nil
 }
 
 // RequestRepublish asks the control plane, on machine's behalf, to run

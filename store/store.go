@@ -169,6 +169,8 @@ type Store struct {
 	Releases jetstream.KeyValue
 	// Rollouts holds the progress of fleet upgrades.
 	Rollouts jetstream.KeyValue
+	// CanaryDecisions holds operators' decisions on canaries under way.
+	CanaryDecisions jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
 
@@ -307,6 +309,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.DashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
 		bucket(&s.Releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
 		bucket(&s.Rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
+		bucket(&s.CanaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),

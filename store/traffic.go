@@ -34,6 +34,9 @@ type ServiceTraffic struct {
 	// Latency counts responses per TrafficLatencyBounds bucket (not
 	// cumulative across buckets), the last being the overflow.
 	Latency []uint64 `json:"lat"`
+	// Canary splits the service's requests by side while a canary routes
+	// it (Split).
+	Canary *CanaryTraffic `json:"canary,omitempty"`
 }
 
 // Requests is every response counted.

@@ -77,6 +77,15 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 		FailedMachine: "m1", Reason: "rolled back " + evil, Started: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
+	// A canary that was aborted, judged on figures (its reason carries
+	// markup too).
+	if err := s.PutDeployStatus(ctx, &store.DeployStatus{Namespace: "shop", DeployID: "zz-canary", Revision: 2, State: store.DeployFailedAfterCheckpoint,
+		Phase: "checkpoint", Canary: []store.CanaryStepStatus{{Step: 1, Weight: 10, Hold: store.Duration(time.Minute), Verdict: store.CanaryAborted,
+			Reason: "web: 5xx " + evil, Judged: []store.CanaryFigures{{Service: "web",
+				New: store.RevisionTotals{Revision: 2, Requests: 100, Errors: 5, ErrorRatio: 0.05, P99: 0.004},
+				Old: store.RevisionTotals{Revision: 1, Requests: 900, P99: 0.003}}}}}}); err != nil {
+		t.Fatal(err)
+	}
 	d, err := New(s, Config{RequireLogin: true, DoctorEvery: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -135,6 +144,8 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 			"/":           {`<section id="releases">`, "<td>1.1.0</td><td class=\"n\">1</td>", "1.1.0 → 1.2.0: rolled_back (sick", "latest rollout 1.2.0-1 to 1.2.0: failed"},
 			"/machines":   {"1.1.0 (rolled_back 1.2.0)"},
 			"/machine/m1": {`id="release">1.1.0 linux/amd64`, "1.1.0 → 1.2.0: rolled_back (sick"},
+			"/ns/shop": {`<table id="canary">`, `data-verdict="aborted"`, "<td class=\"n\">10%</td><td>1m0s</td>",
+				"web: revision 2 100 requests, 5xx 5.00%, p99 4ms | revision 1 900 requests, 5xx 0.00%, p99 3ms"},
 		} {
 			if p != path {
 				continue

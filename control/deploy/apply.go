@@ -28,6 +28,9 @@ type run struct {
 	// claimed are the hosts this apply took for the namespace, given back
 	// on abort.
 	claimed []string
+	// checkpoint is the latest canary step this apply committed: an
+	// abort routes the namespace back before it stops the candidates.
+	checkpoint *store.DeployCommit
 }
 
 // intent says what kind of deploy an apply is, beyond its manifest.
@@ -84,8 +87,13 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	if r.st, err = d.load(ctx, r.ns); err != nil {
 		return nil, err
 	}
-	if err := d.complete(ctx, r.ns, lease, r.st.live); err != nil {
+	if live, err := d.complete(ctx, r.ns, lease, r.st.live); err != nil {
 		return nil, err
+	} else if live != r.st.live {
+		// An abandoned canary was promoted: plan against it.
+		if r.st, err = d.load(ctx, r.ns); err != nil {
+			return nil, err
+		}
 	}
 	// Images become digests here, once: the plan compares specs with
 	// them, and the commit records them.
@@ -139,10 +147,14 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	}
 	failpoint.Hit("after_candidates")
 
-	// 6. Checkpoint commits belong to intermediate phases (volume moves);
-	// an apply without them has nothing to checkpoint.
-	r.phase(ctx, StepCheckpoint, store.PhaseSkipped, "no intermediate phases", 0)
-	d.step(StepCheckpoint, "no intermediate phases; nothing to checkpoint")
+	// 6. Checkpoint commits belong to intermediate phases: the steps of a
+	// canary. An apply without them has nothing to checkpoint.
+	if why := r.canaryPhase(); why != "" {
+		r.phase(ctx, StepCheckpoint, store.PhaseSkipped, why, 0)
+		d.step(StepCheckpoint, "%s; nothing to checkpoint", why)
+	} else if err := r.runCanary(ctx); err != nil {
+		return r.abort(ctx, err)
+	}
 	failpoint.Hit("after_checkpoint")
 
 	// 7. The final commit: the point of no return. The append itself is
@@ -271,19 +283,43 @@ func (r *run) releaseClaims() {
 // interrupted, whatever the step it ended in.
 func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus, error) {
 	d := r.d
-	if applyCtx.Err() != nil {
+	switch {
+	case applyCtx.Err() != nil && r.checkpoint != nil:
+		cause = store.Errorf(CodeInterrupted, "interrupted during canary step %d, before the final commit: routed back to revision %d, candidates stopped",
+			r.checkpoint.Canary.Step, r.st.live.Revision).With("phase", r.status.Phase).With("deploy", r.id)
+	case applyCtx.Err() != nil:
 		cause = store.Errorf(CodeInterrupted, "interrupted during %s, before the final commit: candidates stopped, nothing routed", r.status.Phase).
 			With("phase", r.status.Phase).With("deploy", r.id)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout+d.opts.GatewayWait)
 	defer cancel()
+	state := store.DeployFailed
+	if r.checkpoint != nil {
+		// The candidates served part of the traffic: the gateways route
+		// it all back before they stop.
+		state = store.DeployFailedAfterCheckpoint
+		if _, err := d.routeBack(ctx, r.checkpoint, r.st.live); err != nil {
+			// The completer finishes the canary once the lease is free;
+			// the decision makes it abort whatever the figures say.
+			derr := d.s.PutCanaryDecision(ctx, &store.CanaryDecision{Namespace: r.ns, DeployID: r.id,
+				Action: store.DecisionAbort, By: "the apply (" + store.AsError(cause).Message + ")"})
+			if derr != nil {
+				d.printf("warning: recording the abort: %v", derr)
+			}
+			d.printf("warning: %v; the control plane routes it back when the lease is free", err)
+			r.status.Warnings = append(r.status.Warnings, err.Error())
+			r.status.Error = store.AsError(cause)
+			r.writeStatus(ctx)
+			return r.status, store.AsError(cause)
+		}
+	}
 	for _, c := range r.stopSlots(r.started) {
 		d.printf("warning: stopping candidate %s on %s: %s", c.InstanceID, c.Machine, c.Error)
 		r.status.Cleanup = append(r.status.Cleanup, c)
 	}
 	r.releaseClaims()
 	se := store.AsError(cause)
-	r.status.State, r.status.Error = store.DeployFailed, se
+	r.status.State, r.status.Error = state, se
 	r.status.Settled = len(r.status.Cleanup) == 0
 	r.writeStatus(ctx)
 	for s := StepStartCandidates; s <= StepDrainOld; s++ {
@@ -296,6 +332,11 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 	verb := "failed"
 	if se.Code == CodeInterrupted {
 		verb = "was interrupted"
+	}
+	if r.checkpoint != nil {
+		d.printf("deploy %s %s during its canary; revision %d serves everything again; %d candidates stopped",
+			r.id, verb, r.st.live.Revision, len(r.started)-len(r.status.Cleanup))
+		return r.status, se
 	}
 	d.printf("deploy %s %s before the final commit; %d candidates stopped; nothing was routed, the previous revision keeps serving",
 		r.id, verb, len(r.started)-len(r.status.Cleanup))

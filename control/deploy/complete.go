@@ -39,13 +39,55 @@ func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit, 
 // recorded as abandoned. Its candidates are leftovers the next plan (or
 // settle) stops. live is the namespace's live commit as read under the
 // lease (nil if none).
-func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, live *store.DeployCommit) error {
+func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, live *store.DeployCommit) (*store.DeployCommit, error) {
 	sts, err := d.Statuses(ctx, ns)
 	if err != nil {
-		return err
+		return live, err
 	}
 	for i := range sts {
 		st := &sts[i]
+		if st.State == store.DeployApplying && (live == nil || live.ID != st.DeployID) {
+			// A canary its orchestrator left: decided now, as its limits
+			// (or an operator) say. Promoted, it is committed and goes on
+			// below; aborted, it is failed after its checkpoint.
+			cp, err := d.latestCanaryOf(ctx, st, live)
+			if err != nil {
+				return live, err
+			}
+			if cp != nil {
+				if err := lease.Check(ctx); err != nil {
+					return live, err
+				}
+				if cp.Canary.Abort {
+					// Aborted, but maybe not yet routed back.
+					if _, err := d.publishLive(ctx, cp, live); err != nil {
+						return live, err
+					}
+					st.State = store.DeployFailedAfterCheckpoint
+					if st.Error == nil {
+						st.Error = store.Errorf(CodeCanaryAborted, "canary step %d aborted; its orchestrator stopped before recording why", cp.Canary.Step)
+					}
+					if err := d.putStatus(ctx, st); err != nil {
+						return live, err
+					}
+					continue
+				}
+				next, err := d.finishCanary(ctx, st, cp, live)
+				if err != nil {
+					return live, fmt.Errorf("finishing the canary of deploy %s: %w", st.DeployID, err)
+				}
+				if next == live {
+					continue
+				}
+				prev := live
+				live = next
+				st.Warnings = append(st.Warnings, "canary promoted by the control plane after the orchestrator stopped")
+				if err := d.publish(ctx, st, live, prev); err != nil {
+					return live, fmt.Errorf("completing promoted deploy %s: %w", st.DeployID, err)
+				}
+				continue
+			}
+		}
 		switch {
 		case st.State == store.DeployApplying && live != nil && live.ID == st.DeployID:
 			// Crashed between the final commit and recording it.
@@ -53,14 +95,14 @@ func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, 
 			fallthrough
 		case st.State == store.DeployCommitted && !st.RoutingPublished:
 			if err := lease.Check(ctx); err != nil {
-				return err
+				return live, err
 			}
 			if live == nil || live.ID != st.DeployID {
 				// A later commit superseded it and published its own events.
 				st.RoutingPublished = true
 				st.Warnings = append(st.Warnings, "routing events superseded by a later commit")
 				if err := d.putStatus(ctx, st); err != nil {
-					return err
+					return live, err
 				}
 				continue
 			}
@@ -68,27 +110,27 @@ func (d *Deployer) complete(ctx context.Context, ns string, lease *store.Lease, 
 			var prev *store.DeployCommit
 			if live.ReplacesSeq != 0 {
 				if prev, err = d.s.CommitAt(ctx, live.ReplacesSeq); err != nil {
-					return fmt.Errorf("completing committed deploy %s: %w", st.DeployID, err)
+					return live, fmt.Errorf("completing committed deploy %s: %w", st.DeployID, err)
 				}
 			}
 			if err := d.publish(ctx, st, live, prev); err != nil {
-				return fmt.Errorf("completing committed deploy %s: %w", st.DeployID, err)
+				return live, fmt.Errorf("completing committed deploy %s: %w", st.DeployID, err)
 			}
 			d.printf("completed committed deploy %s of %s: published its routing events (up to sequence %d)", st.DeployID, ns, st.RoutingSeq)
 		case st.State == store.DeployApplying:
 			if err := lease.Check(ctx); err != nil {
-				return err
+				return live, err
 			}
 			st.State = store.DeployFailed
 			st.Error = store.Errorf(CodeAbandoned, "the orchestrator stopped during %s, before the final commit; nothing was routed", st.Phase).
 				With("phase", st.Phase)
 			if err := d.putStatus(ctx, st); err != nil {
-				return err
+				return live, err
 			}
 			d.printf("recorded deploy %s of %s as failed: its orchestrator stopped during %s before the final commit", st.DeployID, ns, st.Phase)
 		}
 	}
-	return nil
+	return live, nil
 }
 
 // needsFinishing reports whether st is work for FinishNamespace: a deploy
@@ -113,7 +155,7 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 	case err != nil:
 		return true, err
 	}
-	if err := d.complete(ctx, ns, lease, live); err != nil {
+	if live, err = d.complete(ctx, ns, lease, live); err != nil {
 		return true, err
 	}
 	sts, err := d.Statuses(ctx, ns)
@@ -184,7 +226,7 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 	}
 	for _, f := range failures {
 		owner := liveSt
-		if in := insts[f.InstanceID]; in != nil && byDeploy[in.DeployID] != nil && byDeploy[in.DeployID].State == store.DeployFailed {
+		if in := insts[f.InstanceID]; in != nil && byDeploy[in.DeployID] != nil && byDeploy[in.DeployID].State != store.DeployCommitted {
 			owner = byDeploy[in.DeployID]
 		}
 		if owner == nil || !slices.Contains(open, owner) {

@@ -252,10 +252,66 @@ func Validate(m *store.Manifest) error {
 		}
 		m.Services[name] = s
 	}
+	if r := m.Rollout; r != nil {
+		validateRollout(r, add)
+	}
 	if len(ps) > 0 {
 		return &Error{Problems: ps}
 	}
 	return nil
+}
+
+// Limits on a rollout.
+const (
+	MaxRolloutSteps = 20
+	MaxRolloutHold  = 24 * time.Hour
+)
+
+// tokenRe is an HTTP token (RFC 9110): a header or cookie name.
+var tokenRe = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+func validateRollout(r *store.CanarySpec, add func(path, format string, args ...any)) {
+	if len(r.Steps) == 0 {
+		add("rollout.steps", "at least one step is required")
+	}
+	if len(r.Steps) > MaxRolloutSteps {
+		add("rollout.steps", "at most %d steps", MaxRolloutSteps)
+	}
+	for i, st := range r.Steps {
+		p := fmt.Sprintf("rollout.steps[%d]", i)
+		if st.Weight < 0 || st.Weight > 100 {
+			add(p+".weight", "must be a percentage between 0 and 100")
+		}
+		if h := time.Duration(st.Hold); h <= 0 || h > MaxRolloutHold {
+			add(p+".hold", "must be a duration between 1s and %s", MaxRolloutHold)
+		}
+		if i > 0 && r.Sticky && st.Weight < r.Steps[i-1].Weight {
+			add(p+".weight", "with sticky, weights may not go down: a client moved to the new revision would move back")
+		}
+	}
+	l := r.Limits
+	if l.Max5xxRatio < 0 || l.Max5xxRatio > 1 {
+		add("rollout.limits.max_5xx_ratio", "must be a fraction between 0 and 1 (0.01 is one percentage point)")
+	}
+	if l.MaxP99Ratio != 0 && l.MaxP99Ratio < 1 {
+		add("rollout.limits.max_p99_ratio", "must be at least 1 (a multiple of the live revision's p99)")
+	}
+	if l.MinRequests != nil && *l.MinRequests < 0 {
+		add("rollout.limits.min_requests", "must be >= 0")
+	}
+	if m := r.Match; m != nil {
+		switch {
+		case (m.Header == "") == (m.Cookie == ""):
+			add("rollout.match", "exactly one of header and cookie is required")
+		case m.Header != "" && !tokenRe.MatchString(m.Header):
+			add("rollout.match.header", "not a valid header name")
+		case m.Cookie != "" && !tokenRe.MatchString(m.Cookie):
+			add("rollout.match.cookie", "not a valid cookie name")
+		}
+		if m.Value == "" {
+			add("rollout.match.value", "required: the value that selects the new revision")
+		}
+	}
 }
 
 // imageRe accepts what an engine takes as a reference: an optional

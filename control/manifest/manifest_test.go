@@ -95,6 +95,16 @@ func TestValidationErrors(t *testing.T) {
 		{"limits without image", "namespace: a\nservices: {web: {command: [x], read_only: true}}", []string{"services.web: read_only and resources apply to images only"}},
 		{"bad memory", "namespace: a\nservices: {web: {image: hello, resources: {memory: lots}}}", []string{"services.web.resources.memory: memory \"lots\""}},
 		{"negative cpus", "namespace: a\nservices: {web: {image: hello, resources: {cpus: -1}}}", []string{"services.web.resources.cpus: must be >= 0"}},
+		{"rollout without steps", "namespace: a\nservices: {}\nrollout: {steps: []}", []string{"rollout.steps: at least one step"}},
+		{"rollout weight", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 101, hold: 10s}]}", []string{"rollout.steps[0].weight: must be a percentage"}},
+		{"rollout hold", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10}]}", []string{"rollout.steps[0].hold: must be a duration"}},
+		{"rollout sticky down", "namespace: a\nservices: {}\nrollout: {sticky: true, steps: [{weight: 50, hold: 1s}, {weight: 10, hold: 1s}]}", []string{"rollout.steps[1].weight: with sticky, weights may not go down"}},
+		{"rollout 5xx ratio", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10, hold: 1s}], limits: {max_5xx_ratio: 5}}", []string{"rollout.limits.max_5xx_ratio: must be a fraction"}},
+		{"rollout p99 ratio", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10, hold: 1s}], limits: {max_p99_ratio: 0.5}}", []string{"rollout.limits.max_p99_ratio: must be at least 1"}},
+		{"rollout min requests", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10, hold: 1s}], limits: {min_requests: -1}}", []string{"rollout.limits.min_requests: must be >= 0"}},
+		{"rollout match both", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10, hold: 1s}], match: {header: X-A, cookie: b, value: c}}", []string{"rollout.match: exactly one of header and cookie"}},
+		{"rollout match header", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10, hold: 1s}], match: {header: 'X A', value: c}}", []string{"rollout.match.header: not a valid header name"}},
+		{"rollout match value", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10, hold: 1s}], match: {cookie: tester}}", []string{"rollout.match.value: required"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,7 +10,9 @@
 // /stream?lines=N streams N lines naming the instance, one every 200 ms (a
 // long-lived response), /ws is a websocket that answers each message
 // with the instance's ID, a space and the message, and /status/CODE
-// answers with that status (a misbehaving instance).
+// answers with that status (a misbehaving instance). HELLO_FAIL_EVERY=N
+// makes every Nth answer of / a 500 (a bad release), and HELLO_DELAY=D
+// delays every answer of / by D (a slow one).
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -103,7 +106,17 @@ func main() {
 		w.WriteHeader(code)
 		fmt.Fprintf(w, "%d from %s\n", code, info["instance"])
 	})
+	failEvery, _ := strconv.ParseUint(os.Getenv("HELLO_FAIL_EVERY"), 10, 64)
+	delay, _ := time.ParseDuration(os.Getenv("HELLO_DELAY"))
+	var served atomic.Uint64
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if n := served.Add(1); failEvery > 0 && n%failEvery == 0 {
+			http.Error(w, "failing as HELLO_FAIL_EVERY asks", http.StatusInternalServerError)
+			return
+		}
+		if delay > 0 {
+			time.Sleep(delay)
+		}
 		if r.URL.Query().Get("format") == "json" || r.Header.Get("Accept") == "application/json" {
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(info)

@@ -510,6 +510,15 @@ func TestRoleScopedCredentials(t *testing.T) {
 	refusedOn(gwViolations, "write a rollout record", "r1", func(c context.Context) error {
 		return gs.PutRollout(c, &store.RolloutRecord{ID: "r1", Release: "1.2.0", State: store.RolloutDone, Started: time.Now()})
 	})
+	// Nor decide a canary: promote a bad release, abort a good one.
+	for _, action := range []string{store.DecisionPromote, store.DecisionAbort} {
+		refusedWrite(action+" a canary", "shop.d2", func(c context.Context) error {
+			return as.PutCanaryDecision(c, &store.CanaryDecision{Namespace: "shop", DeployID: "d2", Action: action})
+		})
+		refusedOn(gwViolations, action+" a canary", "shop.d2", func(c context.Context) error {
+			return gs.PutCanaryDecision(c, &store.CanaryDecision{Namespace: "shop", DeployID: "d2", Action: action})
+		})
+	}
 	// Gateways and meshd have no business with releases.
 	refusedOn(gwViolations, "read a release", "KV_"+names.ReleasesBucket(), func(c context.Context) error {
 		_, err := gs.Release(c, "1.2.0", "linux/amd64")
