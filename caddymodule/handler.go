@@ -36,6 +36,7 @@ type Handler struct {
 	reverseproxy.Handler
 
 	app    *App
+	ctx    caddy.Context
 	logger *zap.Logger
 	// proxyReady is set once the embedded proxy is provisioned; Cleanup
 	// after a failed Provision must not touch it.
@@ -53,7 +54,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets up the embedded reverse proxy with the projection as its
 // dynamic upstream source.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
+	h.ctx, h.logger = ctx, ctx.Logger()
 	if len(h.Upstreams) > 0 || h.DynamicUpstreamsRaw != nil {
 		return fmt.Errorf("provisioning edgeplane handler: upstreams come from the routing projection; remove upstreams and dynamic_upstreams")
 	}
@@ -71,8 +72,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("provisioning edgeplane handler's reverse proxy: %w", err)
 	}
 	h.proxyReady = true
-	if ht, ok := h.Transport.(*reverseproxy.HTTPTransport); ok && app.health != nil {
-		h.Transport = &abandoningTransport{HTTPTransport: ht, health: app.health}
+	if ht, ok := h.Transport.(*reverseproxy.HTTPTransport); ok {
+		h.Transport = &gatewayTransport{HTTPTransport: ht, health: app.health}
 	}
 	return nil
 }
@@ -88,14 +89,16 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP routes the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	markDraining(w)
-	svc, ok := h.app.Projection().View().Lookup(r.Host, r.URL.Path)
+	m, ok := h.app.Projection().View().LookupRoute(r.Host, r.URL.Path)
+	svc := m.Service
 	if !ok {
 		if c := h.logger.Check(zapcore.DebugLevel, "no route"); c != nil {
 			c.Write(zap.String("host", r.Host), zap.String("path", r.URL.Path))
 		}
 		return plainError(w, http.StatusNotFound, "no route for this host\n")
 	}
-	if len(svc.Endpoints) == 0 {
+	p := h.policyOf(m)
+	if len(svc.Endpoints) == 0 && (p == nil || !p.redirects(r)) {
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
 	}
 	caddyhttp.SetVar(r.Context(), varService, svc)
@@ -104,7 +107,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		side = pickSide(w, r, svc)
 		caddyhttp.SetVar(r.Context(), varSide, side)
 	}
-	return h.app.shared.traffic.of(svc).serve(w, r, &h.Handler, next, side)
+	var proxy caddyhttp.MiddlewareHandler = &h.Handler
+	if p != nil {
+		proxy = p.newPolicyRun(m.Prefix, proxy)
+	}
+	return h.app.shared.traffic.of(svc).serve(w, r, proxy, next, side)
 }
 
 func plainError(w http.ResponseWriter, code int, body string) error {

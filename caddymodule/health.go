@@ -311,21 +311,27 @@ func (h *healthChecker) setAsideOf(addr string) (setAside, bool) {
 	return s, ok
 }
 
-// abandoningTransport is Caddy's HTTP transport with each round trip
+// gatewayTransport is Caddy's HTTP transport with each round trip bounded
+// by its route's timeouts (withTimeouts) and, with health checks on,
 // registered with the health checker until its response headers arrive,
 // so that one waiting on an endpoint found failing is abandoned for a
 // retry. Embedding keeps every optional interface the proxy asks the
 // transport for (TLS, h2c, PROXY protocol, health-check scheme).
-type abandoningTransport struct {
+type gatewayTransport struct {
 	*reverseproxy.HTTPTransport
 	health *healthChecker
 }
 
-// RoundTrip sends req on, abandoning it if its endpoint fails a probe
+// RoundTrip sends req on.
+func (t *gatewayTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return withTimeouts(req, t.abandoning)
+}
+
+// abandoning sends req on, abandoning it if its endpoint fails a probe
 // before the response headers arrive.
-func (t *abandoningTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *gatewayTransport) abandoning(req *http.Request) (*http.Response, error) {
 	di, ok := reverseproxy.GetDialInfo(req.Context())
-	if !ok {
+	if !ok || t.health == nil {
 		return t.HTTPTransport.RoundTrip(req)
 	}
 	// The context must live on with the response body once the headers

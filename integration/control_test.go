@@ -332,6 +332,38 @@ services:
 			t.Errorf("stderr lacks %q:\n%s", want, errOut)
 		}
 	}
+	// Policy and rollout values, at preview: each with its field path.
+	badPolicy := c.manifest("bad-policy.yaml", `
+namespace: shop
+services:
+  web:
+    command: ["@HELLO@"]
+    routes:
+      - hosts: [shop.example.com]
+        strip_prefix: true
+        request_headers: {set: {Transfer-Encoding: chunked}}
+        max_request_body: huge
+        timeouts: {response_header: 3h}
+        retries: {on_status: [302]}
+rollout:
+  steps: [{weight: 150, hold: 0s}]
+  limits: {max_5xx_ratio: 2}
+  match: {header: X-Canary}
+`)
+	_, errOut, code = c.control("deploy", "preview", "-f", badPolicy)
+	if code != 1 {
+		t.Fatalf("preview of invalid policy: exit %d", code)
+	}
+	for _, want := range []string{
+		"services.web.routes[0].strip_prefix:", "services.web.routes[0].request_headers.set.Transfer-Encoding:",
+		"services.web.routes[0].max_request_body:", "services.web.routes[0].timeouts.response_header:",
+		"services.web.routes[0].retries.on_status[0]:", "rollout.steps[0].weight:", "rollout.steps[0].hold:",
+		"rollout.limits.max_5xx_ratio:", "rollout.match.value:",
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("preview's stderr lacks %q:\n%s", want, errOut)
+		}
+	}
 	if n := countKeys(t, c.store.Status); n != 0 {
 		t.Fatalf("an invalid manifest wrote %d status records", n)
 	}

@@ -83,9 +83,9 @@ func (b *builder) upsertService(ev *store.RoutingEvent) {
 	b.v.numEndpoints += len(s.Endpoints)
 	for _, hp := range routeEntries(s) {
 		if hp.wild {
-			b.addHost(&b.v.wild, &b.ownWild, hp.host, hostRoute{Prefix: hp.prefix, Service: s})
+			b.addHost(&b.v.wild, &b.ownWild, hp.host, hostRoute{Prefix: hp.prefix, Route: hp.route, Service: s})
 		} else {
-			b.addHost(&b.v.exact, &b.ownExact, hp.host, hostRoute{Prefix: hp.prefix, Service: s})
+			b.addHost(&b.v.exact, &b.ownExact, hp.host, hostRoute{Prefix: hp.prefix, Route: hp.route, Service: s})
 		}
 	}
 	b.changed = true
@@ -215,6 +215,7 @@ type hostPrefix struct {
 	host   string // normalised; for a wildcard, the suffix with its dot
 	wild   bool
 	prefix string
+	route  int // index into the service's Routes
 }
 
 // routeEntries expands a service's routes into (host, prefix) pairs under
@@ -222,7 +223,7 @@ type hostPrefix struct {
 // gateway serve something nobody can ask for.
 func routeEntries(s *Service) []hostPrefix {
 	var out []hostPrefix
-	for _, r := range s.Routes {
+	for i, r := range s.Routes {
 		prefixes := r.PathPrefixes
 		if len(prefixes) == 0 {
 			prefixes = []string{"/"}
@@ -234,13 +235,13 @@ func routeEntries(s *Service) []hostPrefix {
 				if !ok {
 					continue
 				}
-				hp = hostPrefix{host: "." + n, wild: true}
+				hp = hostPrefix{host: "." + n, wild: true, route: i}
 			} else {
 				n, ok := normalizeRequestHost(h)
 				if !ok || strings.Contains(n, "*") {
 					continue
 				}
-				hp = hostPrefix{host: n}
+				hp = hostPrefix{host: n, route: i}
 			}
 			for _, p := range prefixes {
 				if p == "" {

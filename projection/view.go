@@ -84,9 +84,11 @@ func (s *Service) Memo(key any, fn func(*Service) any) any {
 	return v
 }
 
-// hostRoute is one path prefix of one host, pointing at its service.
+// hostRoute is one path prefix of one host, pointing at its service and
+// the route (an index into its Routes) that gave it.
 type hostRoute struct {
 	Prefix  string
+	Route   int
 	Service *Service
 }
 
@@ -145,16 +147,34 @@ func emptyView(stale bool) *View {
 // the longest path prefix that matches on a segment boundary. host may carry
 // a port and any case or a trailing dot.
 func (v *View) Lookup(host, path string) (*Service, bool) {
+	m, ok := v.LookupRoute(host, path)
+	return m.Service, ok
+}
+
+// Match is what a request matched: its service, the route of the service
+// (with its policy) and the path prefix of the route that matched.
+type Match struct {
+	Service *Service
+	// Route indexes Service.Routes.
+	Route  int
+	Prefix string
+}
+
+// RouteOf returns the matched route.
+func (m Match) RouteOf() *store.Route { return &m.Service.Routes[m.Route] }
+
+// LookupRoute is Lookup that also says which route and prefix matched.
+func (v *View) LookupRoute(host, path string) (Match, bool) {
 	h, ok := normalizeRequestHost(host)
 	if !ok {
-		return nil, false
+		return Match{}, false
 	}
 	if path == "" {
 		path = "/"
 	}
 	if rs, ok := v.exact.get(h); ok {
-		if s := matchPath(rs, path); s != nil {
-			return s, true
+		if r := matchPath(rs, path); r != nil {
+			return Match{Service: r.Service, Route: r.Route, Prefix: r.Prefix}, true
 		}
 	}
 	for i := 0; i < len(h); i++ {
@@ -162,12 +182,12 @@ func (v *View) Lookup(host, path string) (*Service, bool) {
 			continue
 		}
 		if rs, ok := v.wild.get(h[i:]); ok {
-			if s := matchPath(rs, path); s != nil {
-				return s, true
+			if r := matchPath(rs, path); r != nil {
+				return Match{Service: r.Service, Route: r.Route, Prefix: r.Prefix}, true
 			}
 		}
 	}
-	return nil, false
+	return Match{}, false
 }
 
 // Routes reports whether any route names host (exact, or through a wildcard),
@@ -193,14 +213,15 @@ func (v *View) Routes(host string) bool {
 // matchPath finds the route of path among a host's routes, which are
 // sorted owner first (see builder.addHost): routes of any other namespace
 // are never served.
-func matchPath(rs []hostRoute, path string) *Service {
+func matchPath(rs []hostRoute, path string) *hostRoute {
 	owner := rs[0].Service.Namespace
-	for _, r := range rs {
+	for i := range rs {
+		r := &rs[i]
 		if r.Service.Namespace != owner {
 			break
 		}
 		if prefixMatches(r.Prefix, path) {
-			return r.Service
+			return r
 		}
 	}
 	return nil

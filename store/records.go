@@ -3,8 +3,10 @@ package store
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/docker/go-units"
 	"gopkg.in/yaml.v3"
 )
 
@@ -144,10 +146,74 @@ type Readiness struct {
 }
 
 // Route sends requests for Hosts (exact or "*.suffix") whose path starts with
-// one of PathPrefixes (default "/") to the service.
+// one of PathPrefixes (default "/") to the service. The other fields are
+// the route's policy: what the gateway does with its requests on the way,
+// through Caddy's own handlers where Caddy has one.
 type Route struct {
 	Hosts        []string `json:"hosts" yaml:"hosts"`
 	PathPrefixes []string `json:"path_prefixes,omitempty" yaml:"path_prefixes,omitempty"`
+	// RedirectHTTPS answers a plain-HTTP request with a permanent
+	// redirect (308) to the same URL over HTTPS.
+	RedirectHTTPS bool `json:"redirect_https,omitempty" yaml:"redirect_https,omitempty"`
+	// StripPrefix removes the path prefix that matched before the request
+	// goes to the service ("/api/users" under "/api" is "/users").
+	StripPrefix bool `json:"strip_prefix,omitempty" yaml:"strip_prefix,omitempty"`
+	// RequestHeaders and ResponseHeaders change headers on the way to the
+	// service and back.
+	RequestHeaders  *HeaderOps `json:"request_headers,omitempty" yaml:"request_headers,omitempty"`
+	ResponseHeaders *HeaderOps `json:"response_headers,omitempty" yaml:"response_headers,omitempty"`
+	// MaxRequestBody refuses larger request bodies with 413 ("10MB",
+	// "512KiB", or bytes).
+	MaxRequestBody string `json:"max_request_body,omitempty" yaml:"max_request_body,omitempty"`
+	// Timeouts bound the gateway's wait on the service.
+	Timeouts *RouteTimeouts `json:"timeouts,omitempty" yaml:"timeouts,omitempty"`
+	// Retries sends an idempotent request again, to an instance the load
+	// balancer picks anew, when the service answers one of OnStatus.
+	Retries *RouteRetries `json:"retries,omitempty" yaml:"retries,omitempty"`
+}
+
+// HasPolicy reports whether r asks the gateway for more than routing.
+func (r *Route) HasPolicy() bool {
+	return r.RedirectHTTPS || r.StripPrefix || r.RequestHeaders != nil || r.ResponseHeaders != nil ||
+		r.MaxRequestBody != "" || r.Timeouts != nil || r.Retries != nil
+}
+
+// HeaderOps sets (replacing), adds and deletes header fields.
+type HeaderOps struct {
+	Set    map[string]string `json:"set,omitempty" yaml:"set,omitempty"`
+	Add    map[string]string `json:"add,omitempty" yaml:"add,omitempty"`
+	Delete []string          `json:"delete,omitempty" yaml:"delete,omitempty"`
+}
+
+// RouteTimeouts bound the gateway's wait on an instance: Connect for a
+// connection (a timeout is a dial error: the request goes to another
+// instance), ResponseHeader from the request sent to the response
+// headers (504). Zero is the gateway's own setting.
+type RouteTimeouts struct {
+	Connect        Duration `json:"connect,omitempty" yaml:"connect,omitempty"`
+	ResponseHeader Duration `json:"response_header,omitempty" yaml:"response_header,omitempty"`
+}
+
+// RouteRetries retries idempotent requests (GET, HEAD, OPTIONS, TRACE, PUT,
+// DELETE; a body only up to MaxRetryBody) answered with one of OnStatus,
+// at most Max times (default 1).
+type RouteRetries struct {
+	OnStatus []int `json:"on_status" yaml:"on_status"`
+	Max      int   `json:"max,omitempty" yaml:"max,omitempty"`
+}
+
+// MaxRetryBody is the largest request body a retry keeps to send again;
+// a request with a larger one is not retried.
+const MaxRetryBody = 64 << 10
+
+// ParseByteSize parses a size: bytes, or a number with a K, M, G or T
+// suffix (powers of 1024; "KB", "KiB" spellings too).
+func ParseByteSize(s string) (int64, error) {
+	n, err := units.RAMInBytes(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSpace(s), "B"), "i"))
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want bytes or a number with K, M, G or T", s)
+	}
+	return n, nil
 }
 
 // Placement restricts which machines may run a service.

@@ -102,7 +102,7 @@ func (r *run) runCanary(ctx context.Context) error {
 		d.printf("       canary %s", detail)
 		failpoint.Hit("canary_holding")
 
-		verdict, reason, figs, err := d.holdCanary(ctx, r.ns, r.id, services, limits, time.Duration(st.Hold))
+		verdict, reason, figs, err := d.holdCanary(ctx, r.ns, r.id, services, limits, time.Duration(st.Hold), r.lease.Check)
 		cur := &r.status.Canary[len(r.status.Canary)-1]
 		cur.EndedAt, cur.Verdict, cur.Reason, cur.Judged = time.Now().UTC(), verdict, reason, figs
 		if err != nil {
@@ -149,13 +149,20 @@ func (d *Deployer) publishCanary(ctx context.Context, cp, live *store.DeployComm
 // the operators' decisions every CanaryPoll. It returns the verdict (passed,
 // aborted or promoted), why, and the figures it was reached on; an error
 // when the hold was cut short (ctx) or the store failed throughout.
-func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services []string, limits store.CanaryLimits, hold time.Duration) (string, string, []store.CanaryFigures, error) {
+//
+// checkLease is asked each poll: a lost lease (another orchestrator, or the
+// completer, may be deciding) ends the hold with its error.
+func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services []string, limits store.CanaryLimits, hold time.Duration,
+	checkLease func(context.Context) error) (string, string, []store.CanaryFigures, error) {
 	end := time.Now().Add(hold)
 	t := time.NewTicker(CanaryPoll)
 	defer t.Stop()
 	var figs []store.CanaryFigures
 	var lastErr error
 	for {
+		if err := checkLease(ctx); store.HasCode(err, store.CodeLeaseLost) {
+			return "", "", figs, err
+		}
 		if dec, err := d.s.CanaryDecisionOf(ctx, ns, deploy); err == nil && dec != nil {
 			figs, _ = d.canaryFigures(ctx, ns, deploy, services)
 			return decisionVerdict(dec), decisionReason(dec), figs, nil

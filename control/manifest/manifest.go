@@ -12,13 +12,13 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/docker/go-units"
 	"golang.org/x/net/idna"
 	"gopkg.in/yaml.v3"
 
@@ -225,6 +225,7 @@ func Validate(m *store.Manifest) error {
 			if len(prefixes) == 0 {
 				prefixes = []string{"/"}
 			}
+			validatePolicy(rp, r, add)
 			for _, h := range r.Hosts {
 				for _, pre := range prefixes {
 					k := h + pre
@@ -259,6 +260,81 @@ func Validate(m *store.Manifest) error {
 		return &Error{Problems: ps}
 	}
 	return nil
+}
+
+// Limits on a route's policy.
+const (
+	MaxConnectTimeout        = time.Minute
+	MaxResponseHeaderTimeout = time.Hour
+	MaxRouteRetries          = 5
+)
+
+// hopByHop are header fields a route may not set: they describe one
+// connection, and the gateway manages them.
+var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true}
+
+func validatePolicy(p string, r *store.Route, add func(path, format string, args ...any)) {
+	if r.StripPrefix {
+		strips := false
+		for _, pre := range r.PathPrefixes {
+			if pre != "/" && pre != "" {
+				strips = true
+			}
+		}
+		if !strips {
+			add(p+".strip_prefix", "needs a path prefix other than /")
+		}
+	}
+	for name, ops := range map[string]*store.HeaderOps{"request_headers": r.RequestHeaders, "response_headers": r.ResponseHeaders} {
+		if ops == nil {
+			continue
+		}
+		hp := p + "." + name
+		for verb, m := range map[string]map[string]string{"set": ops.Set, "add": ops.Add} {
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				switch {
+				case !tokenRe.MatchString(k):
+					add(hp+"."+verb+"."+k, "not a valid header name")
+				case hopByHop[http.CanonicalHeaderKey(k)]:
+					add(hp+"."+verb+"."+k, "a connection header the gateway manages; it cannot be set")
+				case strings.ContainsAny(m[k], "\r\n\x00"):
+					add(hp+"."+verb+"."+k, "a header value cannot hold a line break or NUL")
+				}
+			}
+		}
+		for i, k := range ops.Delete {
+			if !tokenRe.MatchString(k) {
+				add(fmt.Sprintf("%s.delete[%d]", hp, i), "not a valid header name")
+			}
+		}
+	}
+	if r.MaxRequestBody != "" {
+		if _, err := store.ParseByteSize(r.MaxRequestBody); err != nil {
+			add(p+".max_request_body", "%v", err)
+		}
+	}
+	if t := r.Timeouts; t != nil {
+		if d := time.Duration(t.Connect); d < 0 || d > MaxConnectTimeout {
+			add(p+".timeouts.connect", "must be between 0 (the gateway's own) and %s", MaxConnectTimeout)
+		}
+		if d := time.Duration(t.ResponseHeader); d < 0 || d > MaxResponseHeaderTimeout {
+			add(p+".timeouts.response_header", "must be between 0 (the gateway's own) and %s", MaxResponseHeaderTimeout)
+		}
+	}
+	if rt := r.Retries; rt != nil {
+		if len(rt.OnStatus) == 0 {
+			add(p+".retries.on_status", "at least one status to retry on is required")
+		}
+		for i, c := range rt.OnStatus {
+			if c < 400 || c > 599 {
+				add(fmt.Sprintf("%s.retries.on_status[%d]", p, i), "must be an error status, 400 to 599")
+			}
+		}
+		if rt.Max < 0 || rt.Max > MaxRouteRetries {
+			add(p+".retries.max", "must be between 1 and %d (0: 1)", MaxRouteRetries)
+		}
+	}
 }
 
 // Limits on a rollout.
@@ -323,8 +399,8 @@ var imageRe = regexp.MustCompile(`^[a-z0-9]+([._/:-][a-z0-9]+)*(:[A-Za-z0-9_][A-
 // MemoryBytes parses a memory limit: bytes, or a number with a K, M, G or
 // T suffix (powers of 1024; "Mi" and "MiB" spellings too).
 func MemoryBytes(s string) (int64, error) {
-	n, err := units.RAMInBytes(strings.TrimSuffix(strings.TrimSuffix(s, "B"), "i"))
-	if err != nil || n <= 0 {
+	n, err := store.ParseByteSize(s)
+	if err != nil {
 		return 0, fmt.Errorf("memory %q: want bytes or a number with K, M, G or T", s)
 	}
 	return n, nil

@@ -45,6 +45,43 @@ func TestParseGood(t *testing.T) {
 	}
 }
 
+// Every policy field parses and survives validation as written.
+func TestParsePolicy(t *testing.T) {
+	m, err := Parse([]byte(`
+namespace: shop
+services:
+  api:
+    command: [api]
+    routes:
+      - hosts: [shop.example.com]
+        path_prefixes: [/api, /v1]
+        redirect_https: true
+        strip_prefix: true
+        request_headers: {set: {X-Env: prod}, add: {X-Via: edge}, delete: [X-Debug]}
+        response_headers: {set: {Strict-Transport-Security: max-age=31536000}, delete: [Server]}
+        max_request_body: 10MB
+        timeouts: {connect: 2s, response_header: 30s}
+        retries: {on_status: [502, 503], max: 2}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := m.Services["api"].Routes[0]
+	if !r.RedirectHTTPS || !r.StripPrefix || r.RequestHeaders.Set["X-Env"] != "prod" || r.ResponseHeaders.Delete[0] != "Server" ||
+		r.MaxRequestBody != "10MB" || r.Timeouts.ResponseHeader.String() != "30s" || r.Retries.Max != 2 || !r.HasPolicy() {
+		t.Fatalf("policy: %+v", r)
+	}
+	if n, err := store.ParseByteSize(r.MaxRequestBody); err != nil || n != 10<<20 {
+		t.Fatalf("10MB is %d (%v)", n, err)
+	}
+	// Policy is how traffic reaches instances, not what they run.
+	plain := m.Services["api"]
+	plain.Routes = nil
+	if SpecHash(plain) != SpecHash(m.Services["api"]) {
+		t.Fatal("a route policy changed the spec hash: instances would restart for it")
+	}
+}
+
 func TestSpecHashStable(t *testing.T) {
 	a, _ := Parse([]byte(good))
 	b, _ := Parse([]byte(good))
@@ -95,6 +132,15 @@ func TestValidationErrors(t *testing.T) {
 		{"limits without image", "namespace: a\nservices: {web: {command: [x], read_only: true}}", []string{"services.web: read_only and resources apply to images only"}},
 		{"bad memory", "namespace: a\nservices: {web: {image: hello, resources: {memory: lots}}}", []string{"services.web.resources.memory: memory \"lots\""}},
 		{"negative cpus", "namespace: a\nservices: {web: {image: hello, resources: {cpus: -1}}}", []string{"services.web.resources.cpus: must be >= 0"}},
+		{"strip without a prefix", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], strip_prefix: true}]}}", []string{"services.web.routes[0].strip_prefix: needs a path prefix other than /"}},
+		{"bad header name", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], request_headers: {set: {'X A': b}}}]}}", []string{"services.web.routes[0].request_headers.set.X A: not a valid header name"}},
+		{"hop-by-hop header", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], response_headers: {add: {connection: close}}}]}}", []string{"services.web.routes[0].response_headers.add.connection: a connection header"}},
+		{"header value line break", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], request_headers: {set: {X-A: \"b\\r\\nX-Evil: 1\"}}}]}}", []string{"services.web.routes[0].request_headers.set.X-A: a header value cannot hold a line break"}},
+		{"bad header delete", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], response_headers: {delete: ['bad header']}}]}}", []string{"services.web.routes[0].response_headers.delete[0]: not a valid header name"}},
+		{"bad body size", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], max_request_body: lots}]}}", []string{"services.web.routes[0].max_request_body: size \"lots\""}},
+		{"negative timeout", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], timeouts: {connect: -1s, response_header: 2h}}]}}", []string{"services.web.routes[0].timeouts.connect: must be between", "services.web.routes[0].timeouts.response_header: must be between"}},
+		{"retries without statuses", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], retries: {max: 2}}]}}", []string{"services.web.routes[0].retries.on_status: at least one"}},
+		{"retry on a success", "namespace: a\nservices: {web: {command: [x], routes: [{hosts: [a.com], retries: {on_status: [200, 503], max: 9}}]}}", []string{"services.web.routes[0].retries.on_status[0]: must be an error status", "services.web.routes[0].retries.max: must be between 1 and 5"}},
 		{"rollout without steps", "namespace: a\nservices: {}\nrollout: {steps: []}", []string{"rollout.steps: at least one step"}},
 		{"rollout weight", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 101, hold: 10s}]}", []string{"rollout.steps[0].weight: must be a percentage"}},
 		{"rollout hold", "namespace: a\nservices: {}\nrollout: {steps: [{weight: 10}]}", []string{"rollout.steps[0].hold: must be a duration"}},

@@ -1,0 +1,418 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/requestbody"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/rewrite"
+	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// Per-route policy (store.Route): a route's redirect, prefix stripping,
+// header changes and body limit run as Caddy's own handlers
+// (static_response, rewrite, headers, request_body), provisioned once per
+// route of each immutable Service and memoised on it; its upstream
+// timeouts are applied by the gateway's transport and its retries on
+// chosen statuses around the proxy, which Caddy offers only for a whole
+// handler.
+
+// routePolicy is one route's policy, ready to serve.
+type routePolicy struct {
+	// pre run in order before the proxy; strip by matched prefix.
+	pre   []caddyhttp.MiddlewareHandler
+	strip map[string]caddyhttp.MiddlewareHandler
+	// post run after strip, just before the proxy.
+	post     []caddyhttp.MiddlewareHandler
+	timeouts *store.RouteTimeouts
+	retries  *store.RouteRetries
+	// err is why the policy could not be provisioned; its requests fail
+	// with 502 and the error is logged once.
+	err error
+}
+
+type policyMemo struct{ route int }
+
+// policyOf returns the provisioned policy of m's route, or nil when the
+// route has none.
+func (h *Handler) policyOf(m projection.Match) *routePolicy {
+	rt := m.RouteOf()
+	if !rt.HasPolicy() {
+		return nil
+	}
+	return m.Service.Memo(policyMemo{m.Route}, func(s *projection.Service) any {
+		p, err := h.provisionPolicy(rt)
+		if err != nil {
+			h.logger.Error("route policy unusable; its requests fail with 502",
+				zap.String("service", s.Key()), zap.Int("route", m.Route), zap.Error(err))
+			return &routePolicy{err: err}
+		}
+		return p
+	}).(*routePolicy)
+}
+
+// provisionPolicy builds the handlers of rt's policy.
+func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
+	p := &routePolicy{timeouts: rt.Timeouts, retries: rt.Retries}
+	provision := func(m caddyhttp.MiddlewareHandler) error {
+		if pr, ok := m.(caddy.Provisioner); ok {
+			return pr.Provision(h.ctx)
+		}
+		return nil
+	}
+	if rt.RedirectHTTPS {
+		p.pre = append(p.pre, redirectHTTPS{resp: &caddyhttp.StaticResponse{
+			StatusCode: caddyhttp.WeakString("308"),
+			Headers:    http.Header{"Location": {"https://{http.request.hostport}{http.request.uri}"}},
+		}})
+	}
+	if rt.RequestHeaders != nil || rt.ResponseHeaders != nil {
+		hh := &headers.Handler{}
+		if o := rt.RequestHeaders; o != nil {
+			hh.Request = headerOps(o)
+		}
+		if o := rt.ResponseHeaders; o != nil {
+			hh.Response = &headers.RespHeaderOps{HeaderOps: headerOps(o), Deferred: true}
+		}
+		if err := provision(hh); err != nil {
+			return nil, fmt.Errorf("headers: %w", err)
+		}
+		p.pre = append(p.pre, hh)
+	}
+	if rt.StripPrefix {
+		p.strip = map[string]caddyhttp.MiddlewareHandler{}
+		for _, pre := range rt.PathPrefixes {
+			rw := &rewrite.Rewrite{StripPathPrefix: pre}
+			if err := provision(rw); err != nil {
+				return nil, fmt.Errorf("strip_prefix %s: %w", pre, err)
+			}
+			p.strip[pre] = rw
+		}
+	}
+	if rt.MaxRequestBody != "" {
+		n, err := store.ParseByteSize(rt.MaxRequestBody)
+		if err != nil {
+			return nil, fmt.Errorf("max_request_body: %w", err)
+		}
+		p.post = append(p.post, &requestbody.RequestBody{MaxSize: n})
+	}
+	return p, nil
+}
+
+func headerOps(o *store.HeaderOps) *headers.HeaderOps {
+	out := &headers.HeaderOps{Delete: o.Delete}
+	if len(o.Set) > 0 {
+		out.Set = http.Header{}
+		for k, v := range o.Set {
+			out.Set.Set(k, v)
+		}
+	}
+	if len(o.Add) > 0 {
+		out.Add = http.Header{}
+		for k, v := range o.Add {
+			out.Add.Add(k, v)
+		}
+	}
+	return out
+}
+
+// redirects reports whether p answers r with a redirect, which needs no
+// instance.
+func (p *routePolicy) redirects(r *http.Request) bool {
+	if p.err != nil || len(p.pre) == 0 {
+		return false
+	}
+	_, ok := p.pre[0].(redirectHTTPS)
+	return ok && r.TLS == nil
+}
+
+// redirectHTTPS answers a plain-HTTP request with its static response
+// (the redirect); a TLS request goes on.
+type redirectHTTPS struct{ resp *caddyhttp.StaticResponse }
+
+func (rd redirectHTTPS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if r.TLS != nil {
+		return next.ServeHTTP(w, r)
+	}
+	return rd.resp.ServeHTTP(w, r, next)
+}
+
+// policyRun runs one request through a policy's handlers, then the
+// proxy: one allocation per request, no closure per handler. As a
+// MiddlewareHandler it is the entry the traffic counters call; as a
+// policyStep, the next handler each of the policy's handlers calls.
+type policyRun struct {
+	p        *routePolicy
+	strip    caddyhttp.MiddlewareHandler
+	proxy    caddyhttp.MiddlewareHandler
+	next     caddyhttp.Handler
+	pre      int
+	stripped bool
+	post     int
+}
+
+// newPolicyRun prepares r's run through p; prefix is the route's path
+// prefix r matched, proxy the reverse proxy.
+func (p *routePolicy) newPolicyRun(prefix string, proxy caddyhttp.MiddlewareHandler) *policyRun {
+	run := &policyRun{p: p, proxy: proxy}
+	if p.strip != nil {
+		run.strip = p.strip[prefix]
+	}
+	return run
+}
+
+func (c *policyRun) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if c.p.err != nil {
+		return caddyhttp.Error(http.StatusBadGateway, c.p.err)
+	}
+	c.next = next
+	return (*policyStep)(c).ServeHTTP(w, r)
+}
+
+type policyStep policyRun
+
+func (c *policyStep) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	if c.pre < len(c.p.pre) {
+		c.pre++
+		return c.p.pre[c.pre-1].ServeHTTP(w, r, c)
+	}
+	if c.strip != nil && !c.stripped {
+		c.stripped = true
+		return c.strip.ServeHTTP(w, r, c)
+	}
+	if c.post < len(c.p.post) {
+		c.post++
+		return c.p.post[c.post-1].ServeHTTP(w, r, c)
+	}
+	return c.p.proxy(w, r, c.proxy, c.next)
+}
+
+// varTimeouts is the request variable under which the policy leaves its
+// timeouts for the transport.
+const varTimeouts = "edgeplane.timeouts"
+
+// proxy runs the reverse proxy for r: with the route's timeouts for the
+// transport, retried on the route's statuses, and a body over the limit
+// answered 413 even when it was streamed without a length.
+func (p *routePolicy) proxy(w http.ResponseWriter, r *http.Request, proxy caddyhttp.MiddlewareHandler, next caddyhttp.Handler) error {
+	if p.timeouts != nil {
+		caddyhttp.SetVar(r.Context(), varTimeouts, p.timeouts)
+	}
+	var over *overLimit
+	if r.Body != nil && r.Body != http.NoBody && len(p.post) > 0 {
+		over = &overLimit{ReadCloser: r.Body}
+		r.Body = over
+	}
+	var err error
+	if p.retries != nil && retryable(r.Method) {
+		err = p.retry(w, r, proxy, next)
+	} else {
+		err = proxy.ServeHTTP(w, r, next)
+	}
+	if err != nil && over != nil && over.hit != nil {
+		return caddyhttp.Error(http.StatusRequestEntityTooLarge, over.hit)
+	}
+	return err
+}
+
+// overLimit notes a body read that went past request_body's limit.
+type overLimit struct {
+	io.ReadCloser
+	hit error
+}
+
+func (o *overLimit) Read(b []byte) (int, error) {
+	n, err := o.ReadCloser.Read(b)
+	var mbe *http.MaxBytesError
+	if err != nil && errors.As(err, &mbe) {
+		o.hit = err
+	}
+	return n, err
+}
+
+// retryable reports whether method is idempotent (RFC 9110 9.2.2).
+func retryable(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// retry proxies r, and again (at most retries.Max times, the load
+// balancer choosing an instance anew) while the answer is one of
+// retries.OnStatus; the last answer goes to the client whatever it is. A
+// body is kept to be sent again up to store.MaxRetryBody; a larger one is
+// sent once.
+func (p *routePolicy) retry(w http.ResponseWriter, r *http.Request, proxy caddyhttp.MiddlewareHandler, next caddyhttp.Handler) error {
+	var body []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		b, err := io.ReadAll(io.LimitReader(r.Body, store.MaxRetryBody+1))
+		if err != nil {
+			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
+		}
+		if len(b) > store.MaxRetryBody {
+			r.Body = readCloser{io.MultiReader(bytes.NewReader(b), r.Body), r.Body}
+			return proxy.ServeHTTP(w, r, next)
+		}
+		body = b
+	}
+	max := p.retries.Max
+	if max <= 0 {
+		max = 1
+	}
+	header := w.Header().Clone()
+	for attempt := 0; ; attempt++ {
+		if body != nil {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		rw := &retryWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+			retryOn: p.retries.OnStatus, last: attempt >= max}
+		err := proxy.ServeHTTP(rw, r, next)
+		if !rw.swallowed {
+			return err
+		}
+		// Drop what the discarded answer put in the headers.
+		clear(w.Header())
+		for k, v := range header {
+			w.Header()[k] = v
+		}
+	}
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// retryWriter swallows an answer with a status to retry on, unless it
+// is the last attempt.
+type retryWriter struct {
+	caddyhttp.ResponseWriterWrapper
+	retryOn   []int
+	last      bool
+	swallowed bool
+}
+
+func (w *retryWriter) WriteHeader(code int) {
+	if !w.last && code >= 200 && slices.Contains(w.retryOn, code) {
+		w.swallowed = true
+		return
+	}
+	w.ResponseWriterWrapper.WriteHeader(code)
+}
+
+func (w *retryWriter) Write(b []byte) (int, error) {
+	if w.swallowed {
+		return len(b), nil
+	}
+	return w.ResponseWriterWrapper.Write(b)
+}
+
+func (w *retryWriter) ReadFrom(r io.Reader) (int64, error) {
+	if w.swallowed {
+		return io.Copy(io.Discard, r)
+	}
+	return w.ResponseWriterWrapper.ReadFrom(r)
+}
+
+// FlushError is what http.ResponseController calls before unwrapping: a
+// swallowed answer must not reach the client through a flush.
+func (w *retryWriter) FlushError() error {
+	if w.swallowed {
+		return nil
+	}
+	return http.NewResponseController(w.ResponseWriterWrapper.ResponseWriter).Flush()
+}
+
+func (w *retryWriter) Flush() { _ = w.FlushError() }
+
+// upstreamTimeout is a route timeout that fired: a net.Error that times
+// out, which the proxy answers 504 (a connect timeout is also a dial error,
+// retried on another instance).
+type upstreamTimeout struct {
+	phase string
+	after time.Duration
+}
+
+func (e *upstreamTimeout) Error() string {
+	return fmt.Sprintf("upstream %s took longer than the route's %s", e.phase, e.after)
+}
+func (e *upstreamTimeout) Timeout() bool   { return true }
+func (e *upstreamTimeout) Temporary() bool { return true }
+
+// withTimeouts runs rt with the route's timeouts, if the request has
+// any: a connect timeout until the connection is had, a response-header
+// timeout from the request written to the headers.
+func withTimeouts(req *http.Request, rt func(*http.Request) (*http.Response, error)) (*http.Response, error) {
+	tm, _ := caddyhttp.GetVar(req.Context(), varTimeouts).(*store.RouteTimeouts)
+	if tm == nil {
+		return rt(req)
+	}
+	ctx, cancel := context.WithCancelCause(req.Context())
+	var mu sync.Mutex
+	var timer *time.Timer
+	arm := func(d time.Duration, phase string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if timer != nil {
+			timer.Stop()
+			timer = nil
+		}
+		if d > 0 {
+			cause := &upstreamTimeout{phase: phase, after: d}
+			timer = time.AfterFunc(d, func() { cancel(cause) })
+		}
+	}
+	arm(time.Duration(tm.Connect), "connect")
+	trace := &httptrace.ClientTrace{
+		GotConn:      func(httptrace.GotConnInfo) { arm(0, "") },
+		WroteRequest: func(httptrace.WroteRequestInfo) { arm(time.Duration(tm.ResponseHeader), "response header") },
+	}
+	resp, err := rt(req.WithContext(httptrace.WithClientTrace(ctx, trace)))
+	arm(0, "")
+	if err != nil {
+		var ut *upstreamTimeout
+		if cause := context.Cause(ctx); errors.As(cause, &ut) {
+			err = ut
+			if ut.phase == "connect" {
+				err = reverseproxy.NewDialError(ut)
+			}
+		}
+		cancel(nil)
+		return nil, err
+	}
+	// The context lives on with the body (a protocol switch keeps its
+	// body as it is: the proxy needs it read-write; the request's end
+	// ends the context then).
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
+	}
+	return resp, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel(nil)
+	return err
+}
