@@ -83,6 +83,9 @@ func (h *Handler) Cleanup() error {
 	if !h.proxyReady {
 		return nil
 	}
+	if gt, ok := h.Transport.(*gatewayTransport); ok {
+		gt.closeTimed()
+	}
 	return h.Handler.Cleanup()
 }
 

@@ -2,21 +2,18 @@ package caddymodule
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
-	"net/http/httptrace"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/requestbody"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/rewrite"
 	"go.uber.org/zap"
 
@@ -39,7 +36,7 @@ type routePolicy struct {
 	strip map[string]caddyhttp.MiddlewareHandler
 	// post run after strip, just before the proxy.
 	post     []caddyhttp.MiddlewareHandler
-	timeouts *store.RouteTimeouts
+	timeouts *routeTimeouts
 	retries  *store.RouteRetries
 	// err is why the policy could not be provisioned; its requests fail
 	// with 502 and the error is logged once.
@@ -68,7 +65,10 @@ func (h *Handler) policyOf(m projection.Match) *routePolicy {
 
 // provisionPolicy builds the handlers of rt's policy.
 func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
-	p := &routePolicy{timeouts: rt.Timeouts, retries: rt.Retries}
+	p := &routePolicy{retries: rt.Retries}
+	if t := rt.Timeouts; t != nil && (t.Connect > 0 || t.ResponseHeader > 0) {
+		p.timeouts = &routeTimeouts{connect: time.Duration(t.Connect), header: time.Duration(t.ResponseHeader)}
+	}
 	provision := func(m caddyhttp.MiddlewareHandler) error {
 		if pr, ok := m.(caddy.Provisioner); ok {
 			return pr.Provision(h.ctx)
@@ -214,7 +214,7 @@ func (p *routePolicy) proxy(w http.ResponseWriter, r *http.Request, proxy caddyh
 		caddyhttp.SetVar(r.Context(), varTimeouts, p.timeouts)
 	}
 	var over *overLimit
-	if r.Body != nil && r.Body != http.NoBody && len(p.post) > 0 {
+	if hasBody(r) && len(p.post) > 0 {
 		over = &overLimit{ReadCloser: r.Body}
 		r.Body = over
 	}
@@ -228,6 +228,12 @@ func (p *routePolicy) proxy(w http.ResponseWriter, r *http.Request, proxy caddyh
 		return caddyhttp.Error(http.StatusRequestEntityTooLarge, over.hit)
 	}
 	return err
+}
+
+// hasBody reports whether r came with a body (request_body wraps even an
+// empty one, so the Body field does not say).
+func hasBody(r *http.Request) bool {
+	return r.ContentLength != 0 || len(r.TransferEncoding) > 0
 }
 
 // overLimit notes a body read that went past request_body's limit.
@@ -261,7 +267,7 @@ func retryable(method string) bool {
 // sent once.
 func (p *routePolicy) retry(w http.ResponseWriter, r *http.Request, proxy caddyhttp.MiddlewareHandler, next caddyhttp.Handler) error {
 	var body []byte
-	if r.Body != nil && r.Body != http.NoBody {
+	if hasBody(r) {
 		b, err := io.ReadAll(io.LimitReader(r.Body, store.MaxRetryBody+1))
 		if err != nil {
 			return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
@@ -276,7 +282,10 @@ func (p *routePolicy) retry(w http.ResponseWriter, r *http.Request, proxy caddyh
 	if max <= 0 {
 		max = 1
 	}
-	header := w.Header().Clone()
+	// A shallow copy is enough to put the headers back: the proxy adds
+	// an answer's fields (appending past the saved slices' lengths) or
+	// replaces them whole, never edits a saved value in place.
+	header := maps.Clone(w.Header())
 	for attempt := 0; ; attempt++ {
 		if body != nil {
 			r.Body = io.NopCloser(bytes.NewReader(body))
@@ -342,77 +351,9 @@ func (w *retryWriter) FlushError() error {
 
 func (w *retryWriter) Flush() { _ = w.FlushError() }
 
-// upstreamTimeout is a route timeout that fired: a net.Error that times
-// out, which the proxy answers 504 (a connect timeout is also a dial error,
-// retried on another instance).
-type upstreamTimeout struct {
-	phase string
-	after time.Duration
-}
-
-func (e *upstreamTimeout) Error() string {
-	return fmt.Sprintf("upstream %s took longer than the route's %s", e.phase, e.after)
-}
-func (e *upstreamTimeout) Timeout() bool   { return true }
-func (e *upstreamTimeout) Temporary() bool { return true }
-
-// withTimeouts runs rt with the route's timeouts, if the request has
-// any: a connect timeout until the connection is had, a response-header
-// timeout from the request written to the headers.
-func withTimeouts(req *http.Request, rt func(*http.Request) (*http.Response, error)) (*http.Response, error) {
-	tm, _ := caddyhttp.GetVar(req.Context(), varTimeouts).(*store.RouteTimeouts)
-	if tm == nil {
-		return rt(req)
-	}
-	ctx, cancel := context.WithCancelCause(req.Context())
-	var mu sync.Mutex
-	var timer *time.Timer
-	arm := func(d time.Duration, phase string) {
-		mu.Lock()
-		defer mu.Unlock()
-		if timer != nil {
-			timer.Stop()
-			timer = nil
-		}
-		if d > 0 {
-			cause := &upstreamTimeout{phase: phase, after: d}
-			timer = time.AfterFunc(d, func() { cancel(cause) })
-		}
-	}
-	arm(time.Duration(tm.Connect), "connect")
-	trace := &httptrace.ClientTrace{
-		GotConn:      func(httptrace.GotConnInfo) { arm(0, "") },
-		WroteRequest: func(httptrace.WroteRequestInfo) { arm(time.Duration(tm.ResponseHeader), "response header") },
-	}
-	resp, err := rt(req.WithContext(httptrace.WithClientTrace(ctx, trace)))
-	arm(0, "")
-	if err != nil {
-		var ut *upstreamTimeout
-		if cause := context.Cause(ctx); errors.As(cause, &ut) {
-			err = ut
-			if ut.phase == "connect" {
-				err = reverseproxy.NewDialError(ut)
-			}
-		}
-		cancel(nil)
-		return nil, err
-	}
-	// The context lives on with the body (a protocol switch keeps its
-	// body as it is: the proxy needs it read-write; the request's end
-	// ends the context then).
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		resp.Body = &cancelOnClose{ReadCloser: resp.Body, cancel: cancel}
-	}
-	return resp, nil
-}
-
-type cancelOnClose struct {
-	io.ReadCloser
-	cancel context.CancelCauseFunc
-}
-
-func (b *cancelOnClose) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel(nil)
-	return err
+// routeTimeouts are a route's upstream timeouts; zero is the gateway's
+// own. The gateway's transport keeps one HTTP transport per distinct pair
+// (timedTransport), so a request pays no timer of its own.
+type routeTimeouts struct {
+	connect, header time.Duration
 }

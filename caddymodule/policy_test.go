@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,7 +53,11 @@ func TestRoutePolicyThroughTheGateway(t *testing.T) {
 	f := newFixture(t)
 	f.load()
 	in := policyBackend(t)
-	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"web": {
+	hole := blackhole(t)
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"hole": {
+		Instances: []storetest.Instance{hole},
+		Routes:    []store.Route{{Hosts: []string{"hole.example"}, Timeouts: &store.RouteTimeouts{Connect: store.Duration(300 * time.Millisecond)}}},
+	}, "web": {
 		Instances: []storetest.Instance{in},
 		Routes: []store.Route{
 			{Hosts: []string{"plain.example"}, RedirectHTTPS: true},
@@ -122,6 +127,12 @@ func TestRoutePolicyThroughTheGateway(t *testing.T) {
 		if resp.StatusCode != http.StatusGatewayTimeout || took > 900*time.Millisecond {
 			t.Fatalf("a response slower than the route's 300ms: %d after %s", resp.StatusCode, took)
 		}
+		// A connection that is never had: a dial error after 300ms.
+		start = time.Now()
+		resp, _ = do("GET", "hole.example", "/", nil, nil)
+		if took := time.Since(start); resp.StatusCode != http.StatusBadGateway || took > 900*time.Millisecond {
+			t.Fatalf("a connect slower than the route's 300ms: %d after %s", resp.StatusCode, took)
+		}
 		// The route without the timeout waits the second.
 		if resp, _ := do("GET", "shop.example", "/slow", nil, nil); resp.StatusCode != 200 {
 			t.Fatalf("the route without a timeout: %d", resp.StatusCode)
@@ -152,4 +163,40 @@ func TestRoutePolicyThroughTheGateway(t *testing.T) {
 			t.Fatalf("PUT with retries: %d %q", resp.StatusCode, body)
 		}
 	})
+}
+
+// blackhole is a loopback listener whose accept queue is full: a new
+// connection's SYN is dropped, so connecting hangs.
+func blackhole(t *testing.T) storetest.Instance {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := sa.(*syscall.SockaddrInet4).Port
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	// Fill the queue (backlog 0 holds one), never accepting.
+	for range 2 {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Skip("this kernel accepts connections past a full accept queue; no blackhole to test a connect timeout against")
+	}
+	return storetest.Instance{ID: "h1", Machine: "m1", Address: "127.0.0.1", Port: port}
 }
