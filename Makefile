@@ -53,7 +53,7 @@ deps-test:
 # Packages with goroutines of their own run their tests under the race
 # detector (once: not again in the plain run).
 MODULE    := github.com/edgeplane/edgeplane
-RACE_PKGS ?= store projection control/agent control/deploy control/fleet control/fleetsim \
+RACE_PKGS ?= store projection caddymodule control/agent control/deploy control/fleet control/fleetsim \
              meshd/node meshd/wgbind meshd/relay meshd/registrar certs dnsproj
 
 test: deps-test

@@ -130,11 +130,16 @@ func (h *healthChecker) wait(addr string, abandon context.CancelCauseFunc) (done
 // abandonWaiting ends every round trip waiting on addr, and returns how
 // many there were.
 func (h *healthChecker) abandonWaiting(addr, reason string) int {
+	// The waiters are taken under the lock: a round trip that ends now
+	// deletes itself from the same map.
 	h.waitMu.Lock()
-	ws := h.waiting[addr]
+	ws := make([]*waiter, 0, len(h.waiting[addr]))
+	for w := range h.waiting[addr] {
+		ws = append(ws, w)
+	}
 	delete(h.waiting, addr)
 	h.waitMu.Unlock()
-	for w := range ws {
+	for _, w := range ws {
 		w.abandon(&errAbandoned{addr: addr, reason: reason})
 	}
 	return len(ws)
