@@ -164,6 +164,8 @@ type policyRun struct {
 	pre      int
 	stripped bool
 	post     int
+	// rw is the retry writer, kept here to cost no allocation of its own.
+	rw retryWriter
 }
 
 // newPolicyRun prepares r's run through p; prefix is the route's path
@@ -199,7 +201,7 @@ func (c *policyStep) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 		c.post++
 		return c.p.post[c.post-1].ServeHTTP(w, r, c)
 	}
-	return c.p.proxy(w, r, c.proxy, c.next)
+	return c.p.proxy(w, r, c.proxy, c.next, &c.rw)
 }
 
 // varTimeouts is the request variable under which the policy leaves its
@@ -209,7 +211,7 @@ const varTimeouts = "edgeplane.timeouts"
 // proxy runs the reverse proxy for r: with the route's timeouts for the
 // transport, retried on the route's statuses, and a body over the limit
 // answered 413 even when it was streamed without a length.
-func (p *routePolicy) proxy(w http.ResponseWriter, r *http.Request, proxy caddyhttp.MiddlewareHandler, next caddyhttp.Handler) error {
+func (p *routePolicy) proxy(w http.ResponseWriter, r *http.Request, proxy caddyhttp.MiddlewareHandler, next caddyhttp.Handler, rw *retryWriter) error {
 	if p.timeouts != nil {
 		caddyhttp.SetVar(r.Context(), varTimeouts, p.timeouts)
 	}
@@ -220,7 +222,7 @@ func (p *routePolicy) proxy(w http.ResponseWriter, r *http.Request, proxy caddyh
 	}
 	var err error
 	if p.retries != nil && retryable(r.Method) {
-		err = p.retry(w, r, proxy, next)
+		err = p.retry(w, r, proxy, next, rw)
 	} else {
 		err = proxy.ServeHTTP(w, r, next)
 	}
@@ -265,7 +267,7 @@ func retryable(method string) bool {
 // retries.OnStatus; the last answer goes to the client whatever it is. A
 // body is kept to be sent again up to store.MaxRetryBody; a larger one is
 // sent once.
-func (p *routePolicy) retry(w http.ResponseWriter, r *http.Request, proxy caddyhttp.MiddlewareHandler, next caddyhttp.Handler) error {
+func (p *routePolicy) retry(w http.ResponseWriter, r *http.Request, proxy caddyhttp.MiddlewareHandler, next caddyhttp.Handler, rw *retryWriter) error {
 	var body []byte
 	if hasBody(r) {
 		b, err := io.ReadAll(io.LimitReader(r.Body, store.MaxRetryBody+1))
@@ -282,25 +284,57 @@ func (p *routePolicy) retry(w http.ResponseWriter, r *http.Request, proxy caddyh
 	if max <= 0 {
 		max = 1
 	}
-	// A shallow copy is enough to put the headers back: the proxy adds
-	// an answer's fields (appending past the saved slices' lengths) or
-	// replaces them whole, never edits a saved value in place.
-	header := maps.Clone(w.Header())
+	var mark headerMark
+	mark.save(w.Header())
 	for attempt := 0; ; attempt++ {
 		if body != nil {
 			r.Body = io.NopCloser(bytes.NewReader(body))
 		}
-		rw := &retryWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		*rw = retryWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
 			retryOn: p.retries.OnStatus, last: attempt >= max}
 		err := proxy.ServeHTTP(rw, r, next)
 		if !rw.swallowed {
 			return err
 		}
 		// Drop what the discarded answer put in the headers.
-		clear(w.Header())
-		for k, v := range header {
-			w.Header()[k] = v
-		}
+		mark.restore(w.Header())
+	}
+}
+
+// headerMark remembers a header's fields to put it back as it was: a
+// shallow copy is enough, since the proxy adds an answer's fields
+// (appending past the saved slices' lengths) or replaces them whole,
+// never edits a saved value in place. Up to 8 fields cost no allocation.
+type headerMark struct {
+	small [8]fieldMark
+	n     int
+	big   http.Header
+}
+
+type fieldMark struct {
+	key  string
+	vals []string
+}
+
+func (m *headerMark) save(h http.Header) {
+	if len(h) > len(m.small) {
+		m.big = maps.Clone(h)
+		return
+	}
+	for k, v := range h {
+		m.small[m.n] = fieldMark{k, v}
+		m.n++
+	}
+}
+
+func (m *headerMark) restore(h http.Header) {
+	clear(h)
+	if m.big != nil {
+		maps.Copy(h, m.big)
+		return
+	}
+	for _, f := range m.small[:m.n] {
+		h[f.key] = f.vals
 	}
 }
 

@@ -200,3 +200,23 @@ func blackhole(t *testing.T) storetest.Instance {
 	}
 	return storetest.Instance{ID: "h1", Machine: "m1", Address: "127.0.0.1", Port: port}
 }
+
+// A header is put back as it was, whether it has few fields or many.
+func TestHeaderMarkRestores(t *testing.T) {
+	for _, n := range []int{0, 3, 8, 20} {
+		h := http.Header{}
+		for i := range n {
+			h.Set(fmt.Sprintf("X-F%d", i), "v")
+		}
+		want := h.Clone()
+		var m headerMark
+		m.save(h)
+		h.Add("X-F0", "upstream")
+		h.Set("Server", "upstream")
+		h.Del("X-F1")
+		m.restore(h)
+		if fmt.Sprint(h) != fmt.Sprint(want) {
+			t.Fatalf("%d fields: restored %v, want %v", n, h, want)
+		}
+	}
+}

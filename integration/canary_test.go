@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -40,45 +39,19 @@ func canaryV2(env, rollout string) string {
 	return strings.Replace(canaryV1, `env: {VERSION: "1"}`, `env: {VERSION: "2"`+env+`}`, 1) + rollout
 }
 
-// versioned is one response the canary load saw.
-type versioned struct {
-	at      time.Time
-	version string // "" for a failure
-	code    int
-}
-
-// canaryLoad sends requests through gw from workers until stop closes and
-// keeps every answer with the version that gave it.
-type canaryLoad struct {
-	mu   sync.Mutex
-	seen []versioned
-	errs []string
-}
-
-func (g *gateway) runCanaryLoad(workers int, stop <-chan struct{}) (*canaryLoad, *sync.WaitGroup) {
-	l := &canaryLoad{}
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				code, version, err := g.versionOf(gwClient, nil)
-				l.mu.Lock()
-				l.seen = append(l.seen, versioned{at: time.Now(), version: version, code: code})
-				if (err != nil || code != 200) && len(l.errs) < 10 {
-					l.errs = append(l.errs, fmt.Sprintf("%d %v", code, err))
-				}
-				l.mu.Unlock()
-			}
-		}()
-	}
-	return l, &wg
+// canaryLoad sends requests for shop.example.com through g from workers
+// until stop closes; the returned func gives every outcome with the
+// version that answered.
+func (g *gateway) canaryLoad(workers int, stop <-chan struct{}) func() []outcome {
+	return timedRequests(workers, stop, func() outcome {
+		o := outcome{start: time.Now()}
+		code, version, err := g.versionOf(gwClient, nil)
+		o.ok, o.version, o.code = err == nil && code == 200, version, code
+		if !o.ok {
+			o.err = fmt.Sprintf("%d %v", code, err)
+		}
+		return o
+	})
 }
 
 // versionOf asks the gateway for shop.example.com/ with client, adding
@@ -105,21 +78,19 @@ func (g *gateway) versionOf(client *http.Client, header http.Header) (int, strin
 	return 200, info["version"], nil
 }
 
-// counts returns how many answers in [from, to) came from each version,
-// and how many failed.
-func (l *canaryLoad) counts(from, to time.Time) (byVersion map[string]int, failed int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// counts returns how many of all started in [from, to) got an answer
+// from each version, and how many failed.
+func counts(all []outcome, from, to time.Time) (byVersion map[string]int, failed int) {
 	byVersion = map[string]int{}
-	for _, s := range l.seen {
-		if s.at.Before(from) || !s.at.Before(to) {
+	for _, o := range all {
+		if o.start.Before(from) || !o.start.Before(to) {
 			continue
 		}
-		if s.code != 200 {
+		if !o.ok {
 			failed++
 			continue
 		}
-		byVersion[s.version]++
+		byVersion[o.version]++
 	}
 	return byVersion, failed
 }
@@ -174,7 +145,7 @@ func TestCanaryAbortsABadRevision(t *testing.T) {
 	c.mustControl(applyArgs(c.manifest("v1.yaml", canaryV1))...)
 	_, v1IDs := liveIDs(t, c, "shop")
 	stop := make(chan struct{})
-	l, wg := gw.runCanaryLoad(4, stop)
+	collect := gw.canaryLoad(4, stop)
 
 	const hold = 20 * time.Second
 	bad := canaryV2(`, HELLO_FAIL_EVERY: "20"`, fmt.Sprintf(`rollout:
@@ -185,7 +156,7 @@ func TestCanaryAbortsABadRevision(t *testing.T) {
 	out, errOut, code := c.control(applyArgs(c.manifest("bad.yaml", bad))...)
 	returned := time.Now()
 	close(stop)
-	wg.Wait()
+	all := collect()
 	if code == 0 || !strings.Contains(errOut+out, "canary_aborted") || !strings.Contains(errOut+out, "5xx ratio of revision 2") {
 		t.Fatalf("the bad canary was not aborted for its 5xx ratio: exit %d\n%s\n%s", code, out, errOut)
 	}
@@ -221,21 +192,19 @@ func TestCanaryAbortsABadRevision(t *testing.T) {
 	}
 
 	var firstFail, lastV2 time.Time
-	l.mu.Lock()
-	for _, s := range l.seen {
-		if s.code != 200 && firstFail.IsZero() {
-			firstFail = s.at
+	for _, o := range all {
+		if !o.ok && firstFail.IsZero() {
+			firstFail = o.start
 		}
-		if s.version == "2" {
-			lastV2 = s.at
+		if o.version == "2" {
+			lastV2 = o.start
 		}
 	}
-	l.mu.Unlock()
 	if firstFail.IsZero() || lastV2.IsZero() {
 		t.Fatalf("the load saw no failure (%v) or no revision 2 (%v)", firstFail, lastV2)
 	}
 	took := lastV2.Sub(firstFail)
-	byVersion, failed := l.counts(firstFail, lastV2.Add(time.Nanosecond))
+	byVersion, failed := counts(all, firstFail, lastV2.Add(time.Nanosecond))
 	window := byVersion["1"] + byVersion["2"] + failed
 	t.Logf("first failed response → revision 1 at 100%%: %s (goal ≤ hold %s + 5s); apply returned after %s; "+
 		"in that window %d requests, %d to revision 2, %d failed (%.2f%%; the canary's share is 10%%); judged on %+v",
@@ -258,7 +227,7 @@ func TestCanaryPromotesAGoodRevisionStepByStep(t *testing.T) {
 	gw := c.startGateway("gw1")
 	c.mustControl(applyArgs(c.manifest("v1.yaml", canaryV1))...)
 	stop := make(chan struct{})
-	l, wg := gw.runCanaryLoad(4, stop)
+	collect := gw.canaryLoad(4, stop)
 	// A p99 limit of 4x: a fresh revision's first requests are slower on
 	// a loaded box, and this test is about weights, not latency.
 	good := canaryV2("", `rollout:
@@ -273,21 +242,27 @@ func TestCanaryPromotesAGoodRevisionStepByStep(t *testing.T) {
 		}
 	}
 	close(stop)
-	wg.Wait()
+	outcomes := collect()
 	st := deployStatus(t, c, "shop", id)
 	if st.State != store.DeployCommitted || !st.Settled || len(st.Canary) != 2 {
 		t.Fatalf("status of the promoted canary: %+v", st)
 	}
-	all, failed := l.counts(time.Time{}, time.Now())
+	all, failed := counts(outcomes, time.Time{}, time.Now())
 	if failed != 0 {
-		t.Fatalf("%d of %d requests failed during the canary: %v", failed, all["1"]+all["2"]+failed, l.errs)
+		var errs []string
+		for _, o := range outcomes {
+			if !o.ok && len(errs) < 10 {
+				errs = append(errs, o.err)
+			}
+		}
+		t.Fatalf("%d of %d requests failed during the canary: %v", failed, all["1"]+all["2"]+failed, errs)
 	}
 	var report []string
 	for _, s := range st.Canary {
 		if s.Verdict != store.CanaryPassed {
 			t.Fatalf("step %d: %s (%s)", s.Step, s.Verdict, s.Reason)
 		}
-		byVersion, _ := l.counts(s.StartedAt, s.EndedAt)
+		byVersion, _ := counts(outcomes, s.StartedAt, s.EndedAt)
 		n := byVersion["1"] + byVersion["2"]
 		share := 100 * float64(byVersion["2"]) / float64(max(n, 1))
 		report = append(report, fmt.Sprintf("step %d (%d%%): %d responses, %.2f%% from revision 2", s.Step, s.Weight, n, share))
@@ -400,11 +375,11 @@ func TestCanaryOrphanIsDecidedByTheCompleter(t *testing.T) {
 	c.mustControl(applyArgs(c.manifest("v1.yaml", canaryV1))...)
 	stop := make(chan struct{})
 	var stopped atomic.Bool
-	l, wg := gw.runCanaryLoad(4, stop)
+	collect := gw.canaryLoad(4, stop)
 	defer func() {
 		if !stopped.Load() {
 			close(stop)
-			wg.Wait()
+			collect()
 		}
 	}()
 	var report []string
@@ -455,7 +430,6 @@ func TestCanaryOrphanIsDecidedByTheCompleter(t *testing.T) {
 	}
 	close(stop)
 	stopped.Store(true)
-	wg.Wait()
-	all, failed := l.counts(time.Time{}, time.Now())
+	all, failed := counts(collect(), time.Time{}, time.Now())
 	t.Logf("\n%s\n%d requests through the gateway, %d failed (the bad canary's own 500s)", strings.Join(report, "\n"), all["1"]+all["2"], failed)
 }

@@ -33,17 +33,33 @@ services:
 `
 
 // outcome is one request of a timed load: when it started, whether it
-// succeeded, and which instance answered.
+// succeeded, and which instance (or release version) answered.
 type outcome struct {
 	start    time.Time
 	ok       bool
 	instance string
+	version  string
+	code     int
 	err      string
 }
 
 // timedLoad sends requests from workers until stop closes and keeps every
 // outcome.
 func (g *gateway) timedLoad(host string, workers int, stop <-chan struct{}) func() []outcome {
+	return timedRequests(workers, stop, func() outcome {
+		o := outcome{start: time.Now()}
+		code, inst, err := g.request(host, "/")
+		o.ok, o.instance, o.code = err == nil && code == 200, inst, code
+		if !o.ok {
+			o.err = fmt.Sprintf("%d %s %v", code, inst, err)
+		}
+		return o
+	})
+}
+
+// timedRequests runs do from workers until stop closes; the returned
+// func waits for them and gives every outcome, in start order.
+func timedRequests(workers int, stop <-chan struct{}, do func() outcome) func() []outcome {
 	var mu sync.Mutex
 	var all []outcome
 	var wg sync.WaitGroup
@@ -57,12 +73,7 @@ func (g *gateway) timedLoad(host string, workers int, stop <-chan struct{}) func
 					return
 				default:
 				}
-				o := outcome{start: time.Now()}
-				code, inst, err := g.request(host, "/")
-				o.ok, o.instance = err == nil && code == 200, inst
-				if !o.ok {
-					o.err = fmt.Sprintf("%d %s %v", code, inst, err)
-				}
+				o := do()
 				mu.Lock()
 				all = append(all, o)
 				mu.Unlock()
