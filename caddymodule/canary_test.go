@@ -167,4 +167,15 @@ func TestSplitWeightsStickinessAndMatch(t *testing.T) {
 			t.Fatal("another header value reached the new revision")
 		}
 	}
+	// Testers by cookie.
+	f.publishSplit(&store.Split{Deploy: "d2", Revision: 2, From: 1, Weight: 0, Match: &store.CanaryMatch{Cookie: "tester", Value: "1"}},
+		[]*backend{a, b}, []*backend{c, d})
+	for range 20 {
+		if !isNew(f.getWith(f.client, http.Header{"Cookie": {"tester=1"}})) {
+			t.Fatal("the match cookie did not reach the new revision")
+		}
+		if isNew(f.getWith(f.client, http.Header{"Cookie": {"tester=2"}})) {
+			t.Fatal("another cookie value reached the new revision")
+		}
+	}
 }

@@ -280,7 +280,7 @@ func TestCanaryPromotesAGoodRevisionStepByStep(t *testing.T) {
 
 // With stickiness each client keeps its revision; the match header
 // reaches revision 2 whatever the weight; an operator's promote ends the
-// hold at once.
+// hold at once, and an operator's abort routes the next canary back.
 func TestCanaryStickyMatchAndManualPromote(t *testing.T) {
 	c := newCluster(t)
 	c.join("m1")
@@ -360,6 +360,41 @@ func TestCanaryStickyMatchAndManualPromote(t *testing.T) {
 	// Nothing left to decide.
 	if _, errOut, code := c.control("deploy", "abort", "shop"); code == 0 || !strings.Contains(errOut, "no canary under way") {
 		t.Errorf("abort without a canary: exit %d %s", code, errOut)
+	}
+
+	// An operator's abort: revision 2 serves everything again, the
+	// candidates of revision 3 are stopped.
+	_, v2IDs := liveIDs(t, c, "shop")
+	m3 := strings.Replace(m, `VERSION: "2"`, `VERSION: "3"`, 1)
+	p = c.startApply("apply a canary aborted by hand", nil, applyArgs(c.manifest("v3.yaml", m3))...)
+	p.waitOutput(t, `deploy \S+ of shop`, 30*time.Second)
+	id3 := canaryApplyRe.FindStringSubmatch(p.output())[1]
+	waitHolding(t, c, id3, 1, 30*time.Second)
+	c.mustControl("deploy", "abort", "shop")
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the apply did not finish after the abort:\n%s", p.output())
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(p.output(), "aborted by") {
+		t.Fatalf("apply after an abort by hand: exit %d\n%s", code, p.output())
+	}
+	st = deployStatus(t, c, "shop", id3)
+	if st.State != store.DeployFailedAfterCheckpoint || st.Error == nil || st.Error.Code != "canary_aborted" || !st.Settled {
+		t.Fatalf("status after the abort by hand: %+v", st)
+	}
+	if _, ids := liveIDs(t, c, "shop"); !slices.Equal(ids, v2IDs) {
+		t.Fatalf("after the abort the live commit routes %v, want %v", ids, v2IDs)
+	}
+	for range 20 {
+		if _, v, _ := gw.versionOf(gwClient, http.Header{"X-Canary": {"yes"}}); v != "2" {
+			t.Fatalf("after the abort revision %q answered", v)
+		}
+	}
+	for _, in := range c.instances("shop") {
+		if in.DeployID == id3 {
+			t.Fatalf("candidate %s of the aborted canary is still there", in.ID)
+		}
 	}
 }
 
