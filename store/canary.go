@@ -205,7 +205,7 @@ func changedSlots(cp, live *DeployCommit, service string) bool {
 	return false
 }
 
-// CanaryVerdicts.
+// Verdicts of a canary step.
 const (
 	CanaryHolding  = "holding"
 	CanaryPassed   = "passed"

@@ -57,13 +57,10 @@ func (r *run) canaryPhase() string {
 }
 
 // canaryCommit is the checkpoint commit of step (from 1) at weight.
-func (r *run) canaryCommit(step, weight int, abort bool) *store.DeployCommit {
+func (r *run) canaryCommit(step, weight int) *store.DeployCommit {
 	c := r.finalCommit()
 	c.Kind, c.Phase = store.CommitCheckpoint, fmt.Sprintf("canary-%d", step)
-	if abort {
-		c.Phase += "-abort"
-	}
-	c.Canary = &store.Canary{Step: step, Weight: weight, Abort: abort}
+	c.Canary = &store.Canary{Step: step, Weight: weight}
 	return c
 }
 
@@ -82,7 +79,7 @@ func (r *run) runCanary(ctx context.Context) error {
 		if err := r.lease.Check(ctx); err != nil {
 			return err
 		}
-		cp := r.canaryCommit(step, st.Weight, false)
+		cp := r.canaryCommit(step, st.Weight)
 		seq, err := d.s.AppendCommit(ctx, cp)
 		if err != nil {
 			return err
