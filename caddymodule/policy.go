@@ -34,8 +34,10 @@ type routePolicy struct {
 	// pre run in order before the proxy; strip by matched prefix.
 	pre   []caddyhttp.MiddlewareHandler
 	strip map[string]caddyhttp.MiddlewareHandler
-	// post run after strip, just before the proxy.
-	post     []caddyhttp.MiddlewareHandler
+	// limit, when set, runs after strip, just before the proxy.
+	limit *requestbody.RequestBody
+	// redirect is set when pre begins with the HTTPS redirect.
+	redirect bool
 	timeouts *routeTimeouts
 	retries  *store.RouteRetries
 	// err is why the policy could not be provisioned; its requests fail
@@ -76,6 +78,7 @@ func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
 		return nil
 	}
 	if rt.RedirectHTTPS {
+		p.redirect = true
 		p.pre = append(p.pre, redirectHTTPS{resp: &caddyhttp.StaticResponse{
 			StatusCode: caddyhttp.WeakString("308"),
 			Headers:    http.Header{"Location": {"https://{http.request.hostport}{http.request.uri}"}},
@@ -109,7 +112,7 @@ func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
 		if err != nil {
 			return nil, fmt.Errorf("max_request_body: %w", err)
 		}
-		p.post = append(p.post, &requestbody.RequestBody{MaxSize: n})
+		p.limit = &requestbody.RequestBody{MaxSize: n}
 	}
 	return p, nil
 }
@@ -134,11 +137,7 @@ func headerOps(o *store.HeaderOps) *headers.HeaderOps {
 // redirects reports whether p answers r with a redirect, which needs no
 // instance.
 func (p *routePolicy) redirects(r *http.Request) bool {
-	if p.err != nil || len(p.pre) == 0 {
-		return false
-	}
-	_, ok := p.pre[0].(redirectHTTPS)
-	return ok && r.TLS == nil
+	return p.err == nil && p.redirect && r.TLS == nil
 }
 
 // redirectHTTPS answers a plain-HTTP request with its static response
@@ -163,7 +162,7 @@ type policyRun struct {
 	next     caddyhttp.Handler
 	pre      int
 	stripped bool
-	post     int
+	limited  bool
 	// rw is the retry writer, kept here to cost no allocation of its own.
 	rw retryWriter
 }
@@ -197,9 +196,9 @@ func (c *policyStep) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 		c.stripped = true
 		return c.strip.ServeHTTP(w, r, c)
 	}
-	if c.post < len(c.p.post) {
-		c.post++
-		return c.p.post[c.post-1].ServeHTTP(w, r, c)
+	if c.p.limit != nil && !c.limited {
+		c.limited = true
+		return c.p.limit.ServeHTTP(w, r, c)
 	}
 	return c.p.proxy(w, r, c.proxy, c.next, &c.rw)
 }
@@ -216,7 +215,7 @@ func (p *routePolicy) proxy(w http.ResponseWriter, r *http.Request, proxy caddyh
 		caddyhttp.SetVar(r.Context(), varTimeouts, p.timeouts)
 	}
 	var over *overLimit
-	if hasBody(r) && len(p.post) > 0 {
+	if hasBody(r) && p.limit != nil {
 		over = &overLimit{ReadCloser: r.Body}
 		r.Body = over
 	}

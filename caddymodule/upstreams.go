@@ -85,23 +85,37 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 	}).([]string)
 	// A split service's request gets the side the handler picked for it.
 	if side, ok := caddyhttp.GetVar(r.Context(), varSide).(int); ok && side != unsplit && svc.Split != nil {
-		old, fresh := svc.Sides()
-		idx := old
-		if side == sideNew {
-			idx = fresh
-		}
-		picked := make([]string, 0, len(idx))
-		eps := make([]store.Endpoint, 0, len(idx))
-		for _, j := range idx {
-			picked, eps = append(picked, dials[j]), append(eps, svc.Endpoints[j])
-		}
+		sd := svc.Memo(sidesMemo{}, func(s *projection.Service) any { return splitDials(s, dials) }).(*[2]sideDials)[side]
 		// A side none of whose endpoints can serve leaves the request to
 		// the whole service rather than failing it open.
-		if u.anyServing(v, picked, eps) {
-			return u.upstreams(v, svc.Key(), picked, eps), nil
+		if u.anyServing(v, sd.dials, sd.eps) {
+			return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
 		}
 	}
 	return u.upstreams(v, svc.Key(), dials, svc.Endpoints), nil
+}
+
+type sidesMemo struct{}
+
+// sideDials are one side of a split: its endpoints and their dial
+// addresses.
+type sideDials struct {
+	dials []string
+	eps   []store.Endpoint
+}
+
+// splitDials divides s's dials (one per endpoint) by side, once per
+// Service.
+func splitDials(s *projection.Service, dials []string) *[2]sideDials {
+	var out [2]sideDials
+	old, fresh := s.Sides()
+	for side, idx := range [2][]int{old, fresh} {
+		for _, j := range idx {
+			out[side].dials = append(out[side].dials, dials[j])
+			out[side].eps = append(out[side].eps, s.Endpoints[j])
+		}
+	}
+	return &out
 }
 
 // anyServing reports whether one of dials (of eps) is on a live machine

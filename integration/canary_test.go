@@ -22,16 +22,8 @@ import (
 // Progressive delivery through real gateways: a canary judged by the
 // gateways' own counters, aborted or promoted.
 
-const canaryV1 = `
-namespace: shop
-services:
-  web:
-    command: ["@HELLO@"]
-    replicas: 2
-    env: {VERSION: "1"}
-    readiness: {path: /healthz, timeout: 10s}
-    routes: [{hosts: [shop.example.com]}]
-`
+// canaryV1 is the gateway tests' revision 1 of web (two replicas).
+const canaryV1 = gwV1
 
 // canaryV2 is revision 2 of web with env (extra variables of the new
 // release) and rollout (the manifest's rollout section).

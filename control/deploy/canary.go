@@ -132,20 +132,26 @@ func (d *Deployer) publishCanary(ctx context.Context, cp, live *store.DeployComm
 		return nil, 0, err
 	}
 	events := store.CanaryEvents(cp, live, insts)
-	var split []string
+	seq, err := d.s.PublishRouting(ctx, cp.ID+"."+cp.Phase, events)
+	return splitServices(events), seq, err
+}
+
+// splitServices names the services events split: those a canary judges.
+func splitServices(events []store.RoutingEvent) []string {
+	var out []string
 	for _, ev := range events {
 		if ev.Split != nil {
-			split = append(split, ev.Service)
+			out = append(out, ev.Service)
 		}
 	}
-	seq, err := d.s.PublishRouting(ctx, cp.ID+"."+cp.Phase, events)
-	return split, seq, err
+	return out
 }
 
 // holdCanary holds one step for hold, reading the gateways' counters and
 // the operators' decisions every CanaryPoll. It returns the verdict (passed,
 // aborted or promoted), why, and the figures it was reached on; an error
-// when the hold was cut short (ctx) or the store failed throughout.
+// when the hold was cut short (ctx, a lost lease) or the counters could
+// not be read at its end.
 //
 // checkLease is asked each poll: a lost lease (another orchestrator, or the
 // completer, may be deciding) ends the hold with its error.
@@ -155,7 +161,6 @@ func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services [
 	t := time.NewTicker(CanaryPoll)
 	defer t.Stop()
 	var figs []store.CanaryFigures
-	var lastErr error
 	for {
 		if err := checkLease(ctx); store.HasCode(err, store.CodeLeaseLost) {
 			return "", "", figs, err
@@ -165,20 +170,16 @@ func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services [
 			return decisionVerdict(dec), decisionReason(dec), figs, nil
 		}
 		f, err := d.canaryFigures(ctx, ns, deploy, services)
-		if err == nil {
-			figs, lastErr = f, nil
-		} else {
-			lastErr = err
-		}
 		final := !time.Now().Before(end)
-		if lastErr == nil {
+		if err == nil {
+			figs = f
 			if reason, breach := judgeCanary(figs, limits, final); breach {
 				return store.CanaryAborted, reason, figs, nil
 			} else if final {
 				return store.CanaryPassed, reason, figs, nil
 			}
 		} else if final {
-			return "", "", figs, fmt.Errorf("reading the gateways' canary counters: %w", lastErr)
+			return "", "", figs, fmt.Errorf("reading the gateways' canary counters: %w", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -344,12 +345,7 @@ func (d *Deployer) finishCanary(ctx context.Context, st *store.DeployStatus, cp,
 	if err != nil {
 		return nil, err
 	}
-	var services []string
-	for _, ev := range store.CanaryEvents(cp, live, insts) {
-		if ev.Split != nil {
-			services = append(services, ev.Service)
-		}
-	}
+	services := splitServices(store.CanaryEvents(cp, live, insts))
 	var limits store.CanaryLimits
 	if cp.Manifest.Rollout != nil {
 		limits = cp.Manifest.Rollout.Limits
