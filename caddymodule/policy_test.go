@@ -220,3 +220,25 @@ func TestHeaderMarkRestores(t *testing.T) {
 		}
 	}
 }
+
+// A policy the gateway cannot build (a record written past validation,
+// say by a newer control plane) fails that route's requests with 502 and
+// leaves the service's other routes serving.
+func TestUnusablePolicyFailsItsRouteOnly(t *testing.T) {
+	f := newFixture(t)
+	f.load()
+	b := newBackend(t, "b1")
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"web": {
+		Instances: []storetest.Instance{b.instance()},
+		Routes: []store.Route{
+			{Hosts: []string{"shop.example"}, PathPrefixes: []string{"/up"}, MaxRequestBody: "lots"},
+			{Hosts: []string{"shop.example"}},
+		},
+	}}))
+	if r := f.mustGet("shop.example", "/up"); r.status != http.StatusBadGateway {
+		t.Fatalf("a route whose policy cannot be built: %d %q", r.status, r.body)
+	}
+	if r := f.mustGet("shop.example", "/other"); r.status != 200 || r.backend != "b1" {
+		t.Fatalf("the service's other route: %d %q", r.status, r.body)
+	}
+}
