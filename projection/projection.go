@@ -88,9 +88,12 @@ type Projection struct {
 	lastRejection atomic.Pointer[string]
 	// skipVerify applies events unverified: tests' unsigned baseline only.
 	skipVerify bool
-	loads      atomic.Uint64
-	head       atomic.Uint64
-	connected  atomic.Bool
+	// seal is the verified routing seal that vouches for the events
+	// after the applied sequence, if any; the session goroutine's own.
+	seal      *store.Seal
+	loads     atomic.Uint64
+	head      atomic.Uint64
+	connected atomic.Bool
 	// downLogged is the reason last logged for the loss of the store, so
 	// that an outage is one log line per reason, not one per reconnect
 	// attempt; nil while connected.

@@ -507,3 +507,57 @@ func TestRecreatedStreamRebuilds(t *testing.T) {
 		t.Error("shop.example.com still routed though the new store has no such deploy")
 	}
 }
+
+// A projection follows routing published in sealed batches: every event
+// applied (the seals are not events), none refused. A seal nobody
+// certified vouches for nothing: the unsigned event after it is refused
+// and its service keeps its last good state.
+func TestSealedBatchesAreFollowed(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := ctxT(t)
+	p := start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	storetest.Eventually(t, wait, "initial load", func() bool { return p.Status().Loads == 1 })
+	evs := make([]store.RoutingEvent, store.SealMax+40)
+	for i := range evs {
+		evs[i] = store.RoutingEvent{Kind: store.EventServiceUpsert, Namespace: "bulk", Service: "s" + itoa(i),
+			Routes:    []store.Route{{Hosts: []string{"s" + itoa(i) + ".bulk.test"}}},
+			Endpoints: []store.Endpoint{{InstanceID: "i" + itoa(i), Machine: "m1", Address: "127.0.0.1", Port: 9000}}}
+	}
+	seq, err := srv.Store.PublishRouting(ctx, "bulk", evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitSeq(t, p.Projection, seq)
+	if st := p.Status(); st.EventsApplied != uint64(len(evs)) || st.Signatures.Refused != 0 || st.BadEvents != 0 {
+		t.Fatalf("applied %d of %d, refused %d, bad %d", st.EventsApplied, len(evs), st.Signatures.Refused, st.BadEvents)
+	}
+	if _, ok := p.View().Lookup("s"+itoa(len(evs)-1)+".bulk.test", "/"); !ok {
+		t.Fatal("the last sealed event's route is not served")
+	}
+
+	// A forged seal, then an unsigned event it claims to cover.
+	forged := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bulk", Service: "s0",
+		Routes:    []store.Route{{Hosts: []string{"s0.bulk.test"}}},
+		Endpoints: []store.Endpoint{{InstanceID: "evil", Machine: "m1", Address: "203.0.113.9", Port: 80}}}
+	body, _ := json.Marshal(forged)
+	subj := srv.Store.Names.RoutingServiceSubject("bulk", "s0")
+	d := (&signing.Message{Subject: subj, Seq: seq + 2, Body: body}).Digest()
+	sealBody, _ := json.Marshal(store.RoutingSeal{Version: 1, First: seq + 2, Digests: [][]byte{d[:]}})
+	stranger, _ := signing.NewSigner()
+	sealSubj := srv.Store.Names.RoutingSealSubject()
+	for _, m := range []*nats.Msg{
+		{Subject: sealSubj, Data: sealBody, Header: nats.Header{signing.Header: {stranger.Sign(signing.Message{Subject: sealSubj, Seq: seq + 1, Body: sealBody})}}},
+		{Subject: subj, Data: body},
+	} {
+		if _, err := srv.Store.JS.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSeq(t, p.Projection, seq+2)
+	if st := p.Status(); st.Signatures.Refused != 1 {
+		t.Fatalf("refused %d, want the unsigned event", st.Signatures.Refused)
+	}
+	if s, ok := p.View().Service("bulk", "s0"); !ok || endpointIDs(s) != "i0" {
+		t.Fatalf("bulk/s0 changed by an event a forged seal covered: %v", s)
+	}
+}

@@ -253,6 +253,8 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 		p.log.Warn("skipping a stored record the routing state cannot use", zap.String("reason", why))
 	}
 	old := p.View()
+	// A seal vouches for events right after it: none follows a load.
+	p.seal = nil
 	b := newBuilder(emptyView(false))
 	// A subject whose last event does not verify keeps what this gateway
 	// served for it (its last good state), if anything.
@@ -327,10 +329,10 @@ func (p *Projection) verify(ctx context.Context, st *store.Store, created time.T
 // it is read again).
 func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*store.StoredMsg, created time.Time, live bool) error {
 	cur := p.View()
-	applied := cur.Seq
+	seq := cur.Seq
 	var gap error
 	take := make([]*store.StoredMsg, 0, len(batch))
-	last := applied
+	last := seq
 	for _, m := range batch {
 		if m.Seq <= last {
 			continue
@@ -349,7 +351,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 	b := newBuilder(cur)
 	var head uint64
 	var lastTS time.Time
-	n := 0
+	n, applied := 0, 0
 	for i, m := range take {
 		err := errs[i]
 		if err != nil && !store.HasCode(err, store.CodeBadSignature) && !store.HasCode(err, store.CodeInvalid) {
@@ -359,6 +361,12 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 			break
 		}
 		switch {
+		case st.IsSeal(m):
+			// A seal changes no state: a refused one vouches for
+			// nothing, and its batch is verified event by event.
+			if err != nil {
+				p.log.Warn("routing seal refused; its events are verified one by one", zap.Uint64("seq", m.Seq), zap.Error(err))
+			}
 		case err == nil:
 			if err := b.apply(&events[i]); err != nil {
 				p.badEvent(m.Seq, m.Subject, err)
@@ -368,7 +376,10 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 		default:
 			p.badEvent(m.Seq, m.Subject, err)
 		}
-		applied = m.Seq
+		if !st.IsSeal(m) {
+			applied++
+		}
+		seq = m.Seq
 		head = max(head, m.Seq+m.Pending)
 		lastTS = m.Time
 		n++
@@ -376,12 +387,12 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 	if n == 0 {
 		return gap
 	}
-	v := b.finish(applied, !p.connected.Load())
+	v := b.finish(seq, !p.connected.Load())
 	v.StreamCreated = created
 	p.swap(v)
-	p.eventsApplied.Add(uint64(n))
+	p.eventsApplied.Add(uint64(applied))
 	p.lastEventTime.Store(lastTS.UnixNano())
-	p.noteHead(max(head, p.head.Load()), applied)
+	p.noteHead(max(head, p.head.Load()), seq)
 	p.kick()
 	return gap
 }
@@ -390,10 +401,13 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 // unsigned baseline) it only decodes them.
 func (p *Projection) verifyEvents(ctx context.Context, st *store.Store, msgs []*store.StoredMsg) ([]store.RoutingEvent, []error) {
 	if !p.skipVerify {
-		return st.VerifyEvents(ctx, msgs)
+		return st.VerifyRouting(ctx, msgs, &p.seal)
 	}
 	events, errs := make([]store.RoutingEvent, len(msgs)), make([]error, len(msgs))
 	for i, m := range msgs {
+		if st.IsSeal(m) {
+			continue
+		}
 		if err := store.Decode("routing event", m.Data, &events[i]); err != nil {
 			errs[i] = &store.Error{Code: store.CodeInvalid, Message: err.Error()}
 		}

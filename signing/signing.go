@@ -17,6 +17,7 @@ package signing
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -60,6 +61,12 @@ func (m *Message) signed() []byte {
 	b.Write(m.Body)
 	return b.Bytes()
 }
+
+// Digest is a hash of what a signature over m covers. A seal (one
+// signature over the digests of a batch of messages) vouches for each of
+// them as its own signature would: same subject, sequence, operation and
+// body.
+func (m *Message) Digest() [sha256.Size]byte { return sha256.Sum256(m.signed()) }
 
 // Key is a signing key: a trust root or a signer.
 type Key struct {
@@ -337,12 +344,30 @@ func (t *Trust) Verify(stream string, m Message, header string) (string, error) 
 	if err := check(e.kp, p, m); err != nil {
 		return p.signer, err
 	}
+	return p.signer, e.standsAt(stream, p.signer, m.Seq)
+}
+
+// standsAt refuses a retired signer's signature past its bound in stream.
+func (e *signerEntry) standsAt(stream, signer string, seq uint64) error {
 	if e.retired != nil {
-		if last, ok := e.retired[stream]; !ok || m.Seq > last {
-			return p.signer, refuse(ReasonRetired, p.signer, "signed by %s, retired before sequence %d of %s", p.signer, m.Seq, stream)
+		if last, ok := e.retired[stream]; !ok || seq > last {
+			return refuse(ReasonRetired, signer, "signed by %s, retired before sequence %d of %s", signer, seq, stream)
 		}
 	}
-	return p.signer, nil
+	return nil
+}
+
+// Vouches checks that signer, whose signature at some earlier sequence of
+// stream verified, still stood at seq: a seal a signer made before its
+// retirement vouches for nothing stored after it.
+func (t *Trust) Vouches(stream, signer string, seq uint64) error {
+	t.mu.RLock()
+	e := t.signers[signer]
+	t.mu.RUnlock()
+	if e == nil {
+		return refuse(ReasonUnknown, signer, "signed by %s, which the trust root %s did not certify", signer, t.root)
+	}
+	return e.standsAt(stream, signer, seq)
 }
 
 // VerifyRoot checks that header signs m by the trust root itself.

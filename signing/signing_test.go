@@ -77,6 +77,37 @@ func TestRetiredSignerStandsForWhatItSignedBefore(t *testing.T) {
 	if _, err := trust.Verify("commits", before, signer.Sign(before)); signing.Reason(err) != signing.ReasonRetired {
 		t.Fatalf("a stream the retirement does not name: got %v, want %s", err, signing.ReasonRetired)
 	}
+	// A seal made before the retirement vouches for no event after it.
+	if err := trust.Vouches("routing", signer.PublicKey(), 10); err != nil {
+		t.Fatalf("vouching up to the retirement: %v", err)
+	}
+	if err := trust.Vouches("routing", signer.PublicKey(), 11); signing.Reason(err) != signing.ReasonRetired {
+		t.Fatalf("vouching past the retirement: got %v, want %s", err, signing.ReasonRetired)
+	}
+	stranger, _ := signing.NewSigner()
+	if err := trust.Vouches("routing", stranger.PublicKey(), 1); signing.Reason(err) != signing.ReasonUnknown {
+		t.Fatalf("vouching by an unknown signer: got %v, want %s", err, signing.ReasonUnknown)
+	}
+}
+
+// A digest covers what a signature covers: subject, sequence, operation
+// and body.
+func TestDigestCoversWhatASignatureCovers(t *testing.T) {
+	m := signing.Message{Subject: "s", Seq: 7, Body: []byte("x")}
+	d := m.Digest()
+	for _, other := range []signing.Message{
+		{Subject: "t", Seq: 7, Body: []byte("x")},
+		{Subject: "s", Seq: 8, Body: []byte("x")},
+		{Subject: "s", Seq: 7, Op: "DEL", Body: []byte("x")},
+		{Subject: "s", Seq: 7, Body: []byte("y")},
+	} {
+		if other.Digest() == d {
+			t.Fatalf("%+v has the digest of %+v", other, m)
+		}
+	}
+	if again := m; again.Digest() != d {
+		t.Fatal("a digest is not stable")
+	}
 }
 
 func TestRootSignsOnlyAsRoot(t *testing.T) {

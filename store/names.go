@@ -151,6 +151,12 @@ func (n Names) RoutingMachineSubject(machine string) string {
 	return n.subjectPrefix() + ".routing.machine." + machine
 }
 
+// RoutingSealSubject is where the control plane files the seal that
+// vouches for the batch of routing events right after it (seal.go). It is
+// in the routing stream, under RoutingWildcard, but no service's or
+// machine's subject.
+func (n Names) RoutingSealSubject() string { return n.subjectPrefix() + ".routing.seal" }
+
 // RoutingSubjectOf says what a routing event subject is of: a service
 // (namespace and service) or a machine (machine, namespace "").
 func (n Names) RoutingSubjectOf(subject string) (namespace, name string, ok bool) {

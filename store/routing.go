@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/edgeplane/edgeplane/signing"
 )
@@ -218,12 +219,64 @@ func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[s
 	return out, err
 }
 
-// PublishRouting appends events in order to the routing stream, signed, and
-// returns the sequence of the last one. msgID, when set, makes each publish
-// idempotent ("<msgID>.<index>") so a retried publish of a commit's events is
-// not applied twice; upserts are idempotent anyway.
+// PublishRouting appends events in order to the routing stream, each
+// signed, in sealed batches of up to SealMax (seal.go), and returns the
+// sequence of the last one. msgID, when set, makes each publish idempotent
+// ("<msgID>.<index>") so a retried publish of a commit's events is not
+// applied twice; upserts are idempotent anyway.
 func (s *Store) PublishRouting(ctx context.Context, msgID string, events []RoutingEvent) (uint64, error) {
+	key := s.signerKey()
+	if key == nil {
+		return 0, errSigningKeyRequired()
+	}
+	if msgID == "" {
+		msgID = nuid.Next()
+	}
+	msgs, err := s.encodeRouting(msgID, events)
+	if err != nil {
+		return 0, err
+	}
+	// An attempt that lands nothing lost a race to another appender; the
+	// stream then moved on and the next attempt starts from its head, so
+	// progress is only ever delayed.
+	const maxStalls = 100
+	seqs := make([]uint64, len(events))
+	done, stalls, seal := 0, 0, true
+	err = s.ride(ctx, "publish routing events", func(ctx context.Context, _ bool) error {
+		for done < len(msgs) {
+			n := min(len(msgs)-done, SealMax)
+			if !seal {
+				n = 1
+			}
+			landed, dup, err := s.publishSealed(ctx, key, msgs[done:done+n], seqs[done:done+n])
+			done += landed
+			seal = !dup
+			if err != nil {
+				return err
+			}
+			if landed > 0 {
+				stalls = 0
+			} else if stalls++; stalls == maxStalls {
+				return fmt.Errorf("lost %d races to other appenders in a row", stalls)
+			}
+		}
+		return nil
+	})
 	var last uint64
+	for i := range done {
+		events[i].Seq = seqs[i]
+		last = max(last, seqs[i])
+	}
+	if err != nil {
+		return last, classify(fmt.Errorf("publishing routing event %s: %w", events[done].Identity(), err))
+	}
+	return last, nil
+}
+
+// encodeRouting encodes events for the subjects they belong on, with
+// message IDs "<msgID>.<index>" when msgID is set.
+func (s *Store) encodeRouting(msgID string, events []RoutingEvent) ([]routingMsg, error) {
+	msgs := make([]routingMsg, len(events))
 	for i := range events {
 		ev := &events[i]
 		ev.Version = RecordVersion
@@ -233,28 +286,22 @@ func (s *Store) PublishRouting(ctx context.Context, msgID string, events []Routi
 			subj = s.Names.RoutingServiceSubject(ev.Namespace, ev.Service)
 		case EventMachineUpsert, EventMachineRemove:
 			if ev.Machine == nil {
-				return last, fmt.Errorf("publishing %s: no machine", ev.Kind)
+				return nil, fmt.Errorf("publishing %s: no machine", ev.Kind)
 			}
 			subj = s.Names.RoutingMachineSubject(ev.Machine.ID)
 		default:
-			return last, fmt.Errorf("publishing routing event: unknown kind %q", ev.Kind)
+			return nil, fmt.Errorf("publishing routing event: unknown kind %q", ev.Kind)
 		}
 		data, err := json.Marshal(ev)
 		if err != nil {
-			return last, fmt.Errorf("encoding routing event: %w", err)
+			return nil, fmt.Errorf("encoding routing event: %w", err)
 		}
-		var id string
+		msgs[i] = routingMsg{subject: subj, data: data}
 		if msgID != "" {
-			id = fmt.Sprintf("%s.%d", msgID, i)
+			msgs[i].id = fmt.Sprintf("%s.%d", msgID, i)
 		}
-		ack, err := s.appendSigned(ctx, s.signerKey(), s.Names.RoutingEventsStream(), subj, "", data, id)
-		if err != nil {
-			return last, classify(fmt.Errorf("publishing routing event %s: %w", ev.Identity(), err))
-		}
-		ev.Seq = ack.Sequence
-		last = ack.Sequence
 	}
-	return last, nil
+	return msgs, nil
 }
 
 // RepublishService publishes a fresh upsert of one service derived from the

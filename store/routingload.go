@@ -3,9 +3,8 @@ package store
 import (
 	"context"
 	"fmt"
-	"runtime"
+	"slices"
 	"sort"
-	"sync"
 )
 
 // LoadRouting reads the routing state as the routing stream holds it: the
@@ -25,9 +24,9 @@ func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 		return nil, Classify(fmt.Errorf("loading routing state: %w", err))
 	}
 	st := &RoutingState{Seq: info.State.LastSeq}
-	if st.Seq == 0 {
-		return st, nil
-	}
+	// Signers first, even for an empty stream: a fleet of readers started
+	// before the first deploy would otherwise all look up the signer of
+	// the first event at the moment it arrives.
 	bad, err := s.LoadSigners(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("loading routing state: %w", err)
@@ -35,10 +34,16 @@ func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 	for _, err := range bad {
 		st.Skipped = append(st.Skipped, err.Error())
 	}
+	if st.Seq == 0 {
+		return st, nil
+	}
 	subjects, err := s.SubjectsOf(ctx, stream, s.Names.RoutingWildcard())
 	if err != nil {
 		return nil, fmt.Errorf("loading routing state: %w", err)
 	}
+	// Seals vouch for the batch after them, which the last events of
+	// every subject are not: each is verified by its own signature.
+	subjects = slices.DeleteFunc(subjects, func(subj string) bool { return subj == s.Names.RoutingSealSubject() })
 	var msgs []*StoredMsg
 	if err := s.lastOfUpTo(ctx, stream, subjects, st.Seq, func(m *StoredMsg) error {
 		msgs = append(msgs, m)
@@ -46,7 +51,8 @@ func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("loading routing state: %w", err)
 	}
-	events, errs := s.VerifyEvents(ctx, msgs)
+	var seal *Seal
+	events, errs := s.VerifyRouting(ctx, msgs, &seal)
 	for i := range events {
 		ev := &events[i]
 		if errs[i] != nil {
@@ -66,33 +72,6 @@ func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 	return st, nil
 }
 
-// VerifyEvents is VerifyEvent for each of msgs, on every core (a signature
-// check costs more than the decoding, and a cold start checks one per
-// service). events[i] and errs[i] belong to msgs[i].
-func (s *Store) VerifyEvents(ctx context.Context, msgs []*StoredMsg) (events []RoutingEvent, errs []error) {
-	events = make([]RoutingEvent, len(msgs))
-	errs = make([]error, len(msgs))
-	workers := min(runtime.GOMAXPROCS(0), max(len(msgs)/16, 1))
-	if workers == 1 {
-		for i, m := range msgs {
-			errs[i] = s.VerifyEvent(ctx, m, &events[i])
-		}
-		return events, errs
-	}
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(msgs); i += workers {
-				errs[i] = s.VerifyEvent(ctx, msgs[i], &events[i])
-			}
-		}()
-	}
-	wg.Wait()
-	return events, errs
-}
-
 // VerifyEvent checks that m, a message of the routing stream, is signed
 // under s's trust and filed on the subject its body belongs on, and decodes
 // it into ev. A refused signature is a bad_signature error.
@@ -100,6 +79,13 @@ func (s *Store) VerifyEvent(ctx context.Context, m *StoredMsg, ev *RoutingEvent)
 	if err := s.Verify(ctx, s.Names.RoutingEventsStream(), m); err != nil {
 		return refusedIntent(fmt.Sprintf("routing event %d on %s", m.Seq, m.Subject), err)
 	}
+	return s.decodeEvent(m, ev)
+}
+
+// decodeEvent decodes m, a routing event whose signature (or seal) was
+// verified, into ev, and checks it is filed on the subject its body
+// belongs on.
+func (s *Store) decodeEvent(m *StoredMsg, ev *RoutingEvent) error {
 	if err := Decode("routing event", m.Data, ev); err != nil {
 		return &Error{Code: CodeInvalid, Message: fmt.Sprintf("routing event %d on %s: %v", m.Seq, m.Subject, err)}
 	}

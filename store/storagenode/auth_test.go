@@ -400,6 +400,14 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err := gw1.PutGatewayTraffic(ctx, &store.GatewayTraffic{Gateway: "gw1", At: time.Now()}); err != nil {
 		t.Fatalf("gateway gw1's own traffic report: %v", err)
 	}
+	// Nor does a gateway vouch for routing events: a seal it files, even
+	// one its own key signed, is refused by the server.
+	refusedOn(gw1Violations, "file a routing seal", "routing.seal", func(c context.Context) error {
+		m := nats.NewMsg(names.RoutingSealSubject())
+		m.Data = []byte(`{"version":1,"first":1,"digests":[]}`)
+		_, err := gw1.JS.PublishMsg(c, m)
+		return err
+	})
 	refusedOn(gw1Violations, "write gw2's traffic report", "gw2", func(c context.Context) error {
 		return gw1.PutGatewayTraffic(c, &store.GatewayTraffic{Gateway: "gw2", At: time.Now()})
 	})
