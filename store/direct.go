@@ -212,8 +212,16 @@ func (s *Store) ReadFrom(ctx context.Context, stream string, seq uint64, filter 
 // wildcards), all as of one sequence, in batches JetStream accepts.
 // Subjects with no message are skipped.
 func (s *Store) LastOf(ctx context.Context, stream string, subjects []string, fn func(*StoredMsg) error) error {
-	if len(subjects) == 0 {
+	switch len(subjects) {
+	case 0:
 		return nil
+	case 1:
+		// One subject is one moment: one direct get, no stream info.
+		m, err := s.lastFor(ctx, stream, subjects[0])
+		if err != nil || m == nil {
+			return err
+		}
+		return fn(m)
 	}
 	// One sequence for every batch, so that together they describe one
 	// moment of the stream.
@@ -222,6 +230,40 @@ func (s *Store) LastOf(ctx context.Context, stream string, subjects []string, fn
 		return classify(fmt.Errorf("reading %s: %w", stream, err))
 	}
 	return s.lastOfUpTo(ctx, stream, subjects, str.CachedInfo().State.LastSeq, fn)
+}
+
+// lastFor reads the last message of subject in stream (nil if there is
+// none) with a direct get in its subject form, the form credentials can
+// allow for one key alone.
+func (s *Store) lastFor(ctx context.Context, stream, subject string) (*StoredMsg, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, directTimeout)
+		defer cancel()
+	}
+	var found *StoredMsg
+	err := s.ride(ctx, "reading "+stream, func(ctx context.Context, _ bool) error {
+		m, err := s.NC.RequestWithContext(ctx, s.apiPrefix+"DIRECT.GET."+stream+"."+subject, nil)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", stream, err)
+		}
+		switch status := m.Header.Get("Status"); status {
+		case "":
+		case "404":
+			found = nil
+			return nil
+		case "503":
+			return fmt.Errorf("reading %s: %w", stream, nats.ErrNoResponders)
+		default:
+			return fmt.Errorf("reading %s: %s %s", stream, status, m.Header.Get("Description"))
+		}
+		found, err = StoredFromMsg(m)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", stream, err)
+		}
+		return nil
+	})
+	return found, classify(err)
 }
 
 // lastOfUpTo is LastOf as of sequence upTo.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -46,9 +47,8 @@ type ConnectOptions struct {
 	// ReconnectForever keeps reconnecting after the server goes away
 	// (long-running processes); clients that run one command fail instead.
 	ReconnectForever bool
-	// ReconnectDelay, with ReconnectForever, replaces the fixed 250ms wait
-	// before reconnect attempt n (1-based), e.g. a jittered backoff so a
-	// fleet does not reconnect in lockstep.
+	// ReconnectDelay, with ReconnectForever, is the wait before reconnect
+	// attempt n (1-based); default ReconnectBackoff.
 	ReconnectDelay func(attempt int) time.Duration
 	// Handlers observe connection state changes; any may be nil.
 	OnDisconnect func(error)
@@ -56,6 +56,17 @@ type ConnectOptions struct {
 	// OnClosed is told when the connection is closed for good: by Close,
 	// or by the client giving up (its credentials refused on reconnect).
 	OnClosed func()
+}
+
+// ReconnectBackoff is the default wait before reconnect attempt n of a
+// long-running process: a uniformly random time within a window of one
+// second, doubling with each failed attempt up to eight. Every edge box
+// loses its connection when a storage node restarts; spread over the
+// window they come back at a rate the node can take, instead of all in
+// the same instant, and spread further while it cannot.
+func ReconnectBackoff(attempt int) time.Duration {
+	window := time.Second << min(max(attempt-1, 0), 3)
+	return time.Duration(rand.Int64N(int64(window)))
 }
 
 // ErrNoFleetCA is returned by Connect for a tls:// server when neither the
@@ -96,11 +107,11 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 			With("url", redactURL(url))
 	}
 	if o.ReconnectForever {
-		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
-			nats.RetryOnFailedConnect(false))
-		if o.ReconnectDelay != nil {
-			opts = append(opts, nats.CustomReconnectDelay(o.ReconnectDelay))
+		delay := o.ReconnectDelay
+		if delay == nil {
+			delay = ReconnectBackoff
 		}
+		opts = append(opts, nats.MaxReconnects(-1), nats.CustomReconnectDelay(delay), nats.RetryOnFailedConnect(false))
 	}
 	if o.OnDisconnect != nil {
 		opts = append(opts, nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.OnDisconnect(err) }))
@@ -422,31 +433,52 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 // releases of three ~50 MB binaries for two architectures.
 const ReleaseStoreMaxBytes = 16 * gib
 
-// Open binds to streams and buckets that a server already provisioned. It
-// fails with a clear error if they are missing.
+// Open returns the store of names' authority on nc, whose streams and
+// buckets a server provisioned. It asks the server nothing: each stream and
+// bucket is bound when first used, and using one that is missing fails
+// then, with a clear error. ctx is unused; it is kept for callers that
+// bound an open.
 func Open(ctx context.Context, nc *nats.Conn, names Names) (*Store, error) {
 	s, err := newStore(nc, names)
 	if err != nil {
 		return nil, err
 	}
+	// Each binds when first used (lazy.go): a process asks for the info
+	// of what it uses only, and an agent's gets and puts for none.
 	streams, buckets := s.layout()
-	// Binding asks each stream's leader (s.JS waits out an election).
 	for _, st := range streams {
-		str, err := s.JS.Stream(ctx, st.cfg.Name)
-		if err != nil {
-			return nil, classify(fmt.Errorf("opening stream %s (has `control server` provisioned this authority?): %w", st.cfg.Name, err))
-		}
-		*st.dst = str
+		*st.dst = &lazyStream{s: s, name: st.cfg.Name}
 	}
 	for _, b := range buckets {
-		kv, err := s.JS.KeyValue(ctx, b.cfg.Bucket)
-		if err != nil {
-			return nil, classify(fmt.Errorf("opening bucket %s (has `control server` provisioned this authority?): %w", b.cfg.Bucket, err))
-		}
-		*b.dst = kv
+		*b.dst = &lazyKV{s: s, name: b.cfg.Bucket}
 	}
 	return s, nil
 }
+
+// Bind is Open, then binds every stream and bucket at once: for a process
+// that waits until a server has provisioned the authority (a storage node
+// joining a cluster, a client of one), which fails while one is missing.
+func Bind(ctx context.Context, nc *nats.Conn, names Names) (*Store, error) {
+	s, err := Open(ctx, nc, names)
+	if err != nil {
+		return nil, err
+	}
+	streams, buckets := s.layout()
+	for _, st := range streams {
+		if _, err := (*st.dst).(*lazyStream).bind(ctx); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range buckets {
+		if _, err := (*b.dst).(*lazyKV).bind(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// bindTimeout bounds binding a stream where no context does.
+const bindTimeout = defaultConnectTimeout
 
 func newStore(nc *nats.Conn, names Names) (*Store, error) {
 	js, err := newJetStream(nc)

@@ -75,7 +75,7 @@ func Attach(ctx context.Context, cfg AttachConfig) (_ *Node, err error) {
 	// A client binds to what the storage nodes provisioned, once they
 	// have.
 	err = retry(wctx, func() error {
-		s, err := store.Open(wctx, n.Conn, names)
+		s, err := store.Bind(wctx, n.Conn, names)
 		n.Store = s
 		return err
 	})

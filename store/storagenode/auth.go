@@ -553,8 +553,9 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		p.Pub.Allow.Add(api + "DIRECT.GET.KV_" + bucket + ".$KV." + bucket + "." + key)
 	}
 	writeKV := func(bucket, key string) { p.Pub.Allow.Add(api + "$KV." + bucket + "." + key) }
-	// Binding to the store reads every stream's and bucket's info: config
-	// and counts, which store.Open needs.
+	// Binding a stream or bucket reads its info (config and counts), which
+	// the store does when a role first uses one for more than a key's get
+	// or put.
 	p.Pub.Allow.Add(api + "STREAM.INFO.*")
 	// Answers to this user's own requests only (see InboxPrefix); the
 	// user's key is not known yet, so the prefix is added when signing.

@@ -528,7 +528,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 		})
 	}
 	// Gateways and meshd have no business with releases.
-	refusedOn(gwViolations, "read a release", "KV_"+names.ReleasesBucket(), func(c context.Context) error {
+	refusedOn(gwViolations, "read a release", "$KV."+names.ReleasesBucket()+"."+store.ReleaseKey("1.2.0", "linux/amd64"), func(c context.Context) error {
 		_, err := gs.Release(c, "1.2.0", "linux/amd64")
 		return err
 	})

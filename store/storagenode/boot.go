@@ -363,7 +363,7 @@ func provision(ctx context.Context, nc *nats.Conn, names store.Names, layout sto
 		defer cancel()
 		var err error
 		if bindOnly != nil && bindOnly() {
-			s, err = store.Open(pctx, nc, names)
+			s, err = store.Bind(pctx, nc, names)
 		} else {
 			s, err = store.Provision(pctx, nc, names, layout)
 		}
