@@ -104,6 +104,7 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 			if err != nil {
 				return nil, err
 			}
+			logf("apply %d (idle): %s", i, ap.describe(lags))
 			rep.CommitLagIdle = append(rep.CommitLagIdle, lags...)
 		}
 	}
@@ -134,6 +135,7 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 					logf("apply %d failed: %v", spec.Applies+i, err)
 					continue
 				}
+				logf("apply %d (during the writes): %s", spec.Applies+i, ap.describe(lags))
 				rep.CommitLagBusy = append(rep.CommitLagBusy, lags...)
 			}
 		}()
@@ -223,6 +225,23 @@ func (a *applier) apply(ctx context.Context, i int) ([]time.Duration, error) {
 	from := a.committed
 	a.mu.Unlock()
 	return a.gws.WaitReached(ctx, st.RoutingSeq, from, 30*time.Second)
+}
+
+// describe says how one apply's final commit reached the gateways: the
+// spread, and which gateway was last, so that a slow tail can be followed
+// to one gateway's log.
+func (a *applier) describe(lags []time.Duration) string {
+	if len(lags) == 0 {
+		return "no gateways"
+	}
+	last := 0
+	for i, l := range lags {
+		if l > lags[last] {
+			last = i
+		}
+	}
+	l := slices.Sorted(slices.Values(lags))
+	return fmt.Sprintf("p50 %s, p99 %s, max %s (%s)", ms(Percentile(l, 50)), ms(Percentile(l, 99)), ms(l[len(l)-1]), a.gws.Names[last])
 }
 
 // Summary is the report in a few lines.
