@@ -78,10 +78,35 @@ func testContainerDriver(t *testing.T, e *enginetest.Engine, hello string) {
 		t.Fatalf("resolve: %+v %v, want %s", img, err, v1)
 	}
 	// The tag moves to another image; the pinned ID still starts v1.
-	e.BuildImage(t, "localhost/edgeplane-rt-hello:v1", hello, `ENV VERSION=2`)
+	v2 := e.BuildImage(t, "localhost/edgeplane-rt-hello:v1", hello, `ENV VERSION=2`)
 	if moved, _ := d.ResolveImage(ctx, "localhost/edgeplane-rt-hello:v1"); moved == nil || moved.ID == v1 {
 		t.Fatalf("the tag did not move: %+v", moved)
 	}
+	// Many at once (every agent of an apply on one engine) share lookups
+	// and each sees the tag where it is now; moved back, it is seen back.
+	resolveAll := func(want string) {
+		t.Helper()
+		errs := make(chan error, 10)
+		for range 10 {
+			go func() {
+				img, err := d.ResolveImage(ctx, "localhost/edgeplane-rt-hello:v1")
+				if err == nil && img.ID != want {
+					err = fmt.Errorf("resolved to %s, want %s", img.ID, want)
+				}
+				errs <- err
+			}()
+		}
+		for range 10 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	resolveAll(v2)
+	if _, err := e.CLI(ctx, "tag", v1, "localhost/edgeplane-rt-hello:v1"); err != nil {
+		t.Fatal(err)
+	}
+	resolveAll(v1)
 	port := freePort(t)
 	id := fmt.Sprintf("rt-%d", time.Now().UnixNano())
 	logDir := t.TempDir()
@@ -154,6 +179,12 @@ func testContainerDriver(t *testing.T, e *enginetest.Engine, hello string) {
 	eventually(t, "the restarted container to answer", func() bool { _, err := get(port); return err == nil })
 	if err := d.Stop(ctx, h3, 2*time.Second); err != nil {
 		t.Fatal(err)
+	}
+	// The run has ended, and how, when Stop returns (not once the
+	// engine's wait answers too).
+	var exit *runtime.Exit
+	if !errors.As(h3.ExitErr(), &exit) || !exit.Known {
+		t.Fatalf("after Stop the handle says %v, want a known exit", h3.ExitErr())
 	}
 	if _, err := d.Adopt(ctx, h3.State()); !errors.Is(err, runtime.ErrGone) {
 		t.Fatalf("a stopped container is still there: %v", err)
