@@ -47,7 +47,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	dashListen := fs.String("dashboard-listen", "", "serve the read-only web dashboard on this address (e.g. 127.0.0.1:8090); empty: off")
 	dashLogin := fs.Bool("dashboard-login", false, "ask for a login token (control dashboard token) even on loopback; off loopback it is always asked for")
 	enrollListen := fs.String("enroll-listen", "", "with TLS, answer invited boxes' enrollments (HTTPS) on this address (default: --listen's host, port 4223, when that is not loopback); off: none")
-	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much); 0: this server never writes it (another control server does)")
+	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much), and the machines' liveness judgement gateways set aside by is looked at; 0: this server writes neither (another control server does)")
 	cf := addClusterFlags(fs)
 	lf := addLogFlags(fs)
 	return func(c *call) error {

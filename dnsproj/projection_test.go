@@ -11,6 +11,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -206,6 +207,15 @@ func TestMachineThatStopsBeatingLeavesAnswers(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { stopBeats(); <-beatsDone })
+	// The control server's aggregator judges the beats.
+	agg, err := fleet.New(srv.Store, fleet.Config{FlushEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, stopAgg := context.WithCancel(ctx)
+	aggDone := make(chan struct{})
+	go func() { defer close(aggDone); _ = agg.Run(actx) }()
+	t.Cleanup(func() { stopAgg(); <-aggDone })
 	waitSeq(t, p, seq)
 
 	const web, solo = "web.shop.edgeplane.internal.", "solo.shop.edgeplane.internal."

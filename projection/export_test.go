@@ -55,3 +55,7 @@ func ApplyStored(ctx context.Context, p *Projection, st *store.Store, msgs []*st
 	}
 	return nil
 }
+
+// NoteLiveness hands p a liveness judgement as the session does (p must
+// not be running).
+func NoteLiveness(p *Projection, r *store.LivenessRecord) { p.noteLiveness(r) }

@@ -3,7 +3,6 @@ package projection
 import (
 	"context"
 	"maps"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,129 +10,63 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// Machine liveness as this process observes it. Agents beat into the
-// machine heartbeats bucket, which republishes each beat; the projection
-// notes when it received each machine's last beat, by its own clock, and
-// judges from that, when it decides, whether the machine went quiet. The
-// judgement is never stored: instance records and routing state are
-// untouched, and a machine that beats again is served again at once. A
-// view carries the machines judged down when it was swapped in, so the
-// upstream source and the DNS zone set their instances aside (and serve
-// them anyway when a service has no other: fail open).
+// Machine liveness as the control plane judges it. Agents beat into the
+// machine heartbeats bucket; the control server's aggregator follows the
+// beats and writes one record listing the machines that stopped beating
+// (store.LivenessRecord), which the liveness bucket republishes. The
+// projection follows that record, not the beats: a storage node sends it
+// one message per change instead of every machine's every beat. The
+// judgement never touches instance records or routing state, and a machine
+// that beats again is served again with the next record. A view carries
+// the machines judged down when it was swapped in, so the upstream source
+// and the DNS zone set their instances aside (and serve them anyway when a
+// service has no other: fail open). A record older than
+// store.LivenessExpiry (the judge is away) sets nothing aside.
 
 // MachineDown is why a machine's instances are set aside.
-type MachineDown struct {
-	// Liveness is store.MachineStale or store.MachineOffline.
-	Liveness string `json:"liveness"`
-	// LastBeat is when this process received the machine's last beat (or
-	// when the store stored it, for a beat read at load).
-	LastBeat time.Time `json:"last_beat"`
-	// Interval is the beat interval the machine announced.
-	Interval time.Duration `json:"interval"`
-}
+type MachineDown = store.MachineDown
 
-// livenessCheck is how often the projection judges liveness again.
+// livenessCheck is how often the projection looks whether its judgement
+// expired.
 const livenessCheck = 250 * time.Millisecond
 
-// beatSeen is the last beat received from one machine.
-type beatSeen struct {
-	at       time.Time
-	interval time.Duration
-}
-
-// liveness holds the last beat of each machine; owned by the session
-// goroutine, read by the Status reporter.
-type liveness struct {
-	mu    sync.Mutex
-	beats map[string]beatSeen
-}
-
-// observe notes a beat of b.Machine received at at (never later than now:
-// a stored time from a clock ahead of ours counts as now).
-func (l *liveness) observe(b *store.MachineBeat, at time.Time) {
-	iv := time.Duration(b.Interval)
-	if iv <= 0 {
-		iv = store.DefaultBeatInterval
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.beats == nil {
-		l.beats = map[string]beatSeen{}
-	}
-	if now := time.Now(); at.After(now) {
-		at = now
-	}
-	if prev, ok := l.beats[b.Machine]; ok && prev.at.After(at) {
-		return
-	}
-	l.beats[b.Machine] = beatSeen{at: at, interval: iv}
-}
-
-// rebase gives every machine a fresh start at now: after this process
-// could not hear beats (its own connection was down), silence says
-// nothing about the machines.
-func (l *liveness) rebase(now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for m, b := range l.beats {
-		if b.at.Before(now) {
-			b.at = now
-			l.beats[m] = b
-		}
-	}
-}
-
-// down judges every machine at now: those that missed
-// store.MeshUnreachableAfter beats or more. A machine never heard from is
-// not judged.
-func (l *liveness) down(now time.Time) map[string]MachineDown {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out map[string]MachineDown
-	for m, b := range l.beats {
-		state := (&store.MachineBeat{At: b.at, Interval: store.Duration(b.interval)}).Liveness(now)
-		if state != store.MachineStale && state != store.MachineOffline {
-			continue
-		}
-		if out == nil {
-			out = map[string]MachineDown{}
-		}
-		out[m] = MachineDown{Liveness: state, LastBeat: b.at, Interval: b.interval}
-	}
-	return out
-}
-
-// loadBeats reads every machine's last stored beat.
-func (p *Projection) loadBeats(ctx context.Context, st *store.Store) error {
-	entries, err := st.ScanKV(ctx, st.MachineBeats, ">")
+// loadLiveness reads the latest judgement.
+func (p *Projection) loadLiveness(ctx context.Context, st *store.Store) error {
+	r, err := st.Liveness(ctx)
 	if err != nil {
 		return err
 	}
-	for _, e := range entries {
-		var b store.MachineBeat
-		if err := store.DecodeKeyed(st.MachineBeats.Bucket(), e.Key, e.Value, &b); err != nil {
-			p.log.Warn("skipping a heartbeat record", zap.Error(err))
-			continue
-		}
-		p.live.observe(&b, e.Created)
-	}
+	p.noteLiveness(r)
 	return nil
 }
 
-// beat notes a republished beat, received now.
-func (p *Projection) beat(st *store.Store, sm *store.StoredMsg) {
-	b, err := st.MachineBeatFromMsg(sm)
+// liveness takes a republished judgement.
+func (p *Projection) liveness(st *store.Store, sm *store.StoredMsg) {
+	r, err := st.LivenessFromMsg(sm)
 	if err != nil {
-		p.log.Warn("skipping a heartbeat", zap.Error(err))
+		p.log.Warn("skipping a machine liveness record", zap.Error(err))
 		return
 	}
-	p.live.observe(b, time.Now())
+	p.noteLiveness(r)
+}
+
+// noteLiveness keeps r, unless it is older than the judgement held.
+func (p *Projection) noteLiveness(r *store.LivenessRecord) {
+	if r == nil || p.judged != nil && r.At.Before(p.judged.At) {
+		return
+	}
+	p.judged = r
+	p.judgeLiveness()
 }
 
 // judgeLiveness swaps in a view with the machines judged down now, when
 // that changed, and logs each change.
 func (p *Projection) judgeLiveness() {
-	p.setDown(p.live.down(time.Now()))
+	if !p.judged.Fresh(time.Now()) {
+		p.setDown(nil)
+		return
+	}
+	p.setDown(p.judged.Down)
 }
 
 // setDown makes down the machines judged down, for this view and every

@@ -108,7 +108,7 @@ type Projection struct {
 
 	// live holds the machines' last beats; downNow is the latest
 	// judgement, which every view swapped in carries.
-	live    liveness
+	judged  *store.LivenessRecord // session goroutine's own
 	downNow atomic.Pointer[map[string]MachineDown]
 }
 

@@ -54,14 +54,14 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 		return store.Classify(fmt.Errorf("following signers: %w", err))
 	}
 	defer func() { _ = ssub.Unsubscribe() }()
-	// Machine heartbeats, to set aside the instances of a machine that
-	// stopped beating (liveness.go).
-	beats := make(chan *nats.Msg, 4096)
-	bsub, err := nc.ChanSubscribe(st.Names.MachineBeatsRepublishedWildcard(), beats)
+	// The control plane's judgement of machine liveness, to set aside
+	// the instances of a machine that stopped beating (liveness.go).
+	judged := make(chan *nats.Msg, 16)
+	lsub, err := nc.ChanSubscribe(st.Names.MachineLivenessRepublishedWildcard(), judged)
 	if err != nil {
-		return store.Classify(fmt.Errorf("following machine heartbeats: %w", err))
+		return store.Classify(fmt.Errorf("following machine liveness: %w", err))
 	}
-	defer func() { _ = bsub.Unsubscribe() }()
+	defer func() { _ = lsub.Unsubscribe() }()
 	if err := nc.Flush(); err != nil {
 		return store.Classify(fmt.Errorf("following routing events: %w", err))
 	}
@@ -70,9 +70,9 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 	if err != nil {
 		return err
 	}
-	if err := p.loadBeats(ctx, st); err != nil {
-		// Liveness then starts from the beats republished from now on.
-		p.log.Warn("reading machine heartbeats", zap.Error(err))
+	if err := p.loadLiveness(ctx, st); err != nil {
+		// Liveness then starts from the next judgement republished.
+		p.log.Warn("reading machine liveness", zap.Error(err))
 	}
 	liveTick := time.NewTicker(livenessCheck)
 	defer liveTick.Stop()
@@ -108,10 +108,9 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 					p.logDown("lost NATS; serving the last good routing view", nil)
 					p.swap(p.View().withStale(true))
 				}
-				// Cut off, this process hears no beats: it judges no
-				// machine, and starts afresh when it hears them again.
+				// Cut off, this process hears no judgement: it sets no
+				// machine aside, and reads the latest once reconnected.
 				p.setDown(nil)
-				p.live.rebase(time.Now())
 				// A reconnect refused at the TLS handshake (the server
 				// did not prove itself) is worth saying.
 				if err := store.TLSFailure(nc); err != nil {
@@ -133,6 +132,9 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 				}
 				if r != reconnects {
 					p.log.Info("NATS reconnected; routing stream continuous, resuming", zap.Uint64("seq", p.View().Seq))
+					if err := p.loadLiveness(ctx, st); err != nil {
+						p.log.Warn("reading machine liveness", zap.Error(err))
+					}
 				}
 				reconnects, needVerify, needCatchUp = r, false, true
 			}
@@ -164,9 +166,9 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 				p.judgeLiveness()
 			}
 
-		case m := <-beats:
+		case m := <-judged:
 			if sm, err := store.StoredFromMsg(m); err == nil {
-				p.beat(st, sm)
+				p.liveness(st, sm)
 			}
 
 		case m := <-signers:

@@ -92,6 +92,10 @@ func (n Names) SignersBucket() string { return "cp_signers_" + n.Authority }
 func (n Names) MachineStatesBucket() string { return "cp_machine_state_" + n.Authority }
 func (n Names) MachineBeatsBucket() string  { return "cp_machine_beats_" + n.Authority }
 
+// MachineLivenessBucket holds the control plane's judgement of which
+// machines stopped beating (LivenessRecord), written by the aggregator.
+func (n Names) MachineLivenessBucket() string { return "cp_machine_liveness_" + n.Authority }
+
 // FleetStatusBucket holds each namespace's fleet summary
 // (NamespaceStatus), written by the control server's aggregator.
 func (n Names) FleetStatusBucket() string { return "cp_fleet_status_" + n.Authority }
@@ -195,6 +199,13 @@ func (n Names) SignersRepublishedWildcard() string { return "rp.kv." + n.Signers
 // machine that stopped beating.
 func (n Names) MachineBeatsRepublishedWildcard() string {
 	return "rp.kv." + n.MachineBeatsBucket() + ".>"
+}
+
+// MachineLivenessRepublishedWildcard is where the machine liveness bucket
+// republishes each judgement once stored: what gateways follow to set
+// aside the instances of a machine that stopped beating.
+func (n Names) MachineLivenessRepublishedWildcard() string {
+	return "rp.kv." + n.MachineLivenessBucket() + ".>"
 }
 
 // CertRenewalSubject is where renewal work for host is scheduled.

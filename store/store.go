@@ -193,6 +193,9 @@ type Store struct {
 	// machines (MachineState, MachineBeat).
 	MachineStates jetstream.KeyValue
 	MachineBeats  jetstream.KeyValue
+	// MachineLiveness is the aggregator's judgement of which machines
+	// stopped beating, what gateways set aside by.
+	MachineLiveness jetstream.KeyValue
 	// FleetStatus holds each namespace's summary (NamespaceStatus).
 	FleetStatus jetstream.KeyValue
 
@@ -326,6 +329,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MachineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MachineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.MachineLiveness, names.MachineLivenessBucket(), 1, 64*mib, 2*mib),
 		bucket(&s.FleetStatus, names.FleetStatusBucket(), 1, 256*mib, 256*kib),
 	}
 	for i := range buckets {
@@ -343,6 +347,9 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		case &s.MachineBeats:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.MachineBeatsBucket() + ".>", Destination: names.MachineBeatsRepublishedWildcard()}
+		case &s.MachineLiveness:
+			buckets[i].cfg.RePublish = &jetstream.RePublish{
+				Source: "$KV." + names.MachineLivenessBucket() + ".>", Destination: names.MachineLivenessRepublishedWildcard()}
 		}
 	}
 	return streams, buckets

@@ -13,6 +13,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -55,6 +56,8 @@ type Aggregator struct {
 	// machine going stale marks only its namespaces dirty.
 	onMachine map[string]map[string]int
 	beats     map[string]store.MachineBeat
+	// heard is when each machine's last beat was heard (beat).
+	heard map[string]time.Time
 	// live is each machine's liveness at the last look, to notice it
 	// change with time alone.
 	live map[string]string
@@ -70,6 +73,9 @@ type Aggregator struct {
 	leading atomic.Bool
 	// traffic holds each gateway's last reports, by gateway key.
 	traffic map[string]*gatewayReports
+	// judged is the liveness judgement last written, and when.
+	judged   map[string]store.MachineDown
+	judgedAt time.Time
 }
 
 // New returns an Aggregator over s writing to the fleet status bucket.
@@ -85,7 +91,7 @@ func New(s *store.Store, cfg Config) (*Aggregator, error) {
 	}
 	return &Aggregator{s: s, cfg: cfg, log: cfg.Logger,
 		byNS: map[string]map[string]*store.InstanceRecord{}, onMachine: map[string]map[string]int{},
-		beats: map[string]store.MachineBeat{}, live: map[string]string{},
+		beats: map[string]store.MachineBeat{}, heard: map[string]time.Time{}, live: map[string]string{},
 		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{},
 		traffic: map[string]*gatewayReports{}}, nil
 }
@@ -142,7 +148,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			if ent == nil {
 				beatsLoaded = true
 			} else {
-				a.beat(ent)
+				a.beat(ent, beatsLoaded)
 			}
 		case ent, ok := <-tw.Updates():
 			if !ok {
@@ -160,6 +166,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			}
 			a.ageBeats()
 			a.ageTraffic()
+			if err := a.judge(ctx, time.Now()); err != nil && ctx.Err() == nil {
+				a.log.Warn("writing machine liveness", zap.Error(err))
+			}
 			if err := a.flush(ctx); err != nil && ctx.Err() == nil {
 				a.log.Warn("writing fleet status", zap.Error(err))
 			}
@@ -182,8 +191,10 @@ func (a *Aggregator) reset() {
 	clear(a.byNS)
 	clear(a.onMachine)
 	clear(a.beats)
+	clear(a.heard)
 	clear(a.live)
 	clear(a.traffic)
+	a.judged = nil // written again once the watches delivered the store
 }
 
 func (a *Aggregator) touch(ns string, at time.Time) {
@@ -242,16 +253,61 @@ func (a *Aggregator) forget(ns, key, machine string) {
 	}
 }
 
-func (a *Aggregator) beat(ent jetstream.KeyValueEntry) {
+// beat takes in a machine's beat. For the liveness judgement its time is
+// when the aggregator heard it (live), or when the store stored it (the
+// watch's initial values): one clock for every machine, so that a
+// machine's own, off by any amount, never makes it look silent or alive
+// to the gateways.
+func (a *Aggregator) beat(ent jetstream.KeyValueEntry, live bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := time.Now()
 	var b store.MachineBeat
 	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.MachineBeats.Bucket(), ent.Key(), ent.Value(), &b) != nil {
 		delete(a.beats, ent.Key())
+		delete(a.heard, ent.Key())
 	} else {
 		a.beats[b.Machine] = b
+		a.heard[b.Machine] = now
+		if !live && ent.Created().Before(now) {
+			a.heard[b.Machine] = ent.Created()
+		}
 	}
-	a.machineChanged(ent.Key(), time.Now())
+	a.machineChanged(ent.Key(), now)
+}
+
+// judge writes the fleet's liveness judgement (store.LivenessRecord): the
+// machines that missed store.MeshUnreachableAfter beats or more at now,
+// when that set or a machine's state in it changed, and every
+// store.LivenessRefresh.
+func (a *Aggregator) judge(ctx context.Context, now time.Time) error {
+	a.mu.Lock()
+	down := map[string]store.MachineDown{}
+	for m, b := range a.beats {
+		heard := &store.MachineBeat{At: a.heard[m], Interval: b.Interval}
+		l := heard.Liveness(now)
+		if !isStale(l) {
+			continue
+		}
+		iv := time.Duration(b.Interval)
+		if iv <= 0 {
+			iv = store.DefaultBeatInterval
+		}
+		down[m] = store.MachineDown{Liveness: l, LastBeat: heard.At, Interval: iv}
+	}
+	same := maps.EqualFunc(a.judged, down, func(x, y store.MachineDown) bool { return x.Liveness == y.Liveness })
+	due := a.judged == nil || !same || now.Sub(a.judgedAt) >= store.LivenessRefresh
+	a.mu.Unlock()
+	if !due {
+		return nil
+	}
+	if err := a.s.PutLiveness(ctx, &store.LivenessRecord{At: now.UTC(), Judge: store.HostName("control"), Down: down}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.judged, a.judgedAt = down, now
+	a.mu.Unlock()
+	return nil
 }
 
 // ageBeats notices machines whose liveness changed with time alone.

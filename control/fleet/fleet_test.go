@@ -209,3 +209,77 @@ func TestOneWriterAmongControlServers(t *testing.T) {
 	}
 	caughtUp(t, srv.Store, "shop", rev, map[string]store.Counts{"shop": {Failed: 1}})
 }
+
+// The aggregator judges machine liveness for the gateways: a machine that
+// stops beating is listed, by the time the aggregator heard it last, not
+// by its own clock; one beating again leaves the list; and the record is
+// written again every store.LivenessRefresh even when nothing changed.
+func TestLivenessJudgement(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := srv.Store
+	const interval = 100 * time.Millisecond
+	// m1's clock is an hour behind: its beats must still count as now.
+	skewed := &store.MachineBeat{Version: store.RecordVersion, Machine: "m1", At: time.Now().Add(-time.Hour), Interval: store.Duration(interval)}
+	if _, err := store.PutJSON(ctx, s.MachineBeats, "m1", skewed); err != nil {
+		t.Fatal(err)
+	}
+	startAggregator(t, s)
+	judged := func(what string, ok func(*store.LivenessRecord) bool) *store.LivenessRecord {
+		t.Helper()
+		var r *store.LivenessRecord
+		storetest.Eventually(t, 10*time.Second, what, func() bool {
+			var err error
+			r, err = s.Liveness(ctx)
+			return err == nil && r != nil && ok(r)
+		})
+		return r
+	}
+	// beatOn beats machine every half interval until the test ends.
+	stop := make(chan struct{})
+	var beating sync.WaitGroup
+	defer func() { close(stop); beating.Wait() }()
+	beatOn := func(beat func()) {
+		beating.Add(1)
+		go func() {
+			defer beating.Done()
+			for {
+				beat()
+				select {
+				case <-stop:
+					return
+				case <-time.After(interval / 2):
+				}
+			}
+		}()
+	}
+	// m1 beats on, with its skewed clock, while m2 beats once and stops.
+	beatOn(func() {
+		b := *skewed
+		b.At = time.Now().Add(-time.Hour)
+		_, _ = store.PutJSON(ctx, s.MachineBeats, "m1", &b)
+	})
+	if err := s.PutMachineBeat(ctx, "m2", interval); err != nil {
+		t.Fatal(err)
+	}
+	heard := time.Now()
+	r := judged("m2 judged stale", func(r *store.LivenessRecord) bool { return r.Down["m2"].Liveness == store.MachineStale })
+	if _, down := r.Down["m1"]; down {
+		t.Fatalf("m1 beats (with a clock an hour behind) and is judged %+v", r.Down["m1"])
+	}
+	if d := r.Down["m2"]; d.Interval != interval || d.LastBeat.Before(heard.Add(-time.Second)) || d.LastBeat.After(time.Now()) {
+		t.Fatalf("m2 judged %+v", d)
+	}
+	if err := s.PutMachineBeat(ctx, "m2", interval); err != nil {
+		t.Fatal(err)
+	}
+	r = judged("m2 live again", func(r *store.LivenessRecord) bool { _, down := r.Down["m2"]; return !down })
+	// Beating steadily from here, m2 keeps the list as it is: the record
+	// is still written again within a refresh.
+	beatOn(func() { _ = s.PutMachineBeat(ctx, "m2", interval) })
+	first := r.At
+	judged("the judgement refreshed", func(r *store.LivenessRecord) bool {
+		return r.At.Sub(first) >= store.LivenessRefresh-time.Second && len(r.Down) == 0
+	})
+}

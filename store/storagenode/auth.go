@@ -571,10 +571,12 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		read(n.RoutingEventsStream())
 		readKV(n.SignersBucket())
 		p.Sub.Allow.Add(n.RoutingRepublishedWildcard(), n.SignersRepublishedWildcard())
-		// Machine heartbeats, read (never written) to set aside the
-		// instances of a machine that stopped beating.
-		readKV(n.MachineBeatsBucket())
-		p.Sub.Allow.Add(n.MachineBeatsRepublishedWildcard())
+		// The control plane's judgement of machine liveness, read (never
+		// written) to set aside the instances of a machine that stopped
+		// beating. Not the beats themselves: one message per change, not
+		// one per beat of every machine.
+		readKV(n.MachineLivenessBucket())
+		p.Sub.Allow.Add(n.MachineLivenessRepublishedWildcard())
 		// The routing observation `control deploy apply` waits for, under
 		// the gateway's own name when its credentials name one.
 		gw := ">"

@@ -351,24 +351,32 @@ func TestRoleScopedCredentials(t *testing.T) {
 			return err
 		})
 	}
-	// The gateway reads machine heartbeats, and follows them as the bucket
-	// republishes them, to set aside a machine that stopped beating; it
-	// can neither write one nor forge a republished one (either would keep
-	// a dead machine in its and other gateways' rotation).
-	if err := as.PutMachineBeat(ctx, "m1", time.Second); err != nil {
-		t.Fatalf("agent m1's own heartbeat: %v", err)
+	// The gateway reads the control plane's machine liveness judgement,
+	// and follows it as the bucket republishes it, to set aside a machine
+	// that stopped beating; it can neither write one, nor forge a
+	// republished one, nor write a heartbeat (any of which would keep a
+	// dead machine in its and other gateways' rotation, or take a live
+	// one out).
+	if err := cs.PutLiveness(ctx, &store.LivenessRecord{At: time.Now()}); err != nil {
+		t.Fatalf("the control plane's liveness judgement: %v", err)
 	}
-	if b, err := gs.MachineBeats.Get(ctx, "m1"); err != nil || len(b.Value()) == 0 {
-		t.Fatalf("gateway reading m1's heartbeat: %v", err)
+	if r, err := gs.Liveness(ctx); err != nil || r == nil {
+		t.Fatalf("gateway reading the liveness judgement: %v", err)
 	}
-	if _, err := gwNC.SubscribeSync(names.MachineBeatsRepublishedWildcard()); err != nil {
+	if _, err := gwNC.SubscribeSync(names.MachineLivenessRepublishedWildcard()); err != nil {
 		t.Fatal(err)
 	}
+	refusedOn(gwViolations, "write the liveness judgement", store.LivenessKey, func(c context.Context) error {
+		return gs.PutLiveness(c, &store.LivenessRecord{At: time.Now(), Down: map[string]store.MachineDown{"m1": {Liveness: store.MachineOffline}}})
+	})
 	refusedOn(gwViolations, "write m1's heartbeat", "m1", func(c context.Context) error {
 		return gs.PutMachineBeat(c, "m1", time.Second)
 	})
-	forged := "rp.kv." + names.MachineBeatsBucket() + ".m2"
-	if err := gwNC.Publish(forged, []byte(`{"version":1,"machine":"m2"}`)); err != nil {
+	refusedWrite("write the liveness judgement", store.LivenessKey, func(c context.Context) error {
+		return as.PutLiveness(c, &store.LivenessRecord{At: time.Now()})
+	})
+	forged := "rp.kv." + names.MachineLivenessBucket() + "." + store.LivenessKey
+	if err := gwNC.Publish(forged, []byte(`{"version":1,"down":{"m2":{"liveness":"offline"}}}`)); err != nil {
 		t.Fatal(err)
 	}
 	if err := gwNC.Flush(); err != nil {
@@ -380,7 +388,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 			// Earlier probes' violations may still be queued.
 			refused = strings.Contains(v.Error(), "Permissions Violation") && strings.Contains(v.Error(), forged)
 		case <-time.After(5 * time.Second):
-			t.Fatal("the gateway published a republished heartbeat unrefused")
+			t.Fatal("the gateway published a republished liveness judgement unrefused")
 		}
 	}
 	// A named gateway writes its own traffic report and no other
