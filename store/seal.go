@@ -274,14 +274,18 @@ func (s *Store) publishSealed(ctx context.Context, key func() (*signing.Key, err
 		}
 		futures = append(futures, f)
 	}
+	// A stream without a leader answers nothing: the wait is bounded as
+	// one attempt of a write that rides out an election is.
+	wctx, cancel := context.WithTimeout(ctx, electionAttempt)
+	defer cancel()
 	events := 0 // events answered so far, landed or duplicate
 	for i, f := range futures {
 		var ack *jetstream.PubAck
 		select {
 		case ack = <-f.Ok():
 		case err = <-f.Err():
-		case <-ctx.Done():
-			err = ctx.Err()
+		case <-wctx.Done():
+			err = wctx.Err()
 		}
 		if err != nil {
 			s.forgetLastSeq(stream)

@@ -41,18 +41,39 @@ func (d *Dialer) Control(ctx context.Context) (*store.Store, error) {
 	return d.open(ctx, storagenode.CredsRequest{Role: storagenode.RoleControl}, "control")
 }
 
+// PrepareAgent issues machine's agent credentials ahead of Agent, which
+// then finds them, as a box finds the credentials it was enrolled with.
+func (d *Dialer) PrepareAgent(_ context.Context, machine string) error {
+	_, err := d.creds(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: machine}, "agent-"+machine)
+	return err
+}
+
+// creds issues req's credentials to a file named for name, unless one is
+// there already; "" without Auth.
+func (d *Dialer) creds(req storagenode.CredsRequest, name string) (string, error) {
+	if d.Auth == nil {
+		return "", nil
+	}
+	file := filepath.Join(d.Dir, name+".creds")
+	if _, err := os.Stat(file); err == nil {
+		return file, nil
+	}
+	req.Names = d.Names
+	b, err := d.Auth.IssueCreds(req)
+	if err != nil {
+		return "", fmt.Errorf("credentials for %s: %w", name, err)
+	}
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		return "", fmt.Errorf("credentials for %s: %w", name, err)
+	}
+	return file, nil
+}
+
 func (d *Dialer) open(ctx context.Context, req storagenode.CredsRequest, name string) (*store.Store, error) {
 	o := store.ConnectOptions{URL: d.URLs, Name: "fleetsim-" + name, ReconnectForever: true}
-	if d.Auth != nil {
-		req.Names = d.Names
-		b, err := d.Auth.IssueCreds(req)
-		if err != nil {
-			return nil, fmt.Errorf("credentials for %s: %w", name, err)
-		}
-		o.CredsFile = filepath.Join(d.Dir, name+".creds")
-		if err := os.WriteFile(o.CredsFile, b, 0o600); err != nil {
-			return nil, fmt.Errorf("credentials for %s: %w", name, err)
-		}
+	var err error
+	if o.CredsFile, err = d.creds(req, name); err != nil {
+		return nil, err
 	}
 	nc, err := store.Connect(o)
 	if err != nil {

@@ -8,6 +8,7 @@
 package fleetsim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,6 +45,37 @@ type Config struct {
 	// does, and RestartTime (default 200ms) for the simulated restart.
 	Release     string
 	RestartTime time.Duration
+	// Enrolled says the machines' records (and, with Dial, their
+	// credentials) were written beforehand by Enroll: Start only starts
+	// the agents, as a fleet's boxes do when they come up.
+	Enrolled bool
+}
+
+// ids are the machine IDs of cfg's fleet.
+func (cfg Config) ids() []string {
+	prefix := cmp.Or(cfg.Prefix, "sim")
+	out := make([]string, cfg.Machines)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s%05d", prefix, i)
+	}
+	return out
+}
+
+// Enroll records cfg's machines on s, as admission would, and runs
+// prepare (nil: nothing) for each: what precedes an agent's first start
+// (Dialer.PrepareAgent issues its credentials).
+func Enroll(ctx context.Context, s *store.Store, cfg Config, prepare func(ctx context.Context, machine string) error) error {
+	now := time.Now().UTC()
+	return parallel(ctx, cfg.ids(), func(ctx context.Context, id string) error {
+		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cmp.Or(cfg.Address, "127.0.0.1"), JoinedAt: now, UpdatedAt: now}
+		if err := s.PutMachine(ctx, &rec); err != nil {
+			return fmt.Errorf("recording simulated machine %s: %w", id, err)
+		}
+		if prepare != nil {
+			return prepare(ctx, id)
+		}
+		return nil
+	})
 }
 
 // Fleet is a running simulated fleet.
@@ -94,19 +126,18 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 	}
 	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, insts: map[string]map[string]store.InstanceRecord{},
 		release: map[string]string{}, upgrade: map[string]*store.UpgradeStatus{}}
-	for i := range cfg.Machines {
-		id := fmt.Sprintf("%s%05d", cfg.Prefix, i)
-		f.IDs = append(f.IDs, id)
+	f.IDs = cfg.ids()
+	for _, id := range f.IDs {
 		f.insts[id] = map[string]store.InstanceRecord{}
 		f.release[id] = cfg.Release
 	}
-	now := time.Now().UTC()
+	if !cfg.Enrolled {
+		if err := Enroll(ctx, s, cfg, nil); err != nil {
+			return nil, err
+		}
+	}
 	runCtx := ctx // the agents' own, beyond starting them
 	err := parallel(ctx, f.IDs, func(ctx context.Context, id string) error {
-		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cfg.Address, JoinedAt: now, UpdatedAt: now}
-		if err := s.PutMachine(ctx, &rec); err != nil {
-			return fmt.Errorf("recording simulated machine %s: %w", id, err)
-		}
 		as := s
 		if cfg.Dial != nil {
 			var err error
