@@ -137,7 +137,10 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 		}
 	}
 	runCtx := ctx // the agents' own, beyond starting them
-	err := parallel(ctx, f.IDs, func(ctx context.Context, id string) error {
+	// A fleet's boxes come up each on its own: many agents start at once,
+	// not a few at a time, so that what is measured is the store taking
+	// them, not this loop.
+	err := parallelN(ctx, f.IDs, startConcurrency, func(ctx context.Context, id string) error {
 		as := s
 		if cfg.Dial != nil {
 			var err error
@@ -225,8 +228,16 @@ func (f *Fleet) onStop(fn func()) {
 // parallel runs fn for every item, a few at a time, stopping at the first
 // error.
 func parallel[T any](ctx context.Context, items []T, fn func(context.Context, T) error) error {
+	return parallelN(ctx, items, 32, fn)
+}
+
+// startConcurrency is how many simulated agents start at once.
+const startConcurrency = 512
+
+// parallelN is parallel, n at a time.
+func parallelN[T any](ctx context.Context, items []T, n int, fn func(context.Context, T) error) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.SetLimit(32)
+	g.SetLimit(n)
 	for _, it := range items {
 		if ctx.Err() != nil {
 			break
