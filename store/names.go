@@ -129,7 +129,7 @@ func (n Names) ReleaseBinariesStore() string { return "cp_release_bins_" + n.Aut
 // drift reports): never truth, rebuilt by their writers, so never carried
 // from one store to another.
 func (n Names) ObservationBuckets() []string {
-	return []string{n.GatewaysBucket(), n.GatewayTrafficBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachineStatesBucket(), n.MachineBeatsBucket(), n.FleetStatusBucket()}
+	return []string{n.GatewaysBucket(), n.GatewayTrafficBucket(), n.MeshHeartbeatsBucket(), n.MeshDriftBucket(), n.MachineStatesBucket(), n.MachineBeatsBucket(), n.FleetStatusBucket(), n.MachineLivenessBucket()}
 }
 
 // Subjects.
