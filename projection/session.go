@@ -353,7 +353,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 	b := newBuilder(cur)
 	var head uint64
 	var lastTS time.Time
-	n, applied := 0, 0
+	n, nEvents := 0, 0 // messages taken, and the events among them
 	for i, m := range take {
 		err := errs[i]
 		if err != nil && !store.HasCode(err, store.CodeBadSignature) && !store.HasCode(err, store.CodeInvalid) {
@@ -379,7 +379,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 			p.badEvent(m.Seq, m.Subject, err)
 		}
 		if !st.IsSeal(m) {
-			applied++
+			nEvents++
 		}
 		seq = m.Seq
 		head = max(head, m.Seq+m.Pending)
@@ -392,7 +392,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 	v := b.finish(seq, !p.connected.Load())
 	v.StreamCreated = created
 	p.swap(v)
-	p.eventsApplied.Add(uint64(applied))
+	p.eventsApplied.Add(uint64(nEvents))
 	p.lastEventTime.Store(lastTS.UnixNano())
 	p.noteHead(max(head, p.head.Load()), seq)
 	p.kick()

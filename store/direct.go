@@ -150,21 +150,15 @@ func (s *Store) directOnce(ctx context.Context, stream string, req directRequest
 		if err != nil {
 			return 0, fmt.Errorf("reading %s: %w", stream, err)
 		}
-		switch status := m.Header.Get("Status"); status {
-		case "":
-		case "204": // end of batch
+		sm, status, err := directReply(stream, m)
+		switch {
+		case err != nil:
+			return 0, err
+		case status == "204": // end of batch
 			pending, _ = strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
 			return pending, nil
-		case "404": // nothing (more) matches
+		case status == "404": // nothing (more) matches
 			return 0, nil
-		case "503":
-			return 0, fmt.Errorf("reading %s: %w", stream, nats.ErrNoResponders)
-		default:
-			return 0, fmt.Errorf("reading %s: %s %s", stream, status, m.Header.Get("Description"))
-		}
-		sm, err := StoredFromMsg(m)
-		if err != nil {
-			return 0, fmt.Errorf("reading %s: %w", stream, err)
 		}
 		if err := fn(sm); err != nil {
 			return 0, err
@@ -173,6 +167,26 @@ func (s *Store) directOnce(ctx context.Context, stream string, req directRequest
 			return 0, nil // a single message has no end-of-batch marker
 		}
 	}
+}
+
+// directReply reads one message of a direct get's answer from stream: a
+// stored message, or a status ("204" end of batch, "404" nothing
+// matches); any other status is an error.
+func directReply(stream string, m *nats.Msg) (*StoredMsg, string, error) {
+	switch status := m.Header.Get("Status"); status {
+	case "":
+	case "204", "404":
+		return nil, status, nil
+	case "503":
+		return nil, status, fmt.Errorf("reading %s: %w", stream, nats.ErrNoResponders)
+	default:
+		return nil, status, fmt.Errorf("reading %s: %s %s", stream, status, m.Header.Get("Description"))
+	}
+	sm, err := StoredFromMsg(m)
+	if err != nil {
+		return nil, "", fmt.Errorf("reading %s: %w", stream, err)
+	}
+	return sm, "", nil
 }
 
 // nextMsg waits for sub's next message until ctx ends, or for directTimeout
@@ -247,21 +261,8 @@ func (s *Store) lastFor(ctx context.Context, stream, subject string) (*StoredMsg
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", stream, err)
 		}
-		switch status := m.Header.Get("Status"); status {
-		case "":
-		case "404":
-			found = nil
-			return nil
-		case "503":
-			return fmt.Errorf("reading %s: %w", stream, nats.ErrNoResponders)
-		default:
-			return fmt.Errorf("reading %s: %s %s", stream, status, m.Header.Get("Description"))
-		}
-		found, err = StoredFromMsg(m)
-		if err != nil {
-			return fmt.Errorf("reading %s: %w", stream, err)
-		}
-		return nil
+		found, _, err = directReply(stream, m) // "404": found is nil
+		return err
 	})
 	return found, classify(err)
 }

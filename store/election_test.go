@@ -105,6 +105,25 @@ func TestWritesWhoseAnswerIsLostLandOnce(t *testing.T) {
 	}
 }
 
+// A bucket opened lazily puts without binding, and its put rides out a
+// lost answer as a bound bucket's does.
+func TestLazyPutRidesOutALostAnswer(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	names, _ := store.NewNames("", "")
+	s, err := store.Open(ctx, srv.Conn(t), names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.LoseAnswers(s, 1, true)
+	if err := s.PutMachineBeat(ctx, "m1", time.Second); err != nil {
+		t.Fatalf("put with its answer lost: %v", err)
+	}
+	if _, err := s.MachineBeats.Get(ctx, "m1"); err != nil {
+		t.Fatalf("the put did not land: %v", err)
+	}
+}
+
 // A store that is not clustered has no elections to wait out: a lost
 // answer fails the write at once, as a server that went away does.
 func TestSingleNodeDoesNotRide(t *testing.T) {

@@ -20,31 +20,41 @@ import (
 // need only its name, never bind it: a get is a direct get of the key's
 // last message, a put a publish to the key's subject.
 
+// binding is a stream or bucket handle bound once, by its first user; a
+// failure is not kept, so the next use asks again (the authority may be
+// provisioned by then).
+type binding[T any] struct {
+	mu    sync.Mutex
+	v     T
+	bound bool
+}
+
+// get returns the handle, binding it with open (named what, for the
+// error) if it is not yet.
+func (b *binding[T]) get(ctx context.Context, what string, open func(context.Context) (T, error)) (T, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.bound {
+		v, err := open(ctx)
+		if err != nil {
+			return v, classify(fmt.Errorf("opening %s (has `control server` provisioned this authority?): %w", what, err))
+		}
+		b.v, b.bound = v, true
+	}
+	return b.v, nil
+}
+
 // lazyKV is a bucket bound on first use.
 type lazyKV struct {
 	s    *Store
 	name string
-
-	mu sync.Mutex
-	kv jetstream.KeyValue
+	kv   binding[jetstream.KeyValue]
 }
 
 var _ jetstream.KeyValue = (*lazyKV)(nil)
 
-// bind binds the bucket once; a failure is not kept, so the next use asks
-// again (the authority may be provisioned by then).
 func (l *lazyKV) bind(ctx context.Context) (jetstream.KeyValue, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.kv != nil {
-		return l.kv, nil
-	}
-	kv, err := l.s.JS.KeyValue(ctx, l.name)
-	if err != nil {
-		return nil, classify(fmt.Errorf("opening bucket %s (has `control server` provisioned this authority?): %w", l.name, err))
-	}
-	l.kv = kv
-	return kv, nil
+	return l.kv.get(ctx, "bucket "+l.name, func(ctx context.Context) (jetstream.KeyValue, error) { return l.s.JS.KeyValue(ctx, l.name) })
 }
 
 // subject is key's subject in the bucket's stream.
@@ -92,19 +102,25 @@ func isStreamNotFound(err error) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound) || strings.Contains(err.Error(), "no responders")
 }
 
-// Put publishes value to key's subject: the bucket's stream stores it.
+// Put publishes value to key's subject: the bucket's stream stores it. A
+// put rides out a leader election as electedKV's does.
 func (l *lazyKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
 	if !validKey(key) {
 		return 0, jetstream.ErrInvalidKey
 	}
-	ack, err := l.s.JS.Publish(ctx, kvPutPrefix(l.s.JS)+l.subject(key), value)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrNoStreamResponse) {
-			return 0, classify(fmt.Errorf("writing bucket %s (has `control server` provisioned this authority?): %w", l.name, err))
+	var rev uint64
+	err := l.s.ride(ctx, "put "+l.name+"/"+key, func(ctx context.Context, _ bool) error {
+		ack, err := l.s.JS.Publish(ctx, kvPutPrefix(l.s.JS)+l.subject(key), value)
+		if err != nil {
+			return err
 		}
-		return 0, err
+		rev = ack.Sequence
+		return nil
+	})
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return 0, classify(fmt.Errorf("writing bucket %s (has `control server` provisioned this authority?): %w", l.name, err))
 	}
-	return ack.Sequence, nil
+	return rev, err
 }
 
 func (l *lazyKV) PutString(ctx context.Context, key string, value string) (uint64, error) {
@@ -245,26 +261,13 @@ func (e *kvEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePu
 type lazyStream struct {
 	s    *Store
 	name string
-
-	mu  sync.Mutex
-	str jetstream.Stream
+	str  binding[jetstream.Stream]
 }
 
 var _ jetstream.Stream = (*lazyStream)(nil)
 
-// bind binds the stream once; a failure is not kept.
 func (l *lazyStream) bind(ctx context.Context) (jetstream.Stream, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.str != nil {
-		return l.str, nil
-	}
-	str, err := l.s.JS.Stream(ctx, l.name)
-	if err != nil {
-		return nil, classify(fmt.Errorf("opening stream %s (has `control server` provisioned this authority?): %w", l.name, err))
-	}
-	l.str = str
-	return str, nil
+	return l.str.get(ctx, "stream "+l.name, func(ctx context.Context) (jetstream.Stream, error) { return l.s.JS.Stream(ctx, l.name) })
 }
 
 // CachedInfo is the info the stream was bound with, binding it now if it

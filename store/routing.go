@@ -11,7 +11,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
-	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/signing"
 )
@@ -239,55 +238,39 @@ func (s *Store) PublishRouting(ctx context.Context, msgID string, events []Routi
 	}
 	// An attempt that lands nothing lost a race to another appender; the
 	// stream then moved on and the next attempt starts from its head, so
-	// progress is only ever delayed. In a storage cluster an attempt that
-	// met a leader election is made again, for up to electionWait.
+	// progress is only ever delayed. An attempt that met a leader election
+	// is ridden out as any write is.
 	const maxStalls = 100
 	seqs := make([]uint64, len(events))
 	done, stalls, seal := 0, 0, true
-	var electionSince time.Time
-	for done < len(msgs) {
-		n := min(len(msgs)-done, SealMax)
-		if !seal {
-			n = 1
+	err = s.ride(ctx, "publish routing events", func(actx context.Context, _ bool) error {
+		for done < len(msgs) {
+			n := min(len(msgs)-done, SealMax)
+			if !seal {
+				n = 1
+			}
+			// The stream's head is read under ctx, not the attempt's:
+			// reading it rides out an election of its own.
+			landed, dup, err := s.publishSealed(ctx, actx, key, msgs[done:done+n], seqs[done:done+n])
+			done += landed
+			seal = !dup
+			if err != nil {
+				return err
+			}
+			if landed > 0 {
+				stalls = 0
+			} else if stalls++; stalls == maxStalls {
+				return fmt.Errorf("lost %d races to other appenders in a row", stalls)
+			}
 		}
-		landed, dup, perr := s.publishSealed(ctx, key, msgs[done:done+n], seqs[done:done+n])
-		done += landed
-		seal = !dup
-		switch {
-		case perr != nil && s.clustered && s.electionWait > 0 && electionSymptom(perr) && ctx.Err() == nil:
-			if electionSince.IsZero() {
-				electionSince = time.Now()
-			}
-			if time.Since(electionSince) > s.electionWait {
-				err = perr
-				break
-			}
-			s.logger().Debug("waiting out a storage leader election", zap.String("op", "publish routing events"), zap.Error(perr))
-			select {
-			case <-ctx.Done():
-				err = perr
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		case perr != nil:
-			err = perr
-		case landed > 0:
-			stalls, electionSince = 0, time.Time{}
-			continue
-		default:
-			if stalls++; stalls < maxStalls {
-				continue
-			}
-			err = fmt.Errorf("lost %d races to other appenders in a row", stalls)
-		}
-		break
-	}
+		return nil
+	})
 	var last uint64
 	for i := range done {
 		events[i].Seq = seqs[i]
 		last = max(last, seqs[i])
 	}
-	if done < len(msgs) {
+	if err != nil {
 		return last, classify(fmt.Errorf("publishing routing event %s: %w", events[done].Identity(), err))
 	}
 	return last, nil

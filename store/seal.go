@@ -244,14 +244,15 @@ type routingMsg struct {
 // sequences in seqs) and no error, and the caller seals what is left
 // afresh. Message IDs make a retried batch's landed events duplicates;
 // dup says the last event answered was one (a retry of what landed
-// before), after which sealing the rest would file a seal per event.
-func (s *Store) publishSealed(ctx context.Context, key func() (*signing.Key, error), batch []routingMsg, seqs []uint64) (landed int, dup bool, err error) {
+// before), after which sealing the rest would file a seal per event. The
+// stream's head is read under headCtx, the batch sent under ctx.
+func (s *Store) publishSealed(headCtx, ctx context.Context, key func() (*signing.Key, error), batch []routingMsg, seqs []uint64) (landed int, dup bool, err error) {
 	stream := s.Names.RoutingEventsStream()
 	k, err := key()
 	if err != nil {
 		return 0, false, &Error{Code: CodeSigningKeyRequired, Message: err.Error()}
 	}
-	last, err := s.lastSeq(ctx, stream)
+	last, err := s.lastSeq(headCtx, stream)
 	if err != nil {
 		return 0, false, err
 	}
@@ -275,7 +276,8 @@ func (s *Store) publishSealed(ctx context.Context, key func() (*signing.Key, err
 		futures = append(futures, f)
 	}
 	// A stream without a leader answers nothing: the wait is bounded as
-	// one attempt of a write that rides out an election is.
+	// one attempt of a write that rides out an election is (ride bounds
+	// ctx so only in a cluster).
 	wctx, cancel := context.WithTimeout(ctx, electionAttempt)
 	defer cancel()
 	events := 0 // events answered so far, landed or duplicate

@@ -51,12 +51,28 @@ type Config struct {
 	Enrolled bool
 }
 
-// ids are the machine IDs of cfg's fleet.
+// withDefaults is cfg with the defaults its fields document.
+func (cfg Config) withDefaults() Config {
+	cfg.Prefix = cmp.Or(cfg.Prefix, "sim")
+	cfg.Address = cmp.Or(cfg.Address, "127.0.0.1")
+	cfg.Release = cmp.Or(cfg.Release, "1.0.0")
+	if cfg.Capacity <= 0 {
+		cfg.Capacity = 256
+	}
+	if cfg.Beat <= 0 {
+		cfg.Beat = store.DefaultBeatInterval
+	}
+	if cfg.RestartTime <= 0 {
+		cfg.RestartTime = 200 * time.Millisecond
+	}
+	return cfg
+}
+
+// ids are the machine IDs of cfg's fleet (with its defaults).
 func (cfg Config) ids() []string {
-	prefix := cmp.Or(cfg.Prefix, "sim")
 	out := make([]string, cfg.Machines)
 	for i := range out {
-		out[i] = fmt.Sprintf("%s%05d", prefix, i)
+		out[i] = fmt.Sprintf("%s%05d", cfg.Prefix, i)
 	}
 	return out
 }
@@ -65,9 +81,10 @@ func (cfg Config) ids() []string {
 // prepare (nil: nothing) for each: what precedes an agent's first start
 // (Dialer.PrepareAgent issues its credentials).
 func Enroll(ctx context.Context, s *store.Store, cfg Config, prepare func(ctx context.Context, machine string) error) error {
+	cfg = cfg.withDefaults()
 	now := time.Now().UTC()
 	return parallel(ctx, cfg.ids(), func(ctx context.Context, id string) error {
-		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cmp.Or(cfg.Address, "127.0.0.1"), JoinedAt: now, UpdatedAt: now}
+		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cfg.Address, JoinedAt: now, UpdatedAt: now}
 		if err := s.PutMachine(ctx, &rec); err != nil {
 			return fmt.Errorf("recording simulated machine %s: %w", id, err)
 		}
@@ -106,24 +123,7 @@ type Fleet struct {
 // connection carries every agent: the server routes each machine's
 // subject to its handler all the same.
 func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
-	if cfg.Prefix == "" {
-		cfg.Prefix = "sim"
-	}
-	if cfg.Capacity <= 0 {
-		cfg.Capacity = 256
-	}
-	if cfg.Beat <= 0 {
-		cfg.Beat = store.DefaultBeatInterval
-	}
-	if cfg.Address == "" {
-		cfg.Address = "127.0.0.1"
-	}
-	if cfg.Release == "" {
-		cfg.Release = "1.0.0"
-	}
-	if cfg.RestartTime <= 0 {
-		cfg.RestartTime = 200 * time.Millisecond
-	}
+	cfg = cfg.withDefaults()
 	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, insts: map[string]map[string]store.InstanceRecord{},
 		release: map[string]string{}, upgrade: map[string]*store.UpgradeStatus{}}
 	f.IDs = cfg.ids()

@@ -553,4 +553,17 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if _, err := ms.MeshBeats.Put(c5, store.MeshBeatKey("m2"), []byte(`{"version":1}`)); err == nil {
 		t.Fatal("mesh m1 wrote m2's heartbeat")
 	}
+	// Nor do they judge machines or vouch for routing.
+	c6, cancel6 := short()
+	defer cancel6()
+	if err := ms.PutLiveness(c6, &store.LivenessRecord{At: time.Now()}); err == nil {
+		t.Fatal("mesh m1 wrote the machine liveness judgement")
+	}
+	c7, cancel7 := short()
+	defer cancel7()
+	seal := nats.NewMsg(names.RoutingSealSubject())
+	seal.Data = []byte(`{"version":1,"first":1,"digests":[]}`)
+	if _, err := ms.JS.PublishMsg(c7, seal); err == nil {
+		t.Fatal("mesh m1 filed a routing seal")
+	}
 }
