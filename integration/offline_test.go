@@ -277,6 +277,9 @@ func TestOfflineBootWithTheShippedConfig(t *testing.T) {
 	if pb.Orders() != orders {
 		t.Fatalf("Pebble saw %d orders during the outage", pb.Orders()-orders)
 	}
+	// The test's own connection, which the budget reads through, is a
+	// client like the others: it reconnects by itself too.
+	eventually(t, 30*time.Second, "the test's connection back on the control plane", c.store.NC.IsConnected)
 	if u, err := budget.Usage(ctx, "shop.example.com"); err != nil || u.Used != before.Used {
 		t.Fatalf("budget after the outage: %+v, %v; the refused handshake must count nothing", u, err)
 	}

@@ -60,12 +60,12 @@ type ConnectOptions struct {
 
 // ReconnectBackoff is the default wait before reconnect attempt n of a
 // long-running process: a uniformly random time within a window of one
-// second, doubling with each failed attempt up to eight. Every edge box
-// loses its connection when a storage node restarts; spread over the
-// window they come back at a rate the node can take, instead of all in
-// the same instant, and spread further while it cannot.
+// second, two from the second attempt on. Every edge box loses its
+// connection when a storage node restarts; spread over the window they
+// come back over seconds instead of in the same instant, and none waits
+// more than two seconds once the node is back.
 func ReconnectBackoff(attempt int) time.Duration {
-	window := time.Second << min(max(attempt-1, 0), 3)
+	window := time.Second << min(max(attempt-1, 0), 1)
 	return time.Duration(rand.Int64N(int64(window)))
 }
 
