@@ -347,7 +347,7 @@ func listInstances(ctx context.Context, s *store.Store, ns string, out *output) 
 		filter = store.NamespaceInstancesFilter(ns)
 	}
 	list := []store.InstanceRecord{}
-	err := store.ListJSON(ctx, s, s.Instances, filter, func(_ string, r *store.InstanceRecord) error {
+	err := s.ListInstances(ctx, filter, func(_ string, r *store.InstanceRecord) error {
 		list = append(list, *r)
 		return nil
 	})
@@ -418,7 +418,7 @@ func findInstance(ctx context.Context, s *store.Store, id string) (*store.Instan
 		return nil, store.Errorf(store.CodeInvalid, "instance id %q: letters, digits, '-' and '_' only", id)
 	}
 	var found *store.InstanceRecord
-	err := store.ListJSON(ctx, s, s.Instances, "*.*."+id, func(_ string, r *store.InstanceRecord) error {
+	err := s.ListInstances(ctx, "*.*."+id, func(_ string, r *store.InstanceRecord) error {
 		found = r
 		return nil
 	})

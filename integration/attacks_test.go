@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -427,6 +428,43 @@ func attackRecordsByBody(t *testing.T, f *attackFixture) {
 	}
 	if got := insts[victim.ID]; got == nil || got.Address != victim.Address {
 		t.Fatalf("the claim replaced %s: %+v", victim.ID, got)
+	}
+
+	// Its instance observations, under its own key, saying an instance
+	// of machine m2 is ready: not taken. Under m2's key: refused.
+	var own store.MachineObserved
+	if _, err := store.GetJSON(ctx, f.c.store.Observed, "m1", &own); err != nil {
+		t.Fatalf("agent m1's own observations: %v", err)
+	}
+	elsewhere := &store.InstanceRecord{ID: "elsewhere", Namespace: "victim", Service: "web", Machine: "m2", Address: "10.0.0.2", Port: 8080,
+		State: store.InstanceStarting, Driver: "process", CreatedAt: time.Now().UTC(), UpdatedAt: time.Now().UTC()}
+	if _, err := f.c.store.PutInstance(ctx, elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.c.store.DeleteInstance(context.Background(), elsewhere.Key()) }()
+	lie := store.MachineObserved{Version: store.RecordVersion, Machine: "m1", Instances: maps.Clone(own.Instances), UpdatedAt: time.Now().UTC()}
+	if lie.Instances == nil {
+		lie.Instances = map[string]store.ObservedInstance{}
+	}
+	lie.Instances[elsewhere.ID] = store.ObservedInstance{Namespace: "victim", State: store.InstanceReady, UpdatedAt: time.Now().Add(time.Hour).UTC()}
+	data, _ = json.Marshal(&lie)
+	if _, err := agent.st.Observed.Put(ctx, "m1", data); err != nil {
+		t.Fatalf("the agent's observations under its own key: %v", err)
+	}
+	agent.try(t, "agent m1 writes machine m2's instance observations", func(ctx context.Context) error {
+		_, err := agent.st.Observed.Put(ctx, "m2", data)
+		return err
+	})
+	victims, err := f.c.store.NamespaceInstances(ctx, "victim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := victims[elsewhere.ID]; got == nil || got.State != store.InstanceStarting {
+		t.Fatalf("m1's observation of an instance on m2 was taken: %+v", got)
+	}
+	// What m1's agent had written, back for the attacks that follow.
+	if _, err := f.c.store.PutObserved(ctx, &own); err != nil {
+		t.Fatal(err)
 	}
 
 	// meshd m1 writes its heartbeat key with a body claiming m2, long

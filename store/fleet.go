@@ -65,7 +65,10 @@ type NamespaceStatus struct {
 	// complete up to: every instance record write at or below it is
 	// counted. A reader that wrote a record at revision R sees its effect
 	// in the first summary with Revision >= R.
-	Revision  uint64    `json:"revision,omitempty"`
+	Revision uint64 `json:"revision,omitempty"`
+	// Observed is the same for the instance observations' stream
+	// (MachineObserved).
+	Observed  uint64    `json:"observed,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 

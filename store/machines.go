@@ -72,13 +72,13 @@ func (s *Store) UpdateMachine(ctx context.Context, rec *MachineRecord, rev uint6
 }
 
 // DeleteMachine removes machine id's record and the observations its agent
-// wrote (state and heartbeat), which are noise once it is no member. A
+// wrote (state, heartbeat and instance observations), which are noise once it is no member. A
 // record already gone is no error.
 func (s *Store) DeleteMachine(ctx context.Context, id string) error {
 	if err := s.Machines.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return classify(fmt.Errorf("removing machine record %s: %w", id, err))
 	}
-	for _, kv := range []jetstream.KeyValue{s.MachineStates, s.MachineBeats} {
+	for _, kv := range []jetstream.KeyValue{s.MachineStates, s.MachineBeats, s.Observed} {
 		if err := kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return classify(fmt.Errorf("removing the observations of machine %s: %w", id, err))
 		}

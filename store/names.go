@@ -92,6 +92,12 @@ func (n Names) SignersBucket() string { return "cp_signers_" + n.Authority }
 func (n Names) MachineStatesBucket() string { return "cp_machine_state_" + n.Authority }
 func (n Names) MachineBeatsBucket() string  { return "cp_machine_beats_" + n.Authority }
 
+// ObservedBucket holds what each machine's agent last saw of the
+// instances it runs (MachineObserved), under its own key only. Unlike the
+// live observations it is status, carried with the instance records: an
+// agent writes it again only when something changes.
+func (n Names) ObservedBucket() string { return "cp_observed_" + n.Authority }
+
 // MachineLivenessBucket holds the control plane's judgement of which
 // machines stopped beating (LivenessRecord), written by the aggregator.
 func (n Names) MachineLivenessBucket() string { return "cp_machine_liveness_" + n.Authority }

@@ -209,10 +209,11 @@ func CommitEvents(c, prev *DeployCommit, instances map[string]*InstanceRecord) [
 	return out
 }
 
-// NamespaceInstances reads every instance record of namespace, keyed by ID.
+// NamespaceInstances reads every instance record of namespace, keyed by ID,
+// each as its agent last observed it (ListInstances).
 func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[string]*InstanceRecord, error) {
 	out := make(map[string]*InstanceRecord)
-	err := ListJSON(ctx, s, s.Instances, NamespaceInstancesFilter(namespace), func(_ string, r *InstanceRecord) error {
+	err := s.ListInstances(ctx, NamespaceInstancesFilter(namespace), func(_ string, r *InstanceRecord) error {
 		out[r.ID] = r
 		return nil
 	})

@@ -193,6 +193,9 @@ type Store struct {
 	// machines (MachineState, MachineBeat).
 	MachineStates jetstream.KeyValue
 	MachineBeats  jetstream.KeyValue
+	// Observed holds what each machine's agent last saw of its instances
+	// (MachineObserved), newer than their records when it is.
+	Observed jetstream.KeyValue
 	// MachineLiveness is the aggregator's judgement of which machines
 	// stopped beating, what gateways set aside by.
 	MachineLiveness jetstream.KeyValue
@@ -328,6 +331,9 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MachineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),
+		// A machine's observations name every instance it runs (up to a
+		// few hundred, ~200 bytes each).
+		bucket(&s.Observed, names.ObservedBucket(), 1, 1*gib, 1*mib),
 		bucket(&s.MachineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.MachineLiveness, names.MachineLivenessBucket(), 1, 64*mib, 2*mib),
 		bucket(&s.FleetStatus, names.FleetStatusBucket(), 1, 256*mib, 256*kib),

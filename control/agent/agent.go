@@ -124,6 +124,9 @@ type Agent struct {
 
 	// stateKick asks observe to write the machine state now.
 	stateKick chan struct{}
+	// observations writes what the agent sees of its instances, one
+	// record for all of them (see note).
+	observations *store.ObservedWriter
 
 	logMu sync.Mutex
 	// logSizes samples each instance's output size (see logs.go).
@@ -217,6 +220,7 @@ func New(cfg Config) (*Agent, error) {
 		logSizes:  map[string][]logSample{}, stateKick: make(chan struct{}, 1),
 		quit: make(chan struct{}),
 	}
+	a.observations = store.NewObservedWriter(cfg.Store, cfg.Machine.ID, a.observedSnapshot)
 	if t := cfg.Trial; t != nil {
 		a.upgradeStatus.Store(&store.UpgradeStatus{Rollout: t.Rollout, Attempt: t.Attempt, From: t.From, To: t.To, State: t.State, Reason: t.Reason, At: t.At})
 		// An upgrade's attempt stays refused as stale after the restart.
@@ -346,13 +350,40 @@ func (a *Agent) setRecord(inst *instance, rec store.InstanceRecord) {
 	}
 }
 
-// writeRecord stores rec (the instance's record in the store, which the
-// control plane and doctor read) and asks for the machine state to be
-// written again.
+// writeRecord stores rec, the instance's durable record: what an apply
+// starts and stops, and an instance's end for good. It asks for the
+// machine state to be written again.
 func (a *Agent) writeRecord(ctx context.Context, rec *store.InstanceRecord) error {
 	_, err := a.cfg.Store.PutInstance(ctx, rec)
 	a.kickState()
 	return err
+}
+
+// note makes rec inst's record, in memory and on disk, and returns once
+// the machine's observations that say so are in the store: the state
+// changes of a running instance (ready, backoff, restarted, draining) are
+// written with every other change of the machine's instances made
+// meanwhile, one write for all. The caller is inside change. A write that
+// fails is written again by observe; the caller hears of it to report it.
+func (a *Agent) note(ctx context.Context, inst *instance, rec store.InstanceRecord) error {
+	a.setRecord(inst, rec)
+	_, err := a.observations.Flush(ctx)
+	a.kickState()
+	if err != nil {
+		return fmt.Errorf("recording instance %s %s: %w", rec.ID, rec.State, err)
+	}
+	return nil
+}
+
+// observedSnapshot is what the agent sees of every instance it runs.
+func (a *Agent) observedSnapshot() map[string]store.ObservedInstance {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]store.ObservedInstance, len(a.instances))
+	for id, inst := range a.instances {
+		out[id] = store.Observe(&inst.Record)
+	}
+	return out
 }
 
 // markFailed records inst, which the agent has forgotten, failed for reason

@@ -88,7 +88,9 @@ func startAgentAlone(t *testing.T, srv *storetest.Server, dir string, opts ...fu
 		cancel()
 		<-f.done
 		for _, inst := range a.instances {
-			_ = a.cfg.Driver.Stop(context.Background(), inst.handle, time.Second)
+			if inst.handle != nil { // nil: waiting for its restart
+				_ = a.cfg.Driver.Stop(context.Background(), inst.handle, time.Second)
+			}
 		}
 	})
 	return f
@@ -254,10 +256,7 @@ func TestLeasedCommandsGuardGenerations(t *testing.T) {
 	if !rep.Done || rep.Attempt != 5 {
 		t.Fatalf("restart reply %+v", rep)
 	}
-	var after store.InstanceRecord
-	if _, err := store.GetJSON(ctx, srv.Store.Instances, rec.Key(), &after); err != nil {
-		t.Fatal(err)
-	}
+	after := record(t, srv.Store, rec)
 	if after.PID == rec.PID || after.Port != rec.Port || after.State != store.InstanceReady || !answers(after) {
 		t.Fatalf("restart: before %+v after %+v", rec, after)
 	}
@@ -341,5 +340,44 @@ func TestAdoptAfterRestartAndGoneInstance(t *testing.T) {
 	}
 	if answers(rec) {
 		t.Fatal("adopted instance still answers after stop")
+	}
+}
+
+// A running instance's states go to the machine's observations, not its
+// record: the record stays what the start wrote until the stop, and a
+// reader sees the newer of the two.
+func TestInstanceStatesGoToObservations(t *testing.T) {
+	srv := storetest.Start(t)
+	startAgent(t, srv, t.TempDir())
+	ctx := context.Background()
+	ids := []string{"web-0-a", "web-0-b", "web-0-c"}
+	recs := make([]store.InstanceRecord, len(ids))
+	for i, id := range ids {
+		recs[i] = startReady(t, srv.Store, id, nil)
+	}
+	var obs store.MachineObserved
+	if _, err := store.GetJSON(ctx, srv.Store.Observed, "m1", &obs); err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range recs {
+		stored, _, err := srv.Store.GetInstance(ctx, rec.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stored.State != store.InstanceStarting {
+			t.Errorf("%s: record says %s, want the start's %s", rec.ID, stored.State, store.InstanceStarting)
+		}
+		if o := obs.Instances[rec.ID]; o.State != store.InstanceReady {
+			t.Errorf("%s: observed %+v, want ready", rec.ID, o)
+		}
+		if got := record(t, srv.Store, rec); got.State != store.InstanceReady || got.PID != rec.PID {
+			t.Errorf("%s: read as %s (pid %d), want ready (pid %d)", rec.ID, got.State, got.PID, rec.PID)
+		}
+	}
+	if err := srv.Store.Call(ctx, "m1", store.CmdStopInstance, store.InstanceRequest{InstanceID: ids[0], Namespace: "shop"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := record(t, srv.Store, recs[0]); got.State != store.InstanceStopped {
+		t.Fatalf("after the stop: read as %s, want stopped", got.State)
 	}
 }

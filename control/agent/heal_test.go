@@ -12,11 +12,11 @@ import (
 
 func record(t *testing.T, s *store.Store, rec store.InstanceRecord) store.InstanceRecord {
 	t.Helper()
-	var got store.InstanceRecord
-	if _, err := store.GetJSON(context.Background(), s.Instances, rec.Key(), &got); err != nil {
+	got, err := s.CurrentInstance(context.Background(), rec.Key())
+	if err != nil {
 		t.Fatal(err)
 	}
-	return got
+	return *got
 }
 
 // A crashed instance leaves the routing at once and comes back, same

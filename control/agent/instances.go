@@ -210,9 +210,7 @@ func (a *Agent) awaitReady(ctx context.Context, inst *instance, timeout time.Dur
 			inst.readySince = time.Now()
 		})
 		rec.State, rec.Error, rec.UpdatedAt = store.InstanceReady, "", time.Now().UTC()
-		if err = a.writeRecord(wctx, &rec); err == nil {
-			a.setRecord(inst, rec)
-		}
+		err = a.note(wctx, inst, rec)
 	})
 	switch {
 	case !changed:
@@ -265,9 +263,7 @@ func (a *Agent) drain(ctx context.Context, id string) error {
 	if !a.change(inst, func() {
 		rec = a.record(inst)
 		rec.State, rec.UpdatedAt = store.InstanceDraining, time.Now().UTC()
-		if err = a.writeRecord(ctx, &rec); err == nil {
-			a.setRecord(inst, rec)
-		}
+		err = a.note(ctx, inst, rec)
 	}) {
 		return a.notHere(id)
 	}
@@ -286,6 +282,7 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 	if grace <= 0 {
 		grace = a.cfg.StopGrace
 	}
+	var last *store.InstanceRecord
 	if inst, ok := a.lookup(req.InstanceID); ok {
 		// The stop is the instance's last change: none starts before its
 		// record says stopped, and none after (it is gone by then).
@@ -306,6 +303,8 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 			}
 		})
 		a.forget(req.InstanceID)
+		rec := a.record(inst)
+		last = &rec
 		a.log.Info("stopped instance", zap.String("instance", req.InstanceID))
 	}
 	a.kickState()
@@ -315,11 +314,20 @@ func (a *Agent) stop(ctx context.Context, req store.InstanceRequest) error {
 	if req.Forget {
 		return a.cfg.Store.DeleteInstance(ctx, key)
 	}
-	if rec, _, err := a.cfg.Store.GetInstance(ctx, key); err == nil {
-		rec.State, rec.UpdatedAt = store.InstanceStopped, time.Now().UTC()
-		return a.writeRecord(ctx, rec)
+	rec, _, err := a.cfg.Store.GetInstance(ctx, key)
+	if err != nil {
+		return nil
 	}
-	return nil
+	if last != nil {
+		// What the agent last saw of it (its observations may not all be
+		// in the store yet), under the record's key.
+		last.Namespace, last.Machine, last.ID = rec.Namespace, rec.Machine, rec.ID
+		rec = last
+	}
+	// Newer than any observation of this run: the stop is what a reader
+	// takes.
+	rec.State, rec.UpdatedAt = store.InstanceStopped, time.Now().UTC()
+	return a.writeRecord(ctx, rec)
 }
 
 // beginStop marks inst stopping, so its watcher and healer leave it alone,

@@ -12,9 +12,9 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// observe writes the machine's heartbeat every BeatInterval and its state
-// (what it runs and can take) whenever that changed, until the agent
-// stops. The control plane reads these instead of asking every machine.
+// observe writes the machine's heartbeat every BeatInterval, its state
+// (what it runs and can take) whenever that changed, and its instance
+// observations again after a write of them failed, until the agent stops. The control plane reads these instead of asking every machine.
 func (a *Agent) observe(ctx context.Context) {
 	t := time.NewTicker(a.cfg.BeatInterval)
 	defer t.Stop()
@@ -24,9 +24,9 @@ func (a *Agent) observe(ctx context.Context) {
 	note := func(err error) {
 		switch {
 		case err != nil && !failing:
-			a.log.Warn("machine heartbeat or state not written (retried)", zap.Error(err))
+			a.log.Warn("machine heartbeat, state or observations not written (retried)", zap.Error(err))
 		case err == nil && failing:
-			a.log.Info("machine heartbeat and state written again")
+			a.log.Info("machine heartbeat, state and observations written again")
 		}
 		failing = err != nil
 	}
@@ -44,6 +44,17 @@ func (a *Agent) observe(ctx context.Context) {
 		}
 		note(err)
 	}
+	// The first write replaces what a previous agent observed; later
+	// ones retry a change whose write failed (note).
+	flushObserved := func(always bool) {
+		if !always && !a.observations.Behind() {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := a.observations.Flush(wctx)
+		note(err)
+	}
 	beat := func() {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -51,6 +62,7 @@ func (a *Agent) observe(ctx context.Context) {
 	}
 	beat()
 	writeState()
+	flushObserved(true)
 	for {
 		select {
 		case <-ctx.Done():
@@ -60,6 +72,7 @@ func (a *Agent) observe(ctx context.Context) {
 		case <-t.C:
 			beat()
 			writeState()
+			flushObserved(false)
 		case <-a.stateKick:
 			writeState()
 		}

@@ -418,7 +418,7 @@ func (d *Server) namespace(r *http.Request) (any, error) {
 			aside[sa.Instance] = append(aside[sa.Instance], note)
 		}
 	}
-	err = store.ListJSON(ctx, d.s, d.s.Instances, ns+".>", func(_ string, in *store.InstanceRecord) error {
+	err = d.s.ListInstances(ctx, ns+".>", func(_ string, in *store.InstanceRecord) error {
 		row := instanceRow{InstanceRecord: *in, Aside: aside[in.ID]}
 		slices.Sort(row.Aside)
 		v.Instances = append(v.Instances, row)
@@ -556,7 +556,7 @@ func (d *Server) machine(r *http.Request) (any, error) {
 	} else if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
 	}
-	err = store.ListJSON(ctx, d.s, d.s.Instances, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
+	err = d.s.ListInstances(ctx, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
 		v.Instances = append(v.Instances, *in)
 		return nil
 	})

@@ -221,7 +221,7 @@ func (d *doctor) readIntent(ctx context.Context) error {
 		d.live[ns] = c
 	}
 	d.insts = map[string]*store.InstanceRecord{}
-	if err := store.ListJSON(ctx, d.s, d.s.Instances, ">", func(_ string, r *store.InstanceRecord) error {
+	if err := d.s.ListInstances(ctx, ">", func(_ string, r *store.InstanceRecord) error {
 		d.insts[r.ID] = r
 		return nil
 	}); err != nil {

@@ -2,7 +2,8 @@
 // instances are ready, starting, in backoff, failed, or on a machine whose
 // heartbeat went stale, per deploy and per machine, with the last error
 // each machine reported. An Aggregator in `control server` follows the
-// instance records and machine heartbeats with KV watches (their initial
+// instance records, the agents' instance observations and machine
+// heartbeats with KV watches (their initial
 // values rebuild it at start), marks the namespaces that changed, and
 // writes their summaries at a bounded rate (a dirty set flushed every half
 // second by default) to the fleet status bucket, which `control status` and
@@ -61,9 +62,13 @@ type Aggregator struct {
 	// live is each machine's liveness at the last look, to notice it
 	// change with time alone.
 	live map[string]string
-	// rev is the last instance record revision taken in.
-	rev   uint64
-	dirty map[string]time.Time // namespace → its oldest unflushed change
+	// observed holds each machine's instance observations, applied to
+	// its instances' records when a summary is computed.
+	observed map[string]*store.MachineObserved
+	// rev and obsRev are the last instance record and observation
+	// revisions taken in.
+	rev, obsRev uint64
+	dirty       map[string]time.Time // namespace → its oldest unflushed change
 	// flushed is what was last written, for metrics.
 	flushed map[string]store.NamespaceStatus
 	// lastLag is the time from the oldest change in the last flush to
@@ -91,7 +96,7 @@ func New(s *store.Store, cfg Config) (*Aggregator, error) {
 	}
 	return &Aggregator{s: s, cfg: cfg, log: cfg.Logger,
 		byNS: map[string]map[string]*store.InstanceRecord{}, onMachine: map[string]map[string]int{},
-		beats: map[string]store.MachineBeat{}, heard: map[string]time.Time{}, live: map[string]string{},
+		observed: map[string]*store.MachineObserved{}, beats: map[string]store.MachineBeat{}, heard: map[string]time.Time{}, live: map[string]string{},
 		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{},
 		traffic: map[string]*gatewayReports{}}, nil
 }
@@ -107,6 +112,11 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		return store.Classify(fmt.Errorf("watching instance records: %w", err))
 	}
 	defer func() { _ = iw.Stop() }()
+	ow, err := a.s.Observed.WatchAll(ctx)
+	if err != nil {
+		return store.Classify(fmt.Errorf("watching instance observations: %w", err))
+	}
+	defer func() { _ = ow.Stop() }()
 	bw, err := a.s.MachineBeats.WatchAll(ctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("watching machine heartbeats: %w", err))
@@ -119,31 +129,40 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	defer func() { _ = tw.Stop() }()
 	t := time.NewTicker(a.cfg.FlushEvery)
 	defer t.Stop()
-	// Nothing is written until both watches have delivered the store as
+	// Nothing is written until the watches have delivered the store as
 	// it is: a summary of half the records would be a wrong one.
-	var instancesLoaded, beatsLoaded bool
+	var instancesLoaded, observedLoaded, beatsLoaded bool
+	ended := func(what string) error {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return store.Errorf(store.CodeUnavailable, "%s watch ended", what)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case ent, ok := <-iw.Updates():
 			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return store.Errorf(store.CodeUnavailable, "instance record watch ended")
+				return ended("instance record")
 			}
 			if ent == nil {
 				instancesLoaded = true
 			} else {
 				a.instance(ent)
 			}
+		case ent, ok := <-ow.Updates():
+			if !ok {
+				return ended("instance observation")
+			}
+			if ent == nil {
+				observedLoaded = true
+			} else {
+				a.observation(ent)
+			}
 		case ent, ok := <-bw.Updates():
 			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return store.Errorf(store.CodeUnavailable, "heartbeat watch ended")
+				return ended("heartbeat")
 			}
 			if ent == nil {
 				beatsLoaded = true
@@ -152,16 +171,13 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			}
 		case ent, ok := <-tw.Updates():
 			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return store.Errorf(store.CodeUnavailable, "gateway traffic watch ended")
+				return ended("gateway traffic")
 			}
 			if ent != nil {
 				a.trafficReport(ent)
 			}
 		case <-t.C:
-			if !instancesLoaded || !beatsLoaded {
+			if !instancesLoaded || !observedLoaded || !beatsLoaded {
 				continue
 			}
 			a.ageBeats()
@@ -190,6 +206,7 @@ func (a *Aggregator) reset() {
 	}
 	clear(a.byNS)
 	clear(a.onMachine)
+	clear(a.observed)
 	clear(a.beats)
 	clear(a.heard)
 	clear(a.live)
@@ -250,6 +267,25 @@ func (a *Aggregator) forget(ns, key, machine string) {
 		if len(m) == 0 {
 			delete(a.onMachine, machine)
 		}
+	}
+}
+
+// observation takes in a machine's instance observations, which change the
+// summaries of the namespaces it runs instances of.
+func (a *Aggregator) observation(ent jetstream.KeyValueEntry) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.obsRev = max(a.obsRev, ent.Revision())
+	m := ent.Key()
+	delete(a.observed, m)
+	if ent.Operation() == jetstream.KeyValuePut {
+		if o, err := a.s.ObservedFromEntry(m, ent.Value()); err == nil {
+			a.observed[m] = o
+		}
+	}
+	now := time.Now()
+	for ns := range a.onMachine[m] {
+		a.touch(ns, now)
 	}
 }
 
@@ -349,9 +385,11 @@ func isStale(l string) bool { return l == store.MachineStale || l == store.Machi
 // held.
 func (a *Aggregator) summary(ns string) store.NamespaceStatus {
 	st := store.NamespaceStatus{Version: store.RecordVersion, Namespace: ns, Deploys: map[string]store.Counts{}, Machines: map[string]store.Counts{},
-		LastErrors: map[string]string{}, Revision: a.rev, UpdatedAt: time.Now().UTC()}
+		LastErrors: map[string]string{}, Revision: a.rev, Observed: a.obsRev, UpdatedAt: time.Now().UTC()}
 	lastErrAt := map[string]time.Time{}
-	for _, rec := range a.byNS[ns] {
+	for _, stored := range a.byNS[ns] {
+		rec := *stored
+		a.observed[rec.Machine].Apply(&rec)
 		stale := isStale(a.live[rec.Machine])
 		st.Counts.Add(rec.State, stale)
 		d := st.Deploys[rec.DeployID]
@@ -531,7 +569,7 @@ func (a *Aggregator) Pending() int {
 }
 
 // Recount computes every namespace's counts afresh from the instance
-// records and heartbeats in the store, judged at now as the aggregator
+// records, their observations and heartbeats in the store, judged at now as the aggregator
 // judges them: what its summaries must equal once it has caught up.
 func Recount(ctx context.Context, s *store.Store, now time.Time) (map[string]store.Counts, error) {
 	beats := map[string]store.MachineBeat{}
@@ -542,7 +580,7 @@ func Recount(ctx context.Context, s *store.Store, now time.Time) (map[string]sto
 		return nil, err
 	}
 	out := map[string]store.Counts{}
-	err := store.ListJSON(ctx, s, s.Instances, ">", func(_ string, rec *store.InstanceRecord) error {
+	err := s.ListInstances(ctx, ">", func(_ string, rec *store.InstanceRecord) error {
 		c := out[rec.Namespace]
 		c.Add(rec.State, isStale(liveness(beats, rec.Machine, now)))
 		out[rec.Namespace] = c

@@ -283,3 +283,57 @@ func TestLivenessJudgement(t *testing.T) {
 		return r.At.Sub(first) >= store.LivenessRefresh-time.Second && len(r.Down) == 0
 	})
 }
+
+// An agent's instance observations count where they are newer than the
+// instance records, and only for instances of the machine that wrote
+// them; a summary's Observed revision says which observation writes it
+// includes, and a later record (an apply's stop) counts over them.
+func TestObservationsCount(t *testing.T) {
+	srv := storetest.Start(t)
+	s := srv.Store
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs := map[string]*store.InstanceRecord{}
+	for i, m := range []string{"m1", "m1", "m2"} {
+		rec := record("shop", m, fmt.Sprintf("shop-web-%d", i), store.InstanceStarting)
+		if _, err := s.PutInstance(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		recs[rec.ID] = rec
+	}
+	startAggregator(t, s)
+	later := time.Now().Add(time.Second).UTC()
+	seen := map[string]store.ObservedInstance{
+		"shop-web-0": {Namespace: "shop", State: store.InstanceReady, UpdatedAt: later},
+		"shop-web-1": {Namespace: "shop", State: store.InstanceBackoff, UpdatedAt: later},
+		// m2's instance: m1 cannot speak for it.
+		"shop-web-2": {Namespace: "shop", State: store.InstanceFailed, UpdatedAt: later},
+	}
+	w := store.NewObservedWriter(s, "m1", func() map[string]store.ObservedInstance { return seen })
+	rev, err := w.Flush(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	summarised := func(want store.Counts, rev uint64) {
+		t.Helper()
+		storetest.Eventually(t, 10*time.Second, fmt.Sprintf("shop summarised as %+v", want), func() bool {
+			sums, err := fleet.Read(ctx, s)
+			return err == nil && sums["shop"].Counts == want && sums["shop"].Observed >= rev
+		})
+		got, err := fleet.Recount(ctx, s, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got["shop"] != want {
+			t.Fatalf("recount %+v, want %+v", got["shop"], want)
+		}
+	}
+	summarised(store.Counts{Ready: 1, Backoff: 1, Starting: 1}, rev)
+	// The apply stops shop-web-1: its record, newer, counts.
+	stop := recs["shop-web-1"]
+	stop.State, stop.UpdatedAt = store.InstanceStopped, later.Add(time.Second)
+	if _, err := s.PutInstance(ctx, stop); err != nil {
+		t.Fatal(err)
+	}
+	summarised(store.Counts{Ready: 1, Stopped: 1, Starting: 1}, rev)
+}

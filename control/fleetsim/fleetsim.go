@@ -100,8 +100,11 @@ type Fleet struct {
 	s   *store.Store
 	cfg Config
 	IDs []string
-	// agents is each machine's store (s itself without Config.Dial).
-	agents map[string]*store.Store
+	// agents is each machine's store (s itself without Config.Dial);
+	// observers write each machine's instance observations through it,
+	// coalesced as a real agent's are.
+	agents    map[string]*store.Store
+	observers map[string]*store.ObservedWriter
 
 	mu    sync.Mutex
 	insts map[string]map[string]store.InstanceRecord // by machine, by instance ID
@@ -124,7 +127,7 @@ type Fleet struct {
 // subject to its handler all the same.
 func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 	cfg = cfg.withDefaults()
-	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, insts: map[string]map[string]store.InstanceRecord{},
+	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, observers: map[string]*store.ObservedWriter{}, insts: map[string]map[string]store.InstanceRecord{},
 		release: map[string]string{}, upgrade: map[string]*store.UpgradeStatus{}}
 	f.IDs = cfg.ids()
 	for _, id := range f.IDs {
@@ -151,6 +154,7 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 		}
 		f.mu.Lock()
 		f.agents[id] = as
+		f.observers[id] = store.NewObservedWriter(as, id, func() map[string]store.ObservedInstance { return f.observedOf(id) })
 		f.mu.Unlock()
 		stop, err := store.Serve(runCtx, as.NC, as.Names.NodeListenSubject(id), as.Names.NodeQueueGroup(id), "node."+id,
 			func(ctx context.Context, command string, data []byte) (any, error) {
@@ -217,6 +221,26 @@ func (f *Fleet) agent(id string) *store.Store {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.agents[id]
+}
+
+// observedOf is what machine id's simulated agent sees of its instances.
+func (f *Fleet) observedOf(id string) map[string]store.ObservedInstance {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]store.ObservedInstance, len(f.insts[id]))
+	for iid, rec := range f.insts[id] {
+		out[iid] = store.Observe(&rec)
+	}
+	return out
+}
+
+// observe writes machine id's instance observations, with whatever else
+// changed on it meanwhile, and returns the revision that holds them.
+func (f *Fleet) observe(ctx context.Context, id string) (uint64, error) {
+	f.mu.Lock()
+	w := f.observers[id]
+	f.mu.Unlock()
+	return w.Flush(ctx)
 }
 
 func (f *Fleet) onStop(fn func()) {
@@ -382,12 +406,12 @@ func (f *Fleet) handle(ctx context.Context, id, command string, data []byte) (an
 			return nil, store.Errorf(store.CodeNotFound, "instance %s does not run on machine %s", req.InstanceID, id)
 		}
 		rec.State, rec.UpdatedAt = store.InstanceReady, time.Now().UTC()
-		if _, err := f.agent(id).PutInstance(ctx, &rec); err != nil {
-			return nil, err
-		}
 		f.mu.Lock()
 		f.insts[id][rec.ID] = rec
 		f.mu.Unlock()
+		if _, err := f.observe(ctx, id); err != nil {
+			return nil, err
+		}
 		return store.ReadinessReply{Ready: true, Instance: rec}, nil
 	case store.CmdStopInstance, store.CmdDrainInstance:
 		var req store.InstanceRequest

@@ -44,10 +44,11 @@ func (f *Fleet) Place(ctx context.Context, namespaces, perNS int) error {
 	})
 }
 
-// Write is one acknowledged instance record write of a churn.
+// Write is one acknowledged instance state change of a churn.
 type Write struct {
 	Namespace string
-	Revision  uint64
+	// Revision is the observation write that holds it.
+	Revision uint64
 	// At is when the write was sent.
 	At time.Time
 }
@@ -55,6 +56,9 @@ type Write struct {
 // ChurnResult says what a churn did.
 type ChurnResult struct {
 	Writes int
+	// Stored counts the observation writes the store took for them: fewer
+	// than Writes where an agent wrote changes together.
+	Stored int
 	// Retries counts writes sent again after an error (a storage node
 	// going away mid-write): the write is only counted once acknowledged.
 	Retries int
@@ -75,17 +79,28 @@ func (r ChurnResult) Rate() float64 { return float64(r.Writes) / r.Elapsed.Secon
 // applies move real ones.
 var churnStates = []string{store.InstanceReady, store.InstanceReady, store.InstanceStarting, store.InstanceBackoff, store.InstanceFailed}
 
-// Churn changes the state of random instances Place placed at rate writes per
-// second for d, each through its machine's agent, calling onWrite with
-// every acknowledged write. A write that fails is sent again until it is
-// acknowledged (or ctx ends), so that the last acknowledged state of every
-// instance is what the store must hold (see Verify).
-func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, onWrite func(Write)) (ChurnResult, error) {
+// Churn changes the state of random instances Place placed at rate changes
+// per second for d, each through its machine's agent, calling onWrite with
+// every acknowledged change. With burst above 1, the changes come up to
+// burst at a time to instances of one machine, as an apply's or a
+// machine-wide restart's do; their agent writes them together when they
+// meet. A write that fails is sent again until it is acknowledged (or ctx
+// ends), so that the last acknowledged state of every instance is what the
+// store must hold (see Verify).
+func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, burst int, onWrite func(Write)) (ChurnResult, error) {
 	f.mu.Lock()
 	keys := slices.Clone(f.placed)
 	f.mu.Unlock()
 	if len(keys) == 0 {
 		return ChurnResult{}, errors.New("churn: no instances placed")
+	}
+	onMachine := map[string][]int{}
+	for k, key := range keys {
+		onMachine[key[0]] = append(onMachine[key[0]], k)
+	}
+	firstSeq, err := f.observedSeq(ctx)
+	if err != nil {
+		return ChurnResult{}, err
 	}
 	// One lock per instance keeps its writes in order: the last
 	// acknowledged is the last sent.
@@ -125,16 +140,16 @@ func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, onWrite fu
 				}
 				rec.UpdatedAt = time.Now().UTC()
 				at := time.Now()
-				rev, n, err := f.put(ctx, &rec)
+				f.mu.Lock()
+				f.insts[m][id] = rec
+				f.mu.Unlock()
+				rev, n, err := f.put(ctx, m)
 				retries.Add(int64(n))
 				if err != nil {
 					locks[k].Unlock()
 					firstErr.CompareAndSwap(nil, &err)
 					continue
 				}
-				f.mu.Lock()
-				f.insts[m][id] = rec
-				f.mu.Unlock()
 				locks[k].Unlock()
 				writes.Add(1)
 				acked()
@@ -158,11 +173,20 @@ loop:
 				break loop
 			}
 			due := int(el.Seconds() * float64(rate))
-			for ; sent < due; sent++ {
-				select {
-				case work <- r.IntN(len(keys)):
-				default:
-					behind.Add(1)
+			for sent < due {
+				k := r.IntN(len(keys))
+				group := []int{k}
+				if burst > 1 {
+					group = onMachine[keys[k][0]]
+					group = group[:min(len(group), burst, due-sent)]
+				}
+				for _, k := range group {
+					sent++
+					select {
+					case work <- k:
+					default:
+						behind.Add(1)
+					}
 				}
 			}
 		}
@@ -177,18 +201,36 @@ loop:
 	if e := firstErr.Load(); e != nil {
 		return res, *e
 	}
-	return res, ctx.Err()
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	lastSeq, err := f.observedSeq(ctx)
+	res.Stored = int(lastSeq - firstSeq)
+	return res, err
 }
 
-// put writes rec through its machine's agent until acknowledged, for up
-// to a minute: a storage node going away fails writes in flight until the
-// client has moved to another.
-func (f *Fleet) put(ctx context.Context, rec *store.InstanceRecord) (rev uint64, retries int, err error) {
-	as := f.agent(rec.Machine)
+// observedSeq is the last sequence of the instance observations' stream:
+// how many observation writes the store took.
+func (f *Fleet) observedSeq(ctx context.Context) (uint64, error) {
+	str, err := f.s.JS.Stream(ctx, "KV_"+f.s.Names.ObservedBucket())
+	if err != nil {
+		return 0, fmt.Errorf("reading the observations' stream: %w", err)
+	}
+	info, err := str.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("reading the observations' stream: %w", err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// put writes machine's observations through its agent until acknowledged,
+// for up to a minute: a storage node going away fails writes in flight
+// until the client has moved to another.
+func (f *Fleet) put(ctx context.Context, machine string) (rev uint64, retries int, err error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		rev, err = as.PutInstance(wctx, rec)
+		rev, err = f.observe(wctx, machine)
 		cancel()
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return rev, retries, err
@@ -216,7 +258,7 @@ func (f *Fleet) Verify(ctx context.Context) error {
 	f.mu.Unlock()
 	var problems []string
 	seen := 0
-	err := store.ListJSON(ctx, f.s, f.s.Instances, ">", func(key string, r *store.InstanceRecord) error {
+	err := f.s.ListInstances(ctx, ">", func(key string, r *store.InstanceRecord) error {
 		w, ok := want[key]
 		switch {
 		case !ok:
@@ -282,9 +324,9 @@ func summaryDiff(ctx context.Context, s *store.Store) (string, error) {
 	return fmt.Sprint(diff), nil
 }
 
-// LagMeter measures the fleet status lag: from an instance record write
-// being sent to the first summary of its namespace that counts it (its
-// Revision at or past the write's) being written and seen.
+// LagMeter measures the fleet status lag: from an instance observation
+// write being sent to the first summary of its namespace that counts it
+// (its Observed revision at or past the write's) being written and seen.
 type LagMeter struct {
 	mu      sync.Mutex
 	pending map[string][]Write
@@ -324,7 +366,7 @@ func NewLagMeter(ctx context.Context, s *store.Store) (*LagMeter, error) {
 			if store.DecodeKeyed(s.FleetStatus.Bucket(), ent.Key(), ent.Value(), &st) != nil {
 				continue
 			}
-			m.summary(st.Namespace, st.Revision, time.Now())
+			m.summary(st.Namespace, st.Observed, time.Now())
 		}
 	}()
 	return m, nil

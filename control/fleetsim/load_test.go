@@ -214,3 +214,41 @@ func (l benchLog) Write(p []byte) (int, error) {
 	l.b.Logf("%s", strings.TrimSpace(string(p)))
 	return len(p), nil
 }
+
+// Changes that come in bursts to one machine's instances share that
+// machine's observation writes, and none is lost: the store ends as the
+// agents last had each change acknowledged, and the summaries equal a
+// recount.
+func TestBurstsShareObservationWrites(t *testing.T) {
+	srv, f := startFleet(t, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	agg, err := fleet.New(srv.Store, fleet.Config{FlushEvery: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- agg.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("aggregator: %v", err)
+		}
+	})
+	if err := f.Place(ctx, 10, 8); err != nil { // 8 instances on each machine
+		t.Fatal(err)
+	}
+	res, err := f.Churn(ctx, 2000, time.Second, 8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d changes in %d observation writes", res.Writes, res.Stored)
+	if res.Writes < 1000 || res.Stored == 0 || res.Stored >= res.Writes {
+		t.Fatalf("%d changes took %d observation writes: want fewer writes than changes", res.Writes, res.Stored)
+	}
+	if err := f.Verify(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := fleetsim.VerifySummaries(ctx, srv.Store, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -24,9 +24,12 @@ type LoadSpec struct {
 	Namespaces   int
 	PerNamespace int
 	Rate         int
-	Duration     time.Duration
-	Gateways     int
-	Applies      int
+	// Burst changes up to Burst instances of one machine at a time (see
+	// Churn).
+	Burst    int
+	Duration time.Duration
+	Gateways int
+	Applies  int
 	// Beat is the simulated agents' heartbeat interval.
 	Beat time.Duration
 	// Dialer opens each agent's and gateway's own connection.
@@ -166,7 +169,7 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 	if spec.OnChurn != nil {
 		spec.OnChurn(true)
 	}
-	rep.Churn, err = f.Churn(ctx, spec.Rate, spec.Duration, meter.Wrote)
+	rep.Churn, err = f.Churn(ctx, spec.Rate, spec.Duration, spec.Burst, meter.Wrote)
 	if spec.OnChurn != nil {
 		spec.OnChurn(false)
 	}
@@ -257,8 +260,8 @@ func (a *applier) describe(lags []time.Duration) string {
 func (r *LoadReport) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "agents started in %s\n", r.StartAgents.Round(time.Millisecond))
-	fmt.Fprintf(&b, "writes: %d acknowledged in %s (%.0f/s), %d retried, %d could not start on time\n",
-		r.Churn.Writes, r.Churn.Elapsed.Round(time.Millisecond), r.Churn.Rate(), r.Churn.Retries, r.Churn.Behind)
+	fmt.Fprintf(&b, "writes: %d acknowledged in %s (%.0f/s), %d retried, %d could not start on time; %d observation writes stored them\n",
+		r.Churn.Writes, r.Churn.Elapsed.Round(time.Millisecond), r.Churn.Rate(), r.Churn.Retries, r.Churn.Behind, r.Churn.Stored)
 	fmt.Fprintf(&b, "longest time with no write acknowledged: %s (from %.1fs into the writes)\n",
 		r.Churn.Stall.Round(time.Millisecond), r.Churn.StallAt.Seconds())
 	fmt.Fprintf(&b, "status lag: p50 %s, p99 %s, max %s over %d writes; %d never counted\n",

@@ -95,7 +95,7 @@ type cursor struct {
 // refresh finds the service's instances (new ones start from their
 // beginning, or since).
 func (t *tail) refresh(ctx context.Context) error {
-	return store.ListJSON(ctx, t.s, t.s.Instances, store.NamespaceInstancesFilter(t.ns), func(_ string, r *store.InstanceRecord) error {
+	return t.s.ListInstances(ctx, store.NamespaceInstancesFilter(t.ns), func(_ string, r *store.InstanceRecord) error {
 		if r.Service != t.svc || (t.only != "" && r.ID != t.only) {
 			return nil
 		}

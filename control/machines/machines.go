@@ -251,7 +251,7 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 	}
 	out := &Removed{Machine: id, Forced: force}
 	var insts []*store.InstanceRecord
-	err := store.ListJSON(ctx, s, s.Instances, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
+	err := s.ListInstances(ctx, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
 		insts = append(insts, in)
 		return nil
 	})

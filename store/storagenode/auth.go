@@ -623,6 +623,9 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// What it runs and that it is alive, under its own key only.
 		writeKV(n.MachineStatesBucket(), machine)
 		writeKV(n.MachineBeatsBucket(), machine)
+		// What it sees of its instances, under its own key: a reader
+		// applies it only to instance records naming this machine.
+		writeKV(n.ObservedBucket(), machine)
 		// Its peer record is signed: the certificates to verify it.
 		readKV(n.SignersBucket())
 		// Releases to upgrade this box to: the signed records and the

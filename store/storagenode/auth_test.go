@@ -375,6 +375,19 @@ func TestRoleScopedCredentials(t *testing.T) {
 	refusedWrite("write the liveness judgement", store.LivenessKey, func(c context.Context) error {
 		return as.PutLiveness(c, &store.LivenessRecord{At: time.Now()})
 	})
+	// The agent writes its own machine's instance observations and no
+	// other machine's; the gateway writes none.
+	if _, err := as.PutObserved(ctx, &store.MachineObserved{Machine: "m1"}); err != nil {
+		t.Fatalf("agent writing its own instance observations: %v", err)
+	}
+	refusedWrite("write m2's instance observations", "m2", func(c context.Context) error {
+		_, err := as.PutObserved(c, &store.MachineObserved{Machine: "m2"})
+		return err
+	})
+	refusedOn(gwViolations, "write m1's instance observations", "m1", func(c context.Context) error {
+		_, err := gs.PutObserved(c, &store.MachineObserved{Machine: "m1"})
+		return err
+	})
 	forged := "rp.kv." + names.MachineLivenessBucket() + "." + store.LivenessKey
 	if err := gwNC.Publish(forged, []byte(`{"version":1,"down":{"m2":{"liveness":"offline"}}}`)); err != nil {
 		t.Fatal(err)

@@ -126,7 +126,7 @@ func (p *Pending) Commit(ctx context.Context) (uint64, error) {
 func SetInstance(ctx context.Context, s *store.Store, namespace, id, state, errText string) (uint64, error) {
 	// The key names the machine too; find the record by namespace and ID.
 	var rec *store.InstanceRecord
-	err := store.ListJSON(ctx, s, s.Instances, store.InstanceFilter(namespace, id), func(_ string, r *store.InstanceRecord) error {
+	err := s.ListInstances(ctx, store.InstanceFilter(namespace, id), func(_ string, r *store.InstanceRecord) error {
 		rec = r
 		return nil
 	})

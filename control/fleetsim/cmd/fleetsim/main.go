@@ -52,7 +52,8 @@ func run(args []string) int {
 	authDir := fs.String("auth-dir", "", "a storage node's auth dir: issue each simulated agent and gateway its own credentials from it")
 	namespaces := fs.Int("namespaces", 1000, "with --rate: deployments placed on the fleet")
 	perNS := fs.Int("per-namespace", 10, "with --rate: instances of each deployment")
-	rate := fs.Int("rate", 0, "run a load: instance state writes per second (0: no load, run until Ctrl-C)")
+	rate := fs.Int("rate", 0, "run a load: instance state changes per second (0: no load, run until Ctrl-C)")
+	burst := fs.Int("burst", 1, "with --rate: change up to this many instances of one machine at a time, as an apply does (its agent writes what meets in one write)")
 	duration := fs.Duration("duration", time.Minute, "with --rate: how long the writes go on")
 	gateways := fs.Int("gateways", 0, "with --rate: simulated gateways (routing projections)")
 	applies := fs.Int("applies", 5, "with --rate and --gateways: applies measured to every gateway, before and during the writes")
@@ -103,7 +104,7 @@ func run(args []string) int {
 
 	if *rate > 0 {
 		spec := fleetsim.LoadSpec{Machines: *n, Namespaces: *namespaces, PerNamespace: *perNS,
-			Rate: *rate, Duration: *duration, Gateways: *gateways, Applies: *applies, Beat: *beat, Dialer: dialer, Log: os.Stdout}
+			Rate: *rate, Burst: *burst, Duration: *duration, Gateways: *gateways, Applies: *applies, Beat: *beat, Dialer: dialer, Log: os.Stdout}
 		if pid := *midwayKill; pid > 0 {
 			spec.Midway = func() string {
 				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

@@ -1,0 +1,261 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// An agent records what it sees of its instances (ready, in backoff,
+// restarted, draining) in one record per machine, MachineObserved, not one
+// write per instance and transition: the changes that come together (an
+// apply's instances turning ready, every instance of a machine backing off
+// at once) cost one write. The instance records stay the durable status:
+// what an apply starts and stops, and an instance's end for good. A reader
+// takes an instance's state from whichever of the two is newer
+// (MachineObserved.Apply); ListInstances and NamespaceInstances do so for
+// every reader of instance states.
+
+// ObservedInstance is an agent's last observation of one instance it runs:
+// the fields of its InstanceRecord that change while it runs.
+type ObservedInstance struct {
+	Namespace string `json:"namespace"`
+	State     string `json:"state"`
+	Error     string `json:"error,omitempty"`
+	PID       int    `json:"pid,omitempty"`
+	Container string `json:"container,omitempty"`
+	Restarts  int    `json:"restarts,omitempty"`
+	LastExit  string `json:"last_exit,omitempty"`
+	// The times of a backoff; UpdatedAt orders the observation against
+	// the instance record (the same agent's clock writes both).
+	LastExitAt  time.Time `json:"last_exit_at,omitzero"`
+	NextRestart time.Time `json:"next_restart,omitzero"`
+	UpdatedAt   time.Time `json:"updated_at"`
+}
+
+// Observe is what rec says of its instance's run.
+func Observe(rec *InstanceRecord) ObservedInstance {
+	return ObservedInstance{Namespace: rec.Namespace, State: rec.State, Error: rec.Error, PID: rec.PID, Container: rec.Container,
+		Restarts: rec.Restarts, LastExit: rec.LastExit, LastExitAt: rec.LastExitAt, NextRestart: rec.NextRestart, UpdatedAt: rec.UpdatedAt}
+}
+
+// MachineObserved is what one machine's agent last saw of every instance
+// it runs. Key: the machine ID.
+type MachineObserved struct {
+	Version   int                         `json:"version"`
+	Machine   string                      `json:"machine"`
+	Instances map[string]ObservedInstance `json:"instances"`
+	UpdatedAt time.Time                   `json:"updated_at"`
+}
+
+func (r *MachineObserved) version() int { return r.Version }
+
+// KeyOK checks that the observations are filed under their machine.
+func (r *MachineObserved) KeyOK(key string) error { return keyMust(key, r.Machine) }
+
+// Apply makes rec say what r observed of its instance when that is newer
+// than rec, and reports whether it did. Only an observation by the machine
+// rec names, of an instance of rec's namespace, is taken: an agent's
+// credentials write its own machine's key only, so one machine cannot
+// speak for another's instances.
+func (r *MachineObserved) Apply(rec *InstanceRecord) bool {
+	if r == nil || rec.Machine != r.Machine {
+		return false
+	}
+	o, ok := r.Instances[rec.ID]
+	if !ok || o.Namespace != rec.Namespace || !o.UpdatedAt.After(rec.UpdatedAt) {
+		return false
+	}
+	rec.State, rec.Error, rec.PID, rec.Container, rec.Restarts = o.State, o.Error, o.PID, o.Container, o.Restarts
+	rec.LastExit, rec.LastExitAt, rec.NextRestart, rec.UpdatedAt = o.LastExit, o.LastExitAt, o.NextRestart, o.UpdatedAt
+	return true
+}
+
+// ObservedFromEntry reads a machine's observations as a watch or scan of
+// the observed bucket delivered them: taken only under the key that names
+// their machine.
+func (s *Store) ObservedFromEntry(key string, value []byte) (*MachineObserved, error) {
+	var o MachineObserved
+	if err := DecodeKeyed(s.Names.ObservedBucket(), key, value, &o); err != nil {
+		return nil, err
+	}
+	return &o, nil
+}
+
+// PutObserved writes a machine's observations and returns the revision.
+func (s *Store) PutObserved(ctx context.Context, o *MachineObserved) (uint64, error) {
+	o.Version = RecordVersion
+	rev, err := PutJSON(ctx, s.Observed, o.Machine, o)
+	if err != nil {
+		return 0, fmt.Errorf("observations of machine %s: %w", o.Machine, err)
+	}
+	return rev, nil
+}
+
+// observedDirectMax is how many machines' observations a listing reads
+// one by one; past it, the whole bucket is read at once.
+const observedDirectMax = 16
+
+// observedOf reads the observations of machines (nil: every machine's).
+func (s *Store) observedOf(ctx context.Context, machines map[string]bool) (map[string]*MachineObserved, error) {
+	out := map[string]*MachineObserved{}
+	if machines != nil && len(machines) <= observedDirectMax {
+		for m := range machines {
+			var o MachineObserved
+			switch _, err := GetJSON(ctx, s.Observed, m, &o); {
+			case err == nil:
+				out[m] = &o
+			case HasCode(err, CodeNotFound):
+			default:
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	err := ListJSON(ctx, s, s.Observed, ">", func(_ string, o *MachineObserved) error {
+		if machines == nil || machines[o.Machine] {
+			out[o.Machine] = o
+		}
+		return nil
+	})
+	return out, err
+}
+
+// ListInstances calls fn with every instance record under filter (a key
+// filter, see InstanceKey), each as its machine's agent last observed it:
+// the record, or its machine's newer observation.
+func (s *Store) ListInstances(ctx context.Context, filter string, fn func(key string, r *InstanceRecord) error) error {
+	type keyed struct {
+		key string
+		rec *InstanceRecord
+	}
+	var recs []keyed
+	machines := map[string]bool{}
+	if err := ListJSON(ctx, s, s.Instances, filter, func(key string, r *InstanceRecord) error {
+		recs = append(recs, keyed{key, r})
+		machines[r.Machine] = true
+		return nil
+	}); err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	obs, err := s.observedOf(ctx, machines)
+	if err != nil {
+		return fmt.Errorf("reading instance observations: %w", err)
+	}
+	for _, k := range recs {
+		obs[k.rec.Machine].Apply(k.rec)
+		if err := fn(k.key, k.rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CurrentInstance reads the instance record under key (InstanceKey) as its
+// machine's agent last observed it; GetInstance reads the record alone.
+func (s *Store) CurrentInstance(ctx context.Context, key string) (*InstanceRecord, error) {
+	rec, _, err := s.GetInstance(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	obs, err := s.observedOf(ctx, map[string]bool{rec.Machine: true})
+	if err != nil {
+		return nil, fmt.Errorf("reading instance observations: %w", err)
+	}
+	obs[rec.Machine].Apply(rec)
+	return rec, nil
+}
+
+// ObservedWriter writes one machine's observations, coalescing: a change
+// is written by the next write that starts after it was made, and changes
+// made while a write is under way go together in the one after it. Idle,
+// a change is written at once; busy, every change waits for at most one
+// write before its own.
+type ObservedWriter struct {
+	s       *Store
+	machine string
+	// snapshot returns what the machine observes now, in a map the
+	// writer may keep.
+	snapshot func() map[string]ObservedInstance
+
+	mu sync.Mutex
+	// asked counts Flush calls; covered is the highest asked an
+	// acknowledged write took its snapshot after, rev that write's revision.
+	asked, covered uint64
+	rev            uint64
+	// writing is closed when the write under way ends; nil when none is.
+	writing chan struct{}
+	// failed says the last write failed.
+	failed bool
+}
+
+// NewObservedWriter returns the writer of machine's observations, which
+// snapshot reads.
+func NewObservedWriter(s *Store, machine string, snapshot func() map[string]ObservedInstance) *ObservedWriter {
+	return &ObservedWriter{s: s, machine: machine, snapshot: snapshot}
+}
+
+// Flush returns once a write that took its snapshot after Flush was called
+// is acknowledged, with that write's revision: what the caller changed
+// before is then in the store. A write that fails fails the callers that
+// waited for it; the next Flush writes again (Behind says one is due).
+func (w *ObservedWriter) Flush(ctx context.Context) (uint64, error) {
+	w.mu.Lock()
+	w.asked++
+	mine := w.asked
+	for {
+		if w.covered >= mine {
+			rev := w.rev
+			w.mu.Unlock()
+			return rev, nil
+		}
+		if w.writing == nil {
+			done := make(chan struct{})
+			w.writing = done
+			upto := w.asked
+			w.mu.Unlock()
+			rev, err := w.write(ctx)
+			w.mu.Lock()
+			w.writing, w.failed = nil, err != nil
+			close(done)
+			if err != nil {
+				w.mu.Unlock()
+				return 0, err
+			}
+			if upto > w.covered {
+				w.covered, w.rev = upto, rev
+			}
+			continue
+		}
+		// Wait for the write under way; it may have started before this
+		// change, so another follows unless one already covers it.
+		done := w.writing
+		w.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		w.mu.Lock()
+	}
+}
+
+// Behind says whether the last write failed, leaving a change no
+// acknowledged write covers.
+func (w *ObservedWriter) Behind() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.failed && w.covered < w.asked
+}
+
+func (w *ObservedWriter) write(ctx context.Context) (uint64, error) {
+	insts := w.snapshot()
+	if insts == nil {
+		insts = map[string]ObservedInstance{}
+	}
+	return w.s.PutObserved(ctx, &MachineObserved{Machine: w.machine, Instances: insts, UpdatedAt: time.Now().UTC()})
+}
