@@ -3,8 +3,11 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // An agent records what it sees of its instances (ready, in backoff,
@@ -93,33 +96,59 @@ func (s *Store) PutObserved(ctx context.Context, o *MachineObserved) (uint64, er
 	return rev, nil
 }
 
-// observedDirectMax is how many machines' observations a listing reads
-// one by one; past it, the whole bucket is read at once.
-const observedDirectMax = 16
+// observedAtOnce is how many machines' observations a listing reads with
+// one direct get each, all at once (one round trip, no JetStream API
+// request); more are read in multi-subject batches.
+const observedAtOnce = 32
 
 // observedOf reads the observations of machines (nil: every machine's).
+// An apply's namespace runs on a few machines: their observations are as
+// many direct gets, sent together, never one after another (ten in turn
+// cost a busy store most of a second).
 func (s *Store) observedOf(ctx context.Context, machines map[string]bool) (map[string]*MachineObserved, error) {
 	out := map[string]*MachineObserved{}
-	if machines != nil && len(machines) <= observedDirectMax {
-		for m := range machines {
-			var o MachineObserved
-			switch _, err := GetJSON(ctx, s.Observed, m, &o); {
-			case err == nil:
-				out[m] = &o
-			case HasCode(err, CodeNotFound):
-			default:
-				return nil, err
-			}
-		}
-		return out, nil
-	}
-	err := ListJSON(ctx, s, s.Observed, ">", func(_ string, o *MachineObserved) error {
-		if machines == nil || machines[o.Machine] {
+	if machines == nil {
+		err := ListJSON(ctx, s, s.Observed, ">", func(_ string, o *MachineObserved) error {
 			out[o.Machine] = o
+			return nil
+		})
+		return out, err
+	}
+	bucket := s.Names.ObservedBucket()
+	prefix := "$KV." + bucket + "."
+	var mu sync.Mutex
+	take := func(m *StoredMsg) error {
+		if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil
 		}
+		var o MachineObserved
+		if err := DecodeKeyed(bucket, strings.TrimPrefix(m.Subject, prefix), m.Data, &o); err != nil {
+			SkippedRecords.Add(1)
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out[o.Machine] = &o
 		return nil
-	})
-	return out, err
+	}
+	subjects := make([]string, 0, len(machines))
+	for m := range machines {
+		subjects = append(subjects, prefix+m)
+	}
+	if len(subjects) > observedAtOnce {
+		return out, s.LastOf(ctx, "KV_"+bucket, subjects, take)
+	}
+	var g errgroup.Group
+	for _, subj := range subjects {
+		g.Go(func() error {
+			m, err := s.lastFor(ctx, "KV_"+bucket, subj)
+			if err != nil || m == nil {
+				return err
+			}
+			return take(m)
+		})
+	}
+	return out, g.Wait()
 }
 
 // ListInstances calls fn with every instance record under filter (a key
