@@ -150,7 +150,8 @@ var (
 	loadMachines = flag.Int("fleet.machines", 10000, "BenchmarkFleetLoad: simulated machines")
 	loadNS       = flag.Int("fleet.namespaces", 1000, "BenchmarkFleetLoad: deployments (namespaces)")
 	loadPerNS    = flag.Int("fleet.per-namespace", 10, "BenchmarkFleetLoad: instances per namespace")
-	loadRate     = flag.Int("fleet.rate", 10000, "BenchmarkFleetLoad: instance state writes per second")
+	loadRate     = flag.Int("fleet.rate", 10000, "BenchmarkFleetLoad: instance state changes per second")
+	loadBurst    = flag.Int("fleet.burst", 1, "BenchmarkFleetLoad: changes to one machine's instances at a time")
 	loadDuration = flag.Duration("fleet.duration", time.Minute, "BenchmarkFleetLoad: how long the writes go on")
 	loadGateways = flag.Int("fleet.gateways", 100, "BenchmarkFleetLoad: simulated gateways (routing projections)")
 	loadApplies  = flag.Int("fleet.applies", 5, "BenchmarkFleetLoad: applies measured to every gateway, before and during the writes")
@@ -175,7 +176,7 @@ func BenchmarkFleetLoad(b *testing.B) {
 			for range b.N {
 				st := startStorage(b, nodes)
 				spec := fleetsim.LoadSpec{Machines: *loadMachines, Namespaces: *loadNS, PerNamespace: *loadPerNS,
-					Rate: *loadRate, Duration: *loadDuration, Gateways: *loadGateways, Applies: *loadApplies,
+					Rate: *loadRate, Burst: *loadBurst, Duration: *loadDuration, Gateways: *loadGateways, Applies: *loadApplies,
 					Dialer: st.dialer, Log: benchLog{b}}
 				if nodes > 1 {
 					spec.Midway = func() string {
