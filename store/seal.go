@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -268,6 +269,13 @@ func (s *Store) publishSealed(headCtx, ctx context.Context, key func() (*signing
 		if ids[i] != "" {
 			opts = append(opts, jetstream.WithMsgID(ids[i]))
 		}
+		if i > 0 {
+			// Each append also names the one before it: the sequence
+			// alone let an append land after another appender's message
+			// that took the place of its failed predecessor, out of
+			// order and outside its seal.
+			opts = append(opts, jetstream.WithExpectLastMsgID(ids[i-1]))
+		}
 		f, err := s.JS.PublishMsgAsync(m, opts...)
 		if err != nil {
 			sendErr = err // what was sent is still answered below
@@ -291,7 +299,7 @@ func (s *Store) publishSealed(headCtx, ctx context.Context, key func() (*signing
 		}
 		if err != nil {
 			s.forgetLastSeq(stream)
-			if IsWrongLastSequence(err) {
+			if IsWrongLastSequence(err) || isWrongLastMsgID(err) {
 				return events, dup, nil
 			}
 			return events, dup, err
@@ -311,4 +319,13 @@ func (s *Store) publishSealed(headCtx, ctx context.Context, key func() (*signing
 		return events, dup, sendErr
 	}
 	return events, dup, nil
+}
+
+// jsErrCodeWrongLastMsgID is nats-server's JSStreamWrongLastMsgIDErrF: an
+// append whose Nats-Expected-Last-Msg-Id is not the stream's last.
+const jsErrCodeWrongLastMsgID jetstream.ErrorCode = 10070
+
+func isWrongLastMsgID(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrCodeWrongLastMsgID
 }

@@ -251,8 +251,17 @@ func TestRacingSealedPublishes(t *testing.T) {
 		return
 	}
 	s := srv.Store
-	if events := verifyAll(t, ctx, s, readStream(t, ctx, s, base+1)); len(events) != writers*each {
+	events := verifyAll(t, ctx, s, readStream(t, ctx, s, base+1))
+	if len(events) != writers*each {
 		t.Fatalf("%d events stored, want %d", len(events), writers*each)
+	}
+	// Each writer's events landed in the order it published them.
+	next := map[string]int{}
+	for _, ev := range events {
+		if want := fmt.Sprintf("s%d", next[ev.Namespace]); ev.Service != want {
+			t.Fatalf("%s's event %s landed at %d where %s was due", ev.Namespace, ev.Service, ev.Seq, want)
+		}
+		next[ev.Namespace]++
 	}
 
 	// The same publish again: every event is a duplicate of the first.
