@@ -26,8 +26,8 @@ func (p AddPlan) Grows() bool { return p.To > p.From }
 
 // PlanAdd plans making node hold replicas: it must answer and be a
 // current member of the JetStream meta group (as the meta leader sees
-// it); the replica count then grows to the largest odd number of current
-// members, at most maxReplicas, or stays when that is no more than now.
+// it); the replica count then grows to the largest odd number of members
+// online, at most maxReplicas, or stays when that is no more than now.
 func PlanAdd(v *View, node string, maxReplicas int) (AddPlan, error) {
 	var seen, leaderView *store.StorageNodeStatus
 	for i := range v.Answers {
@@ -42,10 +42,19 @@ func PlanAdd(v *View, node string, maxReplicas int) (AddPlan, error) {
 		return AddPlan{}, store.Errorf(store.CodeUnavailable, "storage node %s did not answer: start it with `control server --cluster-listen ... --routes ...` and the same auth dir first", node).
 			With("node", node)
 	}
+	// The node must be current; the count grows with every member online,
+	// one still catching up on the meta group included: counting only
+	// the current ones, a member lagging for a moment made an add plan no
+	// growth and succeed having done nothing.
 	current := map[string]bool{}
+	online := 0
 	if leaderView != nil {
 		for _, p := range leaderView.Peers {
-			if p.Current && !p.Offline {
+			if p.Offline {
+				continue
+			}
+			online++
+			if p.Current {
 				current[p.Name] = true
 			}
 		}
@@ -54,7 +63,7 @@ func PlanAdd(v *View, node string, maxReplicas int) (AddPlan, error) {
 		return AddPlan{}, store.Errorf(store.CodeConflict, "storage node %s is not a current member of the JetStream cluster yet (still catching up, or routes missing); try again when `control storage ls` shows it", node).
 			With("node", node)
 	}
-	target := min(len(current), maxReplicas)
+	target := min(online, maxReplicas)
 	if target%2 == 0 {
 		target--
 	}

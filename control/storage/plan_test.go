@@ -117,6 +117,9 @@ func TestPlanAdd(t *testing.T) {
 		{name: "an even maximum is rounded down", view: members(5, 3), node: "s5", max: 4, from: 3, to: 3},
 		{name: "a maximum below the count never shrinks", view: members(5, 5), node: "s5", max: 3, from: 5, to: 5},
 		{name: "a node already holding replicas", view: three(3), node: "s2", max: 5, from: 3, to: 3},
+		{name: "a member catching up still counts", view: view(streams(2, 1, "s1"),
+			answer("s1", "s1", current("s1"), behind("s2"), current("s3")), answer("s3", "s1", current("s1"), behind("s2"), current("s3"))),
+			node: "s3", max: 5, from: 1, to: 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := PlanAdd(tc.view, tc.node, tc.max)
