@@ -56,11 +56,17 @@ MODULE    := github.com/edgeplane/edgeplane
 RACE_PKGS ?= store projection caddymodule control/agent control/deploy control/fleet control/fleetsim \
              meshd/node meshd/wgbind meshd/relay meshd/registrar certs dnsproj
 
+# The integration tests (real processes, clusters in network namespaces)
+# run on their own, after the rest: beside them on two cores, a storage
+# node test's three-node cluster once took more than a minute to start.
+SOLO_PKGS ?= integration
+
 test: deps-test
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting" && exit 1)
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(addprefix ./,$(RACE_PKGS))
-	$(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v -x $(foreach p,$(RACE_PKGS),-e '$(MODULE)/$(p)'))
+	$(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v -x $(foreach p,$(RACE_PKGS) $(SOLO_PKGS),-e '$(MODULE)/$(p)'))
+	$(GO) test -timeout $(TEST_TIMEOUT) $(addprefix ./,$(SOLO_PKGS))
 
 vet:
 	$(GO) vet ./...
