@@ -58,32 +58,20 @@ func (r *MachineObserved) version() int { return r.Version }
 func (r *MachineObserved) KeyOK(key string) error { return keyMust(key, r.Machine) }
 
 // Apply makes rec say what r observed of its instance when that is newer
-// than rec, and reports whether it did. Only an observation by the machine
+// than rec. Only an observation by the machine
 // rec names, of an instance of rec's namespace, is taken: an agent's
 // credentials write its own machine's key only, so one machine cannot
 // speak for another's instances.
-func (r *MachineObserved) Apply(rec *InstanceRecord) bool {
+func (r *MachineObserved) Apply(rec *InstanceRecord) {
 	if r == nil || rec.Machine != r.Machine {
-		return false
+		return
 	}
 	o, ok := r.Instances[rec.ID]
 	if !ok || o.Namespace != rec.Namespace || !o.UpdatedAt.After(rec.UpdatedAt) {
-		return false
+		return
 	}
 	rec.State, rec.Error, rec.PID, rec.Container, rec.Restarts = o.State, o.Error, o.PID, o.Container, o.Restarts
 	rec.LastExit, rec.LastExitAt, rec.NextRestart, rec.UpdatedAt = o.LastExit, o.LastExitAt, o.NextRestart, o.UpdatedAt
-	return true
-}
-
-// ObservedFromEntry reads a machine's observations as a watch or scan of
-// the observed bucket delivered them: taken only under the key that names
-// their machine.
-func (s *Store) ObservedFromEntry(key string, value []byte) (*MachineObserved, error) {
-	var o MachineObserved
-	if err := DecodeKeyed(s.Names.ObservedBucket(), key, value, &o); err != nil {
-		return nil, err
-	}
-	return &o, nil
 }
 
 // PutObserved writes a machine's observations and returns the revision.
@@ -97,58 +85,56 @@ func (s *Store) PutObserved(ctx context.Context, o *MachineObserved) (uint64, er
 }
 
 // observedAtOnce is how many machines' observations a listing reads with
-// one direct get each, all at once (one round trip, no JetStream API
-// request); more are read in multi-subject batches.
+// one get each, all at once (one round trip, no JetStream API request).
 const observedAtOnce = 32
 
-// observedOf reads the observations of machines (nil: every machine's).
-// An apply's namespace runs on a few machines: their observations are as
-// many direct gets, sent together, never one after another (ten in turn
-// cost a busy store most of a second).
+// observedOf reads the observations of machines. An apply's namespace
+// runs on a few machines: their observations are as many key gets, sent
+// together, never one after another (ten in turn cost a busy store most of
+// a second); more are read in multi-subject batches.
 func (s *Store) observedOf(ctx context.Context, machines map[string]bool) (map[string]*MachineObserved, error) {
-	out := map[string]*MachineObserved{}
-	if machines == nil {
-		err := ListJSON(ctx, s, s.Observed, ">", func(_ string, o *MachineObserved) error {
-			out[o.Machine] = o
-			return nil
-		})
-		return out, err
+	out := make(map[string]*MachineObserved, len(machines))
+	var mu sync.Mutex
+	keep := func(o *MachineObserved) {
+		mu.Lock()
+		defer mu.Unlock()
+		out[o.Machine] = o
+	}
+	if len(machines) <= observedAtOnce {
+		var g errgroup.Group
+		for m := range machines {
+			g.Go(func() error {
+				var o MachineObserved
+				_, err := GetJSON(ctx, s.Observed, m, &o)
+				switch {
+				case err == nil:
+					keep(&o)
+				case !HasCode(err, CodeNotFound):
+					return err
+				}
+				return nil
+			})
+		}
+		return out, g.Wait()
 	}
 	bucket := s.Names.ObservedBucket()
 	prefix := "$KV." + bucket + "."
-	var mu sync.Mutex
-	take := func(m *StoredMsg) error {
-		if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-			return nil
+	subjects := make([]string, 0, len(machines))
+	for m := range machines {
+		subjects = append(subjects, prefix+m)
+	}
+	return out, s.LastOf(ctx, "KV_"+bucket, subjects, func(m *StoredMsg) error {
+		if m.Header.Get(kvOperationHeader) != "" {
+			return nil // deleted
 		}
 		var o MachineObserved
 		if err := DecodeKeyed(bucket, strings.TrimPrefix(m.Subject, prefix), m.Data, &o); err != nil {
 			SkippedRecords.Add(1)
 			return nil
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		out[o.Machine] = &o
+		keep(&o)
 		return nil
-	}
-	subjects := make([]string, 0, len(machines))
-	for m := range machines {
-		subjects = append(subjects, prefix+m)
-	}
-	if len(subjects) > observedAtOnce {
-		return out, s.LastOf(ctx, "KV_"+bucket, subjects, take)
-	}
-	var g errgroup.Group
-	for _, subj := range subjects {
-		g.Go(func() error {
-			m, err := s.lastFor(ctx, "KV_"+bucket, subj)
-			if err != nil || m == nil {
-				return err
-			}
-			return take(m)
-		})
-	}
-	return out, g.Wait()
+	})
 }
 
 // ListInstances calls fn with every instance record under filter (a key

@@ -367,6 +367,13 @@ func (a *Agent) writeRecord(ctx context.Context, rec *store.InstanceRecord) erro
 // fails is written again by observe; the caller hears of it to report it.
 func (a *Agent) note(ctx context.Context, inst *instance, rec store.InstanceRecord) error {
 	a.setRecord(inst, rec)
+	return a.flushObserved(ctx, rec)
+}
+
+// flushObserved returns once the machine's observations hold what the
+// agent now sees, rec (already inst's record) among it, and asks for the
+// machine state to be written again.
+func (a *Agent) flushObserved(ctx context.Context, rec store.InstanceRecord) error {
 	_, err := a.observations.Flush(ctx)
 	a.kickState()
 	if err != nil {

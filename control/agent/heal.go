@@ -113,10 +113,9 @@ func (a *Agent) backoff(inst *instance, why error) {
 		}
 		a.log.Warn("instance ended; restarting after backoff", zap.String("instance", rec.ID), zap.String("exit", rec.LastExit),
 			zap.Int("failures_in_a_row", failures), zap.Duration("backoff", delay))
-		if _, err := a.observations.Flush(ctx); err != nil {
+		if err := a.flushObserved(ctx, rec); err != nil {
 			a.log.Error("recording instance backoff (written again later)", zap.String("instance", rec.ID), zap.Error(err))
 		}
-		a.kickState()
 	}) {
 		return // stopped meanwhile
 	}
@@ -196,10 +195,9 @@ func (a *Agent) restart(inst *instance) {
 		if err := a.persist(inst); err != nil {
 			a.log.Error("persisting restarted instance", zap.String("instance", rec.ID), zap.Error(err))
 		}
-		if _, err := a.observations.Flush(ctx); err != nil {
+		if err := a.flushObserved(ctx, rec); err != nil {
 			a.log.Error("recording restarted instance (written again later)", zap.String("instance", rec.ID), zap.Error(err))
 		}
-		a.kickState()
 	})
 	if !ok {
 		// Stopped while starting: this run is not wanted either.

@@ -14,7 +14,8 @@ import (
 
 // observe writes the machine's heartbeat every BeatInterval, its state
 // (what it runs and can take) whenever that changed, and its instance
-// observations again after a write of them failed, until the agent stops. The control plane reads these instead of asking every machine.
+// observations again after a write of them failed, until the agent stops.
+// The control plane reads these instead of asking every machine.
 func (a *Agent) observe(ctx context.Context) {
 	t := time.NewTicker(a.cfg.BeatInterval)
 	defer t.Stop()

@@ -3,8 +3,8 @@
 // heartbeat went stale, per deploy and per machine, with the last error
 // each machine reported. An Aggregator in `control server` follows the
 // instance records, the agents' instance observations and machine
-// heartbeats with KV watches (their initial
-// values rebuild it at start), marks the namespaces that changed, and
+// heartbeats with KV watches (their initial values rebuild it at start),
+// marks the namespaces that changed, and
 // writes their summaries at a bounded rate (a dirty set flushed every half
 // second by default) to the fleet status bucket, which `control status` and
 // `control deploy status` read. It also sums the gateways' traffic reports
@@ -278,10 +278,9 @@ func (a *Aggregator) observation(ent jetstream.KeyValueEntry) {
 	a.obsRev = max(a.obsRev, ent.Revision())
 	m := ent.Key()
 	delete(a.observed, m)
-	if ent.Operation() == jetstream.KeyValuePut {
-		if o, err := a.s.ObservedFromEntry(m, ent.Value()); err == nil {
-			a.observed[m] = o
-		}
+	var o store.MachineObserved
+	if ent.Operation() == jetstream.KeyValuePut && store.DecodeKeyed(a.s.Observed.Bucket(), m, ent.Value(), &o) == nil {
+		a.observed[m] = &o
 	}
 	now := time.Now()
 	for ns := range a.onMachine[m] {
