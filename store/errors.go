@@ -41,6 +41,9 @@ const (
 	// CodeUnauthorized refuses a login (a dashboard token) that is not
 	// known, or not any more.
 	CodeUnauthorized = "unauthorized"
+	// CodePlaintextRefused refuses to send credentials in plaintext to a
+	// server that is not on this box: give the fleet CA and use TLS.
+	CodePlaintextRefused = "plaintext_refused"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and

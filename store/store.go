@@ -105,6 +105,13 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	} else if strings.Contains(url, "tls://") {
 		return nil, Errorf(CodeInvalid, "%s: %w: credentials from `control creds issue` carry it, or give a CA file", redactURL(url), ErrNoFleetCA).
 			With("url", redactURL(url))
+	} else if (o.CredsFile != "" || hasURLSecret(url)) && !isLoopbackURLs(url) && !allSecureURLs(url) {
+		// A credential sent in the clear to another box proves who we
+		// are to anyone on the path, and a server we cannot verify may be
+		// anyone's: credentials leave this box over TLS only.
+		return nil, Errorf(CodePlaintextRefused, "%s is not on this box and the connection would be plaintext: credentials are sent to another box over TLS only; "+
+			"give the fleet CA (credentials from `control creds issue` carry it; else --tls-ca FILE, a CA bundle from `control tls ca`) and use a tls:// URL", redactURL(url)).
+			With("url", redactURL(url)).With("creds", o.CredsFile).With("hint", "a CA bundle (--tls-ca) or credentials carrying the fleet CA")
 	}
 	if o.ReconnectForever {
 		delay := o.ReconnectDelay

@@ -212,10 +212,43 @@ func redactURL(list string) string {
 	return strings.Join(out, ",")
 }
 
+// parseServerURL parses one server of a URL list as nats.go does, which
+// takes "host:port" for "nats://host:port".
+func parseServerURL(s string) (*url.URL, error) {
+	s = strings.TrimSpace(s)
+	if !strings.Contains(s, "://") {
+		s = "nats://" + s
+	}
+	return url.Parse(s)
+}
+
+// hasURLSecret reports whether a server of list carries a user, password
+// or token in its URL.
+func hasURLSecret(list string) bool {
+	for _, s := range strings.Split(list, ",") {
+		if u, err := parseServerURL(s); err == nil && u.User != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// allSecureURLs reports whether every server of list is dialled over TLS
+// whatever the options say (tls://, wss://).
+func allSecureURLs(list string) bool {
+	for _, s := range strings.Split(list, ",") {
+		u, err := parseServerURL(s)
+		if err != nil || (u.Scheme != "tls" && u.Scheme != "wss") {
+			return false
+		}
+	}
+	return true
+}
+
 // isLoopbackURLs reports whether every server of list is on this box.
 func isLoopbackURLs(list string) bool {
 	for _, s := range strings.Split(list, ",") {
-		u, err := url.Parse(strings.TrimSpace(s))
+		u, err := parseServerURL(s)
 		if err != nil {
 			return false
 		}
