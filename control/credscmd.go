@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -62,7 +63,9 @@ func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 			_, err = c.stdout.Write(b)
 			return err
 		}
-		if err := os.WriteFile(*file, b, 0o600); err != nil {
+		// Written whole into a new file, so an existing file's wider mode
+		// (or its other links) never carries over to the secret.
+		if err := atomicfile.Write(*file, b, 0o600); err != nil {
 			return fmt.Errorf("writing credentials: %w", err)
 		}
 		exp := "never"

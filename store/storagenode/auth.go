@@ -229,7 +229,7 @@ func initAuth(dir string) error {
 			return fmt.Errorf("creating %s: %w", f.name, err)
 		}
 		seed, _ := kp.Seed()
-		if err := os.WriteFile(filepath.Join(dir, f.name), append(seed, '\n'), 0o600); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, f.name), append(seed, '\n'), 0o600); err != nil {
 			return fmt.Errorf("auth dir: %w", err)
 		}
 	}
@@ -237,7 +237,7 @@ func initAuth(dir string) error {
 	if _, err := rand.Read(raw[:]); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, authClusterFile), []byte(base64.RawURLEncoding.EncodeToString(raw[:])+"\n"), 0o600)
+	return atomicfile.Write(filepath.Join(dir, authClusterFile), []byte(base64.RawURLEncoding.EncodeToString(raw[:])+"\n"), 0o600)
 }
 
 // edgeAccountKey derives the edge account's key from the control account's
