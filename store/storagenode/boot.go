@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -133,7 +135,7 @@ func (n *Node) Close() {
 
 // Boot starts this box's storage node: it locks the data dir, resolves
 // cfg.Auth and, when credentials are required, loads (or creates) the auth
-// dir and writes fresh control credentials to DataDir/control.creds; it
+// dir and keeps control credentials in DataDir/control.creds (new ones only when those no longer serve); it
 // starts the embedded server (clustered when cfg.ClusterListen is set),
 // connects, waits for JetStream, and provisions the store (or, on a
 // clustered node that is not the meta leader, binds to it), retrying until
@@ -251,13 +253,19 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			}
 			encrypted = fmt.Sprintf("store encrypted at rest (ChaCha20-Poly1305; key in %s, which every storage node needs to read its own store)\n", filepath.Join(authDir, authStoreKeyFile))
 		}
-		// Fresh each start, in this node's own data dir (the auth dir may
-		// be shared), written whole before anyone reads it.
+		// In this node's own data dir (the auth dir may be shared), kept
+		// across starts, written whole before anyone reads it.
 		n.CredsFile = filepath.Join(cfg.DataDir, ControlCredsFile)
-		if err := a.WriteCredsFile(n.CredsFile, CredsRequest{Role: RoleControl, Names: names, Name: "control-server"}); err != nil {
+		minted, err := a.keepControlCreds(n.CredsFile, names)
+		if err != nil {
 			return nil, fmt.Errorf("writing control credentials: %w", err)
 		}
 		fmt.Fprintf(progress, "credentials required on every connection; this node's control credentials: %s\n", n.CredsFile)
+		if minted != "" {
+			fmt.Fprintf(progress, "new control credentials (those before: %s)\n", minted)
+		} else {
+			fmt.Fprintf(progress, "control credentials kept from the last start\n")
+		}
 		fmt.Fprint(progress, encrypted)
 	}
 	layout := store.Layout{Replicas: cfg.Replicas}
@@ -314,6 +322,28 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 	bindOnly := func() bool { return clustered && !ns.JetStreamIsLeader() }
 	if n.Store, err = provision(wctx, n.Conn, names, layout, progress, bindOnly); err != nil {
 		return nil, err
+	}
+
+	if n.Auth != nil {
+		// Credentials kept from the last start may have been revoked
+		// since: the node would apply that to its own connection.
+		revoked, err := controlCredsRevoked(wctx, n.Store, n.CredsFile)
+		if err != nil {
+			return nil, err
+		}
+		if revoked {
+			fmt.Fprintf(progress, "this node's control credentials in %s were revoked: new ones\n", n.CredsFile)
+			if err := n.Auth.WriteCredsFile(n.CredsFile, CredsRequest{Role: RoleControl, Names: names, Name: controlCredsName}); err != nil {
+				return nil, fmt.Errorf("writing control credentials: %w", err)
+			}
+			n.Conn.Close()
+			if err := n.connect(wctx, store.ConnectOptions{URL: ns.ClientURL(), CredsFile: n.CredsFile, Name: cfg.ClientName}); err != nil {
+				return nil, err
+			}
+			if n.Store, err = provision(wctx, n.Conn, names, layout, progress, bindOnly); err != nil {
+				return nil, err
+			}
+		}
 	}
 
 	stop, err := ServeStatus(ctx, n.Conn, names, ns)
@@ -411,4 +441,25 @@ func orDefault(d, def time.Duration) time.Duration {
 		return def
 	}
 	return d
+}
+
+// controlCredsRevoked reports whether the user of the credentials in file
+// is in s's revocations.
+func controlCredsRevoked(ctx context.Context, s *store.Store, file string) (bool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return false, fmt.Errorf("control credentials: %w", err)
+	}
+	who, err := store.UserOfCreds(b)
+	if err != nil {
+		return false, err
+	}
+	_, err = s.Revocations.Get(ctx, who.User)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	case err != nil:
+		return false, store.Classify(fmt.Errorf("reading the revocations: %w", err))
+	}
+	return true, nil
 }
