@@ -114,6 +114,11 @@ func (n Names) GatewaysBucket() string { return "cp_gateways_" + n.Authority }
 // (DashboardToken); only the control role reads it.
 func (n Names) DashboardTokensBucket() string { return "cp_dashboard_tokens_" + n.Authority }
 
+// DashboardSessionsBucket holds the dashboard's logins under way
+// (DashboardSession), keyed by the hash of their cookie; only the
+// control role reads it.
+func (n Names) DashboardSessionsBucket() string { return "cp_dashboard_sessions_" + n.Authority }
+
 // GatewayTrafficBucket holds each gateway's per-service traffic counters
 // (GatewayTraffic): an observation with a short bucket TTL, never truth.
 func (n Names) GatewayTrafficBucket() string { return "cp_gateway_traffic_" + n.Authority }

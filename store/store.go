@@ -182,6 +182,9 @@ type Store struct {
 	GatewayTraffic jetstream.KeyValue
 	// DashboardTokens holds the dashboard's login tokens, hashed.
 	DashboardTokens jetstream.KeyValue
+	// DashboardSessions holds the dashboard's logins under way, each
+	// expiring with its own TTL.
+	DashboardSessions jetstream.KeyValue
 	// Releases holds the signed release records; their binaries are in
 	// the object store ReleaseBinariesStore.
 	Releases jetstream.KeyValue
@@ -331,6 +334,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.GatewayTraffic, names.GatewayTrafficBucket(), 1, 256*mib, 1*mib),
 		bucket(&s.DashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
+		bucket(&s.DashboardSessions, names.DashboardSessionsBucket(), 1, 16*mib, 4*kib),
 		bucket(&s.Releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
 		bucket(&s.Rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
 		bucket(&s.CanaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
@@ -347,7 +351,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 	}
 	for i := range buckets {
 		switch buckets[i].dst {
-		case &s.Locks, &s.Invites, &s.AcmeBudget, &s.MeshIPs:
+		case &s.Locks, &s.Invites, &s.AcmeBudget, &s.MeshIPs, &s.DashboardSessions:
 			buckets[i].keyTTLs = true
 		case &s.Gateways, &s.GatewayTraffic:
 			buckets[i].cfg.TTL = GatewayObservationTTL

@@ -1,8 +1,10 @@
 package dashboard
 
 import (
+	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -10,21 +12,28 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// sessionCookie holds the token a browser logged in with.
+// sessionCookie holds the session a browser logged in to: a random ID the
+// store knows (store.DashboardSession), never the token it was opened
+// with.
 const sessionCookie = "edgeplane_dashboard"
 
-// sessionTTL is how long a login lasts in the browser; the token itself
-// lasts until revoked.
-const sessionTTL = 12 * time.Hour
+// DefaultSessionTTL is how long a login lasts; the token itself lasts
+// until revoked.
+const DefaultSessionTTL = 12 * time.Hour
 
-// session returns the token the request's cookie names, checked against
-// the store now.
-func (d *Server) session(r *http.Request) (*store.DashboardToken, error) {
+// DefaultSessionRecheck is how often an open event stream checks its
+// session again: a revoked token's or an expired session's stream ends
+// within it.
+const DefaultSessionRecheck = 10 * time.Second
+
+// session returns the session the request's cookie names, checked against
+// the store now (its expiry, and its token not revoked).
+func (d *Server) session(r *http.Request) (*store.DashboardSession, error) {
 	c, err := r.Cookie(sessionCookie)
 	if err != nil {
 		return nil, store.Errorf(store.CodeUnauthorized, "not logged in")
 	}
-	return d.s.CheckDashboardToken(r.Context(), c.Value)
+	return d.s.CheckDashboardSession(r.Context(), c.Value)
 }
 
 type loginData struct {
@@ -36,7 +45,8 @@ func (d *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	d.render(w, r, "login", http.StatusOK, &loginData{pageData: pageData{Title: "log in", Scope: "none", At: time.Now()}})
 }
 
-// login checks a token and keeps it in the session cookie.
+// login checks a token and opens a session for it, whose ID the cookie
+// keeps.
 func (d *Server) login(w http.ResponseWriter, r *http.Request) {
 	// A login posted from another site is refused: it would log the
 	// browser in as someone else.
@@ -47,6 +57,10 @@ func (d *Server) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	tok := r.PostFormValue("token")
 	rec, err := d.s.CheckDashboardToken(r.Context(), tok)
+	var id string
+	if err == nil {
+		id, _, err = d.s.PutDashboardSession(r.Context(), rec, d.cfg.SessionTTL)
+	}
 	if err != nil {
 		status := http.StatusUnauthorized
 		msg := "unknown or revoked token"
@@ -57,16 +71,61 @@ func (d *Server) login(w http.ResponseWriter, r *http.Request) {
 		d.render(w, r, "login", status, &loginData{pageData: pageData{Title: "log in", Scope: "none", At: time.Now()}, Error: msg})
 		return
 	}
-	d.log.Info("dashboard login", zap.String("token", rec.ID), zap.String("name", rec.Name), zap.String("remote", r.RemoteAddr))
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: tok, Path: "/", MaxAge: int(sessionTTL / time.Second),
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	d.log.Info("dashboard login", zap.String("token", rec.ID), zap.String("name", rec.Name), zap.String("remote", r.RemoteAddr),
+		zap.Duration("session_ttl", d.cfg.SessionTTL))
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", MaxAge: int(d.cfg.SessionTTL / time.Second),
+		HttpOnly: true, Secure: secureCookie(r), SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
 func (d *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(sessionCookie); err == nil && sameOrigin(r) {
+		if err := d.s.DeleteDashboardSession(r.Context(), c.Value); err != nil {
+			d.log.Warn("dashboard logout", zap.Error(err))
+		}
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		Secure: secureCookie(r), SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// secureCookie says whether the session cookie is marked Secure: always,
+// unless the browser talks to the dashboard on loopback directly (a
+// loopback address, named by a loopback Host), the one place plain HTTP
+// does not cross a network. Behind a TLS proxy the request reaching the
+// dashboard is plain HTTP, but the browser's is not: the cookie must
+// never go back over plain HTTP.
+func secureCookie(r *http.Request) bool {
+	return r.TLS != nil || !(loopbackHost(r.Host) && loopbackConn(r))
+}
+
+// loopbackConn reports whether r came in on a loopback address.
+func loopbackConn(r *http.Request) bool {
+	a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok {
+		return false
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackHost reports whether a Host header names this box's loopback:
+// localhost or a loopback address, with or without a port.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // sameOrigin reports whether r comes from the dashboard's own pages (or

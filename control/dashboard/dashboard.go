@@ -8,10 +8,17 @@
 // page's body when the store says it changed (server-sent events fed by
 // KV watches). No JavaScript library and no build step.
 //
-// On a loopback address the dashboard is open; anywhere else every page
-// needs a login with a token made by `control dashboard token`, kept in
-// an HttpOnly, SameSite=Strict cookie and checked against the store (its
-// hash) on every request, so a revoked token stops working at once.
+// On a loopback address the dashboard is open, and answers only requests
+// that name it by a loopback Host (localhost, 127.0.0.1, [::1]): a page
+// the operator visits cannot reach it through a name of its own that
+// points here (DNS rebinding). Anywhere else, or with a login asked for,
+// every page needs a login with a token made by `control dashboard
+// token`. A login exchanges the token for a session (store.DashboardSession):
+// the cookie (HttpOnly, SameSite=Strict, Secure unless the browser talks
+// to loopback) holds the session's random ID, never the token; the
+// session is checked against the store on every request, with its expiry
+// and its token, so a revoked token's sessions stop at once, and an open
+// event stream checks again every SessionRecheck and ends.
 package dashboard
 
 import (
@@ -47,7 +54,12 @@ type Config struct {
 	// DoctorEvery is how often the overview's `control doctor` findings
 	// are refreshed; default 30s, negative: never run.
 	DoctorEvery time.Duration
-	Logger      *zap.Logger
+	// SessionTTL is how long a login lasts; default DefaultSessionTTL.
+	SessionTTL time.Duration
+	// SessionRecheck is how often an open event stream checks its
+	// session again; default DefaultSessionRecheck.
+	SessionRecheck time.Duration
+	Logger         *zap.Logger
 }
 
 // RequiresLogin reports whether a dashboard listening on addr must ask
@@ -90,6 +102,12 @@ func New(s *store.Store, cfg Config) (*Server, error) {
 	if cfg.DoctorEvery == 0 {
 		cfg.DoctorEvery = 30 * time.Second
 	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = DefaultSessionTTL
+	}
+	if cfg.SessionRecheck <= 0 {
+		cfg.SessionRecheck = DefaultSessionRecheck
+	}
 	d := &Server{s: s, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{},
 		deploys: deploy.New(s, deploy.Options{})}
 	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html")
@@ -130,6 +148,16 @@ func (d *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// form posts with "Origin: null", and the login checks the origin.
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("X-Frame-Options", "DENY")
+	if !d.cfg.RequireLogin && !loopbackHost(r.Host) {
+		// Open without a login, the dashboard is for this box alone: a
+		// browser sends another Host only when a name it looked up (an
+		// attacker's, rebound to 127.0.0.1) led it here.
+		d.log.Warn("dashboard request for another host refused", zap.String("host", r.Host), zap.String("remote", r.RemoteAddr))
+		http.Error(w, "this dashboard listens on loopback without a login and answers to localhost, 127.0.0.1 or [::1] only: "+
+			"a request naming another host is refused (a page reaching it through DNS rebinding). "+
+			"To serve it under another name (a TLS proxy), start it with --dashboard-login", http.StatusMisdirectedRequest)
+		return
+	}
 	if d.cfg.RequireLogin && r.URL.Path != "/login" && !strings.HasPrefix(r.URL.Path, "/static/") {
 		if _, err := d.session(r); err != nil {
 			if r.URL.Path == "/events" || r.Header.Get("X-Fragment") != "" {
@@ -308,10 +336,29 @@ func (d *Server) events(w http.ResponseWriter, r *http.Request) {
 	}
 	ch, stop := d.hub.subscribe()
 	defer stop()
+	// A stream outlives the check its request passed: it checks its
+	// session again (expiry, token revoked) and ends when that fails.
+	var recheck <-chan time.Time
+	if d.cfg.RequireLogin {
+		t := time.NewTicker(d.cfg.SessionRecheck)
+		defer t.Stop()
+		recheck = t.C
+	}
 	for {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-recheck:
+			if _, err := d.session(r); err != nil {
+				if !store.HasCode(err, store.CodeUnauthorized) {
+					// The store could not say: the stream ends all the
+					// same, and the page's reconnect asks again.
+					d.log.Warn("dashboard event stream: checking its session", zap.Error(err))
+				}
+				_, _ = fmt.Fprint(w, "event: logout\ndata: session ended\n\n")
+				_ = rc.Flush()
+				return
+			}
 		case what := <-ch:
 			// Names are tokens (no newline can reach the stream), but the
 			// data line is cut at one anyway.

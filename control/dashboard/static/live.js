@@ -34,4 +34,10 @@
   events.onmessage = function (e) {
     if (scope === "*" || e.data === "*" || e.data === scope) { schedule(); }
   };
+  // The server ends the stream of a session that expired or whose token
+  // was revoked.
+  events.addEventListener("logout", function () {
+    events.close();
+    window.location.href = "/login";
+  });
 })();
