@@ -454,6 +454,19 @@ func TestRoleScopedCredentials(t *testing.T) {
 			_, err := as.DashboardTokens.Put(c, "planted", []byte(`{"version":1,"id":"planted","hash":"00"}`))
 			return err
 		})
+		// Nor read a session (even its hashed key) or plant one.
+		if _, sess, err := cs.PutDashboardSession(ctx, rec, time.Hour); err != nil {
+			t.Fatal(err)
+		} else {
+			refusedOn(gwViolations, "read a dashboard session", sess.Key, func(c context.Context) error {
+				_, err := gs.DashboardSessions.Get(c, sess.Key)
+				return err
+			})
+			refusedWrite("plant a dashboard session", "planted", func(c context.Context) error {
+				_, err := as.DashboardSessions.Put(c, "planted", []byte(`{"version":1,"key":"planted","token":"x"}`))
+				return err
+			})
+		}
 	}
 	// Releases: an agent reads the signed records and fetches the
 	// binaries to upgrade its box, and cannot push one, even holding a
