@@ -42,9 +42,11 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "serve Prometheus metrics (edgeplane_agent_*) on this address's /metrics; empty: off")
 	fs.DurationVar(&o.beat, "heartbeat", store.DefaultBeatInterval, "how often the agent writes this machine's heartbeat (stale after 3 missed, offline after 10)")
 	fs.StringVar(&o.engine, "engine", "", "container engine socket for services with an image, e.g. unix:///run/podman/podman.sock (default: Docker's socket, then podman's, if one answers; none: no containers)")
-	gwReleases := fs.String("gateway-releases", "", "dir this machine's gateway binaries are staged in for fleet upgrades; the gateway runs as `caddy supervise --binary DIR/current` (packaged: /var/lib/edgeplane/gateway/releases)")
+	gwReleases := fs.String("gateway-releases", "", "dir this machine's gateway binaries are staged in for fleet upgrades, owned by root and writable by no other user (as every dir above it); the gateway runs as `caddy supervise --binary DIR/current` (packaged: /var/lib/edgeplane/releases/gateway)")
+	fs.StringVar(&o.gatewayUnit, "gateway-unit", "", "the gateway's systemd unit, if it runs under systemd: its MainPID is told to swap, not the pidfile's (packaged: edgeplane-gateway.service)")
 	fs.StringVar(&o.gatewayPidfile, "gateway-pidfile", "", "pidfile of this machine's `caddy supervise`, told to swap the gateway when a release carries caddy (packaged: /run/edgeplane-gateway/supervise.pid)")
-	meshdReleases := fs.String("meshd-releases", "", "meshd's release dir (its data dir's releases/) for fleet upgrades (packaged: /var/lib/edgeplane/meshd/releases)")
+	meshdReleases := fs.String("meshd-releases", "", "meshd's release dir for fleet upgrades (`meshd run --releases`), owned by root and writable by no other user (as every dir above it) (packaged: /var/lib/edgeplane/releases/meshd)")
+	fs.StringVar(&o.meshdUnit, "meshd-unit", "", "meshd's systemd unit, if it runs under systemd: its MainPID is restarted, not the pidfile's (packaged: edgeplane-meshd.service)")
 	fs.StringVar(&o.meshdPidfile, "meshd-pidfile", "", "pidfile of this machine's `meshd run --pidfile`, restarted onto a release that carries meshd (packaged: /run/edgeplane-meshd/meshd.pid)")
 	enrollAt := fs.String("enroll", "", "with --join and no --creds: storage nodes' enrollment addresses host:port, comma-separated (default: the --nats hosts, port 4223)")
 	lf := addLogFlags(fs)
@@ -175,6 +177,7 @@ type agentOptions struct {
 	gatewayPidfile                    string
 	meshdReleases                     upgrade.Dir
 	meshdPidfile                      string
+	gatewayUnit, meshdUnit            string
 }
 
 func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o agentOptions, logger *zap.Logger) error {
@@ -193,6 +196,7 @@ func runAgent(ctx context.Context, s *store.Store, rec *store.MachineRecord, o a
 		Releases: o.releases, Self: o.self, Trial: o.trial,
 		GatewayReleases: o.gatewayReleases, GatewayPidfile: o.gatewayPidfile,
 		MeshdReleases: o.meshdReleases, MeshdPidfile: o.meshdPidfile,
+		GatewayUnit: o.gatewayUnit, MeshdUnit: o.meshdUnit,
 	})
 	if err != nil {
 		return err

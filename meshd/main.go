@@ -32,7 +32,7 @@ const usage = `usage: meshd <command> [flags]
 
 commands:
   join    --token TOKEN --data DIR [--nats URL] [--creds FILE] [--machine ID] [--listen-port N] [--bind IP] [--mode tun|netstack]
-  run     --data DIR [--nats URL] [--creds FILE] [--metrics ADDR] [--stun HOST:PORT,...] [--pidfile FILE] [intervals]
+  run     --data DIR [--nats URL] [--creds FILE] [--metrics ADDR] [--stun HOST:PORT,...] [--pidfile FILE] [--releases DIR] [intervals]
   status  --data DIR [-o json]
   leave   --data DIR [--purge] [--nats URL] [--creds FILE]
   version
@@ -148,17 +148,22 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs.DurationVar(&c.RelayAfter, "relay-after", node.DefaultRelayAfter, "send to a peer through the mesh relay when no handshake completed over the direct path for this long")
 	fs.DurationVar(&c.ProbeInterval, "probe-interval", node.DefaultProbeInterval, "how often a relayed peer's direct path is probed (the tunnel moves back when it answers)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	pidfile := fs.String("pidfile", "", "write meshd's PID here: a fleet upgrade stages a new meshd in DATA/releases and restarts it by this PID")
+	pidfile := fs.String("pidfile", "", "write meshd's PID here: a fleet upgrade stages a new meshd in its release dir and restarts it by this PID")
+	releases := fs.String("releases", "", "the release dir a fleet upgrade stages meshd in (`control agent --meshd-releases`); run follows its current link (default: DATA/releases; packaged: /var/lib/edgeplane/releases/meshd, which only root writes)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if c.DataDir == "" {
 		return errors.New("run: --data is required")
 	}
-	// A release a fleet upgrade staged (DATA/releases/current) runs instead
-	// of this binary.
+	// A release a fleet upgrade staged (RELEASES/current) runs instead of
+	// this binary.
+	rel := upgrade.ForData(c.DataDir)
+	if *releases != "" {
+		rel = upgrade.Dir(*releases)
+	}
 	if self, err := ownBinary(); err == nil {
-		next, err := upgrade.ForData(c.DataDir).Follow(self)
+		next, err := rel.Follow(self)
 		if err != nil {
 			return fmt.Errorf("run: releases: %w", err)
 		}

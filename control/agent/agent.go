@@ -78,6 +78,11 @@ type Config struct {
 	// alone.
 	MeshdReleases upgrade.Dir
 	MeshdPidfile  string
+	// GatewayUnit and MeshdUnit are the services' systemd units, if they
+	// run under systemd: their MainPID is what the agent signals. Without
+	// one, a pidfile's PID is signalled only when that process runs the
+	// service's binary as the pidfile's owner (service.go).
+	GatewayUnit, MeshdUnit string
 }
 
 // Agent serves one machine.

@@ -247,8 +247,10 @@ func (a *Agent) upgradeGateway(ctx context.Context, rel *store.ReleaseRecord, bo
 	if _, ok := rel.Binaries["caddy"]; !ok {
 		return nil
 	}
-	pid, err := readPidfile(a.cfg.GatewayPidfile)
+	gw := a.gatewayService()
+	pid, err := gw.pid(ctx)
 	if err != nil {
+		a.log.Error("the gateway's process could not be trusted: not signalled, upgrade refused", zap.Error(err))
 		return err
 	}
 	if pid == 0 {
@@ -319,21 +321,12 @@ func pollUntil(ctx context.Context, bound time.Duration, check func() (done bool
 	}
 }
 
-// readPidfile reads a service's pidfile: 0 when there is none (the service
-// does not run here).
+// readPidfile reads a service's pidfile, not following a link: 0 when
+// there is none (the service does not run here). The PID is unchecked:
+// service.pid checks it before anything is signalled.
 func readPidfile(path string) (int, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("pidfile: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
-		return 0, store.Errorf(store.CodeInvalid, "pidfile %s holds %q, not a PID", path, strings.TrimSpace(string(b)))
-	}
-	return pid, nil
+	pid, _, err := readOwnedPidfile(path)
+	return pid, err
 }
 
 // meshdSettle is how long a restarted meshd must keep running its new
@@ -356,12 +349,15 @@ func (a *Agent) upgradeMeshd(ctx context.Context, rel *store.ReleaseRecord, boun
 	if _, ok := rel.Binaries["meshd"]; !ok {
 		return nil
 	}
-	pid, err := readPidfile(a.cfg.MeshdPidfile)
-	if err != nil || pid == 0 {
-		if pid == 0 && err == nil {
-			a.log.Info("meshd does not run here: its binary is left alone", zap.String("pidfile", a.cfg.MeshdPidfile))
-		}
+	mesh := a.meshdService()
+	pid, err := mesh.pid(ctx)
+	if err != nil {
+		a.log.Error("meshd's process could not be trusted: not signalled, upgrade refused", zap.Error(err))
 		return err
+	}
+	if pid == 0 {
+		a.log.Info("meshd does not run here: its binary is left alone", zap.String("pidfile", a.cfg.MeshdPidfile))
+		return nil
 	}
 	prev, err := a.cfg.MeshdReleases.Current()
 	if err != nil {
@@ -380,8 +376,8 @@ func (a *Agent) upgradeMeshd(ctx context.Context, rel *store.ReleaseRecord, boun
 	if err := a.restartMeshd(ctx, pid, path, bound); err != nil {
 		a.log.Error("meshd did not come up on the new release: back to the previous one", zap.Error(err))
 		_ = a.cfg.MeshdReleases.Point(prev)
-		if cur, _ := readPidfile(a.cfg.MeshdPidfile); cur != 0 {
-			_ = syscall.Kill(cur, syscall.SIGTERM)
+		if _, err := mesh.signal(ctx, syscall.SIGTERM); err != nil {
+			a.log.Error("restarting meshd on the previous release", zap.Error(err))
 		}
 		return store.Errorf(store.CodeUpgradeFailed, "meshd of release %s did not keep running within %s: %v", rel.Release, bound, err)
 	}
@@ -397,7 +393,7 @@ func (a *Agent) restartMeshd(ctx context.Context, pid int, binary string, bound 
 	var up int
 	var since time.Time
 	err := pollUntil(ctx, bound, func() (bool, error) {
-		cur, err := readPidfile(a.cfg.MeshdPidfile)
+		cur, err := a.meshdService().pid(ctx)
 		if err != nil || cur == 0 || cur == pid {
 			up = 0
 			return false, nil

@@ -59,9 +59,11 @@ func TestUpgradeRefusals(t *testing.T) {
 	// gateway that does not come up.
 	push("1.7.0", map[string]io.Reader{"control": script(`echo "control 1.9.9 (linux/amd64, go)"`)})
 	push("1.8.0", map[string]io.Reader{"control": script(`echo "control 1.8.0 (linux/amd64, go)"`), "caddy": script("exit 1")})
-	// The "gateway": a process that answers SIGHUP with a failed swap.
+	// The "gateway": a process that answers SIGHUP with a failed swap,
+	// running a binary named as the gateway's is (the agent signals no
+	// other).
 	trapped := gwPidfile + ".trapped"
-	gw := exec.Command("/bin/sh", "-c", `trap 'echo "failed new: the new gateway exited before it served" > `+gwPidfile+`.swap' HUP; touch `+trapped+`; while :; do sleep 0.1; done`)
+	gw := exec.Command(binaryNamed(t, "/bin/sh", "caddy"), "-c", `trap 'echo "failed new: the new gateway exited before it served" > `+gwPidfile+`.swap' HUP; touch `+trapped+`; while :; do sleep 0.1; done`)
 	if err := gw.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,13 @@
 // or was killed before its health gate passed. The health gate itself runs
 // in the new agent (Confirm or RollBack before its deadline), so a release
 // that hangs rolls back as well.
+//
+// The agent runs as root, and the services it stages for do not: every
+// write into a release dir first checks that no other user can change
+// what the dir, or any directory above it, names, and follows no link
+// inside it (private.go). The packages keep the gateway's and meshd's
+// release dirs in /var/lib/edgeplane/releases, not in the services' own
+// state dirs.
 package upgrade
 
 import (
@@ -102,7 +109,7 @@ func (d Dir) save(t *Trial) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(string(d), 0o700); err != nil {
+	if err := d.ensure(0o700); err != nil {
 		return err
 	}
 	return atomicfile.Write(d.trialPath(), b, 0o600)
@@ -141,6 +148,9 @@ func (d Dir) point(bin string) error {
 	if err != nil {
 		return err
 	}
+	if err := d.ensure(0o755); err != nil {
+		return err
+	}
 	tmp := d.currentPath() + ".tmp"
 	_ = os.Remove(tmp)
 	if err := os.Symlink(rel, tmp); err != nil {
@@ -158,10 +168,16 @@ func (d Dir) point(bin string) error {
 // nil.
 func (d Dir) Stage(ver, name string, fetch func(io.Writer) error) (string, error) {
 	path := d.BinaryPath(ver, name)
+	if filepath.Base(ver) != ver || ver == "." || ver == ".." || filepath.Base(name) != name {
+		return "", fmt.Errorf("staging %q/%q: not a release and binary name", ver, name)
+	}
 	// Readable by the service user of a binary staged for another service
-	// (the gateway's caddy); the data dir above keeps the rest private.
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	// (the gateway's caddy); no other user can change any of it.
+	if err := d.ensure(0o755); err != nil {
 		return "", err
+	}
+	if err := ensurePrivateDir(filepath.Dir(path), 0o755); err != nil {
+		return "", fmt.Errorf("staging release %s: %w", ver, err)
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+name+"-*")
 	if err != nil {
@@ -187,6 +203,18 @@ func (d Dir) Stage(ver, name string, fetch func(io.Writer) error) (string, error
 		return "", err
 	}
 	return path, atomicfile.SyncDir(filepath.Dir(path))
+}
+
+// ensure makes the release dir, or checks the one there: a real
+// directory that no user but this one (or root) can change, nor any
+// directory above it (see private.go). A release dir that fails says how
+// to move it.
+func (d Dir) ensure(perm os.FileMode) error {
+	if err := ensurePrivateDir(string(d), perm); err != nil {
+		return fmt.Errorf("release dir %s: %w (a release dir must be owned by the agent's user or root, as must every directory above it, "+
+			"writable by no other user: packaged, /var/lib/edgeplane/releases/<service>)", string(d), err)
+	}
+	return nil
 }
 
 // Begin records t as the upgrade on trial and points current at its

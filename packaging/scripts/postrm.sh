@@ -6,6 +6,11 @@ if [ "$1" = "purge" ]; then
 	for dir in @STATE@; do
 		rm -rf "/var/lib/edgeplane/$dir"
 	done
+	# The releases the root agent staged for the gateway and meshd go with
+	# the last package.
+	if [ -d /var/lib/edgeplane ] && [ "$(ls -A /var/lib/edgeplane)" = "releases" ]; then
+		rm -rf /var/lib/edgeplane/releases
+	fi
 	if [ -d /var/lib/edgeplane ] && [ -z "$(ls -A /var/lib/edgeplane)" ]; then
 		rmdir /var/lib/edgeplane
 		rmdir /etc/edgeplane 2>/dev/null || true
