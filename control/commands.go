@@ -76,7 +76,7 @@ var commands = []command{
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupStorageRemove},
 	{name: "storage forget", synopsis: "NODE --data DIR", summary: "take a removed, stopped node out of the JetStream meta group",
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupStorageForget},
-	{name: "storage encrypt", synopsis: "--data DIR", summary: "give an auth dir the key that encrypts storage nodes' stores at rest (on a storage node)",
+	{name: "storage encrypt", synopsis: "--data DIR", summary: "make the key that encrypts a storage node's store at rest, kept outside its data dir (on a storage node)",
 		setup: setupStorageEncrypt},
 	{name: "storage import", synopsis: "--from DIR", summary: "copy a stopped single box's store into the cluster",
 		client: writes, setup: setupStorageImport},

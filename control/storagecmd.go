@@ -26,7 +26,7 @@ type clusterFlags struct {
 	replicas                                 int
 	tlsMode, tlsNames, tlsCert, tlsKey       string
 	certTTL                                  time.Duration
-	encrypt                                  string
+	encrypt, storeKey                        string
 }
 
 func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
@@ -44,7 +44,8 @@ func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
 	fs.StringVar(&c.tlsCert, "tls-cert", "", "this node's certificate `FILE` from your own PKI (chaining to the auth dir's bundle), instead of one it issues itself; read again when it changes")
 	fs.StringVar(&c.tlsKey, "tls-key", "", "the key `FILE` of --tls-cert")
 	fs.DurationVar(&c.certTTL, "cert-ttl", pki.ServerTTL, "life of the certificate this node issues itself; renewed in place at two thirds of it")
-	fs.StringVar(&c.encrypt, "encrypt", "auto", "with credentials, encrypt the JetStream store at rest with the auth dir's store key: on, off, or auto (on when the auth dir holds one)")
+	fs.StringVar(&c.encrypt, "encrypt", "auto", "with credentials, encrypt the JetStream store at rest with the store key: on, off, or auto (on when there is a key)")
+	fs.StringVar(&c.storeKey, "store-key", "", "`FILE` of the key the store is encrypted with at rest (default: systemd's credential jetstream.key, else AUTH/jetstream.key if there is one, else DATA-keys/jetstream.key, outside the data dir)")
 	return c
 }
 
@@ -77,7 +78,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.
 		DataDir: data, Listen: listen, Name: c.name,
 		ClusterListen: c.clusterListen, ClusterName: c.clusterName, Routes: splitList(c.routes),
 		Auth: mode, AuthDir: c.authDir,
-		TLS: tlsMode, TLSNames: splitList(c.tlsNames), TLSCertFile: c.tlsCert, TLSKeyFile: c.tlsKey, CertTTL: c.certTTL, Encrypt: encrypt,
+		TLS: tlsMode, TLSNames: splitList(c.tlsNames), TLSCertFile: c.tlsCert, TLSKeyFile: c.tlsKey, CertTTL: c.certTTL, Encrypt: encrypt, StoreKeyFile: c.storeKey,
 		Names: names, Replicas: c.replicas,
 		Progress: stdout, Logger: logger, NATSLogger: natsLogger,
 	})
@@ -204,21 +205,38 @@ func yesNo(b bool) string {
 }
 
 func setupStorageEncrypt(fs *flag.FlagSet) func(*call) error {
-	dir := authDirFlags(fs)
+	data := fs.String("data", "", "the storage node's data dir (its auth dir is DATA/auth; the key goes outside it, to DATA-keys/jetstream.key)")
+	authDirFlag := fs.String("auth-dir", "", "auth dir (overrides DATA/auth; without --data the key goes into it)")
+	keyFile := fs.String("store-key", "", "`FILE` to keep the key in (then start the node with --store-key FILE)")
 	return func(c *call) error {
-		authDir, err := dir()
-		if err != nil {
-			return err
+		authDir := *authDirFlag
+		if authDir == "" {
+			if *data == "" {
+				return usagef("--data DIR or --auth-dir DIR is required (run this on a storage node)")
+			}
+			authDir = filepath.Join(*data, "auth")
 		}
 		if _, err := storagenode.LoadAuth(authDir, false); err != nil {
 			return err
 		}
-		if _, err := storagenode.InitStoreKey(authDir); err != nil {
+		place := storagenode.LocateStoreKey(*data, authDir, *keyFile)
+		if *data == "" && *keyFile == "" && place.Source == "default" {
+			place.File = filepath.Join(authDir, storagenode.StoreKeyCredential)
+		}
+		if place.Source == "systemd credential" {
+			fmt.Fprintf(c.stdout, "store key from systemd's credential %s\n", place.File)
+			return nil
+		}
+		if _, err := storagenode.InitStoreKeyFile(place.File); err != nil {
 			return err
 		}
-		fmt.Fprintf(c.stdout, "store key in %s\n", filepath.Join(authDir, "jetstream.key"))
-		fmt.Fprintln(c.stdout, "next: copy the auth dir to every storage node and restart them one at a time: each encrypts its store as it starts. "+
-			"Keep the key with the auth dir: a store encrypted with it opens with it only")
+		fmt.Fprintf(c.stdout, "store key in %s\n", place.File)
+		if place.Warning != "" {
+			fmt.Fprintf(c.stdout, "WARNING: %s\n", place.Warning)
+		}
+		fmt.Fprintln(c.stdout, "next: restart the storage nodes one at a time: each encrypts its store as it starts, with the key it finds (--store-key, "+
+			"systemd's credential jetstream.key, AUTH/jetstream.key, or DATA-keys/jetstream.key). Keep the key off the data dir and its backups: "+
+			"a store encrypted with it opens with it only")
 		return nil
 	}
 }

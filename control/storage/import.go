@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -159,10 +160,14 @@ func openBox(ctx context.Context, from, authDir string, names store.Names) (_ *b
 		}
 		cfg.Auth = a
 		if layout.Encrypted {
-			if a.StoreKey == "" {
-				return nil, store.Errorf(store.CodeInvalid, "%s is encrypted at rest, but auth dir %s holds no store key", from, authDir).With("auth_dir", authDir)
+			// Where the box's own start would find its key.
+			place := storagenode.LocateStoreKey(from, authDir, "")
+			key, err := os.ReadFile(place.File)
+			if err != nil || len(strings.TrimSpace(string(key))) < 32 {
+				return nil, store.Errorf(store.CodeInvalid, "%s is encrypted at rest, but its store key is not in %s", from, place.File).
+					With("auth_dir", authDir).With("store_key", place.File)
 			}
-			cfg.StoreKey = a.StoreKey
+			cfg.StoreKey = strings.TrimSpace(string(key))
 		}
 		file, remove, err := a.TempCredsFile(storagenode.CredsRequest{Role: storagenode.RoleControl, Names: names, Name: "storage-import", TTL: time.Hour})
 		if err != nil {

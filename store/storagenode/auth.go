@@ -108,7 +108,12 @@ func (a *Auth) AccountPublicKey() string { return a.accountPub }
 // LoadAuth reads the auth dir; with create, a missing one is initialised
 // with fresh keys. Every storage node of a cluster must use a copy of the
 // same dir.
-func LoadAuth(dir string, create bool) (*Auth, error) {
+func LoadAuth(dir string, create bool) (*Auth, error) { return loadAuth(dir, create, true) }
+
+// loadAuth is LoadAuth; withStoreKey says whether a new auth dir gets the
+// store key (Boot puts a node's elsewhere when the auth dir is inside its
+// data dir).
+func loadAuth(dir string, create, withStoreKey bool) (*Auth, error) {
 	if dir == "" {
 		return nil, errors.New("auth dir: a directory is required")
 	}
@@ -123,8 +128,10 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 		if _, err := InitFleetTLS(dir, nil); err != nil {
 			return nil, err
 		}
-		if _, err := InitStoreKey(dir); err != nil {
-			return nil, err
+		if withStoreKey {
+			if _, err := InitStoreKey(dir); err != nil {
+				return nil, err
+			}
 		}
 	case errors.Is(err, os.ErrNotExist):
 		return nil, &store.Error{Code: store.CodeNotFound, Message: fmt.Sprintf("auth dir %s has no keys: run `control server --auth` once (it creates them) or copy the dir from a storage node", dir),
@@ -181,39 +188,20 @@ func LoadAuth(dir string, create bool) (*Auth, error) {
 	return a, nil
 }
 
-// loadStoreKey reads the store key of dir, "" when it has none.
+// loadStoreKey reads the store key of auth dir dir, "" when it has none.
 func loadStoreKey(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, authStoreKeyFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
-	}
+	key, err := readStoreKeyFile(filepath.Join(dir, authStoreKeyFile))
 	if err != nil {
 		return "", fmt.Errorf("auth dir: %w", err)
-	}
-	key := strings.TrimSpace(string(b))
-	if len(key) < 32 {
-		return "", fmt.Errorf("auth dir: %s holds %d characters, want a key of at least 32", authStoreKeyFile, len(key))
 	}
 	return key, nil
 }
 
-// InitStoreKey gives dir a key that encrypts storage nodes' JetStream
-// stores at rest, and returns it; an auth dir that has one keeps it. Every
-// storage node must start with the same key its store was written with:
-// the key travels with the auth dir, and losing it loses the store.
+// InitStoreKey gives auth dir dir a key that encrypts a storage node's
+// JetStream store at rest, and returns it; a dir that has one keeps it
+// (see storekey.go for where a node looks for its key).
 func InitStoreKey(dir string) (string, error) {
-	if key, err := loadStoreKey(dir); err != nil || key != "" {
-		return key, err
-	}
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", err
-	}
-	key := base64.RawURLEncoding.EncodeToString(raw[:])
-	if err := atomicfile.Write(filepath.Join(dir, authStoreKeyFile), []byte(key+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("auth dir: %w", err)
-	}
-	return key, nil
+	return InitStoreKeyFile(filepath.Join(dir, authStoreKeyFile))
 }
 
 func initAuth(dir string) error {
@@ -681,7 +669,7 @@ func checkStoreKey(dataDir, key string) error {
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil && strings.TrimSpace(string(b)) != want:
-		return store.Errorf(store.CodeInvalid, "the store in %s was encrypted with another store key than the auth dir's: start it with the auth dir it was written with", dataDir).
+		return store.Errorf(store.CodeInvalid, "the store in %s was encrypted with another store key than the one given: start it with the key it was written with (see `control server --store-key`)", dataDir).
 			With("data", dataDir)
 	case err == nil:
 		return nil

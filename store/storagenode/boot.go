@@ -58,9 +58,12 @@ type BootConfig struct {
 	// both under the auth dir's fleet CA. Default ToggleAuto.
 	TLS Toggle
 	// Encrypt says whether a node requiring credentials encrypts its
-	// JetStream store at rest, with the auth dir's store key. Default
-	// ToggleAuto.
+	// JetStream store at rest, with its store key. Default ToggleAuto.
 	Encrypt Toggle
+	// StoreKeyFile is the store key's file; default: systemd's
+	// credential jetstream.key, else the auth dir's jetstream.key if
+	// there is one, else DefaultStoreKeyFile (LocateStoreKey).
+	StoreKeyFile string
 	// TLSNames are names and addresses the node's certificate lists
 	// besides its listeners' (a DNS name or load balancer clients use).
 	TLSNames []string
@@ -204,9 +207,25 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 	}
 	sc := Config{DataDir: cfg.DataDir, Listen: listen, Logger: cfg.NATSLogger, ServerName: cfg.Name}
 	if mode.Required(listen, cfg.ClusterListen) {
-		a, err := LoadAuth(authDir, true)
+		keyPlace := LocateStoreKey(cfg.DataDir, authDir, cfg.StoreKeyFile)
+		newAuth := !exists(filepath.Join(authDir, authAccountSeed))
+		// A new auth dir comes with a store key, in the auth dir only when
+		// that is where the node looks for it.
+		a, err := loadAuth(authDir, true, keyPlace.File == filepath.Join(authDir, authStoreKeyFile))
 		if err != nil {
 			return nil, err
+		}
+		if newAuth && keyPlace.Source != "systemd credential" && encryptMode != ToggleOff {
+			if _, err := InitStoreKeyFile(keyPlace.File); err != nil {
+				return nil, err
+			}
+		}
+		if a.StoreKey, err = readStoreKeyFile(keyPlace.File); err != nil {
+			return nil, err
+		}
+		if keyPlace.Warning != "" && a.StoreKey != "" && encryptMode != ToggleOff {
+			fmt.Fprintf(progress, "WARNING: %s\n", keyPlace.Warning)
+			logger.Warn("store key inside the data dir", zap.String("key", keyPlace.File), zap.String("data", cfg.DataDir))
 		}
 		sc.Auth, n.Auth = a, a
 		switch {
@@ -234,11 +253,11 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 		case encryptMode == ToggleOff:
 			fmt.Fprintf(progress, "WARNING: encryption at rest is off (--encrypt off): the store in %s holds certificates' private keys in the clear\n", cfg.DataDir)
 		case a.StoreKey == "" && encryptMode == ToggleOn:
-			return nil, store.Errorf(store.CodeNotFound, "--encrypt on, but auth dir %s holds no store key: run `control storage encrypt --auth-dir %s`, copy the dir to every storage node, then start them again", authDir, authDir).
-				With("auth_dir", authDir)
+			return nil, store.Errorf(store.CodeNotFound, "--encrypt on, but there is no store key (looked for %s): run `control storage encrypt --data %s`, then start the node again", keyPlace.File, cfg.DataDir).
+				With("auth_dir", authDir).With("store_key", keyPlace.File)
 		case a.StoreKey == "":
 			fmt.Fprintf(progress, "WARNING: auth dir %s holds no store key, so the store in %s is not encrypted at rest: it holds certificates' private keys. "+
-				"Turn encryption on with `control storage encrypt --auth-dir %s`\n", authDir, cfg.DataDir, authDir)
+				"Turn encryption on with `control storage encrypt --data %s` (the key goes to %s)\n", authDir, cfg.DataDir, cfg.DataDir, DefaultStoreKeyFile(cfg.DataDir, authDir))
 		default:
 			sc.StoreKey = a.StoreKey
 		}
@@ -251,7 +270,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			if err := checkStoreKey(cfg.DataDir, sc.StoreKey); err != nil {
 				return nil, err
 			}
-			encrypted = fmt.Sprintf("store encrypted at rest (ChaCha20-Poly1305; key in %s, which every storage node needs to read its own store)\n", filepath.Join(authDir, authStoreKeyFile))
+			encrypted = fmt.Sprintf("store encrypted at rest (ChaCha20-Poly1305; key in %s (%s), which this node needs to read its own store)\n", keyPlace.File, keyPlace.Source)
 		}
 		// In this node's own data dir (the auth dir may be shared), kept
 		// across starts, written whole before anyone reads it.
