@@ -42,6 +42,11 @@ type ConnectOptions struct {
 	CAFile string
 	// Name identifies the connection in server monitoring.
 	Name string
+	// OwnServer says URL is this process's own embedded server (a
+	// storage node's own connection): plaintext to it never leaves the
+	// box, whatever address it listens on. Every other client with
+	// credentials refuses plaintext to a server off loopback.
+	OwnServer bool
 	// Timeout bounds the initial connect; default 5s.
 	Timeout time.Duration
 	// ReconnectForever keeps reconnecting after the server goes away
@@ -105,7 +110,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	} else if strings.Contains(url, "tls://") {
 		return nil, Errorf(CodeInvalid, "%s: %w: credentials from `control creds issue` carry it, or give a CA file", redactURL(url), ErrNoFleetCA).
 			With("url", redactURL(url))
-	} else if (o.CredsFile != "" || hasURLSecret(url)) && !isLoopbackURLs(url) && !allSecureURLs(url) {
+	} else if (o.CredsFile != "" || hasURLSecret(url)) && !o.OwnServer && !isLoopbackURLs(url) && !allSecureURLs(url) {
 		// A credential sent in the clear to another box proves who we
 		// are to anyone on the path, and a server we cannot verify may be
 		// anyone's: credentials leave this box over TLS only.

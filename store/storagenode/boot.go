@@ -331,7 +331,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 
 	wctx, cancel := context.WithTimeout(ctx, orDefault(cfg.StartTimeout, DefaultStartTimeout))
 	defer cancel()
-	if err := n.connect(wctx, store.ConnectOptions{URL: ns.ClientURL(), CredsFile: n.CredsFile, Name: cfg.ClientName}); err != nil {
+	if err := n.connect(wctx, store.ConnectOptions{URL: ns.ClientURL(), CredsFile: n.CredsFile, Name: cfg.ClientName, OwnServer: true}); err != nil {
 		return nil, err
 	}
 	// Concurrent creates of one stream from several nodes can go
@@ -356,7 +356,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 				return nil, fmt.Errorf("writing control credentials: %w", err)
 			}
 			n.Conn.Close()
-			if err := n.connect(wctx, store.ConnectOptions{URL: ns.ClientURL(), CredsFile: n.CredsFile, Name: cfg.ClientName}); err != nil {
+			if err := n.connect(wctx, store.ConnectOptions{URL: ns.ClientURL(), CredsFile: n.CredsFile, Name: cfg.ClientName, OwnServer: true}); err != nil {
 				return nil, err
 			}
 			if n.Store, err = provision(wctx, n.Conn, names, layout, progress, bindOnly); err != nil {

@@ -127,6 +127,19 @@ func TestCredentialsRefusePlaintextToAnotherBox(t *testing.T) {
 		t.Errorf("a refused client reached the server: %d connections, %d before", got, seen)
 	}
 
+	// A storage node told to speak plaintext off loopback (--tls off)
+	// still boots: its own connection to itself never leaves the box. Its
+	// control credentials, taken elsewhere, are refused like any other.
+	node, err := storagenode.Boot(t.Context(), storagenode.BootConfig{DataDir: t.TempDir(), Listen: addr + ":0", Auth: storagenode.AuthOn,
+		TLS: storagenode.ToggleOff, Encrypt: storagenode.ToggleOff})
+	if err != nil {
+		t.Fatalf("a plaintext node off loopback: %v", err)
+	}
+	defer node.Close()
+	if _, err := store.Connect(store.ConnectOptions{URL: node.Server.ClientURL(), CredsFile: node.CredsFile}); !store.HasCode(err, store.CodePlaintextRefused) {
+		t.Fatalf("its control credentials from another client: %v", err)
+	}
+
 	// On loopback, the same credentials connect in plaintext, as the
 	// single-box default does.
 	local, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
