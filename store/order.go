@@ -213,8 +213,11 @@ func (s *Store) VerifyOrder(ctx context.Context, machine, command string, header
 	msg := s.Names.orderMessage(machine, command, data)
 	if _, err := t.Verify(OrdersScope, msg, sig); err != nil {
 		reason := signing.Reason(err)
-		if reason == "" {
+		switch reason {
+		case "":
 			return nil, nil, err
+		case signing.ReasonRetired:
+			return refuse(reason, signer, "signed by %s, a retired signer: it signs no order", signer)
 		}
 		return refuse(reason, signer, "%v", err)
 	}

@@ -211,8 +211,18 @@ func TestAgentActsOnlyOnSignedOrders(t *testing.T) {
 	// A restarted agent still knows the orders it took.
 	f.stop()
 	<-f.done
-	startAgentAlone(t, srv, dir)
+	f = startAgentAlone(t, srv, dir)
 	refused("a start replayed after the agent restarted", send(startSubject, copied.Data, copied.Header), store.OrderReplayed, "")
+
+	// Genuine stops run.
+	for _, name := range []string{"genuine", "changed", "ops"} {
+		if err := srv.Store.Call(ctx, "m1", store.CmdStopInstance, store.InstanceRequest{InstanceID: "web-" + name, Namespace: "shop", Forget: true}, nil); err != nil {
+			t.Fatalf("a genuine signed stop of web-%s: %v", name, err)
+		}
+	}
+	if n := f.agent.count(); n != 0 {
+		t.Fatalf("the agent runs %d instances after stopping them all", n)
+	}
 }
 
 // waitRan waits for an instance's marker file.
