@@ -48,7 +48,7 @@ var commands = []command{
 		client: reads, setup: setupReleaseList},
 
 	{name: "fleet upgrade", synopsis: "VERSION [--canary 1] [--batch N] [--max-unavailable 1] [--health-bound 60s]", summary: "move every machine's agent to a pushed release: canaries, then batches; a machine whose new release is sick rolls back by itself and the rollout stops",
-		client: reads, minArgs: 1, maxArgs: 1, setup: setupFleetUpgrade},
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupFleetUpgrade},
 	{name: "fleet versions", summary: "machines by the release their agent runs, with upgrades that did not end confirmed",
 		client: reads, setup: setupFleetVersions},
 
@@ -60,9 +60,9 @@ var commands = []command{
 	{name: "instances", synopsis: "[--namespace NS]", summary: "instance records: machine, address, state, error",
 		client: reads, setup: setupInstances},
 	{name: "instance restart", synopsis: "ID", summary: "restart an instance in place (same address) and wait until it is ready again",
-		client: reads, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdRestart)},
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdRestart)},
 	{name: "instance stop", synopsis: "ID", summary: "stop an instance (it stays stopped: out of the routing until the next apply replaces it)",
-		client: reads, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdStop)},
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdStop)},
 	{name: "logs", synopsis: "NS/SERVICE [--instance ID] [-f] [--since 10m]", summary: "an instance's output, read from the machines that run it",
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupLogs},
 	{name: "certs", summary: "certificates: issuer, expiry, last renewal attempt and error",

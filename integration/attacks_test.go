@@ -62,6 +62,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"12_mesh_pair_keys_and_rotation", attackMeshPSKs},
 		{"19_dashboard_dns_rebinding", attackDashboardRebinding},
 		{"20_plaintext_credentials", attackPlaintextCredentials},
+		{"16_unsigned_agent_orders", attackUnsignedAgentOrders},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -823,7 +824,9 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 			{store.CmdUpgrade, store.UpgradeRequest{Release: "1.2.0", Attempt: int(time.Now().UnixMilli()), AllowDowngrade: true}},
 		} {
 			th.try(t, role.name+" calls m1's "+call.cmd, func(ctx context.Context) error {
-				return th.st.Call(ctx, "m1", call.cmd, call.req, nil)
+				// Sent as it is, unsigned: what the role's permissions
+				// refuse, before any agent could.
+				return store.Call(ctx, th.nc, th.st.Names.RPCSubject("m1", call.cmd), "m1", call.cmd, call.req, nil)
 			})
 		}
 		th.try(t, role.name+" writes a fleet summary", func(ctx context.Context) error {

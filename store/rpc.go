@@ -23,24 +23,41 @@ type rpcReply struct {
 }
 
 // Call sends req to command on machine and decodes the answer into resp (may
-// be nil). No responder, a timeout or a transport failure becomes an
-// *RPCFailure; an error the machine returned comes back as its *Error.
+// be nil). A command that changes what the machine runs (IsOrder) goes as
+// an order signed by s's signer, and without one is refused here with
+// CodeSigningKeyRequired. No responder, a timeout or a transport failure
+// becomes an *RPCFailure; an error the machine returned comes back as its
+// *Error.
 func (s *Store) Call(ctx context.Context, machine, command string, req, resp any) error {
-	return Call(ctx, s.NC, s.Names.RPCSubject(machine, command), machine, command, req, resp)
+	subject := s.Names.RPCSubject(machine, command)
+	if !IsOrder(command) {
+		return Call(ctx, s.NC, subject, machine, command, req, resp)
+	}
+	data, h, err := s.signOrder(machine, command, req)
+	if err != nil {
+		return err
+	}
+	return call(ctx, s.NC, &nats.Msg{Subject: subject, Header: h, Data: data}, machine, command, resp)
 }
 
-// Call is Store.Call on an explicit connection and subject.
+// Call is Store.Call on an explicit connection and subject, unsigned: for
+// services other than the agents' (registrar, admission), and for tests
+// that send what a caller without a signing key could.
 func Call(ctx context.Context, nc *nats.Conn, subject, machine, command string, req, resp any) error {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encoding %s request: %w", command, err)
+	}
+	return call(ctx, nc, &nats.Msg{Subject: subject, Data: data}, machine, command, resp)
+}
+
+func call(ctx context.Context, nc *nats.Conn, req *nats.Msg, machine, command string, resp any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultRPCTimeout)
 		defer cancel()
 	}
-	data, err := json.Marshal(req)
-	if err != nil {
-		return fmt.Errorf("encoding %s request: %w", command, err)
-	}
-	msg, err := nc.RequestWithContext(ctx, subject, data)
+	msg, err := nc.RequestMsgWithContext(ctx, req)
 	if err != nil {
 		f := &RPCFailure{Machine: machine, Command: command, Cause: CauseTransport, Detail: err.Error()}
 		switch {
@@ -71,8 +88,9 @@ func Call(ctx context.Context, nc *nats.Conn, subject, machine, command string, 
 	return nil
 }
 
-// Handler answers one RPC command. data is the raw request. Returning an
-// error sends it as a structured error.
+// Handler answers one RPC command. data is the raw request, and
+// RequestHeader(ctx) its header. Returning an error sends it as a
+// structured error.
 type Handler func(ctx context.Context, command string, data []byte) (any, error)
 
 // Serve subscribes handler to subject in queue group queue. The command passed
@@ -95,7 +113,7 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			res, herr := safeHandle(ctx, handler, command, m.Data)
+			res, herr := safeHandle(context.WithValue(ctx, headerKey{}, m.Header), handler, command, m.Data)
 			var rep rpcReply
 			if herr != nil {
 				rep.Error = AsError(herr)

@@ -143,6 +143,9 @@ type Agent struct {
 	upgradeStatus atomic.Pointer[store.UpgradeStatus]
 	// upgradeMu makes one upgrade at a time.
 	upgradeMu sync.Mutex
+	// orders are the nonces of the signed orders taken (set by Run before
+	// it serves).
+	orders *store.OrderBook
 	// cancelRun ends Run; restartInto, when set, is why (guarded by mu).
 	cancelRun   context.CancelFunc
 	restartInto *RestartError
@@ -237,6 +240,12 @@ func New(cfg Config) (*Agent, error) {
 // Run adopts persisted instances, then answers RPCs until ctx ends. Instances
 // keep running after Run returns.
 func (a *Agent) Run(ctx context.Context) error {
+	orders, err := store.OpenOrderBook(filepath.Join(a.cfg.DataDir, ordersFile))
+	if err != nil {
+		return fmt.Errorf("agent %s: %w", a.cfg.Machine.ID, err)
+	}
+	defer orders.Close()
+	a.orders = orders
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a.locked(func() { a.cancelRun = cancel })
@@ -422,3 +431,7 @@ func (a *Agent) recordFailed(ctx context.Context, inst *instance, reason string)
 	a.log.Warn("instance failed", zap.String("instance", rec.ID), zap.String("reason", reason))
 	return rec, a.writeRecord(ctx, &rec)
 }
+
+// ordersFile, in the data dir, keeps the nonces of the orders taken until
+// they expire (store.OrderBook).
+const ordersFile = "orders-seen"

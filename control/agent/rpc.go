@@ -6,9 +6,12 @@ import (
 	"errors"
 	"sort"
 
+	"go.uber.org/zap"
+
 	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/internal/version"
+	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -17,6 +20,21 @@ import (
 func (a *Agent) handle(ctx context.Context, command string, data []byte) (any, error) {
 	// A test build can make one release stop answering.
 	failpoint.Hit("agent_rpc@" + version.Version)
+	if store.IsOrder(command) {
+		// What changes this box runs only as a signed order, and from
+		// here on only the request the signature covers is read.
+		req, o, err := a.cfg.Store.VerifyOrder(ctx, a.cfg.Machine.ID, command, store.RequestHeader(ctx), data, a.orders)
+		if err != nil {
+			se := store.AsError(err)
+			a.log.Warn("order refused", zap.String("command", command), zap.String("reason", se.Detail["reason"]),
+				zap.String("signer", se.Detail["signer"]), zap.Error(err))
+			return nil, err
+		}
+		if c := a.log.Check(zap.DebugLevel, "order"); c != nil {
+			c.Write(zap.String("command", command), zap.String("nonce", o.Nonce), zap.String("signer", signing.SignerOf(store.RequestHeader(ctx).Get(signing.Header))))
+		}
+		data = req
+	}
 	switch command {
 	case store.CmdCapacity:
 		return a.capacity(), nil

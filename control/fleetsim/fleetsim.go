@@ -117,6 +117,8 @@ type Fleet struct {
 	// placed are the instances Place wrote (machine, instance ID): what
 	// Churn changes. Applies' instances are left to the applies.
 	placed [][2]string
+	// orders are the nonces of the orders the simulated agents took.
+	orders *store.OrderBook
 	stops  []func()
 	wg     sync.WaitGroup
 }
@@ -129,6 +131,7 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 	cfg = cfg.withDefaults()
 	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, observers: map[string]*store.ObservedWriter{}, insts: map[string]map[string]store.InstanceRecord{},
 		release: map[string]string{}, upgrade: map[string]*store.UpgradeStatus{}}
+	f.orders, _ = store.OpenOrderBook("") // in memory: cannot fail
 	f.IDs = cfg.ids()
 	for _, id := range f.IDs {
 		f.insts[id] = map[string]store.InstanceRecord{}
@@ -158,6 +161,15 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 		f.mu.Unlock()
 		stop, err := store.Serve(runCtx, as.NC, as.Names.NodeListenSubject(id), as.Names.NodeQueueGroup(id), "node."+id,
 			func(ctx context.Context, command string, data []byte) (any, error) {
+				if store.IsOrder(command) {
+					// Checked as a real agent checks it, so the
+					// control plane's side is measured with the cost.
+					req, _, err := as.VerifyOrder(ctx, id, command, store.RequestHeader(ctx), data, f.orders)
+					if err != nil {
+						return nil, err
+					}
+					data = req
+				}
 				return f.handle(ctx, id, command, data)
 			})
 		if err != nil {

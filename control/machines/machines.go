@@ -274,6 +274,12 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 			"machine %s still has %d instance records (%s): drain it (`control machine drain %s`) and deploy again so they move, or remove it with --force",
 			id, len(insts), how, id).With("machine", id)
 	}
+	// Asking its agent to stop them is an order, which only a signer gives.
+	if out.Reachable && len(insts) > 0 {
+		if err := s.CanOrder(fmt.Sprintf("stopping machine %s's instances", id)); err != nil {
+			return nil, err
+		}
+	}
 	// Instances stop being routed first: records go, then every service
 	// that had one is published again from what is left.
 	services := map[string]bool{}

@@ -106,6 +106,11 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Result, error) {
 	if o.Canary < 0 || o.Batch < 0 {
 		return nil, store.Errorf(store.CodeInvalid, "--canary and --batch cannot be negative")
 	}
+	// Each machine is told to upgrade by a signed order (a downgrade's
+	// permission included): without a key, every one would be refused.
+	if err := s.CanOrder("a fleet upgrade"); err != nil {
+		return nil, err
+	}
 	host, _ := os.Hostname()
 	lease, err := s.AcquireLease(ctx, LockKey, store.LeaseOptions{TTL: 30 * time.Second, Holder: host, Purpose: "fleet upgrade to " + o.Release, KeepAlive: true})
 	if err != nil {

@@ -530,7 +530,8 @@ func TestRoleScopedCredentials(t *testing.T) {
 	}
 	defer stopM2()
 	refusedWrite("tell machine m2 to upgrade", store.CmdUpgrade, func(c context.Context) error {
-		return as.Call(c, "m2", store.CmdUpgrade, store.UpgradeRequest{Release: "1.2.0", Attempt: 1}, nil)
+		// Unsigned, as sent: the permissions refuse it before m2 could.
+		return store.Call(c, as.NC, names.RPCSubject("m2", store.CmdUpgrade), "m2", store.CmdUpgrade, store.UpgradeRequest{Release: "1.2.0", Attempt: 1}, nil)
 	})
 	select {
 	case cmd := <-upgrades:
