@@ -49,6 +49,9 @@ func TestNonLoopbackListenerNeedsCredentials(t *testing.T) {
 	if _, err := storagenode.RolePermissions(storagenode.RoleAgent, "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("agent creds without a machine: %v", err)
 	}
+	if _, err := storagenode.RolePermissions(storagenode.RoleGateway, "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("gateway creds without a name: %v", err)
+	}
 	if _, err := storagenode.RolePermissions("root", "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("unknown role: %v", err)
 	}
@@ -323,7 +326,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 
 	// The gateway role reads certificates and takes certificate locks, but
 	// no deploy or subnet lock.
-	gwNC := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway}))
+	gwNC := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw0"}))
 	gwViolations := make(chan error, 16)
 	gwNC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
