@@ -132,6 +132,13 @@ func (d *Deployer) publishCanary(ctx context.Context, cp, live *store.DeployComm
 		return nil, 0, err
 	}
 	events := store.CanaryEvents(cp, live, insts)
+	if r := cp.Manifest.Rollout; r != nil && r.Sticky {
+		// Gateways sign sticky clients' bucket cookies with the fleet's
+		// key; a store provisioned before there was one gets it now.
+		if _, err := d.s.EnsureCanaryCookieKey(ctx); err != nil {
+			return nil, 0, fmt.Errorf("making the canary cookie key: %w", err)
+		}
+	}
 	seq, err := d.s.PublishRouting(ctx, cp.ID+"."+cp.Phase, events)
 	return splitServices(events), seq, err
 }

@@ -589,6 +589,10 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		writeKV(n.GatewaysBucket(), gw)
 		// Its traffic counters, under the same name.
 		writeKV(n.GatewayTrafficBucket(), gw)
+		// The key it signs and checks canary bucket cookies with: read,
+		// never written (the control plane makes it), so a gateway cannot
+		// change the key every other gateway trusts.
+		readKV(n.CanaryKeysBucket())
 		// Certificate storage (caddy.storage.edgeplane): certificates,
 		// keys, ACME accounts and challenge tokens are read and written.
 		readKV(n.CertsBucket())

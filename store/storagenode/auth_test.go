@@ -438,6 +438,27 @@ func TestRoleScopedCredentials(t *testing.T) {
 	refusedWrite("write a gateway's traffic report", "gw1", func(c context.Context) error {
 		return as.PutGatewayTraffic(c, &store.GatewayTraffic{Gateway: "gw1", At: time.Now()})
 	})
+	// The canary cookie key: the control plane made it with the store; a
+	// gateway reads it (to sign and check bucket cookies) and cannot
+	// replace it; an agent cannot even read it (it could forge cookies).
+	ck, err := cs.CanaryCookieKeyOf(ctx)
+	if err != nil || ck == nil {
+		t.Fatalf("the canary cookie key after provisioning: %+v %v", ck, err)
+	}
+	if got, err := gw1.CanaryCookieKeyOf(ctx); err != nil || got == nil || !bytes.Equal(got.Key, ck.Key) {
+		t.Fatalf("gateway reading the canary cookie key: %+v %v", got, err)
+	}
+	refusedOn(gw1Violations, "write the canary cookie key", store.CanaryCookieKeyName, func(c context.Context) error {
+		_, err := gw1.CanaryKeys.Put(c, store.CanaryCookieKeyName, []byte(`{"version":1,"key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`))
+		return err
+	})
+	refusedWrite("read the canary cookie key", store.CanaryCookieKeyName, func(c context.Context) error {
+		_, err := as.CanaryCookieKeyOf(c)
+		return err
+	})
+	if got, err := cs.CanaryCookieKeyOf(ctx); err != nil || got == nil || !bytes.Equal(got.Key, ck.Key) {
+		t.Fatalf("the canary cookie key changed: %+v %v", got, err)
+	}
 	// Dashboard login tokens are the control role's alone: no edge role
 	// reads even their hashes, nor plants one.
 	if _, rec, err := store.NewDashboardToken("ops"); err != nil {
