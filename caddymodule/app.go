@@ -203,6 +203,10 @@ type sharedProjection struct {
 
 	mu    sync.Mutex
 	conns []*store.Store
+
+	// cookieKey is the fleet's canary cookie key (canaryKeyLoop), nil
+	// until read.
+	cookieKey atomic.Pointer[[]byte]
 }
 
 func newSharedProjection(a *App) (*sharedProjection, error) {
@@ -242,15 +246,20 @@ func (s *sharedProjection) start() {
 	s.startOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
-		drained := make(chan struct{})
+		drained, keyed := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(drained)
 			watchDrain(ctx)
 		}()
 		go func() {
+			defer close(keyed)
+			s.canaryKeyLoop(ctx)
+		}()
+		go func() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
 			<-drained
+			<-keyed
 		}()
 	})
 }
