@@ -60,6 +60,8 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"10_machine_observations", attackMachineObservations},
 		{"11_agent_rpcs_and_fleet_status", attackAgentRPCs},
 		{"12_mesh_pair_keys_and_rotation", attackMeshPSKs},
+		{"17_gateway_reports_bound_and_capped", attackGatewayReportsBound},
+		{"18_forged_canary_cookies", attackForgedCanaryCookies},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
