@@ -205,8 +205,9 @@ type sharedProjection struct {
 	conns []*store.Store
 
 	// cookieKey is the fleet's canary cookie key (canaryKeyLoop), nil
-	// until read.
+	// until read; keyTried is set once the first connect asked for it.
 	cookieKey atomic.Pointer[[]byte]
+	keyTried  atomic.Bool
 }
 
 func newSharedProjection(a *App) (*sharedProjection, error) {
@@ -228,6 +229,15 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		s.mu.Lock()
 		s.conns = append(s.conns, st)
 		s.mu.Unlock()
+		// The canary cookie key before the routing, so that a sticky split
+		// is not served unsigned for want of it: once, briefly (a gateway
+		// whose credentials predate the key gets no answer, and must not
+		// wait at every connect); canaryKeyLoop retries.
+		if s.keyTried.CompareAndSwap(false, true) {
+			kctx, cancel := context.WithTimeout(octx, 500*time.Millisecond)
+			_ = s.readCanaryKey(kctx, st)
+			cancel()
+		}
 		return st, nil
 	}
 	traffic := func() (time.Time, []store.ServiceTraffic, []store.EndpointSetAside) {

@@ -44,10 +44,21 @@ func (s *sharedProjection) lastConn() *store.Store {
 	return s.conns[len(s.conns)-1]
 }
 
-// canaryKeyLoop reads the fleet's canary cookie key at once, every second
-// until it has it, then every canaryKeyRefresh, until ctx ends.
+// readCanaryKey reads the fleet's canary cookie key from st, keeping it
+// when there is one.
+func (s *sharedProjection) readCanaryKey(ctx context.Context, st *store.Store) error {
+	k, err := st.CanaryCookieKeyOf(ctx)
+	if err == nil && k != nil {
+		s.cookieKey.Store(&k.Key)
+	}
+	return err
+}
+
+// canaryKeyLoop reads the fleet's canary cookie key every second until it
+// has it (the projection's connect reads it first), then every
+// canaryKeyRefresh, until ctx ends.
 func (s *sharedProjection) canaryKeyLoop(ctx context.Context) {
-	t := time.NewTimer(0)
+	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	warned := false
 	for {
@@ -56,20 +67,16 @@ func (s *sharedProjection) canaryKeyLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		next := time.Second
 		if st := s.lastConn(); st != nil {
 			c, cancel := context.WithTimeout(ctx, 2*time.Second)
-			k, err := st.CanaryCookieKeyOf(c)
+			err := s.readCanaryKey(c, st)
 			cancel()
-			switch {
-			case err == nil && k != nil:
-				s.cookieKey.Store(&k.Key)
-				warned = false
-			case ctx.Err() == nil && !warned && s.cookieKey.Load() == nil:
+			if s.cookieKey.Load() == nil && ctx.Err() == nil && !warned {
 				s.logger.Warn("no canary cookie key yet: sticky canaries split every client as a new one", zap.Error(err))
 				warned = true
 			}
 		}
+		next := time.Second
 		if s.cookieKey.Load() != nil {
 			next = canaryKeyRefresh
 		}

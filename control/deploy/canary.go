@@ -99,7 +99,7 @@ func (r *run) runCanary(ctx context.Context) error {
 		d.printf("       canary %s", detail)
 		failpoint.Hit("canary_holding")
 
-		verdict, reason, figs, err := d.holdCanary(ctx, r.ns, r.id, services, limits, time.Duration(st.Hold), r.lease.Check)
+		verdict, reason, figs, err := d.holdCanary(ctx, r.ns, r.id, services, limits, time.Duration(st.Hold), total, r.lease.Check)
 		cur := &r.status.Canary[len(r.status.Canary)-1]
 		cur.EndedAt, cur.Verdict, cur.Reason, cur.Judged = time.Now().UTC(), verdict, reason, figs
 		if err != nil {
@@ -160,10 +160,11 @@ func splitServices(events []store.RoutingEvent) []string {
 // when the hold was cut short (ctx, a lost lease) or the counters could
 // not be read at its end.
 //
-// checkLease is asked each poll: a lost lease (another orchestrator, or the
+// live is how many gateways serve the routing (judgeGateways). checkLease
+// is asked each poll: a lost lease (another orchestrator, or the
 // completer, may be deciding) ends the hold with its error.
 func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services []string, limits store.CanaryLimits, hold time.Duration,
-	checkLease func(context.Context) error) (string, string, []store.CanaryFigures, error) {
+	live int, checkLease func(context.Context) error) (string, string, []store.CanaryFigures, error) {
 	end := time.Now().Add(hold)
 	t := time.NewTicker(CanaryPoll)
 	defer t.Stop()
@@ -174,14 +175,14 @@ func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services [
 		}
 		if dec, err := d.s.CanaryDecisionOf(ctx, ns, deploy); err == nil && dec != nil {
 			if counts, err := d.canaryCounts(ctx, ns, deploy, services); err == nil {
-				figs, _, _ = judgeGateways(counts, limits, true)
+				figs, _, _ = judgeGateways(counts, limits, true, 0)
 			}
 			return decisionVerdict(dec), decisionReason(dec), figs, nil
 		}
 		counts, err := d.canaryCounts(ctx, ns, deploy, services)
 		final := !time.Now().Before(end)
 		if err == nil {
-			f, reason, breach := judgeGateways(counts, limits, final)
+			f, reason, breach := judgeGateways(counts, limits, final, live)
 			figs = f
 			if breach {
 				return store.CanaryAborted, reason, figs, nil
@@ -382,7 +383,7 @@ func (d *Deployer) finishCanary(ctx context.Context, st *store.DeployStatus, cp,
 	if err != nil {
 		return nil, err
 	}
-	figs, judged, breach := judgeGateways(counts, limits, true)
+	figs, judged, breach := judgeGateways(counts, limits, true, 0)
 	verdict, reason := store.CanaryPassed, ""
 	dec, err := d.s.CanaryDecisionOf(ctx, st.Namespace, st.DeployID)
 	if err != nil {

@@ -15,12 +15,14 @@ import (
 // requests would decide alone. Each gateway that counted at least
 // MinRequests of the new revision votes on its own figures; the gateways
 // that each counted fewer vote once together, pooled, if the pool reaches
-// MinRequests. A step breaches when most votes breach; at the end of the
-// hold a tie breaches too (a canary is promoted only when most say it
-// is within limits). With one gateway this is the judgement of its own
-// figures, as before; with two, a lying gateway can hold back a good
-// canary but not promote a bad one; from three, one gateway decides
-// nothing alone.
+// MinRequests. Before the end of the hold a step breaches only when most
+// of the live gateways (those that report applying routing, when more
+// than have voted) vote that it does, so that the first gateway to
+// report cannot abort alone; at the end, when most votes do, and a tie
+// breaches too (a canary is promoted only when most say it is within
+// limits). With one gateway this is the judgement of its own figures, as
+// before; with two, a lying gateway can hold back a good canary but not
+// promote a bad one; from three, one gateway decides nothing alone.
 
 // serviceCounts are one service's canary counters per gateway (the
 // report's gateway name, which its key and credentials bind).
@@ -35,13 +37,14 @@ func figuresOf(service string, c *[2]store.RevisionCounts) store.CanaryFigures {
 }
 
 // judgeGateways judges every service of counts, as judgeCanary does one
-// set of figures, by the gateways' votes. It returns the figures judged
-// (each service's counts summed over the gateways, with the votes when
-// there were several), why, and whether some service breached.
-func judgeGateways(counts []serviceCounts, limits store.CanaryLimits, final bool) (figs []store.CanaryFigures, reason string, breach bool) {
+// set of figures, by the gateways' votes; live is how many gateways serve
+// the routing (0: unknown). It returns the figures judged (each service's
+// counts summed over the gateways, with the votes when there were
+// several), why, and whether some service breached.
+func judgeGateways(counts []serviceCounts, limits store.CanaryLimits, final bool, live int) (figs []store.CanaryFigures, reason string, breach bool) {
 	var ok []string
 	for _, sc := range counts {
-		f, why, b, judged := judgeService(sc, limits, final)
+		f, why, b, judged := judgeService(sc, limits, final, live)
 		figs = append(figs, f)
 		switch {
 		case b && !breach:
@@ -60,7 +63,7 @@ func judgeGateways(counts []serviceCounts, limits store.CanaryLimits, final bool
 }
 
 // judgeService judges one service by the votes of its gateways.
-func judgeService(sc serviceCounts, limits store.CanaryLimits, final bool) (f store.CanaryFigures, reason string, breach, judged bool) {
+func judgeService(sc serviceCounts, limits store.CanaryLimits, final bool, live int) (f store.CanaryFigures, reason string, breach, judged bool) {
 	limits = limits.WithDefaults()
 	minReq := uint64(max(*limits.MinRequests, 0))
 	names := slices.Sorted(func(yield func(string) bool) {
@@ -91,8 +94,13 @@ func judgeService(sc serviceCounts, limits store.CanaryLimits, final bool) (f st
 	}
 	f = figuresOf(sc.service, &sum)
 	if len(names) <= 1 {
-		// One gateway: its figures, judged as they always were.
+		// One gateway: its figures, judged as they always were; but
+		// while others are live and may yet report, its breach alone
+		// ends nothing before the end of the hold.
 		reason, breach, judged = judgeFigures(f, limits, final)
+		if breach && !final && live > 1 {
+			return f, "", false, false
+		}
 		return f, reason, breach, judged
 	}
 	type vote struct {
@@ -116,7 +124,8 @@ func judgeService(sc serviceCounts, limits store.CanaryLimits, final bool) (f st
 		}
 	}
 	if len(votes) == 0 {
-		// Nobody counted enough, pooled or not: as for one gateway.
+		// Nobody counted enough, pooled or not: as for one gateway (which
+		// can only be the end of the hold's "too few").
 		reason, breach, judged = judgeFigures(f, limits, final)
 		return f, reason, breach, judged
 	}
@@ -127,7 +136,7 @@ func judgeService(sc serviceCounts, limits store.CanaryLimits, final bool) (f st
 		}
 	}
 	n, b := len(votes), len(against)
-	if 2*b > n || (final && b > 0 && 2*b == n) {
+	if (final && (2*b > n || (b > 0 && 2*b == n))) || (!final && 2*b > max(n, live)) {
 		return f, fmt.Sprintf("%d of %d gateway votes breach; %s says %s", b, n, against[0].who, against[0].reason), true, true
 	}
 	if b > 0 && !final {

@@ -100,7 +100,7 @@ func TestCanaryHoldOutvotesAGatewayReporting100x(t *testing.T) {
 			if err := report(t, gws["liar"], "gw1", tc.liar, time.Second); err == nil {
 				t.Fatal("the liar's credentials wrote gw1's report")
 			}
-			verdict, reason, figs, err := d.holdCanary(t.Context(), "shop", "d1", []string{"web"}, store.CanaryLimits{}, time.Second, noLease)
+			verdict, reason, figs, err := d.holdCanary(t.Context(), "shop", "d1", []string{"web"}, store.CanaryLimits{}, time.Second, 3, noLease)
 			if err != nil || verdict != tc.verdict || !strings.Contains(reason, tc.says) {
 				t.Fatalf("held: %s %q %v; want %s and %q", verdict, reason, err, tc.verdict, tc.says)
 			}

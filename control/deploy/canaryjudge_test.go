@@ -57,7 +57,7 @@ func TestJudgeGatewaysOutvotesALyingGateway(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			figs, reason, breach := judgeGateways(webCounts(tc.gws), store.CanaryLimits{}, tc.final)
+			figs, reason, breach := judgeGateways(webCounts(tc.gws), store.CanaryLimits{}, tc.final, len(tc.gws))
 			if breach != tc.breach || !strings.Contains(reason, tc.says) {
 				t.Fatalf("judged breach=%v %q; want breach=%v and %q", breach, reason, tc.breach, tc.says)
 			}
@@ -68,9 +68,27 @@ func TestJudgeGatewaysOutvotesALyingGateway(t *testing.T) {
 	}
 }
 
+// The first gateway to report decides nothing alone while others are
+// live: its breach waits for theirs (or the end of the hold).
+func TestJudgeGatewaysFirstReportWaitsForTheOthers(t *testing.T) {
+	liar := map[string]*[2]store.RevisionCounts{"liar": sides(90_000, 0, 10_000, 9_000, 0.004)}
+	if _, reason, breach := judgeGateways(webCounts(liar), store.CanaryLimits{}, false, 3); breach {
+		t.Fatalf("one gateway's report among 3 live aborted early: %s", reason)
+	}
+	both := map[string]*[2]store.RevisionCounts{"liar": liar["liar"], "gw1": sides(900, 0, 100, 0, 0.004)}
+	if _, reason, breach := judgeGateways(webCounts(both), store.CanaryLimits{}, false, 3); breach {
+		t.Fatalf("one breach of two reports among 3 live aborted early: %s", reason)
+	}
+	if _, reason, breach := judgeGateways(webCounts(liar), store.CanaryLimits{}, false, 1); !breach {
+		t.Fatalf("the only live gateway's breach did not abort: %s", reason)
+	}
+}
+
 // Honest fleets are judged as before: one gateway's figures exactly as
 // judgeCanary judges them; gateways that each counted too few vote once,
 // pooled; one busy gateway beside idle ones decides on its own figures.
+// Those two decide at the end of the hold: before it, a step breaches
+// only when most live gateways vote so, each on its own figures.
 func TestJudgeGatewaysHonestFleets(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -85,14 +103,22 @@ func TestJudgeGatewaysHonestFleets(t *testing.T) {
 			"within limits: web: revision 2 100 requests"},
 		{"one gateway, too few at the end", map[string]*[2]store.RevisionCounts{"gw1": sides(1000, 0, 10, 0, 0.004)}, true, true,
 			"only 10 requests reached revision 2 during the hold (min_requests 20)"},
+		{"three small gateways pooled, bad, early", map[string]*[2]store.RevisionCounts{
+			"gw1": sides(90, 0, 10, 1, 0.004), "gw2": sides(90, 0, 10, 1, 0.004), "gw3": sides(90, 0, 10, 0, 0.004)}, false, false,
+			"no service judged yet"},
 		{"three small gateways pooled, bad", map[string]*[2]store.RevisionCounts{
-			"gw1": sides(90, 0, 10, 1, 0.004), "gw2": sides(90, 0, 10, 1, 0.004), "gw3": sides(90, 0, 10, 0, 0.004)}, false, true,
+			"gw1": sides(90, 0, 10, 1, 0.004), "gw2": sides(90, 0, 10, 1, 0.004), "gw3": sides(90, 0, 10, 0, 0.004)}, true, true,
 			"1 of 1 gateway votes breach; 3 gateways pooled says web: 5xx ratio of revision 2 is 6.67% (2 of 30)"},
 		{"three small gateways, too few together", map[string]*[2]store.RevisionCounts{
 			"gw1": sides(90, 0, 5, 0, 0.004), "gw2": sides(90, 0, 5, 0, 0.004), "gw3": sides(90, 0, 5, 0, 0.004)}, true, true,
 			"only 15 requests reached revision 2"},
+		// Early, the busy one is not most of the live gateways: its
+		// breach ends the hold, not the step at once.
+		{"one busy gateway beside idle ones, bad, early", map[string]*[2]store.RevisionCounts{
+			"busy": sides(9000, 0, 1000, 50, 0.004), "idle1": sides(9, 0, 1, 0, 0.004), "idle2": sides(0, 0, 0, 0, 0.004)}, false, false,
+			"no service judged yet"},
 		{"one busy gateway beside idle ones, bad", map[string]*[2]store.RevisionCounts{
-			"busy": sides(9000, 0, 1000, 50, 0.004), "idle1": sides(9, 0, 1, 0, 0.004), "idle2": sides(0, 0, 0, 0, 0.004)}, false, true,
+			"busy": sides(9000, 0, 1000, 50, 0.004), "idle1": sides(9, 0, 1, 0, 0.004), "idle2": sides(0, 0, 0, 0, 0.004)}, true, true,
 			"1 of 1 gateway votes breach; gateway busy says web: 5xx ratio of revision 2 is 5.00% (50 of 1000)"},
 		{"one busy gateway beside idle ones, good", map[string]*[2]store.RevisionCounts{
 			"busy": sides(9000, 0, 1000, 0, 0.004), "idle1": sides(9, 0, 1, 1, 0.004)}, true, false,
@@ -100,7 +126,7 @@ func TestJudgeGatewaysHonestFleets(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, reason, breach := judgeGateways(webCounts(tc.gws), store.CanaryLimits{}, tc.final)
+			_, reason, breach := judgeGateways(webCounts(tc.gws), store.CanaryLimits{}, tc.final, len(tc.gws))
 			if breach != tc.breach || !strings.Contains(reason, tc.says) {
 				t.Fatalf("judged breach=%v %q; want breach=%v and %q", breach, reason, tc.breach, tc.says)
 			}
