@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -31,7 +32,7 @@ type serviceCounts struct {
 	gateways map[string]*[2]store.RevisionCounts
 }
 
-// figures are the counts of c turned into figures for service.
+// figuresOf turns one gateway's (or a sum's) counts into service's figures.
 func figuresOf(service string, c *[2]store.RevisionCounts) store.CanaryFigures {
 	return store.CanaryFigures{Service: service, Old: c[0].Totals(), New: c[1].Totals()}
 }
@@ -66,13 +67,7 @@ func judgeGateways(counts []serviceCounts, limits store.CanaryLimits, final bool
 func judgeService(sc serviceCounts, limits store.CanaryLimits, final bool, live int) (f store.CanaryFigures, reason string, breach, judged bool) {
 	limits = limits.WithDefaults()
 	minReq := uint64(max(*limits.MinRequests, 0))
-	names := slices.Sorted(func(yield func(string) bool) {
-		for g := range sc.gateways {
-			if !yield(g) {
-				return
-			}
-		}
-	})
+	names := slices.Sorted(maps.Keys(sc.gateways))
 	var sum, rest [2]store.RevisionCounts
 	var voters []string
 	restN := 0
