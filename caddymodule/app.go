@@ -203,6 +203,11 @@ type sharedProjection struct {
 
 	mu    sync.Mutex
 	conns []*store.Store
+
+	// cookieKey is the fleet's canary cookie key (canaryKeyLoop), nil
+	// until read; keyTried is set once the first connect asked for it.
+	cookieKey atomic.Pointer[[]byte]
+	keyTried  atomic.Bool
 }
 
 func newSharedProjection(a *App) (*sharedProjection, error) {
@@ -224,6 +229,15 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		s.mu.Lock()
 		s.conns = append(s.conns, st)
 		s.mu.Unlock()
+		// The canary cookie key before the routing, so that a sticky split
+		// is not served unsigned for want of it: once, briefly (a gateway
+		// whose credentials predate the key gets no answer, and must not
+		// wait at every connect); canaryKeyLoop retries.
+		if s.keyTried.CompareAndSwap(false, true) {
+			kctx, cancel := context.WithTimeout(octx, 500*time.Millisecond)
+			_ = s.readCanaryKey(kctx, st)
+			cancel()
+		}
 		return st, nil
 	}
 	traffic := func() (time.Time, []store.ServiceTraffic, []store.EndpointSetAside) {
@@ -242,15 +256,20 @@ func (s *sharedProjection) start() {
 	s.startOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
-		drained := make(chan struct{})
+		drained, keyed := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(drained)
 			watchDrain(ctx)
 		}()
 		go func() {
+			defer close(keyed)
+			s.canaryKeyLoop(ctx)
+		}()
+		go func() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
 			<-drained
+			<-keyed
 		}()
 	})
 }

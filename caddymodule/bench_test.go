@@ -209,7 +209,7 @@ func newAuthFixture(b *testing.B, tls storagenode.Toggle) *fixture {
 	if _, err := signers.Server(b.Context(), n.Store, authDir, dir, "bench"); err != nil {
 		b.Fatal(err)
 	}
-	creds, err := n.Auth.IssueCreds(storagenode.CredsRequest{Role: storagenode.RoleGateway, Name: "gw-test"})
+	creds, err := n.Auth.IssueCreds(storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw-test"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 
 	"github.com/edgeplane/edgeplane/projection"
@@ -24,54 +23,57 @@ const varSide = "edgeplane.side"
 
 type wrrMemo struct{}
 
-// pickSide decides which side of svc's split r goes to. A request the
-// split's match selects goes to the new side; a client with a bucket
-// cookie goes where its bucket falls; any other follows a counter that
-// sends exactly Weight of every 100 requests to the new side (and, when
-// sticky, gets the cookie of a bucket on the side it was sent to, so that
+// pickSide decides which side of svc's split r goes to, and whether the
+// client's bucket cookie chose it. A request the split's match selects
+// goes to the new side; a client with a bucket cookie signed under key
+// for this canary goes where its bucket falls; any other (a forged or
+// stale cookie included) follows a counter that sends exactly Weight of
+// every 100 requests to the new side (and, when sticky and key is known,
+// gets the signed cookie of a bucket on the side it was sent to, so that
 // raising the weight only ever moves clients to the new revision). A side
 // without endpoints sends everything to the other.
-func pickSide(w http.ResponseWriter, r *http.Request, svc *projection.Service) int {
+func pickSide(w http.ResponseWriter, r *http.Request, svc *projection.Service, key []byte) (side int, byCookie bool) {
 	sp := svc.Split
 	old, fresh := svc.Sides()
 	switch {
 	case len(fresh) == 0:
-		return sideOld
+		return sideOld, false
 	case len(old) == 0:
-		return sideNew
+		return sideNew, false
 	case sp.Match != nil && matches(r, sp.Match):
-		return sideNew
+		return sideNew, false
 	}
 	weight := min(max(sp.Weight, 0), 100)
 	cut := weight * store.CanaryBuckets / 100
-	if sp.Sticky {
+	sticky := sp.Sticky && key != nil
+	if sticky {
 		if c, err := r.Cookie(store.StickyCookie); err == nil {
-			if b, err := strconv.Atoi(c.Value); err == nil && b >= 0 && b < store.CanaryBuckets {
+			if b, ok := store.CanaryBucketOf(key, sp.Deploy, c.Value); ok {
 				if b < cut {
-					return sideNew
+					return sideNew, true
 				}
-				return sideOld
+				return sideOld, true
 			}
 		}
 	}
 	n := svc.Memo(wrrMemo{}, func(*projection.Service) any { return new(atomic.Uint64) }).(*atomic.Uint64).Add(1)
-	side := sideOld
+	side = sideOld
 	// Over any 100 consecutive n, n*weight mod 100 falls below weight
 	// exactly weight times.
 	if (n*uint64(weight))%100 < uint64(weight) {
 		side = sideNew
 	}
-	if sp.Sticky {
+	if sticky {
 		b := cut + rand.IntN(max(store.CanaryBuckets-cut, 1))
 		if side == sideNew {
 			b = rand.IntN(cut) // weight > 0 here
 		}
 		http.SetCookie(w, &http.Cookie{
-			Name: store.StickyCookie, Value: strconv.Itoa(b), Path: "/", MaxAge: 7 * 24 * 3600,
+			Name: store.StickyCookie, Value: store.SignCanaryBucket(key, sp.Deploy, b), Path: "/", MaxAge: 7 * 24 * 3600,
 			HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode,
 		})
 	}
-	return side
+	return side, false
 }
 
 // matches reports whether r carries m's header or cookie with m's value.

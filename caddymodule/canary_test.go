@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/cookiejar"
-	"strconv"
 	"testing"
 	"time"
 
@@ -90,6 +89,7 @@ func TestSplitWeightsStickinessAndMatch(t *testing.T) {
 
 	// Sticky at 30%: each client keeps its side; raising the weight to 60
 	// keeps every client already on the new side there.
+	key := f.canaryKey()
 	f.publishSplit(&store.Split{Deploy: "d2", Revision: 2, From: 1, Weight: 30, Sticky: true}, []*backend{a, b}, []*backend{c, d})
 	type client struct {
 		c     *http.Client
@@ -136,20 +136,20 @@ func TestSplitWeightsStickinessAndMatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		var b int
+		ok := false
 		for _, ck := range resp.Cookies() {
 			if ck.Name == store.StickyCookie {
-				b, err = strconv.Atoi(ck.Value)
+				_, ok = store.CanaryBucketOf(key, "d2", ck.Value)
 			}
 		}
-		if resp.StatusCode != 200 || err != nil || len(resp.Cookies()) != 1 || b < 0 || b >= store.CanaryBuckets {
+		if resp.StatusCode != 200 || !ok || len(resp.Cookies()) != 1 {
 			t.Errorf("bucket %q: %d, cookies %v", v, resp.StatusCode, resp.Cookies())
 		}
 	}
-	if isNew(f.getWith(f.client, http.Header{"Cookie": {store.StickyCookie + "=9999"}})) {
+	if isNew(f.getWith(f.client, http.Header{"Cookie": {store.StickyCookie + "=" + store.SignCanaryBucket(key, "d2", 9999)}})) {
 		t.Error("bucket 9999 at 60% went to the new revision")
 	}
-	if !isNew(f.getWith(f.client, http.Header{"Cookie": {store.StickyCookie + "=0"}})) {
+	if !isNew(f.getWith(f.client, http.Header{"Cookie": {store.StickyCookie + "=" + store.SignCanaryBucket(key, "d2", 0)}})) {
 		t.Error("bucket 0 at 60% went to the old revision")
 	}
 

@@ -105,16 +105,23 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
 	}
 	caddyhttp.SetVar(r.Context(), varService, svc)
-	side := unsplit
+	counters := h.app.shared.traffic.of(svc)
+	side, counted := unsplit, unsplit
 	if svc.Split != nil {
-		side = pickSide(w, r, svc)
+		var byCookie bool
+		side, byCookie = pickSide(w, r, svc, h.app.shared.canaryKey())
 		caddyhttp.SetVar(r.Context(), varSide, side)
+		// A side the client's cookie chose counts in the canary's
+		// figures only up to one client's share (admitCanary).
+		if counted = side; byCookie && !counters.admitCanary(r) {
+			counted = unsplit
+		}
 	}
 	var proxy caddyhttp.MiddlewareHandler = &h.Handler
 	if p != nil {
 		proxy = p.newPolicyRun(m.Prefix, proxy)
 	}
-	return h.app.shared.traffic.of(svc).serve(w, r, proxy, next, side)
+	return counters.serve(w, r, proxy, next, counted)
 }
 
 func plainError(w http.ResponseWriter, code int, body string) error {

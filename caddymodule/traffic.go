@@ -51,6 +51,17 @@ type serviceCounters struct {
 type canaryCounters struct {
 	split store.Split
 	sides [2]sideCounters
+	// clients caps each client's cookie-routed requests counted.
+	clients clientWindow
+}
+
+// admitCanary reports whether r, whose bucket cookie chose its side,
+// counts in the canary's figures: at most canaryClientRate a second of
+// one client's (clientOf), so that one client cannot outweigh the rest
+// by repeating requests on the side its cookie holds.
+func (c *serviceCounters) admitCanary(r *http.Request) bool {
+	cc := c.canary.Load()
+	return cc != nil && cc.clients.admit(clientOf(r), time.Now())
 }
 
 // sideCounters are one side's responses by class and latency.

@@ -20,7 +20,7 @@ import (
 // node accepts them at once and nothing is written to the store.
 func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 	role := fs.String("role", "", "role: "+strings.Join(storagenode.Roles, ", ")+" (required)")
-	machine := fs.String("machine", "", "machine ID, required for the agent and mesh roles")
+	machine := fs.String("machine", "", "machine ID, required for the agent and mesh roles; for the gateway role (required too) the gateway_name it reports under")
 	name := fs.String("name", "", "user name shown in server monitoring (default role-machine)")
 	data := fs.String("data", "", "the storage node's data dir (its auth dir is DATA/auth)")
 	authDir := fs.String("auth-dir", "", "auth dir (overrides --data)")

@@ -437,5 +437,15 @@ func canaryLine(f store.CanaryFigures) string {
 		return fmt.Sprintf("revision %d %d requests, %d 5xx (%.2f%%), p99 %s", t.Revision, t.Requests, t.Errors, 100*t.ErrorRatio,
 			time.Duration(t.P99*float64(time.Second)).Round(100*time.Microsecond))
 	}
-	return side(f.New) + " | " + side(f.Old)
+	line := side(f.New) + " | " + side(f.Old)
+	if len(f.Votes) > 0 {
+		against := 0
+		for _, v := range f.Votes {
+			if v.Breach {
+				against++
+			}
+		}
+		line += fmt.Sprintf(" | %d gateway votes, %d past a limit", len(f.Votes), against)
+	}
+	return line
 }

@@ -63,6 +63,8 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"19_dashboard_dns_rebinding", attackDashboardRebinding},
 		{"20_plaintext_credentials", attackPlaintextCredentials},
 		{"16_unsigned_agent_orders", attackUnsignedAgentOrders},
+		{"17_gateway_reports_bound_and_capped", attackGatewayReportsBound},
+		{"18_forged_canary_cookies", attackForgedCanaryCookies},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)

@@ -321,10 +321,15 @@ func TestCanaryStickyMatchAndManualPromote(t *testing.T) {
 			t.Fatalf("a request with the match header reached revision %q", v)
 		}
 	}
-	if _, v, _ := gw.versionOf(gwClient, http.Header{"Cookie": {store.StickyCookie + "=0"}}); v != "2" {
+	// A bucket cookie counts only as a gateway signed it, for this canary.
+	ck, err := c.store.CanaryCookieKeyOf(context.Background())
+	if err != nil || ck == nil {
+		t.Fatalf("the canary cookie key: %+v %v", ck, err)
+	}
+	if _, v, _ := gw.versionOf(gwClient, http.Header{"Cookie": {store.StickyCookie + "=" + store.SignCanaryBucket(ck.Key, id, 0)}}); v != "2" {
 		t.Errorf("bucket 0 at 50%% reached revision %q", v)
 	}
-	if _, v, _ := gw.versionOf(gwClient, http.Header{"Cookie": {store.StickyCookie + "=9999"}}); v != "1" {
+	if _, v, _ := gw.versionOf(gwClient, http.Header{"Cookie": {store.StickyCookie + "=" + store.SignCanaryBucket(ck.Key, id, 9999)}}); v != "1" {
 		t.Errorf("bucket 9999 at 50%% reached revision %q", v)
 	}
 

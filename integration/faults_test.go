@@ -289,7 +289,7 @@ func TestGatewayRoleCredentialsServeAndSurviveControlPlaneLoss(t *testing.T) {
 	buildExtra(t)
 	c := newAuthCluster(t)
 	c.join("m1")
-	gwCreds := c.issueCreds(storagenode.RoleGateway, "")
+	gwCreds := c.issueCreds(storagenode.RoleGateway, "gw1")
 
 	gwAddr, adminAddr, dnsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	dir := filepath.Join(c.dir, "gw1")

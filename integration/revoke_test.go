@@ -16,7 +16,7 @@ import (
 func TestRevokeCredentialsAcrossTheCluster(t *testing.T) {
 	sc := newStorageCluster(t)
 	agentCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
-	gwCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleGateway})
+	gwCreds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw1"})
 	connect := func(i int, creds string) error {
 		nc, err := store.Connect(store.ConnectOptions{URL: sc.url(i), CredsFile: creds, Timeout: 2 * time.Second})
 		if err == nil {

@@ -236,6 +236,20 @@ type CanaryFigures struct {
 	Service string         `json:"service"`
 	Old     RevisionTotals `json:"old"`
 	New     RevisionTotals `json:"new"`
+	// Votes are what each gateway's own figures said, when more than one
+	// gateway counted the canary: the verdict is their majority's, so that
+	// one gateway's report cannot decide alone. Empty with one gateway.
+	Votes []CanaryVote `json:"votes,omitempty"`
+}
+
+// CanaryVote is one gateway's figures of a canary, judged on their own
+// (Gateway "" is the gateways that each counted too few requests to vote,
+// pooled).
+type CanaryVote struct {
+	Gateway string         `json:"gateway"`
+	Old     RevisionTotals `json:"old"`
+	New     RevisionTotals `json:"new"`
+	Breach  bool           `json:"breach,omitempty"`
 }
 
 // RevisionTotals are one side of a split as the gateways counted it.

@@ -133,6 +133,10 @@ func (n Names) RolloutsBucket() string { return "cp_rollouts_" + n.Authority }
 // canaries under way (CanaryDecision); control role only.
 func (n Names) CanaryDecisionsBucket() string { return "cp_canary_decisions_" + n.Authority }
 
+// CanaryKeysBucket holds the key of the canary bucket cookie's MAC
+// (CanaryCookieKey): written by the control plane, read by gateways.
+func (n Names) CanaryKeysBucket() string { return "cp_canary_keys_" + n.Authority }
+
 // ReleaseBinariesStore is the object store of the releases' binaries.
 func (n Names) ReleaseBinariesStore() string { return "cp_release_bins_" + n.Authority }
 

@@ -197,6 +197,9 @@ type Store struct {
 	Rollouts jetstream.KeyValue
 	// CanaryDecisions holds operators' decisions on canaries under way.
 	CanaryDecisions jetstream.KeyValue
+	// CanaryKeys holds the key gateways sign canary bucket cookies with
+	// (CanaryCookieKey); the control plane writes it, gateways read it.
+	CanaryKeys jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
 
@@ -343,6 +346,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
 		bucket(&s.Rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
 		bucket(&s.CanaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
+		bucket(&s.CanaryKeys, names.CanaryKeysBucket(), 1, 1*mib, 1*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
@@ -454,6 +458,9 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		Replicas: r, MaxBytes: ReleaseStoreMaxBytes,
 	}); err != nil {
 		return nil, classify(fmt.Errorf("provisioning the release object store: %w", err))
+	}
+	if _, err := s.EnsureCanaryCookieKey(ctx); err != nil {
+		return nil, fmt.Errorf("provisioning the canary cookie key: %w", err)
 	}
 	return s, nil
 }

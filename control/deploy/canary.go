@@ -99,7 +99,7 @@ func (r *run) runCanary(ctx context.Context) error {
 		d.printf("       canary %s", detail)
 		failpoint.Hit("canary_holding")
 
-		verdict, reason, figs, err := d.holdCanary(ctx, r.ns, r.id, services, limits, time.Duration(st.Hold), r.lease.Check)
+		verdict, reason, figs, err := d.holdCanary(ctx, r.ns, r.id, services, limits, time.Duration(st.Hold), total, r.lease.Check)
 		cur := &r.status.Canary[len(r.status.Canary)-1]
 		cur.EndedAt, cur.Verdict, cur.Reason, cur.Judged = time.Now().UTC(), verdict, reason, figs
 		if err != nil {
@@ -132,6 +132,13 @@ func (d *Deployer) publishCanary(ctx context.Context, cp, live *store.DeployComm
 		return nil, 0, err
 	}
 	events := store.CanaryEvents(cp, live, insts)
+	if r := cp.Manifest.Rollout; r != nil && r.Sticky {
+		// Gateways sign sticky clients' bucket cookies with the fleet's
+		// key; a store provisioned before there was one gets it now.
+		if _, err := d.s.EnsureCanaryCookieKey(ctx); err != nil {
+			return nil, 0, fmt.Errorf("making the canary cookie key: %w", err)
+		}
+	}
 	seq, err := d.s.PublishRouting(ctx, cp.ID+"."+cp.Phase, events)
 	return splitServices(events), seq, err
 }
@@ -153,10 +160,11 @@ func splitServices(events []store.RoutingEvent) []string {
 // when the hold was cut short (ctx, a lost lease) or the counters could
 // not be read at its end.
 //
-// checkLease is asked each poll: a lost lease (another orchestrator, or the
+// live is how many gateways serve the routing (judgeGateways). checkLease
+// is asked each poll: a lost lease (another orchestrator, or the
 // completer, may be deciding) ends the hold with its error.
 func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services []string, limits store.CanaryLimits, hold time.Duration,
-	checkLease func(context.Context) error) (string, string, []store.CanaryFigures, error) {
+	live int, checkLease func(context.Context) error) (string, string, []store.CanaryFigures, error) {
 	end := time.Now().Add(hold)
 	t := time.NewTicker(CanaryPoll)
 	defer t.Stop()
@@ -166,14 +174,17 @@ func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services [
 			return "", "", figs, err
 		}
 		if dec, err := d.s.CanaryDecisionOf(ctx, ns, deploy); err == nil && dec != nil {
-			figs, _ = d.canaryFigures(ctx, ns, deploy, services)
+			if counts, err := d.canaryCounts(ctx, ns, deploy, services); err == nil {
+				figs, _, _ = judgeGateways(counts, limits, true, 0)
+			}
 			return decisionVerdict(dec), decisionReason(dec), figs, nil
 		}
-		f, err := d.canaryFigures(ctx, ns, deploy, services)
+		counts, err := d.canaryCounts(ctx, ns, deploy, services)
 		final := !time.Now().Before(end)
 		if err == nil {
+			f, reason, breach := judgeGateways(counts, limits, final, live)
 			figs = f
-			if reason, breach := judgeCanary(figs, limits, final); breach {
+			if breach {
 				return store.CanaryAborted, reason, figs, nil
 			} else if final {
 				return store.CanaryPassed, reason, figs, nil
@@ -204,12 +215,18 @@ func decisionReason(dec *store.CanaryDecision) string {
 	return fmt.Sprintf("%s by %s at %s", map[string]string{store.DecisionPromote: "promoted", store.DecisionAbort: "aborted"}[dec.Action], by, dec.At.Format(time.RFC3339))
 }
 
-// canaryFigures sums, over every gateway reporting now, the counters of
-// canary deploy of ns for each of services.
-func (d *Deployer) canaryFigures(ctx context.Context, ns, deploy string, services []string) ([]store.CanaryFigures, error) {
-	sums := map[string]*[2]store.RevisionCounts{}
-	for _, svc := range services {
-		sums[svc] = new([2]store.RevisionCounts)
+// canaryCounts reads, from every gateway reporting now, its counters of
+// canary deploy of ns for each of services. Each report is used only
+// under the gateway its key names (ListJSON checks the body against the
+// key, and the key is the one the gateway's credentials may write).
+func (d *Deployer) canaryCounts(ctx context.Context, ns, deploy string, services []string) ([]serviceCounts, error) {
+	by := map[string]*serviceCounts{}
+	out := make([]serviceCounts, 0, len(services))
+	for _, svc := range slices.Sorted(slices.Values(services)) {
+		out = append(out, serviceCounts{service: svc, gateways: map[string]*[2]store.RevisionCounts{}})
+	}
+	for i := range out {
+		by[out[i].service] = &out[i]
 	}
 	err := store.ListJSON(ctx, d.s, d.s.GatewayTraffic, ">", func(_ string, g *store.GatewayTraffic) error {
 		if time.Since(g.At) >= store.GatewayObservationTTL {
@@ -217,23 +234,23 @@ func (d *Deployer) canaryFigures(ctx context.Context, ns, deploy string, service
 		}
 		for i := range g.Services {
 			t := &g.Services[i]
-			if t.Namespace != ns || t.Canary == nil || t.Canary.Deploy != deploy || sums[t.Service] == nil {
+			sc := by[t.Service]
+			if t.Namespace != ns || t.Canary == nil || t.Canary.Deploy != deploy || sc == nil {
 				continue
 			}
-			s := sums[t.Service]
-			s[0].Revision, s[1].Revision = t.Canary.Old.Revision, t.Canary.New.Revision
-			s[0].Add(&t.Canary.Old)
-			s[1].Add(&t.Canary.New)
+			c := sc.gateways[g.Gateway]
+			if c == nil {
+				c = new([2]store.RevisionCounts)
+				sc.gateways[g.Gateway] = c
+			}
+			c[0].Revision, c[1].Revision = t.Canary.Old.Revision, t.Canary.New.Revision
+			c[0].Add(&t.Canary.Old)
+			c[1].Add(&t.Canary.New)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
-	}
-	out := make([]store.CanaryFigures, 0, len(services))
-	for _, svc := range slices.Sorted(slices.Values(services)) {
-		s := sums[svc]
-		out = append(out, store.CanaryFigures{Service: svc, Old: s[0].Totals(), New: s[1].Totals()})
 	}
 	return out, nil
 }
@@ -244,37 +261,49 @@ func (d *Deployer) canaryFigures(ctx context.Context, ns, deploy string, service
 // revision that served fewer than MinRequests is a breach too, since
 // nothing was shown. Otherwise reason sums up what passed.
 func judgeCanary(figs []store.CanaryFigures, limits store.CanaryLimits, final bool) (reason string, breach bool) {
-	limits = limits.WithDefaults()
-	minReq := uint64(max(*limits.MinRequests, 0))
 	var ok []string
 	for _, f := range figs {
-		n, o := f.New, f.Old
-		if n.Requests < minReq {
-			if final {
-				return fmt.Sprintf("%s: only %d requests reached revision %d during the hold (min_requests %d)", f.Service, n.Requests, n.Revision, minReq), true
-			}
-			continue
+		why, breach, judged := judgeFigures(f, limits, final)
+		if breach {
+			return why, true
 		}
-		if n.Requests == 0 {
-			ok = append(ok, fmt.Sprintf("%s: no requests", f.Service))
-			continue
+		if judged {
+			ok = append(ok, why)
 		}
-		if n.ErrorRatio-o.ErrorRatio > limits.Max5xxRatio {
-			return fmt.Sprintf("%s: 5xx ratio of revision %d is %.2f%% (%d of %d) against %.2f%% (%d of %d) for revision %d; the limit is %.2f points above it",
-				f.Service, n.Revision, 100*n.ErrorRatio, n.Errors, n.Requests, 100*o.ErrorRatio, o.Errors, o.Requests, o.Revision, 100*limits.Max5xxRatio), true
-		}
-		base := max(o.P99, store.P99Floor)
-		if n.P99 > limits.MaxP99Ratio*base {
-			return fmt.Sprintf("%s: p99 of revision %d is %s against %s for revision %d; the limit is %gx (at least %s)",
-				f.Service, n.Revision, seconds(n.P99), seconds(o.P99), o.Revision, limits.MaxP99Ratio, seconds(store.P99Floor)), true
-		}
-		ok = append(ok, fmt.Sprintf("%s: revision %d %d requests, 5xx %.2f%%, p99 %s; revision %d %d requests, 5xx %.2f%%, p99 %s",
-			f.Service, n.Revision, n.Requests, 100*n.ErrorRatio, seconds(n.P99), o.Revision, o.Requests, 100*o.ErrorRatio, seconds(o.P99)))
 	}
 	if len(ok) == 0 {
 		return "no service judged yet", false
 	}
 	return "within limits: " + strings.Join(ok, "; "), false
+}
+
+// judgeFigures weighs one service's figures against limits, as
+// judgeCanary does: judged is false while the new revision served fewer
+// than MinRequests before the end of the hold.
+func judgeFigures(f store.CanaryFigures, limits store.CanaryLimits, final bool) (reason string, breach, judged bool) {
+	limits = limits.WithDefaults()
+	minReq := uint64(max(*limits.MinRequests, 0))
+	n, o := f.New, f.Old
+	if n.Requests < minReq {
+		if final {
+			return fmt.Sprintf("%s: only %d requests reached revision %d during the hold (min_requests %d)", f.Service, n.Requests, n.Revision, minReq), true, true
+		}
+		return "", false, false
+	}
+	if n.Requests == 0 {
+		return fmt.Sprintf("%s: no requests", f.Service), false, true
+	}
+	if n.ErrorRatio-o.ErrorRatio > limits.Max5xxRatio {
+		return fmt.Sprintf("%s: 5xx ratio of revision %d is %.2f%% (%d of %d) against %.2f%% (%d of %d) for revision %d; the limit is %.2f points above it",
+			f.Service, n.Revision, 100*n.ErrorRatio, n.Errors, n.Requests, 100*o.ErrorRatio, o.Errors, o.Requests, o.Revision, 100*limits.Max5xxRatio), true, true
+	}
+	base := max(o.P99, store.P99Floor)
+	if n.P99 > limits.MaxP99Ratio*base {
+		return fmt.Sprintf("%s: p99 of revision %d is %s against %s for revision %d; the limit is %gx (at least %s)",
+			f.Service, n.Revision, seconds(n.P99), seconds(o.P99), o.Revision, limits.MaxP99Ratio, seconds(store.P99Floor)), true, true
+	}
+	return fmt.Sprintf("%s: revision %d %d requests, 5xx %.2f%%, p99 %s; revision %d %d requests, 5xx %.2f%%, p99 %s",
+		f.Service, n.Revision, n.Requests, 100*n.ErrorRatio, seconds(n.P99), o.Revision, o.Requests, 100*o.ErrorRatio, seconds(o.P99)), false, true
 }
 
 func seconds(s float64) string {
@@ -350,10 +379,11 @@ func (d *Deployer) finishCanary(ctx context.Context, st *store.DeployStatus, cp,
 	if cp.Manifest.Rollout != nil {
 		limits = cp.Manifest.Rollout.Limits
 	}
-	figs, err := d.canaryFigures(ctx, st.Namespace, st.DeployID, services)
+	counts, err := d.canaryCounts(ctx, st.Namespace, st.DeployID, services)
 	if err != nil {
 		return nil, err
 	}
+	figs, judged, breach := judgeGateways(counts, limits, true, 0)
 	verdict, reason := store.CanaryPassed, ""
 	dec, err := d.s.CanaryDecisionOf(ctx, st.Namespace, st.DeployID)
 	if err != nil {
@@ -361,11 +391,8 @@ func (d *Deployer) finishCanary(ctx context.Context, st *store.DeployStatus, cp,
 	}
 	if dec != nil {
 		verdict, reason = decisionVerdict(dec), decisionReason(dec)
-	} else {
-		var breach bool
-		if reason, breach = judgeCanary(figs, limits, true); breach {
-			verdict = store.CanaryAborted
-		}
+	} else if reason = judged; breach {
+		verdict = store.CanaryAborted
 	}
 	reason += " (decided by the control plane after the orchestrator stopped)"
 	if n := len(st.Canary); n > 0 && st.Canary[n-1].Verdict == store.CanaryHolding {

@@ -215,6 +215,10 @@ func planImport(ctx context.Context, s *store.Store, boxJS jetstream.JetStream, 
 	// The cluster keeps its own trust root and signers; the box's are
 	// carried over by certificate (signers.Adopt), not copied.
 	signersStream := "KV_" + s.Names.SignersBucket()
+	// So does it its canary cookie key, made when its storage nodes
+	// provisioned the store: a client's cookie from the box is no cookie
+	// to the cluster's gateways, and it is bucketed again once.
+	cookieKeyStream := "KV_" + s.Names.CanaryKeysBucket()
 	var todo []streamImport
 	var conflicts []string
 	for _, name := range s.StreamNames() {
@@ -229,7 +233,7 @@ func planImport(ctx context.Context, s *store.Store, boxJS jetstream.JetStream, 
 			rep.Skipped = append(rep.Skipped, name)
 			continue
 		}
-		if name == signersStream {
+		if name == signersStream || name == cookieKeyStream {
 			continue
 		}
 		oldState := old.CachedInfo().State

@@ -512,13 +512,19 @@ var roleLimits = map[string]int64{
 // users of the edge account: they reach the JetStream API and KV writes
 // under store.EdgeAPIPrefix, read only by stream info and direct gets (no
 // consumer), follow changes on what streams republish, and write only keys
-// their identity names. A gateway bound to a name (machine) reports its
-// routing progress under that name only.
+// their identity names. A gateway is always bound to a name (machine) and
+// reports its routing progress and traffic under that name only.
 func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, error) {
 	var p jwt.Permissions
 	needMachine := role == RoleAgent || role == RoleMesh
 	if needMachine && !store.ValidToken(machine) {
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("role %s needs --machine ID (letters, digits, '-', '_'), got %q", role, machine)}
+	}
+	// A gateway writes its observation and its traffic report under its
+	// name; credentials without one would write every gateway's, and so
+	// decide a canary alone (issue 36).
+	if role == RoleGateway && store.GatewayKey(machine) == "" {
+		return p, store.Errorf(store.CodeInvalid, "role gateway needs --machine NAME: the gateway_name it reports under, got none").With("role", role)
 	}
 	if !needMachine && machine != "" && role != RoleGateway {
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("role %s is not bound to a machine", role)}
@@ -566,14 +572,15 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		readKV(n.MachineLivenessBucket())
 		p.Sub.Allow.Add(n.MachineLivenessRepublishedWildcard())
 		// The routing observation `control deploy apply` waits for, under
-		// the gateway's own name when its credentials name one.
-		gw := ">"
-		if machine != "" {
-			gw = store.KeySafe(machine)
-		}
+		// the gateway's own name only.
+		gw := store.GatewayKey(machine)
 		writeKV(n.GatewaysBucket(), gw)
 		// Its traffic counters, under the same name.
 		writeKV(n.GatewayTrafficBucket(), gw)
+		// The key it signs and checks canary bucket cookies with: read,
+		// never written (the control plane makes it), so a gateway cannot
+		// change the key every other gateway trusts.
+		readKV(n.CanaryKeysBucket())
 		// Certificate storage (caddy.storage.edgeplane): certificates,
 		// keys, ACME accounts and challenge tokens are read and written.
 		readKV(n.CertsBucket())

@@ -49,6 +49,9 @@ func TestNonLoopbackListenerNeedsCredentials(t *testing.T) {
 	if _, err := storagenode.RolePermissions(storagenode.RoleAgent, "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("agent creds without a machine: %v", err)
 	}
+	if _, err := storagenode.RolePermissions(storagenode.RoleGateway, "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("gateway creds without a name: %v", err)
+	}
 	if _, err := storagenode.RolePermissions("root", "", store.Names{Installation: "local", Authority: "default"}); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("unknown role: %v", err)
 	}
@@ -323,7 +326,7 @@ func TestRoleScopedCredentials(t *testing.T) {
 
 	// The gateway role reads certificates and takes certificate locks, but
 	// no deploy or subnet lock.
-	gwNC := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway}))
+	gwNC := connect(writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw0"}))
 	gwViolations := make(chan error, 16)
 	gwNC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		select {
@@ -435,6 +438,27 @@ func TestRoleScopedCredentials(t *testing.T) {
 	refusedWrite("write a gateway's traffic report", "gw1", func(c context.Context) error {
 		return as.PutGatewayTraffic(c, &store.GatewayTraffic{Gateway: "gw1", At: time.Now()})
 	})
+	// The canary cookie key: the control plane made it with the store; a
+	// gateway reads it (to sign and check bucket cookies) and cannot
+	// replace it; an agent cannot even read it (it could forge cookies).
+	ck, err := cs.CanaryCookieKeyOf(ctx)
+	if err != nil || ck == nil {
+		t.Fatalf("the canary cookie key after provisioning: %+v %v", ck, err)
+	}
+	if got, err := gw1.CanaryCookieKeyOf(ctx); err != nil || got == nil || !bytes.Equal(got.Key, ck.Key) {
+		t.Fatalf("gateway reading the canary cookie key: %+v %v", got, err)
+	}
+	refusedOn(gw1Violations, "write the canary cookie key", store.CanaryCookieKeyName, func(c context.Context) error {
+		_, err := gw1.CanaryKeys.Put(c, store.CanaryCookieKeyName, []byte(`{"version":1,"key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`))
+		return err
+	})
+	refusedWrite("read the canary cookie key", store.CanaryCookieKeyName, func(c context.Context) error {
+		_, err := as.CanaryCookieKeyOf(c)
+		return err
+	})
+	if got, err := cs.CanaryCookieKeyOf(ctx); err != nil || got == nil || !bytes.Equal(got.Key, ck.Key) {
+		t.Fatalf("the canary cookie key changed: %+v %v", got, err)
+	}
 	// Dashboard login tokens are the control role's alone: no edge role
 	// reads even their hashes, nor plants one.
 	if _, rec, err := store.NewDashboardToken("ops"); err != nil {

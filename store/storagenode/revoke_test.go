@@ -27,7 +27,7 @@ func TestRevokedCredentialsAreRefused(t *testing.T) {
 	defer cancel()
 	ctlCreds := writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleControl})
 	agentCreds := writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
-	gwCreds := writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway})
+	gwCreds := writeCreds(t, auth, storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw1"})
 
 	// start runs the storage node as `control server` does: the server,
 	// the store, and the revocations watch.
