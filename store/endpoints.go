@@ -74,7 +74,7 @@ func CheckEndpoint(ep *Endpoint, m *MachineRecord) error {
 	admitted, err := netip.ParseAddr(m.Address)
 	admittedHere := err == nil && admitted.Unmap() == ip
 	if class := SpecialAddress(ip); class != "" && !admittedHere {
-		return refuse(EndpointSpecialAddress, "a %s address, and machine %s was admitted at %s", class, m.ID, m.Address)
+		return refuse(EndpointSpecialAddress, "%s, and machine %s was admitted at %s", class, m.ID, m.Address)
 	}
 	if !admittedHere {
 		return refuse(EndpointNotAdmitted, "machine %s was admitted at %s", m.ID, m.Address)
