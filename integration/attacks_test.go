@@ -60,6 +60,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"10_machine_observations", attackMachineObservations},
 		{"11_agent_rpcs_and_fleet_status", attackAgentRPCs},
 		{"12_mesh_pair_keys_and_rotation", attackMeshPSKs},
+		{"15_endpoints_from_admitted_addresses", attackEndpointsFromAdmittedAddresses},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
