@@ -22,11 +22,13 @@ import (
 type builder struct {
 	v                                   View
 	ownSvc, ownExact, ownWild, ownMachs [nShards]bool
+	ownAside                            bool
 	changed                             bool
 	// unadmitted are the services upserted here, whose endpoints finish
-	// admits; moved the machines whose address changed here.
-	unadmitted map[string]*Service
-	moved      map[string]bool
+	// admits; moved the known machines whose address changed here (or
+	// that went), joined those new to the view.
+	unadmitted    map[string]*Service
+	moved, joined map[string]bool
 	// refused are the endpoints finish left out, with why.
 	refused []error
 }
@@ -120,6 +122,7 @@ func (b *builder) removeService(key string) {
 		b.v.numEndpoints -= len(old.Endpoints)
 		b.v.numSetAside -= len(old.signed) - len(old.Endpoints)
 	}
+	b.setAside(key, false)
 	for _, hp := range routeEntries(old) {
 		if hp.wild {
 			b.dropHost(&b.v.wild, &b.ownWild, hp.host, old)
@@ -186,11 +189,12 @@ func (b *builder) dropHost(idx *shards[[]hostRoute], own *[nShards]bool, host st
 
 func (b *builder) upsertMachine(m store.MachineRecord) {
 	old, ok := b.v.machines.get(m.ID)
-	if !ok {
+	switch {
+	case !ok:
 		b.v.numMachines++
-	}
-	if !ok || old.Address != m.Address {
-		b.move(m.ID)
+		b.joined = addTo(b.joined, m.ID)
+	case old.Address != m.Address:
+		b.moved = addTo(b.moved, m.ID)
 	}
 	cowShard(&b.v.machines, &b.ownMachs, m.ID)[m.ID] = m
 	b.changed = true
@@ -202,15 +206,35 @@ func (b *builder) removeMachine(id string) {
 	}
 	delete(cowShard(&b.v.machines, &b.ownMachs, id), id)
 	b.v.numMachines--
-	b.move(id)
+	b.moved = addTo(b.moved, id)
 	b.changed = true
 }
 
-func (b *builder) move(machine string) {
-	if b.moved == nil {
-		b.moved = map[string]bool{}
+func addTo(set map[string]bool, key string) map[string]bool {
+	if set == nil {
+		set = map[string]bool{}
 	}
-	b.moved[machine] = true
+	set[key] = true
+	return set
+}
+
+// setAside notes whether service key has endpoints set aside: the
+// services a machine that joins may let in.
+func (b *builder) setAside(key string, on bool) {
+	if b.v.aside[key] == on {
+		return
+	}
+	if !b.ownAside {
+		b.v.aside, b.ownAside = maps.Clone(b.v.aside), true
+		if b.v.aside == nil {
+			b.v.aside = map[string]bool{}
+		}
+	}
+	if on {
+		b.v.aside[key] = true
+	} else {
+		delete(b.v.aside, key)
+	}
 }
 
 // admit settles the endpoints of every service whose endpoints may have
@@ -218,27 +242,40 @@ func (b *builder) move(machine string) {
 // only if its machine's record admits it (store.CheckEndpoint); the others
 // are set aside, and each refusal is kept in b.refused.
 func (b *builder) admit() {
-	if len(b.moved) > 0 {
-		// A machine that came, went or moved changes what its services'
-		// endpoints may be: derive them again (a Service is immutable,
-		// so as a new one).
-		var again []*Service
+	// A machine that came, went or moved changes what its services'
+	// endpoints may be: they are derived again (a Service is immutable,
+	// so as a new one). One that moved or went may take endpoints out of
+	// any service; one that joined only lets in endpoints set aside.
+	onChanged := func(s *Service) bool {
+		if _, ok := b.unadmitted[s.Key()]; ok {
+			return false
+		}
+		for _, e := range s.signed {
+			if b.moved[e.Machine] || b.joined[e.Machine] {
+				return true
+			}
+		}
+		return false
+	}
+	var again []*Service
+	switch {
+	case len(b.moved) > 0:
 		for _, m := range b.v.services {
-			for key, s := range m {
-				if _, ok := b.unadmitted[key]; ok {
-					continue
-				}
-				for _, e := range s.signed {
-					if b.moved[e.Machine] {
-						again = append(again, s)
-						break
-					}
+			for _, s := range m {
+				if onChanged(s) {
+					again = append(again, s)
 				}
 			}
 		}
-		for _, s := range again {
-			b.upsertService(s.event())
+	case len(b.joined) > 0:
+		for key := range b.v.aside {
+			if s, ok := b.v.services.get(key); ok && onChanged(s) {
+				again = append(again, s)
+			}
 		}
+	}
+	for _, s := range again {
+		b.upsertService(s.event())
 	}
 	for _, s := range b.unadmitted {
 		// Most services have every endpoint admitted: they share the
@@ -268,8 +305,9 @@ func (b *builder) admit() {
 		}
 		b.v.numEndpoints += len(s.Endpoints)
 		b.v.numSetAside += len(s.signed) - len(s.Endpoints)
+		b.setAside(s.Key(), len(s.Endpoints) != len(s.signed))
 	}
-	b.unadmitted, b.moved = nil, nil
+	b.unadmitted, b.moved, b.joined = nil, nil, nil
 }
 
 // FromState builds the view of a stored routing state exactly as a

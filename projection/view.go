@@ -120,8 +120,10 @@ type View struct {
 
 	numServices, numEndpoints, numMachines int
 	// numSetAside counts the endpoints of signed upserts that no
-	// machine record admits.
+	// machine record admits; aside are the keys of their services. The
+	// map is replaced, never changed, once in a view.
 	numSetAside int
+	aside       map[string]bool
 	lists       *lazyLists
 
 	// down are the machines judged down (their beats stopped) when this

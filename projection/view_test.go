@@ -265,3 +265,44 @@ func BenchmarkBatchApply(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMachineEvents measures a batch holding one machine event, in
+// views of 10,000 and 100,000 services spread over 500 machines: "move"
+// (a known machine's address changes) looks through every service for
+// its endpoints and admits those again (here 1 service in 500); "join"
+// (a machine new to the view) looks only at services with endpoints set
+// aside (here none).
+func BenchmarkMachineEvents(b *testing.B) {
+	for _, size := range []int{10_000, 100_000} {
+		bl := newBuilder(emptyView(false))
+		for m := range 500 {
+			bl.upsertMachine(store.MachineRecord{ID: fmt.Sprintf("m%d", m), Address: fmt.Sprintf("10.100.%d.%d", m/250, m%250+1)})
+		}
+		for i := range size {
+			m := i % 500
+			ev := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: fmt.Sprintf("svc%d", i),
+				Routes:    []store.Route{{Hosts: []string{fmt.Sprintf("svc%d.example.com", i)}}},
+				Endpoints: []store.Endpoint{{InstanceID: "a", Machine: fmt.Sprintf("m%d", m), Address: fmt.Sprintf("10.100.%d.%d", m/250, m%250+1), Port: 8000}}}
+			if err := bl.apply(&ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		base := bl.finish(1, false)
+		for _, kind := range []string{"move", "join"} {
+			b.Run(fmt.Sprintf("%s/%d", kind, size), func(b *testing.B) {
+				v := base
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					bl := newBuilder(v)
+					if kind == "move" {
+						bl.upsertMachine(store.MachineRecord{ID: "m7", Address: fmt.Sprintf("10.101.0.%d", i%250+1)})
+					} else {
+						bl.upsertMachine(store.MachineRecord{ID: fmt.Sprintf("new%d", i), Address: "10.102.0.1"})
+					}
+					v = bl.finish(uint64(i), false)
+				}
+			})
+		}
+	}
+}
