@@ -82,6 +82,21 @@ func TestIdentify(t *testing.T) {
 	if rec, err := Identify(ctx, srv.Store, JoinRequest{DataDir: dir, Advertise: "127.0.0.9"}); err != nil || rec.Address != "127.0.0.9" {
 		t.Fatalf("a move to the machine's mesh IP: %+v %v", rec, err)
 	}
+	// Nor to another member's address: gateways would take that
+	// machine's endpoints for this one's.
+	if err := srv.Store.CreateMachine(ctx, &store.MachineRecord{ID: "m3", State: store.MachineActive, Address: "10.100.0.3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := machines.SetAddress(ctx, srv.Store, "m1", "10.100.0.3"); !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("the operator moving m1 to m3's address: %v, want conflict", err)
+	}
+	token2, _, err := srv.Store.CreateInvite(ctx, "eu", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Identify(ctx, srv.Store, JoinRequest{DataDir: t.TempDir(), Token: token2, Machine: "m4", Advertise: "10.100.0.3"}); !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("joining at m3's address: %v, want conflict", err)
+	}
 	// No one moves a machine where no endpoint may be.
 	for _, addr := range []string{"169.254.169.254", "fe80::1", "0.0.0.0", "224.0.0.1"} {
 		if _, err := machines.SetAddress(ctx, srv.Store, "m1", addr); !store.HasCode(err, store.CodeInvalid) {

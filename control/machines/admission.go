@@ -46,7 +46,11 @@ func ServeAdmission(ctx context.Context, s *store.Store) (func(), error) {
 				return nil, store.Errorf(store.CodeInvalid, "admission request for machine %q sent on machine %q's subject", req.Machine, machine).
 					With("machine", machine)
 			}
-			if _, err := CheckAddress(machine, req.Address); err != nil {
+			ip, err := CheckAddress(machine, req.Address)
+			if err != nil {
+				return nil, err
+			}
+			if err := checkUnclaimed(ctx, s, machine, ip); err != nil {
 				return nil, err
 			}
 			switch verb {
@@ -112,6 +116,31 @@ func CheckAddress(machine, address string) (netip.Addr, error) {
 			With("machine", machine).With("address", address)
 	}
 	return ip.Unmap(), nil
+}
+
+// checkUnclaimed refuses ip for machine id when another member is
+// reached there: gateways would take that machine's endpoints for id's.
+// Loopback is shared: every machine of a single-host test bed is
+// reached on it.
+func checkUnclaimed(ctx context.Context, s *store.Store, id string, ip netip.Addr) error {
+	if ip.IsLoopback() {
+		return nil
+	}
+	var other string
+	err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+		if m.ID != id && other == "" && sameIP(m.Address, ip.String()) {
+			other = m.ID
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if other != "" {
+		return store.Errorf(store.CodeConflict, "address %s is machine %s's: a machine is reached at an address of its own", ip, other).
+			With("machine", id).With("address", ip.String()).With("owner", other)
+	}
+	return nil
 }
 
 // sameIP reports whether a and b are the same IP address, however written.

@@ -103,6 +103,9 @@ func SetAddress(ctx context.Context, s *store.Store, id, address string) (*Moved
 	if err != nil {
 		return nil, err
 	}
+	if err := checkUnclaimed(ctx, s, id, ip); err != nil {
+		return nil, err
+	}
 	cur, rev, err := s.GetMachine(ctx, id)
 	if err != nil {
 		return nil, err
