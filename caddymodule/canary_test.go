@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // publishSplit publishes web.shop routed to old (revision 1) and fresh
@@ -24,6 +25,10 @@ func (f *fixture) publishSplit(sp *store.Split, old, fresh []*backend) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
+	// The backends listen on loopback, where m1 is admitted.
+	if _, err := storetest.AdmitMachine(ctx, f.nats.Store, "m1", "127.0.0.1"); err != nil {
+		f.t.Fatal(err)
+	}
 	seq, err := f.nats.Store.PublishRouting(ctx, "", []store.RoutingEvent{ev})
 	if err != nil {
 		f.t.Fatal(err)

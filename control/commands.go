@@ -19,6 +19,8 @@ var commands = []command{
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineState(store.MachineDisabled)},
 	{name: "machine enable", synopsis: "ID", summary: "put a drained or disabled machine back into placement",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineState(store.MachineActive)},
+	{name: "machine address", synopsis: "ID IP", summary: "move a machine to another address: gateways and DNS reach its instances there and nowhere else",
+		client: writes, minArgs: 2, maxArgs: 2, setup: setupMachineAddress},
 	{name: "machine rm", aliases: []string{"machine remove"}, synopsis: "ID [--force]", summary: "retire a machine: records, routing, DNS name, mesh peer and invite go",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineRemove},
 

@@ -102,6 +102,31 @@ func setupMachineState(state string) func(*flag.FlagSet) func(*call) error {
 	}
 }
 
+// setupMachineAddress is the operator's move of a machine: the only one
+// to an address other than the machine's mesh IP (an agent's credentials
+// may ask for that one alone).
+func setupMachineAddress(*flag.FlagSet) func(*call) error {
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error {
+			mv, err := machines.SetAddress(c.ctx, s, c.args[0], c.args[1])
+			if err != nil {
+				return err
+			}
+			return c.out.emit(mv, func(w io.Writer) {
+				if mv.From == mv.Address {
+					fmt.Fprintf(w, "machine %s stays at %s\n", mv.ID, mv.Address)
+				} else {
+					fmt.Fprintf(w, "machine %s moved from %s to %s\n", mv.ID, mv.From, mv.Address)
+				}
+				if len(mv.Republished) > 0 {
+					fmt.Fprintf(w, "  routing published again for %s\n", strings.Join(mv.Republished, ", "))
+				}
+				fmt.Fprintf(w, "  instances listen where they were started: restart the machine's agent, then apply its namespaces again\n")
+			})
+		})
+	}
+}
+
 func setupMachineRemove(fs *flag.FlagSet) func(*call) error {
 	force := fs.Bool("force", false, "remove a machine that is dead (or stolen) though it still has instances; they leave the routing and the next apply replaces them elsewhere")
 	probe := fs.Duration("probe-timeout", 2*time.Second, "how long the machine has to answer before it counts as dead")

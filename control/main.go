@@ -2,7 +2,7 @@
 //
 //	control server --data DIR [--listen 127.0.0.1:4222] [--agent] ...
 //	control agent --data DIR [--join TOKEN] [--machine ID] [--advertise IP]
-//	control machine invite|ls|drain|disable|enable
+//	control machine invite|ls|drain|disable|enable|address|rm
 //	control deploy preview|apply|status|history|rollback
 //	control instances [--namespace NS]
 //	control certs

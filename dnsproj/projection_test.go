@@ -79,7 +79,7 @@ func TestProjectionOverNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	mseq, err := srv.Store.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineUpsert,
-		Machine: &store.MachineRecord{Version: store.RecordVersion, ID: "m1", Address: "10.100.0.1", State: store.MachineActive}}})
+		Machine: &store.MachineRecord{Version: store.RecordVersion, ID: "m1", Address: "10.100.0.5", State: store.MachineActive}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestProjectionOverNATS(t *testing.T) {
 		t.Fatalf("SRV after deploy: %q", got)
 	}
 	if _, got := answers(t, "udp", addr, "m1.machines.edgeplane.internal.", dns.TypeA); !slices.Equal(got, []string{
-		"m1.machines.edgeplane.internal. 5 IN A 10.100.0.1"}) {
+		"m1.machines.edgeplane.internal. 5 IN A 10.100.0.5"}) {
 		t.Fatalf("machine: %q", got)
 	}
 
@@ -177,7 +177,7 @@ func TestMachineThatStopsBeatingLeavesAnswers(t *testing.T) {
 			{ID: "web-a", Machine: "m1", Address: "10.100.0.5", Port: 8080},
 			{ID: "web-b", Machine: "m2", Address: "10.100.0.6", Port: 8080},
 		}},
-		"solo": {Instances: []storetest.Instance{{ID: "solo-a", Machine: "m2", Address: "10.100.0.7", Port: 8080}}},
+		"solo": {Instances: []storetest.Instance{{ID: "solo-a", Machine: "m2", Address: "10.100.0.6", Port: 8081}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -233,7 +233,7 @@ func TestMachineThatStopsBeatingLeavesAnswers(t *testing.T) {
 	mu.Unlock()
 	storetest.Eventually(t, 10*time.Second, "m2's instance of web to leave the answers",
 		answersNow(web, []string{"web.shop.edgeplane.internal. 5 IN A 10.100.0.5"}))
-	if _, got := answers(t, "udp", addr, solo, dns.TypeA); !slices.Equal(got, []string{"solo.shop.edgeplane.internal. 5 IN A 10.100.0.7"}) {
+	if _, got := answers(t, "udp", addr, solo, dns.TypeA); !slices.Equal(got, []string{"solo.shop.edgeplane.internal. 5 IN A 10.100.0.6"}) {
 		t.Fatalf("solo, whose only instance is on m2, answered %q; want it served anyway", got)
 	}
 	if _, got := answers(t, "tcp", addr, web, dns.TypeSRV); !slices.Equal(got, []string{

@@ -10,7 +10,10 @@ import (
 // compares views by identity to know when to rebuild) and must not change
 // after they are handed out.
 type View interface {
-	// Services returns every service with its routable endpoints only.
+	// Services returns every service with its routable endpoints only:
+	// each at its machine's admitted address (the projection sets the
+	// others aside, see store.CheckEndpoint), so the zone answers no
+	// address the control plane did not admit.
 	Services() []*projection.Service
 	// Machines returns every admitted machine.
 	Machines() []store.MachineRecord

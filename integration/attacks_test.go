@@ -65,6 +65,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"16_unsigned_agent_orders", attackUnsignedAgentOrders},
 		{"17_gateway_reports_bound_and_capped", attackGatewayReportsBound},
 		{"18_forged_canary_cookies", attackForgedCanaryCookies},
+		{"15_endpoints_from_admitted_addresses", attackEndpointsFromAdmittedAddresses},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)

@@ -29,6 +29,18 @@ func populate(b *testing.B, s *store.Store, nsCount, svcPerNS, instPerSvc int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	now := time.Now().UTC()
+	// Endpoints are reached at their machines' admitted addresses.
+	machines := map[string]*store.MachineRecord{}
+	var upserts []store.RoutingEvent
+	for k := range 500 {
+		m := &store.MachineRecord{Version: 1, ID: fmt.Sprintf("m%03d", k), State: store.MachineActive,
+			Address: fmt.Sprintf("10.100.%d.%d", k/250, k%250+1), JoinedAt: now, UpdatedAt: now}
+		machines[m.ID] = m
+		upserts = append(upserts, store.RoutingEvent{Kind: store.EventMachineUpsert, Machine: m, At: now})
+	}
+	if _, err := s.PublishRouting(ctx, "", upserts); err != nil {
+		b.Fatal(err)
+	}
 	for n := 0; n < nsCount; n++ {
 		ns := fmt.Sprintf("ns%04d", n)
 		c := &store.DeployCommit{ID: ns + "-r1", Namespace: ns, Kind: store.CommitFinal, Revision: 1, CreatedAt: now,
@@ -56,7 +68,7 @@ func populate(b *testing.B, s *store.Store, nsCount, svcPerNS, instPerSvc int) {
 		if _, err := s.AppendCommit(ctx, c); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.PublishRouting(ctx, c.ID, store.CommitEvents(c, nil, insts)); err != nil {
+		if _, err := s.PublishRouting(ctx, c.ID, store.CommitEvents(c, nil, &store.RoutingSource{Instances: insts, Machines: machines})); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -151,6 +163,7 @@ func start1(b *testing.B, cfg projection.Config) *running {
 func BenchmarkEventApply(b *testing.B) {
 	eachMode(b, func(b *testing.B, mode benchMode) {
 		srv := storetest.Start(b)
+		benchMachines(b, srv)
 		var opts []func(*projection.Projection)
 		if mode == unsigned {
 			opts = append(opts, projection.Unverified)
@@ -204,6 +217,7 @@ func eachMode(b *testing.B, bench func(b *testing.B, mode benchMode)) {
 func loadedProjection(b *testing.B, verify bool) (*storetest.Server, *store.Store, *projection.Projection, func() error) {
 	b.Helper()
 	srv := storetest.Start(b)
+	benchMachines(b, srv)
 	st := srv.Connect(b)
 	p, err := projection.New(projection.Config{Store: st})
 	if err != nil {
@@ -227,6 +241,16 @@ func allApplied(b *testing.B, p *projection.Projection, n int) {
 	}
 }
 
+// benchMachines admits the machines benchEvents' endpoints run on.
+func benchMachines(b *testing.B, srv *storetest.Server) {
+	b.Helper()
+	for id, addr := range map[string]string{"m1": "10.100.0.1", "m2": "10.100.0.2"} {
+		if _, err := storetest.AdmitMachine(context.Background(), srv.Store, id, addr); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // benchEvents returns the messages that append n routing events for 1000
 // services of namespace "bench" after sequence base, each signed, as the
 // control plane signs, for the sequence it gets there; sealed in batches
@@ -242,7 +266,7 @@ func benchEvents(b *testing.B, srv *storetest.Server, base uint64, n int, mode b
 		svc := fmt.Sprintf("s%d", i%1000)
 		evs[i] = store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: svc,
 			Routes:    []store.Route{{Hosts: []string{svc + ".bench.test"}}},
-			Endpoints: []store.Endpoint{{InstanceID: "i1", Address: "10.100.0.1", Port: 8000}, {InstanceID: "i2", Address: "10.100.0.2", Port: 8000}}}
+			Endpoints: []store.Endpoint{{InstanceID: "i1", Machine: "m1", Address: "10.100.0.1", Port: 8000}, {InstanceID: "i2", Machine: "m2", Address: "10.100.0.2", Port: 8000}}}
 	}
 	if mode == sealed {
 		msgs, err := srv.Store.SignRouting(key, base, evs)
@@ -386,8 +410,9 @@ func benchView(b *testing.B, n int) *projection.View {
 				{Hosts: []string{fmt.Sprintf("svc%d.example.com", i), fmt.Sprintf("*.svc%d.example.com", i)}},
 				{Hosts: []string{fmt.Sprintf("svc%d.example.com", i)}, PathPrefixes: []string{"/api", "/static"}},
 			},
-			Endpoints: []store.Endpoint{{InstanceID: "a", Address: "10.100.0.1", Port: 8000}}}
+			Endpoints: []store.Endpoint{{InstanceID: "a", Machine: "m1", Address: "10.100.0.1", Port: 8000}}}
 	}
+	evs = append(evs, store.RoutingEvent{Version: 1, Kind: store.EventMachineUpsert, Machine: &store.MachineRecord{ID: "m1", Address: "10.100.0.1"}})
 	v, err := projection.BuildView(evs)
 	if err != nil {
 		b.Fatal(err)

@@ -13,10 +13,24 @@ import (
 // builder derives a new View from a base View by applying events. Each
 // shard is copied before its first change in this builder, so the base stays
 // untouched and every shard not touched is shared.
+//
+// A service's endpoints are admitted (store.CheckEndpoint) against the
+// machines as the builder ends with them, in finish: the services upserted
+// here, and those with an endpoint on a machine that came, went or moved.
+// So a service and its machine may come in either order, and an endpoint
+// is dialled only at the address its machine holds now.
 type builder struct {
 	v                                   View
 	ownSvc, ownExact, ownWild, ownMachs [nShards]bool
+	ownAside                            bool
 	changed                             bool
+	// unadmitted are the services upserted here, whose endpoints finish
+	// admits; moved the known machines whose address changed here (or
+	// that went), joined those new to the view.
+	unadmitted    map[string]*Service
+	moved, joined map[string]bool
+	// refused are the endpoints finish left out, with why.
+	refused []error
 }
 
 func newBuilder(base *View) *builder {
@@ -74,13 +88,16 @@ func (b *builder) apply(ev *store.RoutingEvent) error {
 func (b *builder) upsertService(ev *store.RoutingEvent) {
 	s := &Service{
 		Namespace: ev.Namespace, Name: ev.Service, DeployID: ev.DeployID, Revision: ev.Revision,
-		Routes: ev.Routes, Endpoints: ev.Endpoints, HealthPath: ev.HealthPath, Split: ev.Split,
+		Routes: ev.Routes, signed: ev.Endpoints, HealthPath: ev.HealthPath, Split: ev.Split,
 	}
 	key := s.Key()
 	b.removeService(key)
 	cowShard(&b.v.services, &b.ownSvc, key)[key] = s
 	b.v.numServices++
-	b.v.numEndpoints += len(s.Endpoints)
+	if b.unadmitted == nil {
+		b.unadmitted = map[string]*Service{}
+	}
+	b.unadmitted[key] = s
 	for _, hp := range routeEntries(s) {
 		if hp.wild {
 			b.addHost(&b.v.wild, &b.ownWild, hp.host, hostRoute{Prefix: hp.prefix, Route: hp.route, Service: s})
@@ -98,7 +115,14 @@ func (b *builder) removeService(key string) {
 	}
 	delete(cowShard(&b.v.services, &b.ownSvc, key), key)
 	b.v.numServices--
-	b.v.numEndpoints -= len(old.Endpoints)
+	if _, counted := b.unadmitted[key]; counted {
+		// Upserted here: its endpoints are not counted yet.
+		delete(b.unadmitted, key)
+	} else {
+		b.v.numEndpoints -= len(old.Endpoints)
+		b.v.numSetAside -= len(old.signed) - len(old.Endpoints)
+	}
+	b.setAside(key, false)
 	for _, hp := range routeEntries(old) {
 		if hp.wild {
 			b.dropHost(&b.v.wild, &b.ownWild, hp.host, old)
@@ -164,8 +188,13 @@ func (b *builder) dropHost(idx *shards[[]hostRoute], own *[nShards]bool, host st
 }
 
 func (b *builder) upsertMachine(m store.MachineRecord) {
-	if _, ok := b.v.machines.get(m.ID); !ok {
+	old, ok := b.v.machines.get(m.ID)
+	switch {
+	case !ok:
 		b.v.numMachines++
+		b.joined = addTo(b.joined, m.ID)
+	case old.Address != m.Address:
+		b.moved = addTo(b.moved, m.ID)
 	}
 	cowShard(&b.v.machines, &b.ownMachs, m.ID)[m.ID] = m
 	b.changed = true
@@ -177,7 +206,108 @@ func (b *builder) removeMachine(id string) {
 	}
 	delete(cowShard(&b.v.machines, &b.ownMachs, id), id)
 	b.v.numMachines--
+	b.moved = addTo(b.moved, id)
 	b.changed = true
+}
+
+func addTo(set map[string]bool, key string) map[string]bool {
+	if set == nil {
+		set = map[string]bool{}
+	}
+	set[key] = true
+	return set
+}
+
+// setAside notes whether service key has endpoints set aside: the
+// services a machine that joins may let in.
+func (b *builder) setAside(key string, on bool) {
+	if b.v.aside[key] == on {
+		return
+	}
+	if !b.ownAside {
+		b.v.aside, b.ownAside = maps.Clone(b.v.aside), true
+		if b.v.aside == nil {
+			b.v.aside = map[string]bool{}
+		}
+	}
+	if on {
+		b.v.aside[key] = true
+	} else {
+		delete(b.v.aside, key)
+	}
+}
+
+// admit settles the endpoints of every service whose endpoints may have
+// changed in this builder: each endpoint of the signed event is dialled
+// only if its machine's record admits it (store.CheckEndpoint); the others
+// are set aside, and each refusal is kept in b.refused.
+func (b *builder) admit() {
+	// A machine that came, went or moved changes what its services'
+	// endpoints may be: they are derived again (a Service is immutable,
+	// so as a new one). One that moved or went may take endpoints out of
+	// any service; one that joined only lets in endpoints set aside.
+	onChanged := func(s *Service) bool {
+		if _, ok := b.unadmitted[s.Key()]; ok {
+			return false
+		}
+		for _, e := range s.signed {
+			if b.moved[e.Machine] || b.joined[e.Machine] {
+				return true
+			}
+		}
+		return false
+	}
+	var again []*Service
+	switch {
+	case len(b.moved) > 0:
+		for _, m := range b.v.services {
+			for _, s := range m {
+				if onChanged(s) {
+					again = append(again, s)
+				}
+			}
+		}
+	case len(b.joined) > 0:
+		for key := range b.v.aside {
+			if s, ok := b.v.services.get(key); ok && onChanged(s) {
+				again = append(again, s)
+			}
+		}
+	}
+	for _, s := range again {
+		b.upsertService(s.event())
+	}
+	for _, s := range b.unadmitted {
+		// Most services have every endpoint admitted: they share the
+		// event's slice, and only one with a refusal gets its own.
+		var kept []store.Endpoint
+		for i := range s.signed {
+			e := &s.signed[i]
+			m, known := b.v.machines.get(e.Machine)
+			var mp *store.MachineRecord
+			if known {
+				mp = &m
+			}
+			if err := store.CheckEndpoint(e, mp); err != nil {
+				if kept == nil {
+					kept = append(make([]store.Endpoint, 0, len(s.signed)-1), s.signed[:i]...)
+				}
+				b.refused = append(b.refused, fmt.Errorf("%s: %w", s.Key(), err))
+				continue
+			}
+			if kept != nil {
+				kept = append(kept, *e)
+			}
+		}
+		s.Endpoints = s.signed
+		if kept != nil {
+			s.Endpoints = kept
+		}
+		b.v.numEndpoints += len(s.Endpoints)
+		b.v.numSetAside += len(s.signed) - len(s.Endpoints)
+		b.setAside(s.Key(), len(s.Endpoints) != len(s.signed))
+	}
+	b.unadmitted, b.moved, b.joined = nil, nil, nil
 }
 
 // FromState builds the view of a stored routing state exactly as a
@@ -196,11 +326,14 @@ func FromState(rs *store.RoutingState) (*View, []error) {
 	for _, m := range rs.Machines {
 		b.upsertMachine(m)
 	}
-	return b.finish(rs.Seq, false), errs
+	v := b.finish(rs.Seq, false)
+	return v, append(errs, b.refused...)
 }
 
-// finish returns the new immutable View at seq.
+// finish returns the new immutable View at seq, its endpoints admitted
+// (b.refused says which were not).
 func (b *builder) finish(seq uint64, stale bool) *View {
+	b.admit()
 	v := b.v
 	v.Seq = seq
 	v.Stale = stale

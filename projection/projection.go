@@ -86,6 +86,11 @@ type Projection struct {
 	// says why the latest was.
 	rejected      atomic.Uint64
 	lastRejection atomic.Pointer[string]
+	// endpointsRefused counts endpoints set aside because their
+	// machine's record does not admit them; lastEndpointRefusal says why
+	// the latest was.
+	endpointsRefused    atomic.Uint64
+	lastEndpointRefusal atomic.Pointer[string]
 	// skipVerify applies events unverified: tests' unsigned baseline only.
 	skipVerify bool
 	// seal is the verified routing seal that vouches for the events
@@ -236,6 +241,8 @@ type Status struct {
 	SnapshotError string `json:"snapshot_error,omitempty"`
 	// Digest hashes what the view serves (View.Digest).
 	Digest string `json:"digest"`
+	// Endpoints says which endpoints of signed upserts are not dialled.
+	Endpoints EndpointStatus `json:"endpoints"`
 	// HostConflicts are hosts routed by more than one namespace; only
 	// each one's owner is served (see View.Conflicts).
 	HostConflicts []HostConflict `json:"host_conflicts,omitempty"`
@@ -259,6 +266,18 @@ type SignatureStatus struct {
 	// Refused counts events not applied because their signature did not
 	// verify: their services kept their last good state. LastRefusal says
 	// why the latest was refused.
+	Refused     uint64 `json:"refused"`
+	LastRefusal string `json:"last_refusal,omitempty"`
+}
+
+// EndpointStatus is the projection's side of admitted addresses: an
+// endpoint is dialled only at its machine's admitted address
+// (store.CheckEndpoint), whatever a signed upsert says.
+type EndpointStatus struct {
+	// SetAside are the endpoints the view does not dial now.
+	SetAside int `json:"set_aside"`
+	// Refused counts every refusal since start (a rebuild counts those
+	// it finds again); LastRefusal says why the latest was.
 	Refused     uint64 `json:"refused"`
 	LastRefusal string `json:"last_refusal,omitempty"`
 }
@@ -305,6 +324,10 @@ func (p *Projection) Status() Status {
 	}
 	if e := p.snapshotErr.Load(); e != nil {
 		st.SnapshotError = *e
+	}
+	st.Endpoints.SetAside, st.Endpoints.Refused = v.SetAside(), p.endpointsRefused.Load()
+	if e := p.lastEndpointRefusal.Load(); e != nil {
+		st.Endpoints.LastRefusal = *e
 	}
 	st.Signatures.Refused = p.rejected.Load()
 	if e := p.lastRejection.Load(); e != nil {

@@ -285,6 +285,7 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 		b.upsertMachine(m)
 	}
 	v := b.finish(rs.Seq, false)
+	p.refuseEndpoints(b.refused)
 	v.BuiltAt = time.Now()
 	v.StreamCreated = info.Created
 	n := p.loads.Add(1)
@@ -390,6 +391,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 		return gap
 	}
 	v := b.finish(seq, !p.connected.Load())
+	p.refuseEndpoints(b.refused)
 	v.StreamCreated = created
 	p.swap(v)
 	p.eventsApplied.Add(uint64(nEvents))
@@ -426,6 +428,29 @@ func (p *Projection) refuse(seq uint64, subject string, err error) {
 	p.setError(msg)
 	p.log.Error("refusing a routing event whose signature does not verify; its service keeps its last good state",
 		zap.Uint64("seq", seq), zap.String("subject", subject), zap.Error(err))
+}
+
+// maxLoggedRefusals bounds the endpoint refusals logged one by one per
+// batch or load; the rest are counted, and summed up in one line.
+const maxLoggedRefusals = 8
+
+// refuseEndpoints counts and reports endpoints a view sets aside because
+// their machine's record does not admit them: they are never dialled, and
+// the rest of their service is served.
+func (p *Projection) refuseEndpoints(errs []error) {
+	if len(errs) == 0 {
+		return
+	}
+	p.endpointsRefused.Add(uint64(len(errs)))
+	msg := errs[len(errs)-1].Error()
+	p.lastEndpointRefusal.Store(&msg)
+	for i, err := range errs {
+		if i == maxLoggedRefusals {
+			p.log.Error("refusing more endpoints their machines' records do not admit", zap.Int("more", len(errs)-i))
+			break
+		}
+		p.log.Error("refusing an endpoint its machine's record does not admit; it is not dialled", zap.Error(err))
+	}
 }
 
 func (p *Projection) badEvent(seq uint64, subject string, err error) {

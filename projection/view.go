@@ -50,8 +50,13 @@ type Service struct {
 	DeployID        string
 	Revision        int64
 	Routes          []store.Route
-	// Endpoints are routable instances only, in slot order.
+	// Endpoints are routable instances only, in slot order: those of the
+	// signed upsert that its machines' records admit
+	// (store.CheckEndpoint); the others are never dialled.
 	Endpoints []store.Endpoint
+	// signed are the endpoints as the signed upsert named them, which
+	// are admitted again when a machine's address changes.
+	signed []store.Endpoint
 	// HealthPath is where gateways probe an endpoint's health (the
 	// service's readiness path); empty for a TCP connect.
 	HealthPath string
@@ -67,7 +72,7 @@ type Service struct {
 // event is the upsert that makes s again.
 func (s *Service) event() *store.RoutingEvent {
 	return &store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: s.Namespace,
-		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.Endpoints, HealthPath: s.HealthPath, Split: s.Split}
+		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.signed, HealthPath: s.HealthPath, Split: s.Split}
 }
 
 // Key is "<namespace>/<name>".
@@ -114,7 +119,12 @@ type View struct {
 	machines    shards[store.MachineRecord]
 
 	numServices, numEndpoints, numMachines int
-	lists                                  *lazyLists
+	// numSetAside counts the endpoints of signed upserts that no
+	// machine record admits; aside are the keys of their services. The
+	// map is replaced, never changed, once in a view.
+	numSetAside int
+	aside       map[string]bool
+	lists       *lazyLists
 
 	// down are the machines judged down (their beats stopped) when this
 	// view was swapped in; nil when none is.
@@ -400,6 +410,11 @@ func serviceDigest(s *Service) [2]uint64 {
 func (v *View) Counts() (services, endpoints, machines int) {
 	return v.numServices, v.numEndpoints, v.numMachines
 }
+
+// SetAside is the number of endpoints of signed upserts that are not
+// dialled because their machine's record does not admit them
+// (store.CheckEndpoint).
+func (v *View) SetAside() int { return v.numSetAside }
 
 // HostRoute is one (host, path prefix) -> service entry, for status pages.
 type HostRoute struct {

@@ -9,8 +9,11 @@ import (
 
 func upsert(ns, name string, routes ...store.Route) *store.RoutingEvent {
 	return &store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: ns, Service: name,
-		Routes: routes, Endpoints: []store.Endpoint{{InstanceID: name + "-1", Address: "10.100.0.1", Port: 8000}}}
+		Routes: routes, Endpoints: []store.Endpoint{{InstanceID: name + "-1", Machine: "m1", Address: "10.100.0.1", Port: 8000}}}
 }
+
+// m1 is the machine upsert's endpoints run on.
+var m1 = store.MachineRecord{ID: "m1", State: store.MachineActive, Address: "10.100.0.1"}
 
 func route(hosts []string, prefixes ...string) store.Route {
 	return store.Route{Hosts: hosts, PathPrefixes: prefixes}
@@ -19,6 +22,7 @@ func route(hosts []string, prefixes ...string) store.Route {
 func buildView(t *testing.T, evs ...*store.RoutingEvent) *View {
 	t.Helper()
 	b := newBuilder(emptyView(false))
+	b.upsertMachine(m1)
 	for i, ev := range evs {
 		if err := b.apply(ev); err != nil {
 			t.Fatalf("event %d: %v", i, err)
@@ -231,13 +235,14 @@ func BenchmarkBatchApply(b *testing.B) {
 		for i := range evs {
 			evs[i] = store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: fmt.Sprintf("svc%d", i), Revision: rev,
 				Routes:    []store.Route{{Hosts: []string{fmt.Sprintf("svc%d.example.com", i), fmt.Sprintf("*.svc%d.example.com", i)}}},
-				Endpoints: []store.Endpoint{{InstanceID: "a", Address: "10.100.0.1", Port: 8000}}}
+				Endpoints: []store.Endpoint{{InstanceID: "a", Machine: "m1", Address: "10.100.0.1", Port: 8000}}}
 		}
 		return evs
 	}
 	for _, size := range []int{1000, 10_000, 100_000} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
 			bl := newBuilder(emptyView(false))
+			bl.upsertMachine(m1)
 			for _, ev := range events(size, 1) {
 				if err := bl.apply(&ev); err != nil {
 					b.Fatal(err)
@@ -258,5 +263,46 @@ func BenchmarkBatchApply(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		})
+	}
+}
+
+// BenchmarkMachineEvents measures a batch holding one machine event, in
+// views of 10,000 and 100,000 services spread over 500 machines: "move"
+// (a known machine's address changes) looks through every service for
+// its endpoints and admits those again (here 1 service in 500); "join"
+// (a machine new to the view) looks only at services with endpoints set
+// aside (here none).
+func BenchmarkMachineEvents(b *testing.B) {
+	for _, size := range []int{10_000, 100_000} {
+		bl := newBuilder(emptyView(false))
+		for m := range 500 {
+			bl.upsertMachine(store.MachineRecord{ID: fmt.Sprintf("m%d", m), Address: fmt.Sprintf("10.100.%d.%d", m/250, m%250+1)})
+		}
+		for i := range size {
+			m := i % 500
+			ev := store.RoutingEvent{Version: 1, Kind: store.EventServiceUpsert, Namespace: "bench", Service: fmt.Sprintf("svc%d", i),
+				Routes:    []store.Route{{Hosts: []string{fmt.Sprintf("svc%d.example.com", i)}}},
+				Endpoints: []store.Endpoint{{InstanceID: "a", Machine: fmt.Sprintf("m%d", m), Address: fmt.Sprintf("10.100.%d.%d", m/250, m%250+1), Port: 8000}}}
+			if err := bl.apply(&ev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		base := bl.finish(1, false)
+		for _, kind := range []string{"move", "join"} {
+			b.Run(fmt.Sprintf("%s/%d", kind, size), func(b *testing.B) {
+				v := base
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					bl := newBuilder(v)
+					if kind == "move" {
+						bl.upsertMachine(store.MachineRecord{ID: "m7", Address: fmt.Sprintf("10.101.0.%d", i%250+1)})
+					} else {
+						bl.upsertMachine(store.MachineRecord{ID: fmt.Sprintf("new%d", i), Address: "10.102.0.1"})
+					}
+					v = bl.finish(uint64(i), false)
+				}
+			})
+		}
 	}
 }

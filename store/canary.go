@@ -154,9 +154,9 @@ func (s *Store) LatestCheckpoint(ctx context.Context, ns string) (*DeployCommit,
 // by the step's weight; a service whose instances cp keeps is routed as
 // live routes it; a service new in cp gets all its traffic. Routes and
 // health paths stay the live commit's until the final commit.
-func CanaryEvents(cp, live *DeployCommit, instances map[string]*InstanceRecord) []RoutingEvent {
+func CanaryEvents(cp, live *DeployCommit, src *RoutingSource) []RoutingEvent {
 	var out []RoutingEvent
-	for _, ev := range CommitEvents(cp, nil, instances) {
+	for _, ev := range CommitEvents(cp, nil, src) {
 		if live == nil {
 			out = append(out, ev)
 			continue
@@ -165,7 +165,7 @@ func CanaryEvents(cp, live *DeployCommit, instances map[string]*InstanceRecord) 
 			out = append(out, ev)
 			continue
 		}
-		old := ServiceUpsert(live, ev.Service, instances)
+		old := ServiceUpsert(live, ev.Service, src)
 		oldIDs := map[string]bool{}
 		for _, e := range old.Endpoints {
 			oldIDs[e.InstanceID] = true

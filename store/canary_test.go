@@ -42,7 +42,12 @@ func TestCanaryRouting(t *testing.T) {
 		insts[id] = &store.InstanceRecord{ID: id, Namespace: "shop", Service: map[byte]string{'w': "web", 'a': "api", 'g': "gone", 'n': "new"}[id[0]],
 			Revision: rev, Machine: "m1", Address: "127.0.0.1", Port: 9000 + i, State: store.InstanceReady, Version: store.RecordVersion}
 	}
-	events := store.CanaryEvents(cp, live, insts)
+	m1 := &store.MachineRecord{ID: "m1", State: store.MachineActive, Address: "127.0.0.1"}
+	if err := s.CreateMachine(ctx, m1); err != nil {
+		t.Fatal(err)
+	}
+	src := &store.RoutingSource{Instances: insts, Machines: map[string]*store.MachineRecord{"m1": m1}}
+	events := store.CanaryEvents(cp, live, src)
 	byService := map[string]store.RoutingEvent{}
 	for _, ev := range events {
 		byService[ev.Service] = ev

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -84,55 +85,58 @@ func (s *Store) PutObserved(ctx context.Context, o *MachineObserved) (uint64, er
 	return rev, nil
 }
 
-// observedAtOnce is how many machines' observations a listing reads with
-// one get each, all at once (one round trip, no JetStream API request).
-const observedAtOnce = 32
+// keysAtOnce is how many keys a read of a few records sends as one get
+// each, all at once (one round trip, no JetStream API request); more are
+// read in multi-subject batches.
+const keysAtOnce = 32
 
-// observedOf reads the observations of machines. An apply's namespace
-// runs on a few machines: their observations are as many key gets, sent
-// together, never one after another (ten in turn cost a busy store most of
-// a second); more are read in multi-subject batches.
-func (s *Store) observedOf(ctx context.Context, machines map[string]bool) (map[string]*MachineObserved, error) {
-	out := make(map[string]*MachineObserved, len(machines))
+// lastOfKeys reads the records of keys in kv (bucket its name) and calls
+// keep with each found, concurrently. An apply's namespace runs on a few
+// machines: their records are as many key gets, sent together, never one
+// after another (ten in turn cost a busy store most of a second); more
+// are read in multi-subject batches.
+func lastOfKeys[T any, P interface {
+	*T
+	record
+}](ctx context.Context, s *Store, kv jetstream.KeyValue, bucket string, keys map[string]bool, keep func(*T)) error {
 	var mu sync.Mutex
-	keep := func(o *MachineObserved) {
+	found := func(v *T) {
 		mu.Lock()
 		defer mu.Unlock()
-		out[o.Machine] = o
+		keep(v)
 	}
-	if len(machines) <= observedAtOnce {
+	if len(keys) <= keysAtOnce {
 		var g errgroup.Group
-		for m := range machines {
+		for k := range keys {
 			g.Go(func() error {
-				var o MachineObserved
-				_, err := GetJSON(ctx, s.Observed, m, &o)
+				v := new(T)
+				_, err := GetJSON(ctx, kv, k, P(v))
 				switch {
 				case err == nil:
-					keep(&o)
+					found(v)
 				case !HasCode(err, CodeNotFound):
 					return err
 				}
 				return nil
 			})
 		}
-		return out, g.Wait()
+		return g.Wait()
 	}
-	bucket := s.Names.ObservedBucket()
 	prefix := "$KV." + bucket + "."
-	subjects := make([]string, 0, len(machines))
-	for m := range machines {
-		subjects = append(subjects, prefix+m)
+	subjects := make([]string, 0, len(keys))
+	for k := range keys {
+		subjects = append(subjects, prefix+k)
 	}
-	return out, s.LastOf(ctx, "KV_"+bucket, subjects, func(m *StoredMsg) error {
+	return s.LastOf(ctx, "KV_"+bucket, subjects, func(m *StoredMsg) error {
 		if m.Header.Get(kvOperationHeader) != "" {
 			return nil // deleted
 		}
-		var o MachineObserved
-		if err := DecodeKeyed(bucket, strings.TrimPrefix(m.Subject, prefix), m.Data, &o); err != nil {
+		v := new(T)
+		if err := DecodeKeyed(bucket, strings.TrimPrefix(m.Subject, prefix), m.Data, P(v)); err != nil {
 			SkippedRecords.Add(1)
 			return nil
 		}
-		keep(&o)
+		found(v)
 		return nil
 	})
 }
@@ -141,15 +145,22 @@ func (s *Store) observedOf(ctx context.Context, machines map[string]bool) (map[s
 // filter, see InstanceKey), each as its machine's agent last observed it:
 // the record, or its machine's newer observation.
 func (s *Store) ListInstances(ctx context.Context, filter string, fn func(key string, r *InstanceRecord) error) error {
+	return s.listInstances(ctx, filter, nil, fn)
+}
+
+// listInstances is ListInstances; with machines set, it also reads the
+// records of the machines the instances run on into it, together with
+// their observations.
+func (s *Store) listInstances(ctx context.Context, filter string, machines map[string]*MachineRecord, fn func(key string, r *InstanceRecord) error) error {
 	type keyed struct {
 		key string
 		rec *InstanceRecord
 	}
 	var recs []keyed
-	machines := map[string]bool{}
+	ids := map[string]bool{}
 	if err := ListJSON(ctx, s, s.Instances, filter, func(key string, r *InstanceRecord) error {
 		recs = append(recs, keyed{key, r})
-		machines[r.Machine] = true
+		ids[r.Machine] = true
 		return nil
 	}); err != nil {
 		return err
@@ -157,9 +168,26 @@ func (s *Store) ListInstances(ctx context.Context, filter string, fn func(key st
 	if len(recs) == 0 {
 		return nil
 	}
-	obs, err := s.observedOf(ctx, machines)
-	if err != nil {
-		return fmt.Errorf("reading instance observations: %w", err)
+	obs := make(map[string]*MachineObserved, len(ids))
+	var g errgroup.Group
+	g.Go(func() error {
+		err := lastOfKeys(ctx, s, s.Observed, s.Names.ObservedBucket(), ids, func(o *MachineObserved) { obs[o.Machine] = o })
+		if err != nil {
+			return fmt.Errorf("reading instance observations: %w", err)
+		}
+		return nil
+	})
+	if machines != nil {
+		g.Go(func() error {
+			err := lastOfKeys(ctx, s, s.Machines, s.Names.MachinesBucket(), ids, func(m *MachineRecord) { machines[m.ID] = m })
+			if err != nil {
+				return fmt.Errorf("reading the machines of instances: %w", err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	for _, k := range recs {
 		obs[k.rec.Machine].Apply(k.rec)
@@ -177,11 +205,12 @@ func (s *Store) CurrentInstance(ctx context.Context, key string) (*InstanceRecor
 	if err != nil {
 		return nil, err
 	}
-	obs, err := s.observedOf(ctx, map[string]bool{rec.Machine: true})
+	var obs *MachineObserved
+	err = lastOfKeys(ctx, s, s.Observed, s.Names.ObservedBucket(), map[string]bool{rec.Machine: true}, func(o *MachineObserved) { obs = o })
 	if err != nil {
 		return nil, fmt.Errorf("reading instance observations: %w", err)
 	}
-	obs[rec.Machine].Apply(rec)
+	obs.Apply(rec)
 	return rec, nil
 }
 

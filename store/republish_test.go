@@ -47,6 +47,9 @@ func TestRepublishRequests(t *testing.T) {
 	if _, err := s.AppendCommit(ctx, commit); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.CreateMachine(ctx, &store.MachineRecord{ID: "m1", State: store.MachineActive, Address: "127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
 	for _, inst := range []store.InstanceRecord{
 		{ID: "w1", Namespace: "shop", Service: "web", Revision: 1, Machine: "m1", Address: "127.0.0.1", Port: 8080, State: store.InstanceReady},
 		// An instance of a service the live commit dropped.

@@ -147,35 +147,58 @@ func (s *Store) CommittedNamespaces(ctx context.Context) ([]string, error) {
 }
 
 // Routable reports whether inst may receive traffic under slot: ready, not
-// draining, no unrecovered error, an overlay address, and the very instance,
-// machine and revision the committed slot names. There is no grace period.
+// draining, no unrecovered error, a port, and the very instance, machine
+// and revision the committed slot names. There is no grace period. Where
+// it is reached is its machine's business (RoutingSource.Endpoint).
 func Routable(inst *InstanceRecord, slot SlotAssignment) bool {
 	return inst != nil &&
 		inst.State == InstanceReady &&
 		inst.Error == "" &&
-		inst.Address != "" && inst.Port > 0 &&
+		inst.Port > 0 &&
 		inst.ID == slot.InstanceID &&
 		inst.Machine == slot.Machine &&
 		inst.Revision == slot.Revision
 }
 
+// RoutingSource is what a namespace's routing is derived from: its
+// instance records by ID, as their agents last observed them, and the
+// records of the machines they run on by ID. An endpoint's IP is its
+// machine's admitted address; the agent names only the port.
+type RoutingSource struct {
+	Instances map[string]*InstanceRecord
+	Machines  map[string]*MachineRecord
+}
+
+// Endpoint is the endpoint of inst routed under slot, if it is routable
+// and its machine is a member with an address: the machine's admitted
+// address and the instance's port. The address the agent wrote in its
+// instance record is never used: an agent's credentials write that
+// record, and must not decide where gateways send traffic.
+func (src *RoutingSource) Endpoint(slot SlotAssignment) (Endpoint, bool) {
+	inst := src.Instances[slot.InstanceID]
+	if !Routable(inst, slot) || inst.Port > 65535 {
+		return Endpoint{}, false
+	}
+	m := src.Machines[inst.Machine]
+	if m == nil || m.ID != inst.Machine || m.Address == "" {
+		return Endpoint{}, false
+	}
+	return Endpoint{InstanceID: inst.ID, Machine: inst.Machine, Slot: slot.Slot, Revision: inst.Revision,
+		Address: m.Address, Port: inst.Port}, true
+}
+
 // ServiceUpsert derives the routing upsert of service from the live commit
-// and the instance records (keyed by instance ID).
-func ServiceUpsert(c *DeployCommit, service string, instances map[string]*InstanceRecord) RoutingEvent {
+// and src.
+func ServiceUpsert(c *DeployCommit, service string, src *RoutingSource) RoutingEvent {
 	ev := RoutingEvent{
 		Version: RecordVersion, Kind: EventServiceUpsert,
 		Namespace: c.Namespace, Service: service, DeployID: c.ID, Revision: c.Revision,
 		Routes: c.Manifest.Services[service].Routes, HealthPath: c.Manifest.Services[service].Readiness.Path, At: time.Now().UTC(),
 	}
 	for _, slot := range c.SlotsOf(service) {
-		inst := instances[slot.InstanceID]
-		if !Routable(inst, slot) {
-			continue
+		if ep, ok := src.Endpoint(slot); ok {
+			ev.Endpoints = append(ev.Endpoints, ep)
 		}
-		ev.Endpoints = append(ev.Endpoints, Endpoint{
-			InstanceID: inst.ID, Machine: inst.Machine, Slot: slot.Slot, Revision: inst.Revision,
-			Address: inst.Address, Port: inst.Port,
-		})
 	}
 	return ev
 }
@@ -183,7 +206,7 @@ func ServiceUpsert(c *DeployCommit, service string, instances map[string]*Instan
 // CommitEvents derives every routing event of commit c: an upsert per
 // service, and a removal for each service of prev (the commit it replaced,
 // may be nil) that c no longer has. Events come in a stable order.
-func CommitEvents(c, prev *DeployCommit, instances map[string]*InstanceRecord) []RoutingEvent {
+func CommitEvents(c, prev *DeployCommit, src *RoutingSource) []RoutingEvent {
 	var names []string
 	for name := range c.Manifest.Services {
 		names = append(names, name)
@@ -191,7 +214,7 @@ func CommitEvents(c, prev *DeployCommit, instances map[string]*InstanceRecord) [
 	sort.Strings(names)
 	var out []RoutingEvent
 	for _, name := range names {
-		out = append(out, ServiceUpsert(c, name, instances))
+		out = append(out, ServiceUpsert(c, name, src))
 	}
 	if prev != nil {
 		var gone []string
@@ -218,6 +241,22 @@ func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[s
 		return nil
 	})
 	return out, err
+}
+
+// RoutingSourceOf reads what namespace's routing is derived from: its
+// instance records as NamespaceInstances reads them, and the records of
+// the machines they run on, read together with the instances'
+// observations (no round trip of their own).
+func (s *Store) RoutingSourceOf(ctx context.Context, namespace string) (*RoutingSource, error) {
+	src := &RoutingSource{Instances: map[string]*InstanceRecord{}, Machines: map[string]*MachineRecord{}}
+	err := s.listInstances(ctx, NamespaceInstancesFilter(namespace), src.Machines, func(_ string, r *InstanceRecord) error {
+		src.Instances[r.ID] = r
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return src, nil
 }
 
 // PublishRouting appends events in order to the routing stream, each
@@ -326,12 +365,12 @@ func (s *Store) republish(ctx context.Context, namespace, service string, check 
 		return 0, &Error{Code: CodeNotFound, Message: fmt.Sprintf("namespace %s has no committed deploy", namespace),
 			Detail: map[string]string{"namespace": namespace}}
 	}
-	insts, err := s.NamespaceInstances(ctx, namespace)
+	src, err := s.RoutingSourceOf(ctx, namespace)
 	if err != nil {
 		return 0, err
 	}
 	if check != nil {
-		if err := check(insts); err != nil {
+		if err := check(src.Instances); err != nil {
 			return 0, err
 		}
 	}
@@ -341,9 +380,9 @@ func (s *Store) republish(ctx context.Context, namespace, service string, check 
 		if _, ok := live.Manifest.Services[service]; !ok {
 			return 0, nil
 		}
-		return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, insts)})
+		return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, src)})
 	}
-	for _, ev := range CanaryEvents(canary, live, insts) {
+	for _, ev := range CanaryEvents(canary, live, src) {
 		if ev.Service == service {
 			return s.PublishRouting(ctx, "", []RoutingEvent{ev})
 		}
@@ -352,7 +391,7 @@ func (s *Store) republish(ctx context.Context, namespace, service string, check 
 	// final commit.
 	if live != nil {
 		if _, ok := live.Manifest.Services[service]; ok {
-			return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, insts)})
+			return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, src)})
 		}
 	}
 	return 0, nil

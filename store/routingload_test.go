@@ -28,11 +28,11 @@ func referenceLoad(ctx context.Context, s *store.Store) (*store.RoutingState, er
 		if err != nil {
 			return nil, err
 		}
-		insts, err := s.NamespaceInstances(ctx, ns)
+		src, err := s.RoutingSourceOf(ctx, ns)
 		if err != nil {
 			return nil, err
 		}
-		st.Services = append(st.Services, store.CommitEvents(c, nil, insts)...)
+		st.Services = append(st.Services, store.CommitEvents(c, nil, src)...)
 	}
 	err = store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
 		st.Machines = append(st.Machines, *m)
@@ -62,18 +62,18 @@ func TestLoadRoutingMatchesReference(t *testing.T) {
 	}
 	for i := 0; i < 3; i++ {
 		if _, _, err := storetest.Deploy(ctx, s, "a", map[string]storetest.Service{
-			"web": web("127.0.0.1", 9000+i, "a-w"+strconv.Itoa(i)),
-			"api": web("127.0.0.1", 9100+i, "a-api"+strconv.Itoa(i), "a-api-x"+strconv.Itoa(i)),
+			"web": web("10.0.0.9", 9000+i, "a-w"+strconv.Itoa(i)),
+			"api": web("10.0.0.9", 9100+i, "a-api"+strconv.Itoa(i), "a-api-x"+strconv.Itoa(i)),
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if _, _, err := storetest.Deploy(ctx, s, "b", map[string]storetest.Service{
 		"web": {Routes: web("", 0).Routes, Instances: []storetest.Instance{
-			{ID: "b1", Machine: "m1", Address: "10.0.0.1", Port: 80},
-			{ID: "b2", Machine: "m1", Address: "10.0.0.2", Port: 80, State: store.InstanceDraining},
-			{ID: "b3", Machine: "m1", Address: "10.0.0.3", Port: 80, Error: "crashed"},
-			{ID: "b4", Machine: "m1", Address: "", Port: 80},
+			{ID: "b1", Machine: "m4", Address: "10.0.0.1", Port: 80},
+			{ID: "b2", Machine: "m2", Address: "10.0.0.2", Port: 80, State: store.InstanceDraining},
+			{ID: "b3", Machine: "m3", Address: "10.0.0.3", Port: 80, Error: "crashed"},
+			{ID: "b4", Machine: "m4", Address: "10.0.0.1", Port: 0},
 		}},
 	}); err != nil {
 		t.Fatal(err)
@@ -86,8 +86,10 @@ func TestLoadRoutingMatchesReference(t *testing.T) {
 	if _, err := s.AppendCommit(ctx, cp); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"m2", "m1"} {
-		rec := &store.MachineRecord{Version: 1, ID: id, State: store.MachineActive, Address: "10.100.0.1"}
+	// Each machine where its instances were last routed (the reference
+	// derives their endpoints from the machines as they are now).
+	for id, addr := range map[string]string{"m2": "10.0.0.2", "m1": "10.0.0.9"} {
+		rec := &store.MachineRecord{Version: 1, ID: id, State: store.MachineActive, Address: addr}
 		if _, err := store.PutJSON(ctx, s.Machines, id, rec); err != nil {
 			t.Fatal(err)
 		}

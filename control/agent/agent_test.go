@@ -71,6 +71,11 @@ func startAgentAlone(t *testing.T, srv *storetest.Server, dir string, opts ...fu
 	for _, o := range opts {
 		o(&cfg)
 	}
+	// The machine is a member, as admission records it: its instances
+	// are routed at its address.
+	if _, err := storetest.AdmitMachine(context.Background(), srv.Store, cfg.Machine.ID, cfg.Machine.Address); err != nil {
+		t.Fatal(err)
+	}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

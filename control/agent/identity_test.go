@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -58,9 +59,49 @@ func TestIdentify(t *testing.T) {
 	if _, err := machines.Get(ctx, srv.Store, "m2"); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("a refused request recorded m2: %v", err)
 	}
-	// A new address is recorded by the control plane.
+	// A new address is where every gateway would send the machine's
+	// traffic: the operator's to record, and the agent is told how.
+	_, err = Identify(ctx, srv.Store, JoinRequest{DataDir: dir, Advertise: "127.0.0.3"})
+	if !store.HasCode(err, store.CodeInvalid) || store.AsError(err).Detail["command"] != "control machine address m1 127.0.0.3" {
+		t.Fatalf("an agent moving its machine: %v, want invalid naming the operator's command", err)
+	}
+	if rec, err := machines.Get(ctx, srv.Store, "m1"); err != nil || rec.Address != "127.0.0.2" {
+		t.Fatalf("after the refused move: %+v %v", rec, err)
+	}
+	if _, err := machines.SetAddress(ctx, srv.Store, "m1", "127.0.0.3"); err != nil {
+		t.Fatal(err)
+	}
 	if rec, err := Identify(ctx, srv.Store, JoinRequest{DataDir: dir, Advertise: "127.0.0.3"}); err != nil || rec.Address != "127.0.0.3" {
-		t.Fatalf("a new address: %+v %v", rec, err)
+		t.Fatalf("started at the address the operator recorded: %+v %v", rec, err)
+	}
+	// The mesh IP the registrar recorded for it the agent may move to.
+	peer := store.MeshPeerRecord{Version: store.RecordVersion, Machine: "m1", PublicKey: "k", MeshIP: "127.0.0.9", RegisteredAt: time.Now()}
+	if _, err := srv.Store.PutMeshPeer(ctx, &peer); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := Identify(ctx, srv.Store, JoinRequest{DataDir: dir, Advertise: "127.0.0.9"}); err != nil || rec.Address != "127.0.0.9" {
+		t.Fatalf("a move to the machine's mesh IP: %+v %v", rec, err)
+	}
+	// Nor to another member's address: gateways would take that
+	// machine's endpoints for this one's.
+	if err := srv.Store.CreateMachine(ctx, &store.MachineRecord{ID: "m3", State: store.MachineActive, Address: "10.100.0.3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := machines.SetAddress(ctx, srv.Store, "m1", "10.100.0.3"); !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("the operator moving m1 to m3's address: %v, want conflict", err)
+	}
+	token2, _, err := srv.Store.CreateInvite(ctx, "eu", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Identify(ctx, srv.Store, JoinRequest{DataDir: t.TempDir(), Token: token2, Machine: "m4", Advertise: "10.100.0.3"}); !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("joining at m3's address: %v, want conflict", err)
+	}
+	// No one moves a machine where no endpoint may be.
+	for _, addr := range []string{"169.254.169.254", "fe80::1", "0.0.0.0", "224.0.0.1"} {
+		if _, err := machines.SetAddress(ctx, srv.Store, "m1", addr); !store.HasCode(err, store.CodeInvalid) {
+			t.Fatalf("the operator moving m1 to %s: %v, want invalid", addr, err)
+		}
 	}
 }
 

@@ -20,11 +20,11 @@ import (
 // for a namespace's first), from stored state and appends them, idempotently
 // per commit, then records that on st.
 func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit, prev *store.DeployCommit) error {
-	insts, err := d.s.NamespaceInstances(ctx, commit.Namespace)
+	src, err := d.s.RoutingSourceOf(ctx, commit.Namespace)
 	if err != nil {
 		return err
 	}
-	seq, err := d.s.PublishRouting(ctx, commit.ID, store.CommitEvents(commit, prev, insts))
+	seq, err := d.s.PublishRouting(ctx, commit.ID, store.CommitEvents(commit, prev, src))
 	if err != nil {
 		return err
 	}

@@ -83,7 +83,8 @@ func (cfg Config) ids() []string {
 func Enroll(ctx context.Context, s *store.Store, cfg Config, prepare func(ctx context.Context, machine string) error) error {
 	cfg = cfg.withDefaults()
 	now := time.Now().UTC()
-	return parallel(ctx, cfg.ids(), func(ctx context.Context, id string) error {
+	ids := cfg.ids()
+	err := parallel(ctx, ids, func(ctx context.Context, id string) error {
 		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: cfg.Address, JoinedAt: now, UpdatedAt: now}
 		if err := s.PutMachine(ctx, &rec); err != nil {
 			return fmt.Errorf("recording simulated machine %s: %w", id, err)
@@ -93,6 +94,21 @@ func Enroll(ctx context.Context, s *store.Store, cfg Config, prepare func(ctx co
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	// Gateways dial an endpoint only on a machine they know, as
+	// admission tells them of each: in one publish, sealed in batches.
+	// Without a signer nothing is routed, so none is needed.
+	events := make([]store.RoutingEvent, len(ids))
+	for i, id := range ids {
+		events[i] = store.RoutingEvent{Kind: store.EventMachineUpsert, At: now, Machine: &store.MachineRecord{Version: store.RecordVersion,
+			ID: id, State: store.MachineActive, Address: cfg.Address, JoinedAt: now, UpdatedAt: now}}
+	}
+	if _, err := s.PublishRouting(ctx, "", events); err != nil && !store.HasCode(err, store.CodeSigningKeyRequired) {
+		return fmt.Errorf("publishing simulated machines: %w", err)
+	}
+	return nil
 }
 
 // Fleet is a running simulated fleet.

@@ -4,9 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
+	"net/netip"
 	"strings"
-	"time"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -18,7 +17,9 @@ import (
 const (
 	// AdmitJoin redeems an invite and records the machine.
 	AdmitJoin = "join"
-	// AdmitAddress moves the machine to another address.
+	// AdmitAddress moves the machine to another address: only to the
+	// mesh IP the registrar recorded for it (see move); any other move is
+	// the operator's (SetAddress, `control machine address`).
 	AdmitAddress = "address"
 )
 
@@ -45,8 +46,12 @@ func ServeAdmission(ctx context.Context, s *store.Store) (func(), error) {
 				return nil, store.Errorf(store.CodeInvalid, "admission request for machine %q sent on machine %q's subject", req.Machine, machine).
 					With("machine", machine)
 			}
-			if net.ParseIP(req.Address) == nil {
-				return nil, store.Errorf(store.CodeInvalid, "address %q is not an IP address", req.Address).With("machine", machine)
+			ip, err := CheckAddress(machine, req.Address)
+			if err != nil {
+				return nil, err
+			}
+			if err := checkUnclaimed(ctx, s, machine, ip); err != nil {
+				return nil, err
 			}
 			switch verb {
 			case AdmitJoin:
@@ -58,17 +63,94 @@ func ServeAdmission(ctx context.Context, s *store.Store) (func(), error) {
 		})
 }
 
-// move changes a member machine's address; it admits no one.
+// move changes a member machine's address at its agent's request; it
+// admits no one. The address is where every gateway sends the machine's
+// traffic, and an agent's credentials are assumed stolen some day: so an
+// agent may move its machine only to the mesh IP the registrar recorded
+// for it (a record the control plane signs), as an agent that joined
+// before its meshd registered does. Any other move is the operator's.
 func move(ctx context.Context, s *store.Store, id, address string) (*store.MachineRecord, error) {
-	cur, rev, err := s.GetMachine(ctx, id)
+	cur, _, err := s.GetMachine(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if cur.Address == address {
+	if sameIP(cur.Address, address) {
 		return cur, nil
 	}
-	cur.Address, cur.UpdatedAt = address, time.Now().UTC()
-	return cur, update(ctx, s, cur, rev)
+	mesh := ""
+	switch peer, err := s.MeshPeer(ctx, id); {
+	case err == nil:
+		mesh = peer.MeshIP
+	case !store.HasCode(err, store.CodeNotFound) && !store.HasCode(err, store.CodeBadSignature):
+		return nil, err
+	}
+	if mesh == "" || !sameIP(mesh, address) {
+		why := "it has no mesh IP"
+		if mesh != "" {
+			why = "its mesh IP is " + mesh
+		}
+		return nil, store.Errorf(store.CodeInvalid,
+			"machine %s may not move itself from %s to %s (%s): an agent may move its machine only to its mesh IP; an operator moves it with `control machine address %s %s`",
+			id, cur.Address, address, why, id, address).
+			With("machine", id).With("address", cur.Address).With("requested", address).With("mesh_ip", mesh).
+			With("command", fmt.Sprintf("control machine address %s %s", id, address))
+	}
+	moved, err := SetAddress(ctx, s, id, address)
+	if err != nil {
+		return nil, err
+	}
+	return &moved.MachineRecord, nil
+}
+
+// CheckAddress parses address, an IP a machine is to be reached at, and
+// refuses one no endpoint may be dialled at: unspecified, multicast and
+// link-local addresses (169.254.169.254 is cloud metadata). Loopback is
+// allowed: a single box's machine is reached at 127.0.0.1.
+func CheckAddress(machine, address string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(address)
+	if err != nil || ip.Zone() != "" {
+		return netip.Addr{}, store.Errorf(store.CodeInvalid, "address %q is not an IP address", address).With("machine", machine).With("address", address)
+	}
+	if class := store.SpecialAddress(ip); class != "" && class != "loopback" {
+		return netip.Addr{}, store.Errorf(store.CodeInvalid, "address %s (%s): no machine is reached there", address, class).
+			With("machine", machine).With("address", address)
+	}
+	return ip.Unmap(), nil
+}
+
+// checkUnclaimed refuses ip for machine id when another member is
+// reached there: gateways would take that machine's endpoints for id's.
+// Loopback is shared: every machine of a single-host test bed is
+// reached on it.
+func checkUnclaimed(ctx context.Context, s *store.Store, id string, ip netip.Addr) error {
+	if ip.IsLoopback() {
+		return nil
+	}
+	var other string
+	err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+		if m.ID != id && other == "" && sameIP(m.Address, ip.String()) {
+			other = m.ID
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if other != "" {
+		return store.Errorf(store.CodeConflict, "address %s is machine %s's: a machine is reached at an address of its own", ip, other).
+			With("machine", id).With("address", ip.String()).With("owner", other)
+	}
+	return nil
+}
+
+// sameIP reports whether a and b are the same IP address, however written.
+func sameIP(a, b string) bool {
+	x, err1 := netip.ParseAddr(a)
+	y, err2 := netip.ParseAddr(b)
+	if err1 != nil || err2 != nil {
+		return a == b
+	}
+	return x.Unmap() == y.Unmap()
 }
 
 // RequestAdmission asks the control plane to admit (AdmitJoin, with an

@@ -51,22 +51,89 @@ func Admit(ctx context.Context, s *store.Store, token, id, address string) (*sto
 // Register records the local machine of a single-box `control server
 // --agent`, which the operator asked for explicitly by that flag. An
 // existing record is kept (its state may have been changed since), only its
-// address follows the flag.
+// address follows the flag (SetAddress).
 func Register(ctx context.Context, s *store.Store, id, address string) (*store.MachineRecord, error) {
-	cur, rev, err := s.GetMachine(ctx, id)
+	ip, err := CheckAddress(id, address)
+	if err != nil {
+		return nil, err
+	}
+	cur, _, err := s.GetMachine(ctx, id)
 	if err == nil {
-		if cur.Address == address {
+		if sameIP(cur.Address, address) {
 			return cur, nil
 		}
-		cur.Address, cur.UpdatedAt = address, time.Now().UTC()
-		return cur, update(ctx, s, cur, rev)
+		moved, err := SetAddress(ctx, s, id, address)
+		if err != nil {
+			return nil, err
+		}
+		return &moved.MachineRecord, nil
 	}
 	if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
 	}
 	now := time.Now().UTC()
-	rec := &store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: address, JoinedAt: now, UpdatedAt: now}
+	rec := &store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: ip.String(), JoinedAt: now, UpdatedAt: now}
 	return rec, create(ctx, s, rec)
+}
+
+// Moved is what SetAddress did.
+type Moved struct {
+	store.MachineRecord
+	// From is the address the machine had.
+	From string `json:"from"`
+	// Republished are the services ("ns/service") with an instance on
+	// the machine, whose routing was published again at its address.
+	Republished []string `json:"republished,omitempty"`
+}
+
+// SetAddress moves machine id to address: an operator's act (`control
+// machine address`), or an agent's move to its mesh IP (move). The
+// address is where every gateway and DNS server reaches the machine's
+// instances, and the only one they dial for it. The record changes and a
+// machine upsert tells every projection, which stops dialling the
+// machine's endpoints at the old address at once; then every service with
+// an instance on it is published again, at the new one. Instances listen
+// where their agent started them: ones bound to the old address are
+// reached again once the agent restarted (it reads its record at start)
+// and started them anew (the next apply of their namespace). Moving a
+// machine to the address it has publishes its services again all the
+// same, which finishes a move that was interrupted.
+func SetAddress(ctx context.Context, s *store.Store, id, address string) (*Moved, error) {
+	ip, err := CheckAddress(id, address)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkUnclaimed(ctx, s, id, ip); err != nil {
+		return nil, err
+	}
+	cur, rev, err := s.GetMachine(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := &Moved{From: cur.Address}
+	if !sameIP(cur.Address, address) {
+		cur.Address, cur.UpdatedAt = ip.String(), time.Now().UTC()
+		if err := update(ctx, s, cur, rev); err != nil {
+			return nil, err
+		}
+	}
+	out.MachineRecord = *cur
+	services := map[string]bool{}
+	err = s.ListInstances(ctx, "*."+id+".*", func(_ string, in *store.InstanceRecord) error {
+		services[in.Namespace+"/"+in.Service] = true
+		return nil
+	})
+	if err != nil {
+		return out, err
+	}
+	for _, key := range slices.Sorted(maps.Keys(services)) {
+		ns, svc, _ := strings.Cut(key, "/")
+		if _, err := s.RepublishService(ctx, ns, svc); err != nil && !store.HasCode(err, store.CodeNotFound) {
+			return out, fmt.Errorf("publishing %s at machine %s's address %s: %w", key, id, cur.Address, err)
+		}
+		out.Republished = append(out.Republished, key)
+	}
+	return out, nil
 }
 
 // create records rec and publishes it to every projection.

@@ -98,7 +98,7 @@ func TestCaddyApp(t *testing.T) {
 		t.Helper()
 		var insts []storetest.Instance
 		for i, ip := range ips {
-			insts = append(insts, storetest.Instance{ID: fmt.Sprintf("w%d-%s", i, strings.ReplaceAll(ip, ".", "-")), Machine: "m1", Address: ip, Port: 8080})
+			insts = append(insts, storetest.Instance{ID: fmt.Sprintf("w%d-%s", i, strings.ReplaceAll(ip, ".", "-")), Machine: "m-" + strings.ReplaceAll(ip, ".", "-"), Address: ip, Port: 8080})
 		}
 		if _, _, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{"web": {Instances: insts}}); err != nil {
 			t.Fatal(err)

@@ -19,6 +19,9 @@ import (
 type Instance struct {
 	ID      string
 	Machine string
+	// Address is where its machine is admitted: Prepare records the
+	// machine there (its endpoints are reached at the machine's address,
+	// so the instances of one machine share one).
 	Address string
 	Port    int
 	// State defaults to store.InstanceReady.
@@ -54,15 +57,16 @@ func Deploy(ctx context.Context, s *store.Store, namespace string, services map[
 // final commit is not appended yet: the state just before the point of no
 // return.
 type Pending struct {
-	s         *store.Store
-	prev      *store.DeployCommit
-	instances map[string]*store.InstanceRecord
+	s    *store.Store
+	prev *store.DeployCommit
+	src  *store.RoutingSource
 	// Deploy is the final commit Commit appends.
 	Deploy *store.DeployCommit
 }
 
-// Prepare writes the instance records of a deploy of services and builds
-// its final commit at the next revision, without appending it.
+// Prepare records the machines of a deploy of services at their
+// instances' addresses (AdmitMachine), writes the instance records and
+// builds its final commit at the next revision, without appending it.
 func Prepare(ctx context.Context, s *store.Store, namespace string, services map[string]Service) (*Pending, error) {
 	var prev *store.DeployCommit
 	if c, err := s.LiveCommit(ctx, namespace); err == nil {
@@ -84,7 +88,19 @@ func Prepare(ctx context.Context, s *store.Store, namespace string, services map
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	insts := map[string]*store.InstanceRecord{}
+	src := &store.RoutingSource{Instances: map[string]*store.InstanceRecord{}, Machines: map[string]*store.MachineRecord{}}
+	for _, name := range names {
+		for _, in := range services[name].Instances {
+			if m := src.Machines[in.Machine]; m != nil && m.Address != in.Address {
+				return nil, fmt.Errorf("machine %s has instances at %s and %s: a machine has one address", in.Machine, m.Address, in.Address)
+			}
+			m, err := AdmitMachine(ctx, s, in.Machine, in.Address)
+			if err != nil {
+				return nil, err
+			}
+			src.Machines[in.Machine] = m
+		}
+	}
 	for _, name := range names {
 		svc := services[name]
 		n := len(svc.Instances)
@@ -104,10 +120,10 @@ func Prepare(ctx context.Context, s *store.Store, namespace string, services map
 			if _, err := s.PutInstance(ctx, rec); err != nil {
 				return nil, err
 			}
-			insts[in.ID] = rec
+			src.Instances[in.ID] = rec
 		}
 	}
-	return &Pending{s: s, prev: prev, instances: insts, Deploy: c}, nil
+	return &Pending{s: s, prev: prev, src: src, Deploy: c}, nil
 }
 
 // Commit appends the final commit and publishes its routing events, as
@@ -117,7 +133,34 @@ func (p *Pending) Commit(ctx context.Context) (uint64, error) {
 	if _, err := p.s.AppendCommit(ctx, p.Deploy); err != nil {
 		return 0, err
 	}
-	return p.s.PublishRouting(ctx, p.Deploy.ID, store.CommitEvents(p.Deploy, p.prev, p.instances))
+	return p.s.PublishRouting(ctx, p.Deploy.ID, store.CommitEvents(p.Deploy, p.prev, p.src))
+}
+
+// AdmitMachine records machine id at address as admission and the
+// operator do (control/machines): a machine record, and a machine upsert
+// published so that projections know where its endpoints may be. A
+// machine already recorded there is left as it is; one recorded elsewhere
+// is moved.
+func AdmitMachine(ctx context.Context, s *store.Store, id, address string) (*store.MachineRecord, error) {
+	cur, rev, err := s.GetMachine(ctx, id)
+	now := time.Now().UTC()
+	switch {
+	case err == nil && cur.Address == address:
+		return cur, nil
+	case err == nil:
+		cur.Address, cur.UpdatedAt = address, now
+		err = s.UpdateMachine(ctx, cur, rev)
+	case store.HasCode(err, store.CodeNotFound):
+		cur = &store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: address, JoinedAt: now, UpdatedAt: now}
+		err = s.CreateMachine(ctx, cur)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineUpsert, Machine: cur, At: now}}); err != nil {
+		return nil, err
+	}
+	return cur, nil
 }
 
 // SetInstance changes one instance record's state and error and publishes

@@ -106,7 +106,9 @@ func seed(ctx context.Context, cfg config) (_ *server.Server, err error) {
 		var insts []storetest.Instance
 		for j := 0; j < cfg.instances; j++ {
 			addr := fmt.Sprintf("10.%d.%d.%d", 100+j, i/250, i%250+1)
-			insts = append(insts, storetest.Instance{ID: fmt.Sprintf("%s-i%d", name, j), Machine: "m1", Address: addr, Port: 8080})
+			// A machine per address: an endpoint is reached at its
+			// machine's admitted address.
+			insts = append(insts, storetest.Instance{ID: fmt.Sprintf("%s-i%d", name, j), Machine: fmt.Sprintf("m%d-%d", i, j), Address: addr, Port: 8080})
 			fmt.Fprintf(&hosts, "%s %s.bench.%s\n", addr, name, z)
 		}
 		svcs[name] = storetest.Service{Instances: insts}
