@@ -3,15 +3,32 @@ package store
 import (
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // InboxPrefix is the reply-subject prefix a user may subscribe to: every
 // client connecting with credentials uses it, so one role cannot read the
 // replies (certificate values, say) meant for another.
 func InboxPrefix(userPub string) string { return "_INBOX." + userPub }
+
+// InboxKeyOf is the key whose inbox uc may answer on: the one its
+// permissions name (a renewed credential keeps the inbox of the first key
+// of its line, so a process that switches to it keeps its reply
+// subscriptions), else its own.
+func InboxKeyOf(uc *jwt.UserClaims) string {
+	for _, s := range uc.Permissions.Sub.Allow {
+		if k, ok := strings.CutPrefix(s, "_INBOX."); ok {
+			if k, ok := strings.CutSuffix(k, ".>"); ok && nkeys.IsValidPublicUserKey(k) {
+				return k
+			}
+		}
+	}
+	return uc.Subject
+}
 
 // credsOptions are the connect options for a credentials file: the user
 // JWT and seed, read once, and the user's own inbox prefix. Reading the file
@@ -40,5 +57,5 @@ func credsOptions(file string) ([]nats.Option, error) {
 	if err != nil {
 		return nil, fmt.Errorf("credentials %s: %w", file, err)
 	}
-	return []nats.Option{nats.UserJWTAndSeed(tok, string(seed)), nats.CustomInboxPrefix(InboxPrefix(uc.Subject))}, nil
+	return []nats.Option{nats.UserJWTAndSeed(tok, string(seed)), nats.CustomInboxPrefix(InboxPrefix(InboxKeyOf(uc)))}, nil
 }

@@ -74,6 +74,10 @@ func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Autho
 // preshared keys are derived from): the control plane's alone.
 func (n Names) MeshKeysBucket() string { return "cp_mesh_keys_" + n.Authority }
 
+// CredentialsBucket records every user key issued to a box, by its public
+// key (CredentialRecord): the control plane's alone.
+func (n Names) CredentialsBucket() string { return "cp_credentials_" + n.Authority }
+
 // RevocationsBucket lists refused credentials, by user public key.
 func (n Names) RevocationsBucket() string { return "cp_revocations_" + n.Authority }
 

@@ -39,6 +39,12 @@ func UserOfCreds(creds []byte) (*Revocation, error) {
 	if err != nil {
 		return nil, Errorf(CodeInvalid, "reading credentials: %w", err)
 	}
+	return userOfClaims(uc)
+}
+
+// userOfClaims reads whom a user JWT names: its key, name, role and
+// machine tags.
+func userOfClaims(uc *jwt.UserClaims) (*Revocation, error) {
 	r := &Revocation{User: uc.Subject, Name: uc.Name}
 	for _, tag := range uc.Tags {
 		if k, v, ok := strings.Cut(tag, ":"); ok {

@@ -184,6 +184,9 @@ type Store struct {
 	CanaryDecisions jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
+	// Credentials records every user key issued to a box
+	// (CredentialRecord); control role only.
+	Credentials jetstream.KeyValue
 
 	// Signers holds the signer certificates and the trust root's record.
 	Signers jetstream.KeyValue
@@ -328,6 +331,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.Rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
 		bucket(&s.CanaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.Credentials, names.CredentialsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MachineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),

@@ -115,7 +115,7 @@ func TestJoinRefusals(t *testing.T) {
 	if se := store.AsError(err); se == nil || se.Code != store.CodeTLS || !strings.Contains(se.Message, "holds no CA the invite names") || !strings.Contains(se.Message, "nothing was sent") {
 		t.Fatalf("a node without the invite's CA: %v", err)
 	}
-	if _, err := f.node.Store.RedeemInvite(context.Background(), tok, "m9"); err != nil {
+	if _, err := f.node.Store.RedeemInvite(context.Background(), tok, "m9", store.InviteUseEnroll); err != nil {
 		t.Fatalf("the invite was spent by a refused enrollment: %v", err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
@@ -139,5 +139,49 @@ func TestJoinRefusals(t *testing.T) {
 		if ents, _ := os.ReadDir(r.Dir); len(ents) != 0 {
 			t.Errorf("%s: files written: %v", name, ents)
 		}
+	}
+}
+
+// An invite enrolls a new machine, once: a second enrollment with it (the
+// same machine or another) is refused, and so is a fresh invite naming a
+// machine the fleet knows, before anything is signed, recorded or spent.
+// Every key handed out is recorded with its machine, role and expiry.
+func TestEnrollmentAdmitsANewMachineOnce(t *testing.T) {
+	f := start(t)
+	ctx := context.Background()
+	tok := f.invite(t, f.fps)
+	join := func(tok, machine string) (map[string]string, error) {
+		return enroll.Join(ctx, enroll.JoinRequest{Token: tok, Machine: machine, Addrs: []string{f.srv.Addr().String()}, Dir: t.TempDir()})
+	}
+	if _, err := join(tok, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	creds, err := f.node.Store.ListCredentials(ctx, "m1", "")
+	if err != nil || len(creds) != 3 {
+		t.Fatalf("recorded credentials of m1: %+v %v", creds, err)
+	}
+	for _, c := range creds {
+		if c.How != store.IssuedByEnrollment || c.Machine != "m1" || c.ExpiresAt.Before(time.Now().Add(storagenode.DefaultCredsTTL-time.Hour)) {
+			t.Errorf("record %+v", c)
+		}
+	}
+	if _, err := join(tok, "m1"); !store.HasCode(err, store.CodeConflict) || !strings.Contains(err.Error(), "already redeemed") {
+		t.Fatalf("a second enrollment with one invite: %v", err)
+	}
+	now := time.Now().UTC()
+	if err := f.node.Store.CreateMachine(ctx, &store.MachineRecord{Version: store.RecordVersion, ID: "victim", State: store.MachineActive,
+		Address: "192.0.2.7", JoinedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	fresh := f.invite(t, f.fps)
+	if _, err := join(fresh, "victim"); !store.HasCode(err, store.CodeConflict) || !strings.Contains(err.Error(), "control machine rm victim") {
+		t.Fatalf("enrolling as an existing machine: %v", err)
+	}
+	if creds, _ := f.node.Store.ListCredentials(ctx, "victim", ""); len(creds) != 0 {
+		t.Fatalf("credentials recorded for the refused enrollment: %+v", creds)
+	}
+	// The refusal did not spend the fresh invite.
+	if _, err := join(fresh, "m2"); err != nil {
+		t.Fatalf("the invite a refused enrollment named: %v", err)
 	}
 }

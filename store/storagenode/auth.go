@@ -421,6 +421,12 @@ func (a *Auth) configure(opts *server.Options) error {
 	return nil
 }
 
+// DefaultCredsTTL is how long a box's credentials last unless the fleet
+// says otherwise (`control server --creds-ttl`, `control creds issue
+// --ttl`): a running box renews them at two thirds of it
+// (store.RenewAt), so a box offline longer must be invited again.
+const DefaultCredsTTL = 30 * 24 * time.Hour
+
 // CredsRequest says whom to issue credentials for.
 type CredsRequest struct {
 	Role string
@@ -432,6 +438,11 @@ type CredsRequest struct {
 	Names store.Names
 	// TTL, if set, makes the credentials expire.
 	TTL time.Duration
+	// InboxKey is the user key whose inbox the credentials answer on
+	// (store.InboxKeyOf); default the credentials' own. A renewal keeps
+	// the first key's, so a running process keeps its reply
+	// subscriptions when it switches keys.
+	InboxKey string
 	// System issues a system-account user (storage operations that NATS
 	// reserves to it, e.g. removing a server from the meta group).
 	System bool
@@ -501,7 +512,13 @@ func (a *Auth) SignUser(r CredsRequest, upub string) (string, error) {
 		// An untrusted role is a user of the edge account.
 		signer = a.edgeKP
 		uc.Permissions = perms
-		uc.Permissions.Sub.Allow.Add(store.InboxPrefix(upub) + ".>")
+		inbox := r.InboxKey
+		if inbox == "" {
+			inbox = upub
+		} else if !nkeys.IsValidPublicUserKey(inbox) {
+			return "", store.Errorf(store.CodeInvalid, "inbox key %q is not a user public key (U...)", inbox)
+		}
+		uc.Permissions.Sub.Allow.Add(store.InboxPrefix(inbox) + ".>")
 		uc.Limits.Payload = roleLimits[r.Role]
 	}
 	ujwt, err := uc.Encode(signer)
