@@ -185,9 +185,9 @@ func newCluster(t *testing.T) *cluster {
 
 // newAuthCluster is newCluster with credentials required on every
 // connection (`control server --auth on`).
-func newAuthCluster(t *testing.T) *cluster {
+func newAuthCluster(t *testing.T, serverArgs ...string) *cluster {
 	t.Helper()
-	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: []string{"--auth", "on"}}
+	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: append([]string{"--auth", "on"}, serverArgs...)}
 	c.startServer("127.0.0.1:0")
 	t.Cleanup(c.killInstances)
 	return c
