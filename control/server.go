@@ -90,6 +90,17 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			defer es.Close()
 			fmt.Fprintf(c.stdout, "enrollment of invited boxes on https://%s%s\n", es.Addr(), enroll.Path)
 		}
+		if sn.Auth != nil {
+			// Boxes renew their own credentials here, signed with the
+			// account keys only storage nodes hold.
+			stopRenewals, err := enroll.ServeRenewals(c.ctx, enroll.RenewalConfig{Store: sn.Store, Auth: sn.Auth, CredsTTL: *credsTTL,
+				Logger: logger.Named("creds")})
+			if err != nil {
+				return err
+			}
+			defer stopRenewals()
+			fmt.Fprintf(c.stdout, "renewing boxes' credentials (lifetime %s) on %s\n", *credsTTL, sn.Store.Names.CredsSubject("*", "*", "*"))
+		}
 		cfg, err := serverConfig{
 			data: *data, authDir: cf.authDir, name: cf.name,
 			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshRelay: *meshRelay, meshRelayIP: *meshRelayIP, meshRelays: *meshRelays,

@@ -259,6 +259,18 @@ func (n Names) AdmissionSubject(verb, machine string) string {
 	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.admission." + verb + "." + machine
 }
 
+// CredsSubject is where a box asks the control plane about its own
+// credentials: verb "renew" (a JWT for a new key of its own) or "retire"
+// (revoke the key it renewed from). role and id (CredsSubjectID of the
+// machine or gateway name) let credentials bind a box to its own subject.
+func (n Names) CredsSubject(verb, role, id string) string {
+	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.creds." + verb + "." + role + "." + id
+}
+
+// CredsSubjectID is the subject token of a machine ID or gateway name: one
+// token, whatever the name holds.
+func CredsSubjectID(machine string) string { return strings.ReplaceAll(KeySafe(machine), ".", "_2e") }
+
 // RegistrarSubject is where meshd registers with the control plane.
 func (n Names) RegistrarSubject(command string) string {
 	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.registrar." + command

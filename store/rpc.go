@@ -71,6 +71,33 @@ func Call(ctx context.Context, nc *nats.Conn, subject, machine, command string, 
 	return nil
 }
 
+// RequesterHeader is where a storage node says who sent a request that
+// crossed an import sharing its requester (nats-server's
+// Nats-Request-Info): the server writes it, whatever the client sent.
+const RequesterHeader = "Nats-Request-Info"
+
+type requesterKey struct{}
+
+// Requester is who sent a request, as the storage node that took it says.
+type Requester struct {
+	// Account is the requester's account (its public key).
+	Account string `json:"acc"`
+	// User is the requester's user public key (U...).
+	User string `json:"user"`
+	Name string `json:"name,omitempty"`
+}
+
+// RequesterOf is who sent the request a Serve handler answers, when the
+// request crossed an import that shares it (false otherwise).
+func RequesterOf(ctx context.Context) (Requester, bool) {
+	raw, _ := ctx.Value(requesterKey{}).(string)
+	var r Requester
+	if raw == "" || json.Unmarshal([]byte(raw), &r) != nil || r.User == "" {
+		return Requester{}, false
+	}
+	return r, true
+}
+
 // Handler answers one RPC command. data is the raw request. Returning an
 // error sends it as a structured error.
 type Handler func(ctx context.Context, command string, data []byte) (any, error)
@@ -95,7 +122,11 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			res, herr := safeHandle(ctx, handler, command, m.Data)
+			hctx := ctx
+			if ri := m.Header.Get(RequesterHeader); ri != "" {
+				hctx = context.WithValue(ctx, requesterKey{}, ri)
+			}
+			res, herr := safeHandle(hctx, handler, command, m.Data)
 			var rep rpcReply
 			if herr != nil {
 				rep.Error = AsError(herr)

@@ -82,12 +82,13 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	}
 	timeout := cmp.Or(o.Timeout, defaultConnectTimeout)
 	opts := []nats.Option{nats.Name(o.Name), nats.Timeout(timeout)}
+	var held *credsHolder
 	if o.CredsFile != "" {
-		co, err := credsOptions(o.CredsFile)
+		co, h, err := credsOptions(o.CredsFile)
 		if err != nil {
 			return nil, &Error{Code: CodeInvalid, Message: err.Error(), Detail: map[string]string{"creds": o.CredsFile}}
 		}
-		opts = append(opts, co...)
+		opts, held = append(opts, co...), h
 	}
 	caSource := cmp.Or(o.CAFile, o.CredsFile)
 	var t *trust
@@ -119,10 +120,16 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	if o.OnReconnect != nil {
 		opts = append(opts, nats.ReconnectHandler(func(*nats.Conn) { o.OnReconnect() }))
 	}
-	if o.OnClosed != nil {
-		opts = append(opts, nats.ClosedHandler(func(*nats.Conn) { o.OnClosed() }))
-	}
+	opts = append(opts, nats.ClosedHandler(func(nc *nats.Conn) {
+		holders.Delete(nc)
+		if o.OnClosed != nil {
+			o.OnClosed()
+		}
+	}))
 	nc, err := nats.Connect(url, opts...)
+	if err != nil && held != nil && held.expiredErr() != nil {
+		return nil, held.expiredErr()
+	}
 	if err != nil {
 		if terr := tlsError(url, err, t != nil, caSource); terr != nil {
 			return nil, terr
@@ -133,6 +140,9 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 		}
 		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("connecting to NATS at %s: %v", redactURL(url), err),
 			Detail: map[string]string{"url": redactURL(url), "hint": hint}}
+	}
+	if held != nil {
+		holders.Store(nc, held)
 	}
 	return nc, nil
 }

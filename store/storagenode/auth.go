@@ -105,6 +105,10 @@ const (
 // JetStream store keeps its streams under this name.
 func (a *Auth) AccountPublicKey() string { return a.accountPub }
 
+// EdgeAccountPublicKey names the account of the untrusted roles (agent,
+// mesh, gateway): where a request that crossed the edge imports came from.
+func (a *Auth) EdgeAccountPublicKey() string { return a.edgePub }
+
 // LoadAuth reads the auth dir; with create, a missing one is initialised
 // with fresh keys. Every storage node of a cluster must use a copy of the
 // same dir.
@@ -296,6 +300,10 @@ type imported struct {
 	// many answers per request (direct get batches, pulls, every storage
 	// node's status).
 	many bool
+	// share: the responder is told which user asked (nats-server's
+	// Nats-Request-Info header, store.RequesterOf), written by the
+	// storage node whatever the client sent.
+	share bool
 }
 
 // edgeImports is everything the edge account may reach in the control
@@ -320,6 +328,9 @@ var edgeImports = []imported{
 	{subject: "edgeplane.v1.*.*.rpc.registrar.>"},
 	{subject: "edgeplane.v1.*.*.rpc.routing.republish.*"},
 	{subject: "edgeplane.v1.*.*.rpc.admission.>"},
+	// A box's own credentials: the control plane renews (or retires) the
+	// key that asked, as the storage node names it.
+	{subject: "edgeplane.v1.*.*.rpc.creds.>", share: true},
 	{subject: "edgeplane.v1.*.*.storage.status", many: true},
 	// What streams republish once stored: routing events, mesh peers.
 	{subject: "rp.>", stream: true},
@@ -351,6 +362,7 @@ func (a *Auth) edgeClaims(revoked map[string]time.Time) *jwt.AccountClaims {
 		if im.stream {
 			i.Type = jwt.Stream
 		}
+		i.Share = im.share
 		if local := edgeLocal(im.subject); local != im.subject {
 			i.LocalSubject = jwt.RenamingSubject(local)
 		}
@@ -629,6 +641,11 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// A lease's quorum check asks the storage nodes which are missing
 		// when no stream leader answers (CheckQuorum).
 		p.Pub.Allow.Add(n.StorageStatusSubject())
+		// Renewing its own credentials, under its name: a gateway bound to
+		// none renews nothing (it is given new credentials).
+		if machine != "" {
+			p.Pub.Allow.Add(n.CredsSubject("*", RoleGateway, store.CredsSubjectID(machine)))
+		}
 	case RoleAgent:
 		// Only its own machine's instance records, machine record and mesh
 		// peer record: the keys name the machine (InstanceKey), so one
@@ -656,6 +673,8 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// from stored state after one of its instances changes).
 		p.Sub.Allow.Add(n.NodeListenSubject(machine))
 		p.Pub.Allow.Add(n.RoutingRepublishSubject(machine), n.AdmissionSubject("*", machine))
+		// Renewing its own credentials.
+		p.Pub.Allow.Add(n.CredsSubject("*", RoleAgent, store.CredsSubjectID(machine)))
 	case RoleMesh:
 		readKV(n.MeshPeersBucket())
 		readKV(n.MeshHeartbeatsBucket())
@@ -669,6 +688,8 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// relay credentials in another's name.
 		p.Pub.Allow.Add(n.RegistrarSubject("register."+machine), n.RegistrarSubject("leave."+machine),
 			n.RegistrarSubject("psk."+machine), n.RegistrarSubject("rotate."+machine), n.RegistrarSubject("relay."+machine))
+		// Renewing its own credentials.
+		p.Pub.Allow.Add(n.CredsSubject("*", RoleMesh, store.CredsSubjectID(machine)))
 	default:
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}
