@@ -171,6 +171,9 @@ type cluster struct {
 	// control-role credentials file the server wrote; clients use it, and
 	// agents get their own agent-role credentials.
 	creds string
+	// issueArgs are extra `control creds issue` flags for the credentials
+	// the cluster issues its clients (a --ttl).
+	issueArgs []string
 }
 
 // newCluster starts `control server` (no local agent) on a free loopback
@@ -244,7 +247,7 @@ func (c *cluster) serverDir() string { return filepath.Join(c.dir, "server") }
 func (c *cluster) issueCreds(role, machine string) string {
 	c.t.Helper()
 	file := filepath.Join(c.dir, role+"-"+machine+".creds")
-	args := []string{"creds", "issue", "--role", role, "--data", c.serverDir(), "-o", file}
+	args := append([]string{"creds", "issue", "--role", role, "--data", c.serverDir(), "-o", file}, c.issueArgs...)
 	if machine != "" {
 		args = append(args, "--machine", machine)
 	}

@@ -128,6 +128,9 @@ func cmpOr(a, b string) string {
 // credsHolder hands a connection its credentials at every connect.
 type credsHolder struct {
 	file string
+	// opts are the options the connection was made with, for a bridge
+	// while it switches keys (switchTo).
+	opts ConnectOptions
 
 	mu  sync.Mutex
 	cur *heldCreds

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -128,7 +129,14 @@ func renewOnce(ctx context.Context, s *Store, h *credsHolder) error {
 	if err != nil {
 		return err
 	}
-	defer unlock()
+	// Held while the file is read and written, not while switching: the
+	// other processes sharing the file switch at the same time.
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
 	cur, _ := h.current()
 	onDisk, err := readCreds(h.file)
 	if err != nil {
@@ -137,7 +145,14 @@ func renewOnce(ctx context.Context, s *Store, h *credsHolder) error {
 	if onDisk.pub != cur.pub && onDisk.inbox == cur.inbox && time.Now().Before(RenewAt(onDisk.issued, onDisk.expires)) {
 		// Renewed by another process: switch, and leave retiring the old
 		// key to it.
+		unlock()
+		locked = false
 		return switchTo(ctx, s, h, onDisk.pub, "")
+	}
+	if time.Now().Before(RenewAt(cur.issued, cur.expires)) {
+		// Switched meanwhile (another process retired the old key, and
+		// the reconnect took the file): nothing is due.
+		return nil
 	}
 	kp, err := nkeys.CreateUser()
 	if err != nil {
@@ -168,6 +183,8 @@ func renewOnce(ctx context.Context, s *Store, h *credsHolder) error {
 	if err := atomicfile.Write(h.file, data, 0o600); err != nil {
 		return fmt.Errorf("writing the renewed credentials: %w", err)
 	}
+	unlock()
+	locked = false
 	if s.log != nil {
 		s.log.Info("credentials renewed", zap.String("creds", h.file), zap.String("role", cur.role), zap.String("machine", cur.machine),
 			zap.String("user", pub), zap.Time("expires", next.expires))
@@ -179,6 +196,38 @@ func renewOnce(ctx context.Context, s *Store, h *credsHolder) error {
 // once connected with them, asks the control plane to retire old ("" to
 // leave it).
 func switchTo(ctx context.Context, s *Store, h *credsHolder, pub, old string) error {
+	// A reconnect leaves a gap in which a request to this process's
+	// responders (an agent's RPC subject) reaches no one, and loses the
+	// answers to what the process asked just before. So a bridge
+	// connection with the new key takes the requests (in the same queue
+	// groups) while this one stops taking them, finishes what it took,
+	// and reconnects at a moment none of its responders is answering.
+	svs := servedBy(s.NC)
+	stopBridge := bridge(ctx, s, h, svs)
+	defer stopBridge()
+	if len(svs) > 0 {
+		for _, sv := range svs {
+			sv.pause()
+		}
+		defer func() {
+			for _, sv := range svs {
+				_ = sv.subscribe()
+			}
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = s.NC.FlushWithContext(fctx)
+			cancel()
+		}()
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = s.NC.FlushWithContext(fctx)
+		cancel()
+	}
+	for deadline := time.Now().Add(10 * time.Second); busy(svs) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 	if err := s.NC.ForceReconnect(); err != nil {
 		return fmt.Errorf("reconnecting with the renewed credentials: %w", err)
 	}
@@ -202,11 +251,84 @@ func switchTo(ctx context.Context, s *Store, h *credsHolder, pub, old string) er
 	}
 	cur, _ := h.current()
 	subject := s.Names.CredsSubject("retire", cur.role, CredsSubjectID(cur.machine))
-	if err := Call(ctx, s.NC, subject, cur.machine, "creds.retire", CredsRetirement{Version: RecordVersion, User: old}, nil); err != nil {
+	var err error
+	// The revocation changes the edge account on every storage node,
+	// which may lose the answer crossing it: asked again, the control
+	// plane answers that it is done.
+	for range 3 {
+		if err = Call(ctx, s.NC, subject, cur.machine, "creds.retire", CredsRetirement{Version: RecordVersion, User: old}, nil); err == nil ||
+			!HasCode(err, CodeRPCFailure) || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
 		// Still good until it expires; said, not fatal.
 		return fmt.Errorf("switched to the renewed credentials %s, but retiring %s: %w", pub, old, err)
 	}
 	return nil
+}
+
+// bridge connects with h's file (the new key) and answers what Serve
+// answers on s's connection, until the returned func: that drains it,
+// waits for the answers of what it took, and closes it.
+func bridge(ctx context.Context, s *Store, h *credsHolder, svs []*served) func() {
+	if len(svs) == 0 {
+		return func() {}
+	}
+	o := h.opts
+	o.Name += " (switching keys)"
+	nc, err := Connect(o)
+	if err != nil {
+		if s.log != nil {
+			s.log.Warn("no bridge while switching to renewed credentials: requests to this process in the gap go unanswered", zap.Error(err))
+		}
+		return func() {}
+	}
+	var answering sync.WaitGroup
+	var subs []*nats.Subscription
+	for _, sv := range svs {
+		sub, err := nc.QueueSubscribe(sv.subject, sv.queue, func(m *nats.Msg) {
+			answering.Add(1)
+			sv.handle(m, answering.Done)
+		})
+		if err == nil {
+			subs = append(subs, sub)
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_ = nc.FlushWithContext(fctx)
+	cancel()
+	return func() {
+		for _, sub := range subs {
+			_ = sub.Drain()
+		}
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			valid := false
+			for _, sub := range subs {
+				valid = valid || sub.IsValid()
+			}
+			if !valid {
+				break
+			}
+		}
+		done := make(chan struct{})
+		go func() { answering.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+		}
+		nc.Close()
+	}
+}
+
+// busy reports whether one of svs is answering a request.
+func busy(svs []*served) bool {
+	for _, sv := range svs {
+		if sv.inflight.Load() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // lockFile takes an exclusive lock on path (made 0600 if missing), held

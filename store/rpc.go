@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -110,10 +111,16 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 	ctx, cancel := context.WithCancel(ctx)
 	sem := make(chan struct{}, 64)
 	var wg sync.WaitGroup
-	sub, err := nc.QueueSubscribe(subject, queue, func(m *nats.Msg) {
+	sv := &served{subject: subject, queue: queue}
+	// handle answers m; done is called once the answer is sent.
+	handle := func(m *nats.Msg, done func()) {
+		sv.inflight.Add(1)
+		done0 := done
+		done = func() { sv.inflight.Add(-1); done0() }
 		if !ReplyOK(m.Reply) {
 			// Answering would publish, with this responder's permissions,
 			// wherever the requester chose: into a stream or a lock key.
+			done()
 			return
 		}
 		command := commandOf(m.Subject, prefixToken)
@@ -121,6 +128,7 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
+			defer done()
 			defer func() { <-sem }()
 			hctx := ctx
 			if ri := m.Header.Get(RequesterHeader); ri != "" {
@@ -141,7 +149,12 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 			out, _ := json.Marshal(rep)
 			_ = m.Respond(out)
 		}()
-	})
+	}
+	sv.handle, sv.nc = handle, nc
+	err := sv.subscribe()
+	if err == nil {
+		addServed(nc, sv)
+	}
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("subscribing %s: %w", subject, err)
@@ -154,15 +167,94 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 	_ = nc.FlushWithContext(flushCtx)
 	flushCancel()
 	stop := func() {
-		_ = sub.Unsubscribe()
+		removeServed(nc, sv)
+		sv.stop()
 		cancel()
 		wg.Wait()
 	}
 	go func() {
 		<-ctx.Done()
-		_ = sub.Unsubscribe()
+		removeServed(nc, sv)
+		sv.stop()
 	}()
 	return stop, nil
+}
+
+// served is one responder Serve runs on a connection: what a renewal's
+// bridge (RenewCreds) answers while the connection switches keys.
+type served struct {
+	subject, queue string
+	nc             *nats.Conn
+	handle         func(m *nats.Msg, done func())
+	// inflight counts the requests being answered.
+	inflight atomic.Int64
+
+	mu      sync.Mutex
+	sub     *nats.Subscription
+	stopped bool
+}
+
+func (sv *served) subscribe() error {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.stopped || sv.sub != nil {
+		return nil
+	}
+	sub, err := sv.nc.QueueSubscribe(sv.subject, sv.queue, func(m *nats.Msg) { sv.handle(m, func() {}) })
+	if err != nil {
+		return err
+	}
+	sv.sub = sub
+	return nil
+}
+
+// pause stops taking requests on the connection (a bridge takes them).
+func (sv *served) pause() {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.sub != nil {
+		_ = sv.sub.Unsubscribe()
+		sv.sub = nil
+	}
+}
+
+func (sv *served) stop() {
+	sv.pause()
+	sv.mu.Lock()
+	sv.stopped = true
+	sv.mu.Unlock()
+}
+
+var servedMu sync.Mutex
+var servedOn = map[*nats.Conn][]*served{}
+
+func addServed(nc *nats.Conn, sv *served) {
+	servedMu.Lock()
+	defer servedMu.Unlock()
+	servedOn[nc] = append(servedOn[nc], sv)
+}
+
+func removeServed(nc *nats.Conn, sv *served) {
+	servedMu.Lock()
+	defer servedMu.Unlock()
+	list := servedOn[nc]
+	for i, x := range list {
+		if x == sv {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(servedOn, nc)
+	} else {
+		servedOn[nc] = list
+	}
+}
+
+func servedBy(nc *nats.Conn) []*served {
+	servedMu.Lock()
+	defer servedMu.Unlock()
+	return append([]*served(nil), servedOn[nc]...)
 }
 
 // ReplyOK reports whether a responder may answer on reply: a requester's

@@ -142,6 +142,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 			Detail: map[string]string{"url": redactURL(url), "hint": hint}}
 	}
 	if held != nil {
+		held.opts = ConnectOptions{URL: o.URL, CredsFile: o.CredsFile, CAFile: o.CAFile, Name: o.Name, Timeout: o.Timeout}
 		holders.Store(nc, held)
 	}
 	return nc, nil

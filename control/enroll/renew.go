@@ -137,6 +137,12 @@ func retire(ctx context.Context, cfg RenewalConfig, rec *store.CredentialRecord,
 		return store.Errorf(store.CodeUnauthorized, "credentials %s were not renewed from %q: a box retires only the key it renewed", rec.User, req.User).
 			With("user", rec.User)
 	}
+	// Asked again (the answer to the first was lost: a revocation changes
+	// the edge account, which may drop answers crossing it just then): done
+	// already, and not done twice, which would change the account again.
+	if _, err := cfg.Store.Revocations.Get(ctx, req.User); err == nil {
+		return nil
+	}
 	if err := cfg.Store.RevokeUser(ctx, &store.Revocation{User: req.User, Name: rec.Name, Role: rec.Role, Machine: rec.Machine,
 		Reason: "renewed by " + rec.User}); err != nil {
 		return err
