@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
+
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/meshd/node"
 	"github.com/edgeplane/edgeplane/store"
@@ -149,4 +152,93 @@ func attackInvitesOnce(t *testing.T, f *attackFixture) {
 		}
 		return err != nil
 	})
+}
+
+// 14. Renewal abuse. Agent credentials of m1 ask to renew as another
+// machine or another role (refused by their permissions), or on their own
+// subject for a longer lifetime or another role (refused by the control
+// plane, which renews only the asking key's record), or to retire a key
+// they were not renewed from; a gateway asks for another gateway's name.
+// Nothing is signed, recorded or revoked. Stolen credentials that expired
+// connect nowhere: the client says they expired and what to do, and the
+// storage node refuses a thief who sends them anyway.
+func attackRenewals(t *testing.T, f *attackFixture) {
+	n := f.c.store.Names
+	records := bucketMsgs(t, f.c.store, n.CredentialsBucket())
+	revocations := bucketMsgs(t, f.c.store, n.RevocationsBucket())
+	kp, _ := nkeys.CreateUser()
+	pub, _ := kp.PublicKey()
+	ask := func(th *thief, subject string, body any) func(context.Context) error {
+		return func(ctx context.Context) error {
+			var rep store.CredsRenewed
+			err := store.Call(ctx, th.nc, subject, "m1", "creds", body, &rep)
+			if err == nil && rep.JWT != "" {
+				t.Errorf("%s answered a JWT", subject)
+			}
+			return err
+		}
+	}
+	agent := f.as(t, f.agentCreds)
+	renewal := store.CredsRenewal{Version: store.RecordVersion, PublicKey: pub}
+	agent.try(t, "agent m1 renews as machine m2", ask(agent, n.CredsSubject("renew", "agent", "m2"), renewal))
+	agent.try(t, "agent m1 renews as mesh m1", ask(agent, n.CredsSubject("renew", "mesh", "m1"), renewal))
+	agent.try(t, "agent m1 renews as gateway gw1", ask(agent, n.CredsSubject("renew", "gateway", "gw1"), renewal))
+	for what, body := range map[string]any{
+		"for a year":                 map[string]any{"version": 1, "public_key": pub, "ttl": "8760h"},
+		"as the control role":        map[string]any{"version": 1, "public_key": pub, "role": "control"},
+		"for machine m2":             map[string]any{"version": 1, "public_key": pub, "machine": "m2"},
+		"keeping its own key":        store.CredsRenewal{Version: store.RecordVersion, PublicKey: mustUser(t, f.agentCreds)},
+		"retiring the gateway's key": nil,
+	} {
+		subject := n.CredsSubject("renew", "agent", "m1")
+		if body == nil {
+			subject, body = n.CredsSubject("retire", "agent", "m1"), store.CredsRetirement{Version: store.RecordVersion, User: mustUser(t, f.gwCreds)}
+		}
+		agent.try(t, "agent m1 on its own subject "+what, ask(agent, subject, body))
+	}
+	gw := f.as(t, f.gwCreds)
+	gw.try(t, "gateway gw1 renews as gateway gw2", ask(gw, n.CredsSubject("renew", "gateway", "gw2"), renewal))
+	gw.try(t, "gateway gw1 renews as agent m1", ask(gw, n.CredsSubject("renew", "agent", "m1"), renewal))
+	if got := bucketMsgs(t, f.c.store, n.CredentialsBucket()); got != records {
+		t.Fatalf("credential records: %d, were %d", got, records)
+	}
+	if got := bucketMsgs(t, f.c.store, n.RevocationsBucket()); got != revocations {
+		t.Fatalf("revocations: %d, were %d", got, revocations)
+	}
+	if list := f.credsOf(t, "gw1"); len(list) == 0 || !list[0].RevokedAt.IsZero() {
+		t.Fatalf("gw1's credentials: %+v", list)
+	}
+
+	// Expired credentials, stolen.
+	expired := filepath.Join(f.c.dir, "stolen-expired.creds")
+	f.c.mustControl("creds", "issue", "--role", "agent", "--machine", "m1", "--data", f.c.serverDir(), "-o", expired, "--ttl", "1s")
+	time.Sleep(2 * time.Second) // JWT expiry has one-second granularity
+	_, err := store.Connect(store.ConnectOptions{URL: f.c.url, CredsFile: expired, Timeout: 2 * time.Second})
+	if se := store.AsError(err); se == nil || se.Code != store.CodeUnauthorized || !strings.Contains(se.Message, "expired at") || !strings.Contains(se.Message, "invited again") {
+		t.Fatalf("connecting with expired credentials: %v", err)
+	}
+	nc, err := nats.Connect(f.c.url, nats.UserCredentials(expired), nats.RootCAs(filepath.Join(f.c.serverDir(), "auth", "tls", "bundle.crt")),
+		nats.TLSHandshakeFirst(), nats.Timeout(2*time.Second))
+	if err == nil {
+		nc.Close()
+		t.Fatal("the storage node accepted expired credentials")
+	}
+	if !strings.Contains(strings.ToLower(err.Error()), "authorization") && !strings.Contains(strings.ToLower(err.Error()), "expired") {
+		t.Fatalf("expired credentials sent anyway: %v, want refused", err)
+	}
+	t.Logf("expired credentials sent anyway: refused (%v)", err)
+}
+
+// mustUser is the user public key of a credentials file.
+func mustUser(t *testing.T, creds string) string {
+	t.Helper()
+	b, err := os.ReadFile(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := store.UserOfCreds(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.User
 }

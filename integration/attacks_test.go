@@ -61,6 +61,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"11_agent_rpcs_and_fleet_status", attackAgentRPCs},
 		{"12_mesh_pair_keys_and_rotation", attackMeshPSKs},
 		{"13_invites_admit_new_machines_once", attackInvitesOnce},
+		{"14_expired_credentials", attackRenewals},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
