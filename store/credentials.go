@@ -141,7 +141,7 @@ func (s *Store) RevokeMachineCredentials(ctx context.Context, machine, reason st
 		if !c.RevokedAt.IsZero() {
 			continue
 		}
-		if err := s.RevokeUser(ctx, &Revocation{User: c.User, Name: c.Name, Role: c.Role, Machine: c.Machine, Reason: reason}); err != nil {
+		if err := s.RevokeUser(ctx, &Revocation{User: c.User, Name: c.Name, Role: c.Role, Machine: c.Machine, Reason: reason, Expires: c.ExpiresAt}); err != nil {
 			return n, fmt.Errorf("revoking %s credentials %s of machine %s: %w", c.Role, c.User, machine, err)
 		}
 		n++

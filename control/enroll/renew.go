@@ -143,8 +143,12 @@ func retire(ctx context.Context, cfg RenewalConfig, rec *store.CredentialRecord,
 	if _, err := cfg.Store.Revocations.Get(ctx, req.User); err == nil {
 		return nil
 	}
+	var expires time.Time
+	if prev, err := cfg.Store.Credential(ctx, req.User); err == nil {
+		expires = prev.ExpiresAt
+	}
 	if err := cfg.Store.RevokeUser(ctx, &store.Revocation{User: req.User, Name: rec.Name, Role: rec.Role, Machine: rec.Machine,
-		Reason: "renewed by " + rec.User}); err != nil {
+		Reason: "renewed by " + rec.User, Expires: expires}); err != nil {
 		return err
 	}
 	log.Info("renewed credentials retired", zap.String("role", rec.Role), zap.String("machine", rec.Machine), zap.String("user", req.User))
