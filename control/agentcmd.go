@@ -101,12 +101,13 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 			fmt.Fprintf(c.stdout, "agent for machine %s (%s) serving; instances survive this process\n", rec.ID, rec.Address)
 			o.dir = *data
 			// The CA bundle storage nodes are verified against follows the
-			// fleet's, so a CA rotation reaches this box.
+			// fleet's, so a CA rotation reaches this box, and its
+			// credentials are renewed before they expire.
 			fctx, stopFollow := context.WithCancel(c.ctx)
 			followed := make(chan struct{})
 			go func() {
 				defer close(followed)
-				c.client.FollowBundle(fctx, s, func(err error) { logger.Warn("following the fleet's CA bundle", zap.Error(err)) })
+				c.client.Follow(fctx, s, func(err error) { logger.Warn("following the fleet's CA bundle and credentials", zap.Error(err)) })
 			}()
 			defer func() {
 				stopFollow()

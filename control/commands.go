@@ -106,8 +106,10 @@ var commands = []command{
 	{name: "dashboard revoke", synopsis: "ID", summary: "revoke a dashboard login token; its sessions end at their next request",
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupDashboardTokenRemove},
 
-	{name: "creds issue", synopsis: "--role ROLE --data DIR -o FILE", summary: "issue role-scoped NATS credentials (on a storage node)",
-		setup: setupCredsIssue},
+	{name: "creds issue", synopsis: "--role ROLE --data DIR -o FILE", summary: "issue role-scoped NATS credentials (on a storage node); the key is recorded",
+		client: certifies, setup: setupCredsIssue},
+	{name: "creds ls", synopsis: "[--machine M] [--role R]", summary: "the keys issued to boxes: role, machine, how, issued, expiry, revoked",
+		client: reads, setup: setupCredsList},
 	{name: "version", summary: "this binary's version, architecture and Go version",
 		setup: setupVersion},
 	{name: "creds revoke", synopsis: "--user-creds FILE | --user UKEY", summary: "refuse a user's credentials on every storage node from now on",

@@ -7,7 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"text/tabwriter"
 	"time"
+
+	"github.com/nats-io/jwt/v2"
 
 	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/store"
@@ -17,7 +20,9 @@ import (
 // setupCredsIssue issues role-scoped NATS credentials. It runs on a
 // storage node: signing needs the account key in the auth dir, which only
 // storage nodes hold. Credentials are self-contained JWTs, so every storage
-// node accepts them at once and nothing is written to the store.
+// node accepts them at once; the issued key is recorded in the store
+// (`control creds ls`, revoked by `control machine rm`) when the store
+// answers, and the command says so when it does not.
 func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 	role := fs.String("role", "", "role: "+strings.Join(storagenode.Roles, ", ")+" (required)")
 	machine := fs.String("machine", "", "machine ID, required for the agent and mesh roles; for the gateway role (required too) the gateway_name it reports under")
@@ -25,10 +30,8 @@ func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 	data := fs.String("data", "", "the storage node's data dir (its auth dir is DATA/auth)")
 	authDir := fs.String("auth-dir", "", "auth dir (overrides --data)")
 	file := fs.String("o", "", "write the credentials here, mode 0600 (required; - for stdout)")
-	ttl := fs.Duration("ttl", 0, "expire the credentials after this long (default: no expiry)")
+	ttl := fs.Duration("ttl", 0, fmt.Sprintf("expire the credentials after this long (default: %s for the agent, mesh and gateway roles, which renew their own while they run; no expiry for control)", storagenode.DefaultCredsTTL))
 	system := fs.Bool("system", false, "a system-account user, for server operations NATS reserves to it ('control storage forget' issues its own)")
-	inst := fs.String("installation", store.DefaultInstallation, "installation scope of every name")
-	auth := fs.String("authority", store.DefaultAuthority, "authority scope of every name")
 	return func(c *call) error {
 		if *role == "" && !*system {
 			return usagef("--role is required (%s)", strings.Join(storagenode.Roles, ", "))
@@ -43,7 +46,7 @@ func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 			}
 			dir = filepath.Join(*data, "auth")
 		}
-		names, err := store.NewNames(*inst, *auth)
+		names, err := store.NewNames(c.client.Installation, c.client.Authority)
 		if err != nil {
 			return usagef("%v", err)
 		}
@@ -55,10 +58,15 @@ func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 		if *system && r == "" {
 			r = storagenode.RoleControl
 		}
-		b, err := a.IssueCreds(storagenode.CredsRequest{Role: r, Machine: *machine, Name: *name, Names: names, TTL: *ttl, System: *system})
+		life := *ttl
+		if life == 0 && !*system && r != storagenode.RoleControl {
+			life = storagenode.DefaultCredsTTL
+		}
+		b, err := a.IssueCreds(storagenode.CredsRequest{Role: r, Machine: *machine, Name: *name, Names: names, TTL: life, System: *system})
 		if err != nil {
 			return err
 		}
+		recordIssued(c, b)
 		if *file == "-" {
 			_, err = c.stdout.Write(b)
 			return err
@@ -69,8 +77,8 @@ func setupCredsIssue(fs *flag.FlagSet) func(*call) error {
 			return fmt.Errorf("writing credentials: %w", err)
 		}
 		exp := "never"
-		if *ttl > 0 {
-			exp = time.Now().Add(*ttl).UTC().Format(time.RFC3339)
+		if life > 0 {
+			exp = time.Now().Add(life).UTC().Format(time.RFC3339)
 		}
 		who := r
 		if *machine != "" {
@@ -112,6 +120,57 @@ func setupCredsRevoke(fs *flag.FlagSet) func(*call) error {
 				who = rev.User
 			}
 			fmt.Fprintf(w, "revoked %s (%s) at %s: storage nodes refuse it and close its connections\n", who, rev.User, rev.At.Format(time.RFC3339))
+		})
+	}
+}
+
+// recordIssued records the key of creds in the store, for `control creds
+// ls` and `control machine rm`; a store that does not answer (a node not
+// started yet) is said, not fatal: the credentials are good all the same.
+func recordIssued(c *call, creds []byte) {
+	tok, err := jwt.ParseDecoratedJWT(creds)
+	if err != nil {
+		return
+	}
+	rec, err := store.CredentialOfJWT(tok, store.IssuedByCommand)
+	if err == nil {
+		err = c.withStore(func(s *store.Store) error { return s.RecordCredential(c.ctx, rec) })
+	}
+	if err != nil {
+		fmt.Fprintf(c.stderr, "warning: the issued key %s is not recorded in the store (%v): `control creds ls` does not show it and `control machine rm` does not revoke it\n", rec.User, err)
+	}
+}
+
+// setupCredsList lists the recorded keys issued to boxes.
+func setupCredsList(fs *flag.FlagSet) func(*call) error {
+	machine := fs.String("machine", "", "only this machine's keys")
+	role := fs.String("role", "", "only this role's keys")
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error {
+			list, err := s.ListCredentials(c.ctx, *machine, *role)
+			if err != nil {
+				return err
+			}
+			return c.out.emit(list, func(w io.Writer) {
+				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "USER\tROLE\tMACHINE\tNAME\tHOW\tISSUED\tEXPIRES\tSTATE")
+				now := time.Now()
+				for _, r := range list {
+					exp, state := "never", "valid"
+					if !r.ExpiresAt.IsZero() {
+						exp = r.ExpiresAt.Format(time.RFC3339)
+						if now.After(r.ExpiresAt) {
+							state = "expired"
+						}
+					}
+					if !r.RevokedAt.IsZero() {
+						state = "revoked " + r.RevokedAt.Format(time.RFC3339)
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.User, r.Role, dash(r.Machine), dash(r.Name), r.How,
+						r.IssuedAt.Format(time.RFC3339), exp, state)
+				}
+				_ = tw.Flush()
+			})
 		})
 	}
 }

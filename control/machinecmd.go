@@ -152,7 +152,8 @@ func setupMachineRemove(fs *flag.FlagSet) func(*call) error {
 				if rm.Invites > 0 {
 					fmt.Fprintln(w, "  its invite is void")
 				}
-				fmt.Fprintln(w, "  its credentials still work until revoked: control creds revoke --user-creds FILE")
+				fmt.Fprintf(w, "  revoked %d recorded credentials (control creds ls --machine %s); credentials issued without a record still work until revoked: control creds revoke --user-creds FILE\n",
+					rm.Credentials, rm.Machine)
 			})
 		})
 	}

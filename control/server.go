@@ -47,12 +47,16 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	dashListen := fs.String("dashboard-listen", "", "serve the read-only web dashboard on this address (e.g. 127.0.0.1:8090); empty: off")
 	dashLogin := fs.Bool("dashboard-login", false, "ask for a login token (control dashboard token) even on loopback; off loopback it is always asked for")
 	enrollListen := fs.String("enroll-listen", "", "with TLS, answer invited boxes' enrollments (HTTPS) on this address (default: --listen's host, port 4223, when that is not loopback); off: none")
+	credsTTL := fs.Duration("creds-ttl", storagenode.DefaultCredsTTL, "how long the credentials of boxes (agent, mesh, gateway) this server signs last, at enrollment and at each renewal; a running box renews its own at two thirds of it, a box offline longer must be invited again")
 	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much), and the machines' liveness judgement gateways set aside by is looked at; 0: this server writes neither (another control server does)")
 	cf := addClusterFlags(fs)
 	lf := addLogFlags(fs)
 	return func(c *call) error {
 		if *data == "" {
 			return usagef("--data is required")
+		}
+		if *credsTTL < 10*time.Second {
+			return usagef("--creds-ttl %s: at least 10s", *credsTTL)
 		}
 		names, err := store.NewNames(*inst, *auth)
 		if err != nil {
@@ -79,12 +83,23 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 				addr = net.JoinHostPort(host, strconv.Itoa(enroll.DefaultPort))
 			}
 			es, err := enroll.Serve(c.ctx, enroll.ServerConfig{Listen: addr, TLS: sn.TLS.ServerConfig(), Store: sn.Store, Auth: sn.Auth,
-				Logger: logger.Named("enroll")})
+				CredsTTL: *credsTTL, Logger: logger.Named("enroll")})
 			if err != nil {
 				return err
 			}
 			defer es.Close()
 			fmt.Fprintf(c.stdout, "enrollment of invited boxes on https://%s%s\n", es.Addr(), enroll.Path)
+		}
+		if sn.Auth != nil {
+			// Boxes renew their own credentials here, signed with the
+			// account keys only storage nodes hold.
+			stopRenewals, err := enroll.ServeRenewals(c.ctx, enroll.RenewalConfig{Store: sn.Store, Auth: sn.Auth, CredsTTL: *credsTTL,
+				Logger: logger.Named("creds")})
+			if err != nil {
+				return err
+			}
+			defer stopRenewals()
+			fmt.Fprintf(c.stdout, "renewing boxes' credentials (lifetime %s) on %s\n", *credsTTL, sn.Store.Names.CredsSubject("*", "*", "*"))
 		}
 		cfg, err := serverConfig{
 			data: *data, authDir: cf.authDir, name: cf.name,

@@ -60,12 +60,14 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"10_machine_observations", attackMachineObservations},
 		{"11_agent_rpcs_and_fleet_status", attackAgentRPCs},
 		{"12_mesh_pair_keys_and_rotation", attackMeshPSKs},
-		{"19_dashboard_dns_rebinding", attackDashboardRebinding},
-		{"20_plaintext_credentials", attackPlaintextCredentials},
+		{"13_invites_admit_new_machines_once", attackInvitesOnce},
+		{"14_expired_credentials", attackRenewals},
+		{"15_endpoints_from_admitted_addresses", attackEndpointsFromAdmittedAddresses},
 		{"16_unsigned_agent_orders", attackUnsignedAgentOrders},
 		{"17_gateway_reports_bound_and_capped", attackGatewayReportsBound},
 		{"18_forged_canary_cookies", attackForgedCanaryCookies},
-		{"15_endpoints_from_admitted_addresses", attackEndpointsFromAdmittedAddresses},
+		{"19_dashboard_dns_rebinding", attackDashboardRebinding},
+		{"20_plaintext_credentials", attackPlaintextCredentials},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -95,7 +97,8 @@ type attackFixture struct {
 }
 
 func newAttackFixture(t *testing.T) *attackFixture {
-	c := newAuthCluster(t)
+	// Enrollment answers too (attack 13): an invite is all a box needs.
+	c := newAuthCluster(t, "--enroll-listen", "127.0.0.1:0")
 	// Every attack runs over TLS, as a thief's would: the credentials
 	// carry the fleet CA, and the node speaks nothing else.
 	if _, err := c.store.NC.TLSConnectionState(); err != nil {

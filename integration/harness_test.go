@@ -171,6 +171,9 @@ type cluster struct {
 	// control-role credentials file the server wrote; clients use it, and
 	// agents get their own agent-role credentials.
 	creds string
+	// issueArgs are extra `control creds issue` flags for the credentials
+	// the cluster issues its clients (a --ttl).
+	issueArgs []string
 }
 
 // newCluster starts `control server` (no local agent) on a free loopback
@@ -185,9 +188,9 @@ func newCluster(t *testing.T) *cluster {
 
 // newAuthCluster is newCluster with credentials required on every
 // connection (`control server --auth on`).
-func newAuthCluster(t *testing.T) *cluster {
+func newAuthCluster(t *testing.T, serverArgs ...string) *cluster {
 	t.Helper()
-	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: []string{"--auth", "on"}}
+	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: append([]string{"--auth", "on"}, serverArgs...)}
 	c.startServer("127.0.0.1:0")
 	t.Cleanup(c.killInstances)
 	return c
@@ -244,7 +247,7 @@ func (c *cluster) serverDir() string { return filepath.Join(c.dir, "server") }
 func (c *cluster) issueCreds(role, machine string) string {
 	c.t.Helper()
 	file := filepath.Join(c.dir, role+"-"+machine+".creds")
-	args := []string{"creds", "issue", "--role", role, "--data", c.serverDir(), "-o", file}
+	args := append([]string{"creds", "issue", "--role", role, "--data", c.serverDir(), "-o", file}, c.issueArgs...)
 	if machine != "" {
 		args = append(args, "--machine", machine)
 	}

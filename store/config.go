@@ -178,13 +178,27 @@ func DefaultHolder() string {
 	return fmt.Sprintf("%s:%d", HostName("localhost"), os.Getpid())
 }
 
-// FollowBundle follows the fleet's CA bundle in s for the bundle c verifies
-// storage nodes against (FollowTLSBundle) until ctx ends; nothing for a
-// plaintext setup.
-func (c Config) FollowBundle(ctx context.Context, s *Store, report func(error)) {
-	if source := cmp.Or(c.CAFile, c.CredsFile); source != "" {
+// Follow keeps what a long-running process's connection s stands on
+// current until ctx ends: the CA bundle c verifies storage nodes against
+// follows the fleet's (FollowTLSBundle), and the credentials s connected
+// with are renewed before they expire (RenewCreds). Nothing for a
+// plaintext setup without credentials.
+func (c Config) Follow(ctx context.Context, s *Store, report func(error)) {
+	FollowConnection(ctx, s, cmp.Or(c.CAFile, c.CredsFile), report)
+}
+
+// FollowConnection is Config.Follow for a connection whose CA bundle comes
+// from source (a credentials or CA file; "" for none).
+func FollowConnection(ctx context.Context, s *Store, source string, report func(error)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		RenewCreds(ctx, s, report)
+	}()
+	if source != "" {
 		FollowTLSBundle(ctx, s, source, 0, report)
 	}
+	<-done
 }
 
 // RefreshBundle reads the fleet's CA bundle in s once for the bundle c
@@ -198,9 +212,9 @@ func (c Config) RefreshBundle(ctx context.Context, s *Store) error {
 
 // DialFollowing is Dial for a long-running process: while the connection
 // lives (until it closes for good; ctx bounds the dial only), the CA
-// bundle it verifies
-// storage nodes against follows the fleet's (FollowBundle), so a CA
-// rotation reaches the process. report, if set, is told what went wrong.
+// bundle it verifies storage nodes against follows the fleet's, so a CA
+// rotation reaches the process, and its credentials are renewed before
+// they expire (Follow). report, if set, is told what went wrong.
 func (c Config) DialFollowing(ctx context.Context, o ConnectOptions, report func(error)) (*Store, error) {
 	fctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	closed := o.OnClosed
@@ -215,6 +229,6 @@ func (c Config) DialFollowing(ctx context.Context, o ConnectOptions, report func
 		stop()
 		return nil, err
 	}
-	go c.FollowBundle(fctx, s, report)
+	go c.Follow(fctx, s, report)
 	return s, nil
 }

@@ -95,7 +95,7 @@ func FuzzCredsFile(f *testing.F) {
 		if err := os.WriteFile(p, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := credsOptions(p); err == nil {
+		if _, _, err := credsOptions(p); err == nil {
 			// Only a real user JWT passes; then nats.go still checks the seed.
 			return
 		}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -94,12 +95,29 @@ func (s *Store) CreateInvite(ctx context.Context, region string, labels map[stri
 	return token, inv, nil
 }
 
-// RedeemInvite spends token for machine. The first redemption binds the
-// invite to machine; later redemptions succeed only for the same machine (its
-// agent and its meshd share one invite) and fail for any other.
-func (s *Store) RedeemInvite(ctx context.Context, token, machine string) (*Invite, error) {
+// What an invite is redeemed for. A box redeems its invite once for each:
+// its enrollment (credentials for its keys), its agent's admission (the
+// machine record) and its meshd's registration. The first redemption binds
+// the invite to the machine.
+const (
+	InviteUseEnroll = "enroll"
+	InviteUseAdmit  = "admit"
+	InviteUseMesh   = "mesh"
+)
+
+// RedeemInvite spends token for machine's use (InviteUseEnroll, ...). The
+// first redemption binds the invite to machine; later ones succeed only for
+// the same machine and a use it was not yet redeemed for (its agent and its
+// meshd share one invite), so one invite never gives two sets of
+// credentials, two admissions or two registrations.
+func (s *Store) RedeemInvite(ctx context.Context, token, machine, use string) (*Invite, error) {
 	if !strings.HasPrefix(token, InviteTokenPrefix) {
 		return nil, &Error{Code: CodeInvalid, Message: "not an edgeplane invite token (want the output of `control machine invite`)"}
+	}
+	switch use {
+	case InviteUseEnroll, InviteUseAdmit, InviteUseMesh:
+	default:
+		return nil, Errorf(CodeInvalid, "an invite is not redeemed for %q", use)
 	}
 	key := inviteKey(token)
 	var inv Invite
@@ -115,18 +133,22 @@ func (s *Store) RedeemInvite(ctx context.Context, token, machine string) (*Invit
 		return nil, &Error{Code: CodeInvalid, Message: "invite expired at " + inv.ExpiresAt.Format(time.RFC3339),
 			Detail: map[string]string{"expired_at": inv.ExpiresAt.Format(time.RFC3339)}}
 	}
-	if inv.UsedBy != "" {
-		if inv.UsedBy == machine {
-			return &inv, nil
-		}
+	switch {
+	case inv.UsedBy != "" && inv.UsedBy != machine:
 		return nil, &Error{Code: CodeConflict, Message: "invite already used by machine " + inv.UsedBy,
 			Detail: map[string]string{"used_by": inv.UsedBy}}
+	case slices.Contains(inv.Uses, use):
+		return nil, &Error{Code: CodeConflict, Message: fmt.Sprintf("invite already redeemed (%s) by machine %s: an invite admits one box once; create a new one with `control machine invite`", use, inv.UsedBy),
+			Detail: map[string]string{"used_by": inv.UsedBy, "use": use}}
 	}
-	inv.UsedBy, inv.UsedAt = machine, now.UTC()
+	if inv.UsedBy == "" {
+		inv.UsedBy, inv.UsedAt = machine, now.UTC()
+	}
+	inv.Uses = append(inv.Uses, use)
 	data, _ := json.Marshal(inv)
 	if _, err := s.Invites.Update(ctx, key, data, rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			return nil, &Error{Code: CodeConflict, Message: "invite was redeemed concurrently by another machine"}
+			return nil, &Error{Code: CodeConflict, Message: "invite was redeemed concurrently"}
 		}
 		return nil, classify(fmt.Errorf("redeeming invite: %w", err))
 	}

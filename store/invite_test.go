@@ -18,20 +18,27 @@ func TestInviteSingleUsePerMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := srv.Store.RedeemInvite(ctx, tok, "m1")
+	inv, err := srv.Store.RedeemInvite(ctx, tok, "m1", store.InviteUseAdmit)
 	if err != nil || inv.Region != "eu" || inv.Labels["tier"] != "edge" {
 		t.Fatalf("redeem: %+v %v", inv, err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1"); err != nil {
+	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1", store.InviteUseMesh); err != nil {
 		t.Fatalf("same machine again (agent then meshd): %v", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, tok, "m2"); !store.HasCode(err, store.CodeConflict) {
+	// Each use once: a second admission or registration with the same
+	// invite is refused, whoever asks.
+	for _, use := range []string{store.InviteUseAdmit, store.InviteUseMesh} {
+		if _, err := srv.Store.RedeemInvite(ctx, tok, "m1", use); !store.HasCode(err, store.CodeConflict) {
+			t.Fatalf("a second %s by the same machine: got %v, want conflict", use, err)
+		}
+	}
+	if _, err := srv.Store.RedeemInvite(ctx, tok, "m2", store.InviteUseEnroll); !store.HasCode(err, store.CodeConflict) {
 		t.Fatalf("other machine: got %v, want conflict", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, "garbage", "m3"); !store.HasCode(err, store.CodeInvalid) {
+	if _, err := srv.Store.RedeemInvite(ctx, "garbage", "m3", store.InviteUseAdmit); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("garbage token: %v", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, store.InviteTokenPrefix+"unknown", "m3"); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := srv.Store.RedeemInvite(ctx, store.InviteTokenPrefix+"unknown", "m3", store.InviteUseAdmit); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("unknown token: %v", err)
 	}
 }
@@ -51,7 +58,7 @@ func TestInviteRacingMachinesOneWins(t *testing.T) {
 		wg.Add(1)
 		go func(id string) {
 			defer wg.Done()
-			if _, err := st.RedeemInvite(ctx, tok, id); err == nil {
+			if _, err := st.RedeemInvite(ctx, tok, id, store.InviteUseEnroll); err == nil {
 				mu.Lock()
 				winners++
 				mu.Unlock()
@@ -72,7 +79,7 @@ func TestInviteExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.Eventually(t, 2*time.Second, "invite expiry", func() bool {
-		_, err = srv.Store.RedeemInvite(ctx, tok, "late")
+		_, err = srv.Store.RedeemInvite(ctx, tok, "late", store.InviteUseAdmit)
 		return err != nil
 	})
 	if !store.HasCode(err, store.CodeInvalid) && !store.HasCode(err, store.CodeNotFound) {
@@ -101,10 +108,10 @@ func TestInviteCarriesCAFingerprints(t *testing.T) {
 	if _, err := store.InviteCAs(tok + ".nope"); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("a mangled CA part: %v", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, withCAs, "m1"); err != nil {
+	if _, err := srv.Store.RedeemInvite(ctx, withCAs, "m1", store.InviteUseEnroll); err != nil {
 		t.Fatalf("redeeming the token with its CAs: %v", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1"); err != nil {
+	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1", store.InviteUseAdmit); err != nil {
 		t.Fatalf("the same secret without them, same machine: %v", err)
 	}
 }

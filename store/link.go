@@ -116,7 +116,7 @@ func (l *Link) run(ctx context.Context) {
 		followed := make(chan struct{})
 		go func() {
 			defer close(followed)
-			l.cfg.FollowBundle(fctx, s, l.opts.Report)
+			l.cfg.Follow(fctx, s, l.opts.Report)
 		}()
 		select {
 		case <-ctx.Done():

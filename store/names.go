@@ -74,6 +74,10 @@ func (n Names) MeshDriftBucket() string      { return "cp_mesh_drift_" + n.Autho
 // preshared keys are derived from): the control plane's alone.
 func (n Names) MeshKeysBucket() string { return "cp_mesh_keys_" + n.Authority }
 
+// CredentialsBucket records every user key issued to a box, by its public
+// key (CredentialRecord): the control plane's alone.
+func (n Names) CredentialsBucket() string { return "cp_credentials_" + n.Authority }
+
 // RevocationsBucket lists refused credentials, by user public key.
 func (n Names) RevocationsBucket() string { return "cp_revocations_" + n.Authority }
 
@@ -263,6 +267,18 @@ func (n Names) NodeQueueGroup(machine string) string { return "node." + machine 
 func (n Names) AdmissionSubject(verb, machine string) string {
 	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.admission." + verb + "." + machine
 }
+
+// CredsSubject is where a box asks the control plane about its own
+// credentials: verb "renew" (a JWT for a new key of its own) or "retire"
+// (revoke the key it renewed from). role and id (CredsSubjectID of the
+// machine or gateway name) let credentials bind a box to its own subject.
+func (n Names) CredsSubject(verb, role, id string) string {
+	return "edgeplane.v1." + n.Installation + "." + n.Authority + ".rpc.creds." + verb + "." + role + "." + id
+}
+
+// CredsSubjectID is the subject token of a machine ID or gateway name: one
+// token, whatever the name holds.
+func CredsSubjectID(machine string) string { return strings.ReplaceAll(KeySafe(machine), ".", "_2e") }
 
 // RegistrarSubject is where meshd registers with the control plane.
 func (n Names) RegistrarSubject(command string) string {

@@ -458,10 +458,13 @@ type Invite struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`
 	ExpiresAt time.Time         `json:"expires_at"`
-	// UsedBy is the machine that redeemed the invite; only that machine's
-	// processes (its agent and its meshd) may redeem it again.
+	// UsedBy is the machine that redeemed the invite first; only that
+	// machine's other roles may redeem it after.
 	UsedBy string    `json:"used_by,omitempty"`
 	UsedAt time.Time `json:"used_at,omitempty"`
+	// Uses are what it was redeemed for (InviteUseEnroll, InviteUseAdmit,
+	// InviteUseMesh), each at most once.
+	Uses []string `json:"uses,omitempty"`
 }
 
 func (r *Invite) version() int { return r.Version }

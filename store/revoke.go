@@ -24,6 +24,11 @@ type Revocation struct {
 	Machine string    `json:"machine,omitempty"`
 	At      time.Time `json:"at"`
 	Reason  string    `json:"reason,omitempty"`
+	// Expires, if set, is when the revoked credentials expire: from then
+	// on storage nodes refuse them without the revocation, which they
+	// leave out of the accounts (a fleet renewing its credentials revokes
+	// a key per box and role at every renewal).
+	Expires time.Time `json:"expires,omitzero"`
 }
 
 func (r *Revocation) version() int { return r.Version }
@@ -39,6 +44,12 @@ func UserOfCreds(creds []byte) (*Revocation, error) {
 	if err != nil {
 		return nil, Errorf(CodeInvalid, "reading credentials: %w", err)
 	}
+	return userOfClaims(uc)
+}
+
+// userOfClaims reads whom a user JWT names: its key, name, role and
+// machine tags.
+func userOfClaims(uc *jwt.UserClaims) (*Revocation, error) {
 	r := &Revocation{User: uc.Subject, Name: uc.Name}
 	for _, tag := range uc.Tags {
 		if k, v, ok := strings.Cut(tag, ":"); ok {
@@ -98,6 +109,10 @@ func WatchRevocations(ctx context.Context, s *Store, apply func(revoked map[stri
 		}
 		if !nkeys.IsValidPublicUserKey(r.User) {
 			return fmt.Errorf("skipping revocation under %q: %q is not one user's public key", ent.Key(), r.User)
+		}
+		if !r.Expires.IsZero() && time.Now().After(r.Expires) {
+			delete(revoked, r.User)
+			return nil
 		}
 		revoked[r.User] = r.At
 		return nil

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -88,6 +89,33 @@ func call(ctx context.Context, nc *nats.Conn, req *nats.Msg, machine, command st
 	return nil
 }
 
+// RequesterHeader is where a storage node says who sent a request that
+// crossed an import sharing its requester (nats-server's
+// Nats-Request-Info): the server writes it, whatever the client sent.
+const RequesterHeader = "Nats-Request-Info"
+
+type requesterKey struct{}
+
+// Requester is who sent a request, as the storage node that took it says.
+type Requester struct {
+	// Account is the requester's account (its public key).
+	Account string `json:"acc"`
+	// User is the requester's user public key (U...).
+	User string `json:"user"`
+	Name string `json:"name,omitempty"`
+}
+
+// RequesterOf is who sent the request a Serve handler answers, when the
+// request crossed an import that shares it (false otherwise).
+func RequesterOf(ctx context.Context) (Requester, bool) {
+	raw, _ := ctx.Value(requesterKey{}).(string)
+	var r Requester
+	if raw == "" || json.Unmarshal([]byte(raw), &r) != nil || r.User == "" {
+		return Requester{}, false
+	}
+	return r, true
+}
+
 // Handler answers one RPC command. data is the raw request, and
 // RequestHeader(ctx) its header. Returning an error sends it as a
 // structured error.
@@ -101,10 +129,16 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 	ctx, cancel := context.WithCancel(ctx)
 	sem := make(chan struct{}, 64)
 	var wg sync.WaitGroup
-	sub, err := nc.QueueSubscribe(subject, queue, func(m *nats.Msg) {
+	sv := &served{subject: subject, queue: queue}
+	// handle answers m; done is called once the answer is sent.
+	handle := func(m *nats.Msg, done func()) {
+		sv.inflight.Add(1)
+		done0 := done
+		done = func() { sv.inflight.Add(-1); done0() }
 		if !ReplyOK(m.Reply) {
 			// Answering would publish, with this responder's permissions,
 			// wherever the requester chose: into a stream or a lock key.
+			done()
 			return
 		}
 		command := commandOf(m.Subject, prefixToken)
@@ -112,8 +146,13 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
+			defer done()
 			defer func() { <-sem }()
-			res, herr := safeHandle(context.WithValue(ctx, headerKey{}, m.Header), handler, command, m.Data)
+			hctx := context.WithValue(ctx, headerKey{}, m.Header)
+			if ri := m.Header.Get(RequesterHeader); ri != "" {
+				hctx = context.WithValue(hctx, requesterKey{}, ri)
+			}
+			res, herr := safeHandle(hctx, handler, command, m.Data)
 			var rep rpcReply
 			if herr != nil {
 				rep.Error = AsError(herr)
@@ -128,7 +167,12 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 			out, _ := json.Marshal(rep)
 			_ = m.Respond(out)
 		}()
-	})
+	}
+	sv.handle, sv.nc = handle, nc
+	err := sv.subscribe()
+	if err == nil {
+		addServed(nc, sv)
+	}
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("subscribing %s: %w", subject, err)
@@ -141,15 +185,94 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 	_ = nc.FlushWithContext(flushCtx)
 	flushCancel()
 	stop := func() {
-		_ = sub.Unsubscribe()
+		removeServed(nc, sv)
+		sv.stop()
 		cancel()
 		wg.Wait()
 	}
 	go func() {
 		<-ctx.Done()
-		_ = sub.Unsubscribe()
+		removeServed(nc, sv)
+		sv.stop()
 	}()
 	return stop, nil
+}
+
+// served is one responder Serve runs on a connection: what a renewal's
+// bridge (RenewCreds) answers while the connection switches keys.
+type served struct {
+	subject, queue string
+	nc             *nats.Conn
+	handle         func(m *nats.Msg, done func())
+	// inflight counts the requests being answered.
+	inflight atomic.Int64
+
+	mu      sync.Mutex
+	sub     *nats.Subscription
+	stopped bool
+}
+
+func (sv *served) subscribe() error {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.stopped || sv.sub != nil {
+		return nil
+	}
+	sub, err := sv.nc.QueueSubscribe(sv.subject, sv.queue, func(m *nats.Msg) { sv.handle(m, func() {}) })
+	if err != nil {
+		return err
+	}
+	sv.sub = sub
+	return nil
+}
+
+// pause stops taking requests on the connection (a bridge takes them).
+func (sv *served) pause() {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.sub != nil {
+		_ = sv.sub.Unsubscribe()
+		sv.sub = nil
+	}
+}
+
+func (sv *served) stop() {
+	sv.pause()
+	sv.mu.Lock()
+	sv.stopped = true
+	sv.mu.Unlock()
+}
+
+var servedMu sync.Mutex
+var servedOn = map[*nats.Conn][]*served{}
+
+func addServed(nc *nats.Conn, sv *served) {
+	servedMu.Lock()
+	defer servedMu.Unlock()
+	servedOn[nc] = append(servedOn[nc], sv)
+}
+
+func removeServed(nc *nats.Conn, sv *served) {
+	servedMu.Lock()
+	defer servedMu.Unlock()
+	list := servedOn[nc]
+	for i, x := range list {
+		if x == sv {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(servedOn, nc)
+	} else {
+		servedOn[nc] = list
+	}
+}
+
+func servedBy(nc *nats.Conn) []*served {
+	servedMu.Lock()
+	defer servedMu.Unlock()
+	return append([]*served(nil), servedOn[nc]...)
 }
 
 // ReplyOK reports whether a responder may answer on reply: a requester's

@@ -87,12 +87,13 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	}
 	timeout := cmp.Or(o.Timeout, defaultConnectTimeout)
 	opts := []nats.Option{nats.Name(o.Name), nats.Timeout(timeout)}
+	var held *credsHolder
 	if o.CredsFile != "" {
-		co, err := credsOptions(o.CredsFile)
+		co, h, err := credsOptions(o.CredsFile)
 		if err != nil {
 			return nil, &Error{Code: CodeInvalid, Message: err.Error(), Detail: map[string]string{"creds": o.CredsFile}}
 		}
-		opts = append(opts, co...)
+		opts, held = append(opts, co...), h
 	}
 	caSource := cmp.Or(o.CAFile, o.CredsFile)
 	var t *trust
@@ -131,10 +132,16 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	if o.OnReconnect != nil {
 		opts = append(opts, nats.ReconnectHandler(func(*nats.Conn) { o.OnReconnect() }))
 	}
-	if o.OnClosed != nil {
-		opts = append(opts, nats.ClosedHandler(func(*nats.Conn) { o.OnClosed() }))
-	}
+	opts = append(opts, nats.ClosedHandler(func(nc *nats.Conn) {
+		holders.Delete(nc)
+		if o.OnClosed != nil {
+			o.OnClosed()
+		}
+	}))
 	nc, err := nats.Connect(url, opts...)
+	if err != nil && held != nil && held.expiredErr() != nil {
+		return nil, held.expiredErr()
+	}
 	if err != nil {
 		if terr := tlsError(url, err, t != nil, caSource); terr != nil {
 			return nil, terr
@@ -145,6 +152,10 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 		}
 		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("connecting to NATS at %s: %v", redactURL(url), err),
 			Detail: map[string]string{"url": redactURL(url), "hint": hint}}
+	}
+	if held != nil {
+		held.opts = ConnectOptions{URL: o.URL, CredsFile: o.CredsFile, CAFile: o.CAFile, Name: o.Name, Timeout: o.Timeout}
+		holders.Store(nc, held)
 	}
 	return nc, nil
 }
@@ -202,6 +213,9 @@ type Store struct {
 	CanaryKeys jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
+	// Credentials records every user key issued to a box
+	// (CredentialRecord); control role only.
+	Credentials jetstream.KeyValue
 
 	// Signers holds the signer certificates and the trust root's record.
 	Signers jetstream.KeyValue
@@ -348,6 +362,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.CanaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
 		bucket(&s.CanaryKeys, names.CanaryKeysBucket(), 1, 1*mib, 1*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.Credentials, names.CredentialsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.MachineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),

@@ -66,6 +66,15 @@ func Identify(ctx context.Context, s *store.Store, req JoinRequest) (*store.Mach
 	if req.Token == "" {
 		return rejoin(ctx, s, req, ident)
 	}
+	// A box that joined already (an agent restarted with --join) starts
+	// from its identity: an invite admits once. Only a machine that was
+	// removed since joins again with the (new) invite.
+	if ident.Machine != "" && (req.Machine == "" || req.Machine == ident.Machine) {
+		rec, err := rejoin(ctx, s, req, ident)
+		if !store.HasCode(err, store.CodeNotFound) {
+			return rec, err
+		}
+	}
 	id := req.Machine
 	if id == "" {
 		id = ident.Machine

@@ -59,6 +59,15 @@ func TestIdentify(t *testing.T) {
 	if _, err := machines.Get(ctx, srv.Store, "m2"); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("a refused request recorded m2: %v", err)
 	}
+	// Restarted with --join, a box that joined starts from its identity and
+	// does not spend the invite again; a second admission with it is
+	// refused, whoever asks.
+	if rec, err := Identify(ctx, srv.Store, JoinRequest{DataDir: dir, Token: token, Machine: "m1"}); err != nil || rec.ID != "m1" {
+		t.Fatalf("restarted with --join: %+v %v", rec, err)
+	}
+	if _, err := machines.RequestAdmission(ctx, srv.Store, machines.AdmitJoin, machines.AdmissionRequest{Machine: "m1", Token: token, Address: "127.0.0.9"}); !store.HasCode(err, store.CodeConflict) {
+		t.Fatalf("a second admission with one invite: %v, want conflict", err)
+	}
 	// A new address is where every gateway would send the machine's
 	// traffic: the operator's to record, and the agent is told how.
 	_, err = Identify(ctx, srv.Store, JoinRequest{DataDir: dir, Advertise: "127.0.0.3"})

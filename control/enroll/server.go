@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
 	"time"
 
+	"github.com/nats-io/nkeys"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -28,8 +30,11 @@ type ServerConfig struct {
 	// Store redeems invites.
 	Store *store.Store
 	// Auth signs the boxes' user JWTs; it must hold the fleet CA.
-	Auth   *storagenode.Auth
-	Logger *zap.Logger
+	Auth *storagenode.Auth
+	// CredsTTL is how long the credentials it signs last (the box renews
+	// them while it runs); 0 for storagenode.DefaultCredsTTL.
+	CredsTTL time.Duration
+	Logger   *zap.Logger
 }
 
 // Server answers enrollments until ctx ends or Close.
@@ -103,7 +108,11 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(rep)
 }
 
-// answer redeems the invite for the machine and signs the box's keys.
+// answer redeems the invite for a new machine and signs the box's keys.
+// An invite admits a machine that is not a member yet, once: taking over an
+// existing machine (re-keying it) is an operator's act, `control machine rm`
+// first. Everything is checked before anything is signed, recorded or
+// spent.
 func (s *Server) answer(ctx context.Context, req Request) (*Reply, error) {
 	if !store.ValidToken(req.Machine) {
 		return nil, store.Errorf(store.CodeInvalid, "machine id %q: letters, digits, '-' and '_' only", req.Machine).With("machine", req.Machine)
@@ -111,16 +120,26 @@ func (s *Server) answer(ctx context.Context, req Request) (*Reply, error) {
 	if len(req.Keys) == 0 {
 		return nil, store.Errorf(store.CodeInvalid, "enrollment asks for no role: want keys for some of %v", Roles)
 	}
-	for role := range req.Keys {
+	for role, pub := range req.Keys {
 		if !slices.Contains(Roles, role) {
 			return nil, store.Errorf(store.CodeInvalid, "role %q cannot be enrolled with an invite: want some of %v", role, Roles).With("role", role)
 		}
+		if !nkeys.IsValidPublicUserKey(pub) {
+			return nil, store.Errorf(store.CodeInvalid, "%s key %q is not a user public key (U...)", role, pub).With("role", role)
+		}
 	}
-	// Checked before the invite is spent: a request that cannot be
+	if err := s.newMachine(ctx, req.Machine); err != nil {
+		return nil, err
+	}
+	ttl := s.cfg.CredsTTL
+	if ttl <= 0 {
+		ttl = storagenode.DefaultCredsTTL
+	}
+	// Signed before the invite is spent: a request that cannot be
 	// answered does not bind it.
 	jwts := map[string]string{}
 	for role, pub := range req.Keys {
-		cr := storagenode.CredsRequest{Role: role, Machine: req.Machine, Names: s.cfg.Store.Names}
+		cr := storagenode.CredsRequest{Role: role, Machine: req.Machine, Names: s.cfg.Store.Names, TTL: ttl}
 		if role == storagenode.RoleGateway {
 			cr.Name = "gateway-" + req.Machine
 		}
@@ -130,10 +149,45 @@ func (s *Server) answer(ctx context.Context, req Request) (*Reply, error) {
 		}
 		jwts[role] = j
 	}
-	if _, err := s.cfg.Store.RedeemInvite(ctx, req.Token, req.Machine); err != nil {
+	if _, err := s.cfg.Store.RedeemInvite(ctx, req.Token, req.Machine, store.InviteUseEnroll); err != nil {
 		return nil, err
 	}
+	// Every key handed out is recorded before it is: an operator finds
+	// it in `control creds ls`, and `control machine rm` revokes it.
+	for _, role := range slices.Sorted(maps.Keys(jwts)) {
+		rec, err := store.CredentialOfJWT(jwts[role], store.IssuedByEnrollment)
+		if err == nil {
+			err = s.cfg.Store.RecordCredential(ctx, rec)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("recording the %s credentials of machine %s: %w", role, req.Machine, err)
+		}
+		s.log.Info("credentials issued", zap.String("machine", req.Machine), zap.String("role", role), zap.String("user", rec.User),
+			zap.Time("expires", rec.ExpiresAt))
+	}
 	return &Reply{JWTs: jwts, Bundle: string(s.cfg.Auth.TLS.BundlePEM)}, nil
+}
+
+// newMachine refuses a machine ID the fleet already knows: a machine record
+// or a mesh peer under it.
+func (s *Server) newMachine(ctx context.Context, id string) error {
+	existing := func(what string) error {
+		return store.Errorf(store.CodeConflict, "machine %s is already a member (it has a %s): an invite enrolls a new machine only; "+
+			"to enroll this box again, remove it first (`control machine rm %s`), or choose another --machine", id, what, id).With("machine", id)
+	}
+	switch _, _, err := s.cfg.Store.GetMachine(ctx, id); {
+	case err == nil:
+		return existing("machine record")
+	case !store.HasCode(err, store.CodeNotFound):
+		return err
+	}
+	switch _, err := s.cfg.Store.MeshPeer(ctx, id); {
+	case err == nil:
+		return existing("mesh peer record")
+	case !store.HasCode(err, store.CodeNotFound):
+		return err
+	}
+	return nil
 }
 
 // writeError answers err as a structured error, with an HTTP status that

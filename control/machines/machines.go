@@ -18,14 +18,24 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// Admit records machine id from a redeemed invite. Re-admitting the same
-// machine with the same invite is idempotent (an agent restarted with
-// --join); a different machine already using the ID is a conflict.
+// Admit records machine id from a redeemed invite. An invite admits once
+// (an agent restarted with --join on a box that joined starts from its
+// saved identity and does not ask again), and only a machine that is not a
+// member yet: the invite is not spent on a refusal.
 func Admit(ctx context.Context, s *store.Store, token, id, address string) (*store.MachineRecord, error) {
 	if !store.ValidToken(id) {
 		return nil, store.Errorf(store.CodeInvalid, "machine id %q: letters, digits, '-' and '_' only", id).With("machine", id)
 	}
-	inv, err := s.RedeemInvite(ctx, token, id)
+	member := func() error {
+		return store.Errorf(store.CodeConflict, "machine %s is already a member; restart its agent without --join, or choose another --machine", id).With("machine", id)
+	}
+	switch _, _, err := s.GetMachine(ctx, id); {
+	case err == nil:
+		return nil, member()
+	case !store.HasCode(err, store.CodeNotFound):
+		return nil, err
+	}
+	inv, err := s.RedeemInvite(ctx, token, id, store.InviteUseAdmit)
 	if err != nil {
 		return nil, err
 	}
@@ -36,12 +46,7 @@ func Admit(ctx context.Context, s *store.Store, token, id, address string) (*sto
 	}
 	if err := create(ctx, s, rec); err != nil {
 		if store.HasCode(err, store.CodeConflict) {
-			// Recorded after this invite's first use: a retry of the same
-			// admission. Otherwise the ID belongs to another admission.
-			if cur, _, gerr := s.GetMachine(ctx, id); gerr == nil && !cur.JoinedAt.Before(inv.UsedAt) {
-				return cur, nil
-			}
-			return nil, store.Errorf(store.CodeConflict, "machine %s is already a member; restart its agent without --join, or choose another --machine", id).With("machine", id)
+			return nil, member()
 		}
 		return nil, err
 	}
@@ -301,15 +306,18 @@ type Removed struct {
 	MeshIP string `json:"mesh_ip,omitempty"`
 	// Invites counts the redeemed invites voided with it.
 	Invites int `json:"invites,omitempty"`
+	// Credentials counts the recorded user keys of the machine revoked
+	// with it (every role's, every renewal's).
+	Credentials int `json:"credentials"`
 }
 
 // Remove retires machine id: its instances leave the routing, its instance
 // and machine records are purged, its mesh peer, heartbeat and address go
 // (through the registrar's eviction), the invite it joined with is void,
-// and a machine removal event takes it out of every projection (and so out
-// of DNS). Without force it is refused while the machine answers and runs
-// instances, or has instance records: drain it and deploy again so they
-// move first. force is for a dead or stolen machine; instances it still
+// a machine removal event takes it out of every projection (and so out
+// of DNS), and every credential recorded for it is revoked. Without force
+// it is refused while the machine answers and runs instances, or has
+// instance records: drain it and deploy again so they move first. force is for a dead or stolen machine; instances it still
 // runs are asked to stop, best effort. The next apply places replacements
 // of its slots elsewhere.
 func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTimeout time.Duration) (*Removed, error) {
@@ -394,6 +402,10 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 		}
 	}
 	// The invite it joined with would admit it again.
-	out.Invites, err = s.VoidInvitesOf(ctx, id)
+	if out.Invites, err = s.VoidInvitesOf(ctx, id); err != nil {
+		return out, err
+	}
+	// And every key it was issued would still connect.
+	out.Credentials, err = s.RevokeMachineCredentials(ctx, id, "machine "+id+" removed")
 	return out, err
 }

@@ -110,7 +110,7 @@ func TestImportASingleBox(t *testing.T) {
 	}
 
 	// The box's data is the cluster's: its invite is redeemable there.
-	if _, err := cluster.Store.RedeemInvite(ctx, code, "m1"); err != nil {
+	if _, err := cluster.Store.RedeemInvite(ctx, code, "m1", store.InviteUseAdmit); err != nil {
 		t.Fatalf("the box's invite in the cluster: %v", err)
 	}
 	// Now the cluster has data of its own, and the import refuses.

@@ -111,7 +111,7 @@ func (n *Node) setConnected(v bool) {
 func (n *Node) session(ctx context.Context, nc *nats.Conn, names store.Names, up, disc chan struct{}) {
 	// The CA bundle storage nodes are verified against follows the
 	// fleet's for as long as the session lasts (a CA rotation reaches
-	// this node).
+	// this node), and the credentials are renewed before they expire.
 	fctx, stopFollow := context.WithCancel(ctx)
 	var following sync.WaitGroup
 	defer func() {
@@ -151,7 +151,9 @@ func (n *Node) session(ctx context.Context, nc *nats.Conn, names store.Names, up
 				following.Add(1)
 				go func() {
 					defer following.Done()
-					store.FollowTLSBundle(fctx, s, n.st.CredsFile, 0, func(err error) { n.log.Warn("following the fleet's CA bundle", zap.Error(err)) })
+					store.FollowConnection(fctx, s, n.st.CredsFile, func(err error) {
+						n.log.Warn("following the fleet's CA bundle and credentials", zap.Error(err))
+					})
 				}()
 			}
 			n.heartbeat(ctx)

@@ -399,7 +399,7 @@ func (r *Registrar) Register(ctx context.Context, req store.MeshRegisterRequest)
 	if err := validateRegister(&req); err != nil {
 		return nil, err
 	}
-	inv, err := r.st.RedeemInvite(ctx, req.Token, req.Machine)
+	inv, err := r.st.RedeemInvite(ctx, req.Token, req.Machine, store.InviteUseMesh)
 	if err != nil {
 		return nil, err
 	}

@@ -105,6 +105,10 @@ const (
 // JetStream store keeps its streams under this name.
 func (a *Auth) AccountPublicKey() string { return a.accountPub }
 
+// EdgeAccountPublicKey names the account of the untrusted roles (agent,
+// mesh, gateway): where a request that crossed the edge imports came from.
+func (a *Auth) EdgeAccountPublicKey() string { return a.edgePub }
+
 // LoadAuth reads the auth dir; with create, a missing one is initialised
 // with fresh keys. Every storage node of a cluster must use a copy of the
 // same dir.
@@ -284,6 +288,10 @@ type imported struct {
 	// many answers per request (direct get batches, pulls, every storage
 	// node's status).
 	many bool
+	// share: the responder is told which user asked (nats-server's
+	// Nats-Request-Info header, store.RequesterOf), written by the
+	// storage node whatever the client sent.
+	share bool
 }
 
 // edgeImports is everything the edge account may reach in the control
@@ -308,6 +316,9 @@ var edgeImports = []imported{
 	{subject: "edgeplane.v1.*.*.rpc.registrar.>"},
 	{subject: "edgeplane.v1.*.*.rpc.routing.republish.*"},
 	{subject: "edgeplane.v1.*.*.rpc.admission.>"},
+	// A box's own credentials: the control plane renews (or retires) the
+	// key that asked, as the storage node names it.
+	{subject: "edgeplane.v1.*.*.rpc.creds.>", share: true},
 	{subject: "edgeplane.v1.*.*.storage.status", many: true},
 	// What streams republish once stored: routing events, mesh peers.
 	{subject: "rp.>", stream: true},
@@ -339,6 +350,7 @@ func (a *Auth) edgeClaims(revoked map[string]time.Time) *jwt.AccountClaims {
 		if im.stream {
 			i.Type = jwt.Stream
 		}
+		i.Share = im.share
 		if local := edgeLocal(im.subject); local != im.subject {
 			i.LocalSubject = jwt.RenamingSubject(local)
 		}
@@ -409,6 +421,12 @@ func (a *Auth) configure(opts *server.Options) error {
 	return nil
 }
 
+// DefaultCredsTTL is how long a box's credentials last unless the fleet
+// says otherwise (`control server --creds-ttl`, `control creds issue
+// --ttl`): a running box renews them at two thirds of it
+// (store.RenewAt), so a box offline longer must be invited again.
+const DefaultCredsTTL = 30 * 24 * time.Hour
+
 // CredsRequest says whom to issue credentials for.
 type CredsRequest struct {
 	Role string
@@ -420,6 +438,11 @@ type CredsRequest struct {
 	Names store.Names
 	// TTL, if set, makes the credentials expire.
 	TTL time.Duration
+	// InboxKey is the user key whose inbox the credentials answer on
+	// (store.InboxKeyOf); default the credentials' own. A renewal keeps
+	// the first key's, so a running process keeps its reply
+	// subscriptions when it switches keys.
+	InboxKey string
 	// System issues a system-account user (storage operations that NATS
 	// reserves to it, e.g. removing a server from the meta group).
 	System bool
@@ -489,7 +512,13 @@ func (a *Auth) SignUser(r CredsRequest, upub string) (string, error) {
 		// An untrusted role is a user of the edge account.
 		signer = a.edgeKP
 		uc.Permissions = perms
-		uc.Permissions.Sub.Allow.Add(store.InboxPrefix(upub) + ".>")
+		inbox := r.InboxKey
+		if inbox == "" {
+			inbox = upub
+		} else if !nkeys.IsValidPublicUserKey(inbox) {
+			return "", store.Errorf(store.CodeInvalid, "inbox key %q is not a user public key (U...)", inbox)
+		}
+		uc.Permissions.Sub.Allow.Add(store.InboxPrefix(inbox) + ".>")
 		uc.Limits.Payload = roleLimits[r.Role]
 	}
 	ujwt, err := uc.Encode(signer)
@@ -607,6 +636,11 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// A lease's quorum check asks the storage nodes which are missing
 		// when no stream leader answers (CheckQuorum).
 		p.Pub.Allow.Add(n.StorageStatusSubject())
+		// Renewing its own credentials, under its name: a gateway bound to
+		// none renews nothing (it is given new credentials).
+		if machine != "" {
+			p.Pub.Allow.Add(n.CredsSubject("*", RoleGateway, store.CredsSubjectID(machine)))
+		}
 	case RoleAgent:
 		// Only its own machine's instance records, machine record and mesh
 		// peer record: the keys name the machine (InstanceKey), so one
@@ -634,6 +668,8 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// from stored state after one of its instances changes).
 		p.Sub.Allow.Add(n.NodeListenSubject(machine))
 		p.Pub.Allow.Add(n.RoutingRepublishSubject(machine), n.AdmissionSubject("*", machine))
+		// Renewing its own credentials.
+		p.Pub.Allow.Add(n.CredsSubject("*", RoleAgent, store.CredsSubjectID(machine)))
 	case RoleMesh:
 		readKV(n.MeshPeersBucket())
 		readKV(n.MeshHeartbeatsBucket())
@@ -647,6 +683,8 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		// relay credentials in another's name.
 		p.Pub.Allow.Add(n.RegistrarSubject("register."+machine), n.RegistrarSubject("leave."+machine),
 			n.RegistrarSubject("psk."+machine), n.RegistrarSubject("rotate."+machine), n.RegistrarSubject("relay."+machine))
+		// Renewing its own credentials.
+		p.Pub.Allow.Add(n.CredsSubject("*", RoleMesh, store.CredsSubjectID(machine)))
 	default:
 		return p, &store.Error{Code: store.CodeInvalid, Message: fmt.Sprintf("unknown role %q: want one of %s", role, strings.Join(Roles, ", "))}
 	}

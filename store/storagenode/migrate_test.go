@@ -157,7 +157,7 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	if _, err := cs.Certs.Get(ctx, "cert.b.example.com.crt"); err != jetstream.ErrKeyNotFound {
 		t.Fatalf("a deleted certificate came back: %v", err)
 	}
-	if _, err := cs.RedeemInvite(ctx, token, "m1"); err != nil {
+	if _, err := cs.RedeemInvite(ctx, token, "m1", store.InviteUseAdmit); err != nil {
 		t.Fatalf("an invite issued on the box, redeemed in the cluster: %v", err)
 	}
 }
