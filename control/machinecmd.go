@@ -20,6 +20,7 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 	labels := labelFlags{}
 	fs.Var(labels, "label", "label k=v of the machine (repeatable)")
 	ttl := fs.Duration("ttl", store.DefaultInviteTTL, "how long the invite stays redeemable")
+	address := fs.String("address", "", "the only address the machine may be admitted at (needed for a loopback address on a store other boxes reach)")
 	return func(c *call) error {
 		// A joining box checks the storage node it enrolls with against
 		// the CAs this CLI verifies storage nodes against.
@@ -32,12 +33,12 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 			fingerprints = append(fingerprints, pki.Fingerprint(ca))
 		}
 		return c.withStore(func(s *store.Store) error {
-			token, inv, err := s.CreateInvite(c.ctx, *region, labels, *ttl)
+			token, inv, err := s.CreateInviteFor(c.ctx, store.InviteSpec{Region: *region, Labels: labels, Address: *address, TTL: *ttl})
 			if err != nil {
 				return err
 			}
 			token = store.InviteWithCAs(token, fingerprints)
-			return c.out.emit(map[string]any{"token": token, "expires_at": inv.ExpiresAt, "region": inv.Region, "labels": inv.Labels},
+			return c.out.emit(map[string]any{"token": token, "expires_at": inv.ExpiresAt, "region": inv.Region, "labels": inv.Labels, "address": inv.Address},
 				func(w io.Writer) { fmt.Fprintln(w, token) })
 		})
 	}

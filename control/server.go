@@ -110,6 +110,13 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 		if err != nil {
 			return err
 		}
+		// No other box reaches a store on loopback alone: only then may
+		// an agent name a loopback address to be admitted at.
+		if *external != "" {
+			cfg.LoopbackOnly = store.LoopbackURLs(*external)
+		} else {
+			cfg.LoopbackOnly = storagenode.IsLoopback(host) && (cf.clusterListen == "" || storagenode.IsLoopback(hostOf(cf.clusterListen)))
+		}
 		if *withAgent {
 			cfg.LocalAgent = func(ctx context.Context, s *store.Store) (func(context.Context) error, error) {
 				rec, err := machines.Register(ctx, s, cmp.Or(*machine, store.DefaultMachineID()), *advertise)
@@ -197,4 +204,10 @@ func hostPorts(flag, list string) ([]string, error) {
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// hostOf is the host of a host:port address ("" when it has none).
+func hostOf(addr string) string {
+	host, _, _ := net.SplitHostPort(addr)
+	return host
 }

@@ -264,7 +264,9 @@ func (sc *storageCluster) startAgent(machine string, nodes ...int) string {
 	creds := sc.issue(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: machine})
 	token := ""
 	eventually(t, 30*time.Second, "an invite", func() bool {
-		out, _, code := sc.control(nodes[0], "machine", "invite")
+		// The agent joins at 127.0.0.1 on a store other boxes reach:
+		// the invite must say so (the operator's word, not the agent's).
+		out, _, code := sc.control(nodes[0], "machine", "invite", "--address", "127.0.0.1")
 		token = strings.TrimSpace(out)
 		return code == 0
 	})

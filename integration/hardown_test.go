@@ -171,7 +171,7 @@ func TestCutMachineCostsNoRequests(t *testing.T) {
 	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}}
 	c.startServer(lab.subnet + ".254:0")
 	t.Cleanup(c.killInstances)
-	c.join("m1")
+	c.join("m1", "--address", "127.0.0.1") // on a store other boxes reach, the operator pins loopback
 	c.joinIn("m2", lab.ns[0], lab.addr(1))
 	all, onM2 := deployTwoEach(t, c)
 	gw := startEdgeGatewayWith(t, c, "gw", c.url, c.issueCreds(storagenode.RoleGateway, "gw"), shippedHandler(t))

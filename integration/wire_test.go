@@ -159,7 +159,7 @@ func TestWireCaptureHoldsNoSecrets(t *testing.T) {
 	if !strings.Contains(c.server.output(), "tls://"+lab.addr(1)) {
 		t.Fatalf("the storage node does not speak TLS:\n%s", c.server.output())
 	}
-	c.join("m1")
+	c.join("m1", "--address", "127.0.0.1")
 	gwCreds := c.issueCreds(storagenode.RoleGateway, "gw1")
 	gw1 := startEdgeGateway(t, c, "gw1", c.url, gwCreds)
 

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"time"
@@ -70,11 +71,30 @@ func InviteCAs(token string) ([]string, error) {
 	return out, nil
 }
 
+// InviteSpec is what an invite admits a machine with.
+type InviteSpec struct {
+	Region string
+	Labels map[string]string
+	// Address, if set, pins the address the machine is admitted at.
+	Address string
+	// TTL is how long the invite stays redeemable (DefaultInviteTTL if 0).
+	TTL time.Duration
+}
+
 // CreateInvite stores a single-use invite and returns its token. Only the
 // token's hash is stored.
 func (s *Store) CreateInvite(ctx context.Context, region string, labels map[string]string, ttl time.Duration) (string, *Invite, error) {
+	return s.CreateInviteFor(ctx, InviteSpec{Region: region, Labels: labels, TTL: ttl})
+}
+
+// CreateInviteFor is CreateInvite with every field of spec.
+func (s *Store) CreateInviteFor(ctx context.Context, spec InviteSpec) (string, *Invite, error) {
+	ttl := spec.TTL
 	if ttl <= 0 {
 		ttl = DefaultInviteTTL
+	}
+	if spec.Address != "" && net.ParseIP(spec.Address) == nil {
+		return "", nil, Errorf(CodeInvalid, "invite address %q is not an IP address", spec.Address).With("address", spec.Address)
 	}
 	if err := s.RequireQuorum(ctx); err != nil {
 		return "", nil, err
@@ -85,7 +105,7 @@ func (s *Store) CreateInvite(ctx context.Context, region string, labels map[stri
 	}
 	token := InviteTokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	now := time.Now().UTC()
-	inv := &Invite{Version: RecordVersion, Region: region, Labels: labels, CreatedAt: now, ExpiresAt: now.Add(ttl)}
+	inv := &Invite{Version: RecordVersion, Region: spec.Region, Labels: spec.Labels, Address: spec.Address, CreatedAt: now, ExpiresAt: now.Add(ttl)}
 	data, _ := json.Marshal(inv)
 	// The per-key TTL removes unused invites; a little slack past ExpiresAt
 	// keeps the record readable for a clear "expired" answer near the edge.
@@ -109,8 +129,9 @@ const (
 // first redemption binds the invite to machine; later ones succeed only for
 // the same machine and a use it was not yet redeemed for (its agent and its
 // meshd share one invite), so one invite never gives two sets of
-// credentials, two admissions or two registrations.
-func (s *Store) RedeemInvite(ctx context.Context, token, machine, use string) (*Invite, error) {
+// credentials, two admissions or two registrations. Each of checks may
+// refuse the invite as read, before anything is spent.
+func (s *Store) RedeemInvite(ctx context.Context, token, machine, use string, checks ...func(*Invite) error) (*Invite, error) {
 	if !strings.HasPrefix(token, InviteTokenPrefix) {
 		return nil, &Error{Code: CodeInvalid, Message: "not an edgeplane invite token (want the output of `control machine invite`)"}
 	}
@@ -140,6 +161,11 @@ func (s *Store) RedeemInvite(ctx context.Context, token, machine, use string) (*
 	case slices.Contains(inv.Uses, use):
 		return nil, &Error{Code: CodeConflict, Message: fmt.Sprintf("invite already redeemed (%s) by machine %s: an invite admits one box once; create a new one with `control machine invite`", use, inv.UsedBy),
 			Detail: map[string]string{"used_by": inv.UsedBy, "use": use}}
+	}
+	for _, check := range checks {
+		if err := check(&inv); err != nil {
+			return nil, err
+		}
 	}
 	if inv.UsedBy == "" {
 		inv.UsedBy, inv.UsedAt = machine, now.UTC()

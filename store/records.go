@@ -453,11 +453,15 @@ func (r *MachineRecord) version() int { return r.Version }
 // Invite is a single-use, expiring admission ticket, stored under the hash of
 // its token so reading the bucket does not reveal usable tokens.
 type Invite struct {
-	Version   int               `json:"version"`
-	Region    string            `json:"region,omitempty"`
-	Labels    map[string]string `json:"labels,omitempty"`
-	CreatedAt time.Time         `json:"created_at"`
-	ExpiresAt time.Time         `json:"expires_at"`
+	Version int               `json:"version"`
+	Region  string            `json:"region,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	// Address, if set, is the only address the machine may be admitted
+	// at: the operator's say, where the agent's would not do (a loopback
+	// address on a store other boxes reach).
+	Address   string    `json:"address,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	ExpiresAt time.Time `json:"expires_at"`
 	// UsedBy is the machine that redeemed the invite first; only that
 	// machine's other roles may redeem it after.
 	UsedBy string    `json:"used_by,omitempty"`

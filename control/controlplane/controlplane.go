@@ -73,6 +73,9 @@ type Config struct {
 	// for a login off loopback or when DashboardLogin says so.
 	DashboardListen string
 	DashboardLogin  bool
+	// LoopbackOnly says no other box reaches the store (it listens on
+	// loopback only): machines may then join at a loopback address.
+	LoopbackOnly bool
 
 	// LocalAgent, if set, prepares this box's agent once everything else
 	// serves (records the machine, so a deploy right after "ready" can
@@ -132,7 +135,7 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 	fmt.Fprintf(out, "mesh registrar serving %s (STUN %s; relays %s)\n", s.Names.RegistrarSubject(">"), strings.Join(stunAddrs, ","),
 		cmp.Or(strings.Join(relays, ","), "none"))
 	// Agents may not write machine records; they ask here instead.
-	stopAdmission, err := machines.ServeAdmission(ctx, s)
+	stopAdmission, err := machines.ServeAdmission(ctx, s, machines.AdmissionPolicy{LoopbackJoins: cfg.LoopbackOnly})
 	if err != nil {
 		return fmt.Errorf("serving admission requests: %w", err)
 	}

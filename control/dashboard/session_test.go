@@ -3,16 +3,14 @@ package dashboard
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/internal/netnstest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -279,40 +277,13 @@ func TestSessionCookieSecureOffLoopback(t *testing.T) {
 	if c := login(t, base, tok, map[string]string{"Host": "dash.example.com"}); !c.Secure {
 		t.Error("behind a proxy (Host dash.example.com), the cookie is not Secure")
 	}
-	addr := nonLoopbackAddr(t)
-	if addr == "" {
+	if !netnstest.Available() {
+		t.Log("not root: no listener off loopback tried")
 		return
 	}
+	addr := netnstest.NonLoopbackAddr(t, "epd", 232)
 	off := serve(t, net.JoinHostPort(addr, "0"), d)
 	if c := login(t, off, tok, nil); !c.Secure {
 		t.Errorf("on %s, the cookie is not Secure", off)
 	}
-}
-
-// nonLoopbackAddr gives this box an address that is not loopback for the
-// test's life (one end of a veth pair whose other end is in a network
-// namespace of its own), or "" with a note when the test is not root.
-func nonLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Log("not root: no listener off loopback tried")
-		return ""
-	}
-	tag := fmt.Sprintf("%05d", os.Getpid()%100000)
-	ns, host, peer := "epdn"+tag, "epda"+tag, "epdb"+tag
-	octet := os.Getpid()%200 + 20
-	addr := fmt.Sprintf("10.232.%d.1", octet)
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	sh("ip", "netns", "add", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", host).Run() })
-	sh("ip", "addr", "add", addr+"/30", "dev", host)
-	sh("ip", "link", "set", host, "up")
-	return addr
 }

@@ -31,9 +31,23 @@ type AdmissionRequest struct {
 	Address string `json:"address"`
 }
 
-// ServeAdmission answers agents' admission requests until ctx ends or the
-// returned stop is called; every control server runs it.
-func ServeAdmission(ctx context.Context, s *store.Store) (func(), error) {
+// AdmissionPolicy is what a control server's admission accepts beyond
+// what every request is checked for.
+type AdmissionPolicy struct {
+	// LoopbackJoins admits a machine at a loopback address its agent
+	// names. Gateways dial a machine's instances at its admitted address,
+	// and at a loopback one a gateway dials its own box: right for a
+	// single host, whose store no other box reaches (the control server
+	// sets this when its store listens on loopback only), and a way for a
+	// stolen invite to aim gateways at their own loopback anywhere else.
+	// An invite that pins a loopback address (`machine invite --address`)
+	// admits at it either way.
+	LoopbackJoins bool
+}
+
+// ServeAdmission answers agents' admission requests under policy until ctx
+// ends or the returned stop is called; every control server runs it.
+func ServeAdmission(ctx context.Context, s *store.Store, policy AdmissionPolicy) (func(), error) {
 	return store.Serve(ctx, s.NC, s.Names.AdmissionSubject("*", "*"), "admission", "rpc.admission",
 		func(ctx context.Context, command string, data []byte) (any, error) {
 			verb, machine, _ := strings.Cut(command, ".")
@@ -55,7 +69,7 @@ func ServeAdmission(ctx context.Context, s *store.Store) (func(), error) {
 			}
 			switch verb {
 			case AdmitJoin:
-				return Admit(ctx, s, req.Token, machine, req.Address)
+				return admit(ctx, s, req.Token, machine, req.Address, policy)
 			case AdmitAddress:
 				return move(ctx, s, machine, req.Address)
 			}

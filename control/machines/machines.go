@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -23,6 +24,12 @@ import (
 // saved identity and does not ask again), and only a machine that is not a
 // member yet: the invite is not spent on a refusal.
 func Admit(ctx context.Context, s *store.Store, token, id, address string) (*store.MachineRecord, error) {
+	return admit(ctx, s, token, id, address, AdmissionPolicy{LoopbackJoins: true})
+}
+
+// admit is Admit under policy: an invite that pins an address admits only
+// at it, and a loopback address needs the policy or such an invite.
+func admit(ctx context.Context, s *store.Store, token, id, address string, policy AdmissionPolicy) (*store.MachineRecord, error) {
 	if !store.ValidToken(id) {
 		return nil, store.Errorf(store.CodeInvalid, "machine id %q: letters, digits, '-' and '_' only", id).With("machine", id)
 	}
@@ -35,7 +42,9 @@ func Admit(ctx context.Context, s *store.Store, token, id, address string) (*sto
 	case !store.HasCode(err, store.CodeNotFound):
 		return nil, err
 	}
-	inv, err := s.RedeemInvite(ctx, token, id, store.InviteUseAdmit)
+	inv, err := s.RedeemInvite(ctx, token, id, store.InviteUseAdmit, func(inv *store.Invite) error {
+		return checkInviteAddress(id, address, inv, policy)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -408,4 +417,23 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 	// And every key it was issued would still connect.
 	out.Credentials, err = s.RevokeMachineCredentials(ctx, id, "machine "+id+" removed")
 	return out, err
+}
+
+// checkInviteAddress refuses to admit machine id at address under inv:
+// another address than the one inv pins, or a loopback address the policy
+// does not admit and inv does not pin.
+func checkInviteAddress(id, address string, inv *store.Invite, policy AdmissionPolicy) error {
+	if inv.Address != "" {
+		if !sameIP(inv.Address, address) {
+			return store.Errorf(store.CodeInvalid, "the invite admits machine %s at %s only, not %s: join with --advertise %s, or ask for an invite for this address",
+				id, inv.Address, address, inv.Address).With("machine", id).With("address", address).With("invite_address", inv.Address)
+		}
+		return nil
+	}
+	if ip, err := netip.ParseAddr(address); err == nil && ip.Unmap().IsLoopback() && !policy.LoopbackJoins {
+		return store.Errorf(store.CodeInvalid,
+			"machine %s asks to be admitted at loopback address %s, but other boxes reach this store: gateways would dial their own loopback for its instances; join with --advertise set to an address other boxes reach it at, or ask for an invite that pins this one (control machine invite --address %s)",
+			id, address, address).With("machine", id).With("address", address)
+	}
+	return nil
 }

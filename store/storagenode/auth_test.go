@@ -304,6 +304,11 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if _, err := store.PutJSON(ctx, as.Instances, web.Key(), &web); err != nil {
 		t.Fatal(err)
 	}
+	// Endpoints are reached at their machine's admitted address: m1 is
+	// a member.
+	if err := cs.CreateMachine(ctx, &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive, Address: "127.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
 	seq, err := as.RequestRepublish(ctx, "m1", "shop", "web")
 	if err != nil {
 		t.Fatalf("agent m1 asking to republish shop/web: %v", err)

@@ -2,9 +2,7 @@ package storagenode_test
 
 import (
 	"bytes"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,44 +10,11 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/edgeplane/edgeplane/internal/netnstest"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
-
-// nonLoopbackAddr gives this box an address that is not loopback for the
-// test's life: one end of a veth pair whose other end lives in a network
-// namespace of its own, both removed at the end. It needs root.
-func nonLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the test makes a network namespace and a veth pair for an address that is not loopback")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip to make a network namespace")
-	}
-	// Names short enough for an interface (15 bytes) and unlikely to
-	// meet another test's.
-	tag := fmt.Sprintf("%05d", os.Getpid()%100000)
-	ns, host, peer := "eppt"+tag, "eppa"+tag, "eppb"+tag
-	octet := os.Getpid()%200 + 20
-	addr := fmt.Sprintf("10.231.%d.1", octet)
-	sh := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	sh("ip", "netns", "add", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
-	sh("ip", "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", host).Run() })
-	sh("ip", "addr", "add", addr+"/30", "dev", host)
-	sh("ip", "link", "set", host, "up")
-	sh("ip", "netns", "exec", ns, "ip", "addr", "add", fmt.Sprintf("10.231.%d.2/30", octet), "dev", peer)
-	sh("ip", "netns", "exec", ns, "ip", "link", "set", peer, "up")
-	return addr
-}
 
 // withoutCA is a credentials file as it was before credentials carried
 // the fleet CA: the JWT and the seed alone.
@@ -75,7 +40,7 @@ func withoutCA(t *testing.T, file string) string {
 // it sends a byte, while the same server takes a connection that carries
 // no secret, and loopback stays allowed.
 func TestCredentialsRefusePlaintextToAnotherBox(t *testing.T) {
-	addr := nonLoopbackAddr(t)
+	addr := netnstest.NonLoopbackAddr(t, "eppt", 231)
 	auth, err := storagenode.LoadAuth(filepath.Join(t.TempDir(), "auth"), true)
 	if err != nil {
 		t.Fatal(err)
