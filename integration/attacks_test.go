@@ -776,6 +776,13 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 	agent := f.as(t, f.agentCreds)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// The interval the real agent beats at, to leave m1 as fresh as it
+	// found it: a beat announcing 1 s makes m1 stale 3 s on, until the
+	// agent's next beat, and the next deploy would place nothing on it.
+	var real store.MachineBeat
+	if _, err := store.GetJSON(ctx, f.c.store.MachineBeats, "m1", &real); err != nil {
+		t.Fatalf("m1's heartbeat: %v", err)
+	}
 	if err := agent.st.PutMachineBeat(ctx, "m1", time.Second); err != nil {
 		t.Fatalf("an agent's own heartbeat: %v", err)
 	}
@@ -806,7 +813,7 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 		}
 	}
 	// Its own key back to the truth.
-	if err := agent.st.PutMachineBeat(ctx, "m1", time.Second); err != nil {
+	if err := agent.st.PutMachineBeat(ctx, "m1", time.Duration(real.Interval)); err != nil {
 		t.Fatal(err)
 	}
 }
