@@ -103,3 +103,18 @@ func TestImportsRunDownward(t *testing.T) {
 		}
 	}
 }
+
+// signing is the bottom of the bottom: store imports it (every signed
+// record), so it imports nothing of this project's; what keeps signers in
+// the store (store/signers) sits beside store, not under signing.
+func TestSigningImportsNoPart(t *testing.T) {
+	format := "{{.ImportPath}} {{join .Imports \" \"}}"
+	for _, line := range goList(t, "-f", format, "./signing/...") {
+		fields := strings.Fields(line)
+		for _, imp := range fields[1:] {
+			if strings.HasPrefix(imp, module+"/") {
+				t.Errorf("%s imports %s: signing sits below every package of this module", fields[0], imp)
+			}
+		}
+	}
+}

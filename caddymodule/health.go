@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // Active health checks for the projection's endpoints. Caddy's own active
@@ -261,7 +262,7 @@ func (h *healthChecker) probe(ctx context.Context, t probeTarget) error {
 		return err
 	}
 	resp.Body.Close()
-	if resp.StatusCode >= 400 {
+	if !store.ReadyStatus(resp.StatusCode) {
 		return fmt.Errorf("GET %s answered %s", t.path, resp.Status)
 	}
 	return nil

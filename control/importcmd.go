@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/edgeplane/edgeplane/control/storage"
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/signers"
 )
 
 func setupStorageImport(fs *flag.FlagSet) func(*call) error {

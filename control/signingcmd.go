@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/signing"
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/signers"
 )
 
 // signingView is `control signing ls`'s answer.

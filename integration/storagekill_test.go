@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/signers"
 )
 
 // applyResult is one `control deploy apply` of the loop.

@@ -145,6 +145,13 @@ type Readiness struct {
 	Timeout Duration `json:"timeout,omitempty" yaml:"timeout,omitempty"`
 }
 
+// ReadyStatus says whether a status answered on a readiness path means
+// the instance is ready: any 2xx (after redirects). The agent's readiness
+// and the gateway's probe of the same path judge by this one rule, so an
+// instance the agent calls ready is not set aside by a gateway, nor one
+// the gateway calls healthy left out by its agent.
+func ReadyStatus(code int) bool { return code >= 200 && code <= 299 }
+
 // Route sends requests for Hosts (exact or "*.suffix") whose path starts with
 // one of PathPrefixes (default "/") to the service. The other fields are
 // the route's policy: what the gateway does with its requests on the way,

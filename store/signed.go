@@ -547,7 +547,7 @@ func keyOf(k *signing.Key) func() (*signing.Key, error) {
 
 // PutSignerRecord stores rec, a signer's certificate, signed by root under
 // the signer's key. What a certificate may say (a server key, retirement
-// bounds) is the trust root's owner's to decide: signing/signers.
+// bounds) is the trust root's owner's to decide: store/signers.
 func (s *Store) PutSignerRecord(ctx context.Context, root *signing.Key, rec SignerRecord) error {
 	rec.Version = RecordVersion
 	data, err := json.Marshal(&rec)

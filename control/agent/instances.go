@@ -244,7 +244,7 @@ func readinessProbe(host string, port int, path string) func(context.Context) er
 			return err
 		}
 		resp.Body.Close()
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		if !store.ReadyStatus(resp.StatusCode) {
 			return fmt.Errorf("GET %s: %s", path, resp.Status)
 		}
 		return nil

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/signing"
-	"github.com/edgeplane/edgeplane/signing/signers"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
