@@ -465,3 +465,43 @@ func TestCanaryOrphanIsDecidedByTheCompleter(t *testing.T) {
 	all, failed := counts(collect(), time.Time{}, time.Now())
 	t.Logf("\n%s\n%d requests through the gateway, %d failed (the bad canary's own 500s)", strings.Join(report, "\n"), all["1"]+all["2"], failed)
 }
+
+// A candidate that answers 150 ms late is aborted for its p99 at a 20%
+// step under steady load; the requests it holds at the moment of the abort
+// finish before it is stopped, as a replaced instance's do: no client sees
+// a failure, only the slow answers.
+func TestCanaryAbortDrainsItsCandidates(t *testing.T) {
+	c := newCluster(t)
+	c.join("m1")
+	gw := c.startGateway("gw1")
+	c.mustControl(applyArgs(c.manifest("v1.yaml", canaryV1))...)
+	stop := make(chan struct{})
+	collect := gw.canaryLoad(4, stop)
+
+	slow := canaryV2(`, HELLO_DELAY: "150ms"`, `rollout:
+  steps: [{weight: 20, hold: 20s}]
+  limits: {max_p99_ratio: 2, min_requests: 20}
+`)
+	out, errOut, code := c.control(applyArgs(c.manifest("slow.yaml", slow))...)
+	// The apply returns after the candidates stopped: what they held at
+	// the abort has been answered, or failed, by now.
+	close(stop)
+	all := collect()
+	if code == 0 || !strings.Contains(errOut+out, "canary_aborted") || !strings.Contains(errOut+out, "p99") {
+		t.Fatalf("the slow canary was not aborted for its p99: exit %d\n%s\n%s", code, out, errOut)
+	}
+	byVersion, failed := counts(all, time.Time{}, time.Now())
+	if byVersion["2"] == 0 {
+		t.Fatalf("no request reached the candidates: %v", byVersion)
+	}
+	if failed != 0 {
+		var errs []string
+		for _, o := range all {
+			if !o.ok {
+				errs = append(errs, o.err)
+			}
+		}
+		t.Fatalf("%d of %d requests failed around the abort: %v", failed, byVersion["1"]+byVersion["2"]+failed, errs)
+	}
+	t.Logf("slow canary aborted under load: %d requests (%d to revision 2), 0 failed", byVersion["1"]+byVersion["2"], byVersion["2"])
+}

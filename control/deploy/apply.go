@@ -291,7 +291,7 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 		cause = store.Errorf(CodeInterrupted, "interrupted during %s, before the final commit: candidates stopped, nothing routed", r.status.Phase).
 			With("phase", r.status.Phase).With("deploy", r.id)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout+d.opts.GatewayWait)
+	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout+d.opts.GatewayWait+d.opts.DrainGrace)
 	defer cancel()
 	state := store.DeployFailed
 	if r.checkpoint != nil {
@@ -311,6 +311,13 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 			r.status.Error = store.AsError(cause)
 			r.writeStatus(ctx)
 			return r.status, store.AsError(cause)
+		}
+		// The gateways route it all back; requests the candidates took
+		// before that finish first, as a replaced instance's do
+		// (drainOld): stopped at once, a slow candidate's would be cut.
+		select {
+		case <-time.After(d.opts.DrainGrace):
+		case <-ctx.Done():
 		}
 	}
 	for _, c := range r.stopSlots(r.started) {
