@@ -58,7 +58,7 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 			return usagef("--join-only needs --join TOKEN")
 		}
 		// Which binary runs this agent: the release the machine upgraded
-		// to, or the previous one after a failed trial (control/upgrade).
+		// to, or the previous one after a failed trial (internal/upgrade).
 		releases, self, trial := upgrade.Dir(""), "", (*upgrade.Trial)(nil)
 		if !*joinOnly {
 			var next string

@@ -47,7 +47,7 @@ func (a *Agent) observe(ctx context.Context) {
 	}
 	// The first write replaces what a previous agent observed; later
 	// ones retry a change whose write failed (note).
-	flushObserved := func(always bool) {
+	writeObservations := func(always bool) {
 		if !always && !a.observations.Behind() {
 			return
 		}
@@ -63,7 +63,7 @@ func (a *Agent) observe(ctx context.Context) {
 	}
 	beat()
 	writeState()
-	flushObserved(true)
+	writeObservations(true)
 	for {
 		select {
 		case <-ctx.Done():
@@ -73,7 +73,7 @@ func (a *Agent) observe(ctx context.Context) {
 		case <-t.C:
 			beat()
 			writeState()
-			flushObserved(false)
+			writeObservations(false)
 		case <-a.stateKick:
 			writeState()
 		}
