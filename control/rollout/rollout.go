@@ -1,10 +1,10 @@
 // Package rollout moves the fleet's agents onto a release: canary machines
 // first, then batches, never more than a set number mid-upgrade at once,
 // stopping at the first machine whose upgrade fails. Each machine does its
-// own upgrade (a leased command to its agent, control/agent and internal/upgrade on the
-// machine: verify, swap, restart, health gate, rollback by itself); the
-// rollout tells them, in order, and reads the outcome each reports in its
-// machine state.
+// own upgrade (a leased command to its agent, control/agent and
+// internal/upgrade on the machine: verify, swap, restart, health gate,
+// rollback by itself); the rollout tells them, in order, and reads the
+// outcome each reports in its machine state.
 package rollout
 
 import (
