@@ -4,17 +4,28 @@
 // each machine reported. An Aggregator in `control server` follows the
 // instance records, the agents' instance observations and machine
 // heartbeats with KV watches (their initial values rebuild it at start),
-// marks the namespaces that changed, and
-// writes their summaries at a bounded rate (a dirty set flushed every half
-// second by default) to the fleet status bucket, which `control status` and
-// `control deploy status` read. It also sums the gateways' traffic reports
-// into each namespace's summary, per service (traffic.go).
+// marks the namespaces that changed, and writes their summaries at a
+// bounded rate (a dirty set flushed every half second by default) to the
+// fleet status bucket, which `control status` and `control deploy status`
+// read.
+//
+// Two of its outputs are decisions others act on:
+//   - the machine liveness judgement (liveness.go): which machines stopped
+//     beating, written to cp_machine_liveness_<auth> on change and every
+//     store.LivenessRefresh; gateways set those machines' instances aside
+//     by it, and never read the beats themselves;
+//   - each service's traffic figures, summed from the gateways' reports
+//     (traffic.go), which `control status`, the dashboard and the
+//     metrics show.
+//
+// One control server writes at a time, holding the fleet status lease
+// (elected.go); read.go holds what other parts read back, metrics.go the
+// Prometheus collector.
 package fleet
 
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -22,7 +33,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
@@ -49,6 +59,10 @@ type Aggregator struct {
 	cfg Config
 	log *zap.Logger
 
+	// mu guards every field below it but leading (an atomic): the watches
+	// (Run's loop), the flush, the liveness judgement and the metrics
+	// collector all take it, each for a short, I/O-free section; a flush
+	// computes its summaries under it and writes them after releasing it.
 	mu sync.Mutex
 	// byNS holds the instance records by namespace and KV key, so that a
 	// namespace's summary costs its own instances, not the fleet's.
@@ -213,13 +227,11 @@ func (a *Aggregator) reset() {
 	clear(a.traffic)
 	a.judged = nil // written again once the watches delivered the store
 }
-
 func (a *Aggregator) touch(ns string, at time.Time) {
 	if _, ok := a.dirty[ns]; !ok {
 		a.dirty[ns] = at
 	}
 }
-
 func (a *Aggregator) instance(ent jetstream.KeyValueEntry) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -287,98 +299,6 @@ func (a *Aggregator) observation(ent jetstream.KeyValueEntry) {
 		a.touch(ns, now)
 	}
 }
-
-// beat takes in a machine's beat. For the liveness judgement its time is
-// when the aggregator heard it (live), or when the store stored it (the
-// watch's initial values): one clock for every machine, so that a
-// machine's own, off by any amount, never makes it look silent or alive
-// to the gateways.
-func (a *Aggregator) beat(ent jetstream.KeyValueEntry, live bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	now := time.Now()
-	var b store.MachineBeat
-	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.MachineBeats.Bucket(), ent.Key(), ent.Value(), &b) != nil {
-		delete(a.beats, ent.Key())
-		delete(a.heard, ent.Key())
-	} else {
-		a.beats[b.Machine] = b
-		a.heard[b.Machine] = now
-		if !live && ent.Created().Before(now) {
-			a.heard[b.Machine] = ent.Created()
-		}
-	}
-	a.machineChanged(ent.Key(), now)
-}
-
-// judge writes the fleet's liveness judgement (store.LivenessRecord): the
-// machines that missed store.MeshUnreachableAfter beats or more at now,
-// when that set or a machine's state in it changed, and every
-// store.LivenessRefresh.
-func (a *Aggregator) judge(ctx context.Context, now time.Time) error {
-	a.mu.Lock()
-	down := map[string]store.MachineDown{}
-	for m, b := range a.beats {
-		heard := &store.MachineBeat{At: a.heard[m], Interval: b.Interval}
-		l := heard.Liveness(now)
-		if !isStale(l) {
-			continue
-		}
-		iv := time.Duration(b.Interval)
-		if iv <= 0 {
-			iv = store.DefaultBeatInterval
-		}
-		down[m] = store.MachineDown{Liveness: l, LastBeat: heard.At, Interval: iv}
-	}
-	same := maps.EqualFunc(a.judged, down, func(x, y store.MachineDown) bool { return x.Liveness == y.Liveness })
-	due := a.judged == nil || !same || now.Sub(a.judgedAt) >= store.LivenessRefresh
-	a.mu.Unlock()
-	if !due {
-		return nil
-	}
-	if err := a.s.PutLiveness(ctx, &store.LivenessRecord{At: now.UTC(), Judge: store.HostName("control"), Down: down}); err != nil {
-		return err
-	}
-	a.mu.Lock()
-	a.judged, a.judgedAt = down, now
-	a.mu.Unlock()
-	return nil
-}
-
-// ageBeats notices machines whose liveness changed with time alone.
-func (a *Aggregator) ageBeats() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	now := time.Now()
-	for m := range a.beats {
-		a.machineChanged(m, now)
-	}
-}
-
-// machineChanged marks the namespaces with instances on m dirty if m's
-// liveness changed; a.mu is held.
-func (a *Aggregator) machineChanged(m string, now time.Time) {
-	l := liveness(a.beats, m, now)
-	if a.live[m] == l {
-		return
-	}
-	a.live[m] = l
-	for ns := range a.onMachine[m] {
-		a.touch(ns, now)
-	}
-}
-
-func liveness(beats map[string]store.MachineBeat, m string, now time.Time) string {
-	if b, ok := beats[m]; ok {
-		return b.Liveness(now)
-	}
-	return store.MachineNeverSeen
-}
-
-// isStale says whether instances on a machine of liveness l count as
-// stale; a machine that never beat (an older agent) is taken at its
-// records' word.
-func isStale(l string) bool { return l == store.MachineStale || l == store.MachineOffline }
 
 // summary computes ns's summary from what the aggregator holds; a.mu is
 // held.
@@ -479,216 +399,4 @@ func (a *Aggregator) flush(ctx context.Context) error {
 // instances left.
 func (a *Aggregator) write(ctx context.Context, st *store.NamespaceStatus) error {
 	return a.s.PutNamespaceStatus(ctx, st)
-}
-
-// DefaultLeaseTTL is how long a control server that stopped keeps the
-// fleet status to itself before another takes over.
-const DefaultLeaseTTL = 10 * time.Second
-
-// RunElected runs the aggregator while this process holds the fleet
-// status lease (store.FleetStatusLockKey), and stands by while another
-// control server holds it: one writer, however many control servers, and
-// a standby takes over within the lease's TTL of the holder stopping. It returns
-// when ctx ends.
-func (a *Aggregator) RunElected(ctx context.Context, holder string) {
-	wait := func(d time.Duration) bool {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(d):
-			return true
-		}
-	}
-	for ctx.Err() == nil {
-		l, err := a.s.AcquireLease(ctx, store.FleetStatusLockKey, store.LeaseOptions{TTL: a.cfg.LeaseTTL, Holder: holder,
-			Purpose: "fleet status", KeepAlive: true})
-		if err != nil {
-			if !store.HasCode(err, store.CodeBusy) && ctx.Err() == nil {
-				a.log.Warn("taking the fleet status lease", zap.Error(err))
-			}
-			a.leading.Store(false)
-			if !wait(a.cfg.LeaseTTL / 3) {
-				return
-			}
-			continue
-		}
-		a.leading.Store(true)
-		a.log.Info("writing the fleet status", zap.String("holder", holder))
-		err = a.runWhile(ctx, l)
-		a.leading.Store(false)
-		a.mu.Lock()
-		clear(a.flushed) // the next writer's now
-		a.mu.Unlock()
-		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = l.Release(rctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		a.log.Warn("fleet status stopped; starting again", zap.Error(err))
-		if !wait(2 * time.Second) {
-			return
-		}
-	}
-}
-
-// runWhile runs the aggregator until ctx ends, it fails, or l is lost.
-func (a *Aggregator) runWhile(ctx context.Context, l *store.Lease) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if err := l.Lost(); err != nil {
-					cancel(err)
-					return
-				}
-			}
-		}
-	}()
-	err := a.Run(ctx)
-	if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {
-		return cause
-	}
-	return err
-}
-
-// Writing says whether this aggregator writes the fleet status now (it
-// holds the lease).
-func (a *Aggregator) Writing() bool { return a.leading.Load() }
-
-// Pending is how many namespaces have changes not yet written.
-func (a *Aggregator) Pending() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.dirty)
-}
-
-// Recount computes every namespace's counts afresh from the instance
-// records, their observations and heartbeats in the store, judged at now as the aggregator
-// judges them: what its summaries must equal once it has caught up.
-func Recount(ctx context.Context, s *store.Store, now time.Time) (map[string]store.Counts, error) {
-	beats := map[string]store.MachineBeat{}
-	if err := store.ListJSON(ctx, s, s.MachineBeats, ">", func(_ string, b *store.MachineBeat) error {
-		beats[b.Machine] = *b
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-	out := map[string]store.Counts{}
-	err := s.ListInstances(ctx, ">", func(_ string, rec *store.InstanceRecord) error {
-		c := out[rec.Namespace]
-		c.Add(rec.State, isStale(liveness(beats, rec.Machine, now)))
-		out[rec.Namespace] = c
-		return nil
-	})
-	return out, err
-}
-
-// Differences lists where summaries disagree with counts (a Recount, say):
-// namespaces counted otherwise, and summaries of namespaces without
-// instances. Sorted; empty when they agree.
-func Differences(sums map[string]store.NamespaceStatus, want map[string]store.Counts) []string {
-	var diff []string
-	for ns, c := range want {
-		if got := sums[ns].Counts; got != c {
-			diff = append(diff, fmt.Sprintf("%s: summary %+v, recount %+v", ns, got, c))
-		}
-	}
-	for ns := range sums {
-		if _, ok := want[ns]; !ok {
-			diff = append(diff, ns+" summarised without instances")
-		}
-	}
-	slices.Sort(diff)
-	return diff
-}
-
-// Read returns every namespace summary in the store, by namespace.
-func Read(ctx context.Context, s *store.Store) (map[string]store.NamespaceStatus, error) {
-	out := map[string]store.NamespaceStatus{}
-	err := store.ListJSON(ctx, s, s.FleetStatus, ">", func(_ string, st *store.NamespaceStatus) error {
-		out[st.Namespace] = *st
-		return nil
-	})
-	return out, err
-}
-
-var (
-	instancesDesc = prometheus.NewDesc("edgeplane_fleet_instances", "Instances per namespace and state, as last flushed (stale: on a machine whose heartbeat is stale or offline).",
-		[]string{"namespace", "state"}, nil)
-	lagDesc    = prometheus.NewDesc("edgeplane_fleet_status_lag_seconds", "From the oldest change in the last flush to that flush.", nil, nil)
-	leaderDesc = prometheus.NewDesc("edgeplane_fleet_status_writer", "1 while this control server writes the fleet status, 0 while it stands by.", nil, nil)
-)
-
-// Describe implements prometheus.Collector.
-func (a *Aggregator) Describe(ch chan<- *prometheus.Desc) {
-	ch <- instancesDesc
-	ch <- lagDesc
-	ch <- leaderDesc
-	for _, d := range []*prometheus.Desc{trafficRateDesc, trafficTotalDesc, trafficErrorRatioDesc, trafficLatencyDesc} {
-		ch <- d
-	}
-}
-
-// Collect implements prometheus.Collector.
-func (a *Aggregator) Collect(ch chan<- prometheus.Metric) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for ns, st := range a.flushed {
-		c := st.Counts
-		for state, n := range map[string]int{"ready": c.Ready, "starting": c.Starting, "backoff": c.Backoff, "failed": c.Failed,
-			"draining": c.Draining, "stopped": c.Stopped, "stale": c.Stale} {
-			ch <- prometheus.MustNewConstMetric(instancesDesc, prometheus.GaugeValue, float64(n), ns, state)
-		}
-	}
-	a.collectTraffic(ch)
-	ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, a.lastLag.Seconds())
-	leading := 0.0
-	if a.leading.Load() {
-		leading = 1
-	}
-	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leading)
-}
-
-// Gateway is a gateway reporting now: the routing sequence it applied,
-// how far behind the routing stream's head that is, and whether it serves
-// a view it knows may be behind.
-type Gateway struct {
-	Gateway    string `json:"gateway"`
-	AppliedSeq uint64 `json:"applied_seq"`
-	Lag        uint64 `json:"lag"`
-	Stale      bool   `json:"stale,omitempty"`
-	// Age is how old its last report is.
-	Age time.Duration `json:"-"`
-}
-
-// Gateways returns the routing stream's head and the gateways whose
-// report has not aged out, by name.
-func Gateways(ctx context.Context, s *store.Store) (head uint64, gws []Gateway, err error) {
-	info, err := s.Routing.Info(ctx)
-	if err != nil {
-		return 0, nil, store.Classify(fmt.Errorf("reading the routing stream: %w", err))
-	}
-	head = info.State.LastSeq
-	gws = []Gateway{}
-	err = store.ListJSON(ctx, s, s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
-		age := time.Since(g.At)
-		if age >= store.GatewayObservationTTL {
-			return nil
-		}
-		gw := Gateway{Gateway: g.Gateway, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age}
-		if head > g.AppliedSeq {
-			gw.Lag = head - g.AppliedSeq
-		}
-		gws = append(gws, gw)
-		return nil
-	})
-	slices.SortFunc(gws, func(a, b Gateway) int { return strings.Compare(a.Gateway, b.Gateway) })
-	return head, gws, err
 }
