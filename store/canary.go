@@ -205,12 +205,15 @@ func changedSlots(cp, live *DeployCommit, service string) bool {
 	return false
 }
 
+// CanaryVerdict is how a canary step ended, or that it holds.
+type CanaryVerdict string
+
 // Verdicts of a canary step.
 const (
-	CanaryHolding  = "holding"
-	CanaryPassed   = "passed"
-	CanaryAborted  = "aborted"
-	CanaryPromoted = "promoted"
+	CanaryHolding  CanaryVerdict = "holding"
+	CanaryPassed   CanaryVerdict = "passed"
+	CanaryAborted  CanaryVerdict = "aborted"
+	CanaryPromoted CanaryVerdict = "promoted"
 )
 
 // CanaryStepStatus is one step of a canary as the apply judged it.
@@ -222,7 +225,7 @@ type CanaryStepStatus struct {
 	StartedAt time.Time `json:"started_at"`
 	EndedAt   time.Time `json:"ended_at,omitzero"`
 	// Verdict is holding, passed, aborted or promoted (by hand).
-	Verdict string `json:"verdict"`
+	Verdict CanaryVerdict `json:"verdict"`
 	// Reason says why a step ended as it did: the limit exceeded and by
 	// what figures, or who decided.
 	Reason string `json:"reason,omitempty"`

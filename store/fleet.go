@@ -16,7 +16,8 @@ type Counts struct {
 	Stale    int `json:"stale,omitempty"`
 }
 
-func (c *Counts) Add(state string, stale bool) {
+// Add counts one instance in state, or as stale.
+func (c *Counts) Add(state InstanceState, stale bool) {
 	switch {
 	case stale:
 		c.Stale++

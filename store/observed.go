@@ -24,13 +24,13 @@ import (
 // ObservedInstance is an agent's last observation of one instance it runs:
 // the fields of its InstanceRecord that change while it runs.
 type ObservedInstance struct {
-	Namespace string `json:"namespace"`
-	State     string `json:"state"`
-	Error     string `json:"error,omitempty"`
-	PID       int    `json:"pid,omitempty"`
-	Container string `json:"container,omitempty"`
-	Restarts  int    `json:"restarts,omitempty"`
-	LastExit  string `json:"last_exit,omitempty"`
+	Namespace string        `json:"namespace"`
+	State     InstanceState `json:"state"`
+	Error     string        `json:"error,omitempty"`
+	PID       int           `json:"pid,omitempty"`
+	Container string        `json:"container,omitempty"`
+	Restarts  int           `json:"restarts,omitempty"`
+	LastExit  string        `json:"last_exit,omitempty"`
 	// The times of a backoff; UpdatedAt orders the observation against
 	// the instance record (the same agent's clock writes both).
 	LastExitAt  time.Time `json:"last_exit_at,omitzero"`

@@ -150,7 +150,7 @@ func TestListInstancesTakesNewerObservations(t *testing.T) {
 		t.Fatal(err)
 	}
 	later := t0.Add(10 * time.Second)
-	obs := func(ns, state string) store.ObservedInstance {
+	obs := func(ns string, state store.InstanceState) store.ObservedInstance {
 		return store.ObservedInstance{Namespace: ns, State: state, Restarts: 2, UpdatedAt: later}
 	}
 	if _, err := s.PutObserved(ctx, &store.MachineObserved{Machine: "m1", Instances: map[string]store.ObservedInstance{
@@ -160,7 +160,7 @@ func TestListInstancesTakesNewerObservations(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"newer": store.InstanceReady, "older": store.InstanceStopped, "otherns": store.InstanceStarting,
+	want := map[string]store.InstanceState{"newer": store.InstanceReady, "older": store.InstanceStopped, "otherns": store.InstanceStarting,
 		"elsewhere": store.InstanceStarting, "unseen": store.InstanceStarting}
 	check := func(got map[string]*store.InstanceRecord) {
 		t.Helper()

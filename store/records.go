@@ -370,16 +370,20 @@ type PhaseRecord struct {
 
 func (r *PhaseRecord) version() int { return r.Version }
 
+// InstanceState is where an instance is in its life, as its agent
+// records and observes it.
+type InstanceState string
+
 // Instance states.
 const (
-	InstanceStarting = "starting"
-	InstanceReady    = "ready"
-	InstanceDraining = "draining"
-	InstanceStopped  = "stopped"
-	InstanceFailed   = "failed"
+	InstanceStarting InstanceState = "starting"
+	InstanceReady    InstanceState = "ready"
+	InstanceDraining InstanceState = "draining"
+	InstanceStopped  InstanceState = "stopped"
+	InstanceFailed   InstanceState = "failed"
 	// InstanceBackoff: it ended on its own and its agent restarts it at
 	// NextRestart; out of the routing until ready again.
-	InstanceBackoff = "backoff"
+	InstanceBackoff InstanceState = "backoff"
 )
 
 // InstanceRecord is durable status of one running (or once running) instance.
@@ -394,9 +398,9 @@ type InstanceRecord struct {
 	SpecHash  string `json:"spec_hash"`
 	Machine   string `json:"machine"`
 	// Address is the instance's overlay IP; Port its listening port.
-	Address string `json:"address"`
-	Port    int    `json:"port"`
-	State   string `json:"state"`
+	Address string        `json:"address"`
+	Port    int           `json:"port"`
+	State   InstanceState `json:"state"`
 	// Error is an unrecovered error; a non-empty value makes it unroutable.
 	Error  string `json:"error,omitempty"`
 	Driver string `json:"driver"`

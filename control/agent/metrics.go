@@ -37,7 +37,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	})
 	byState := map[string]int{}
 	for _, r := range recs {
-		byState[r.State]++
+		byState[string(r.State)]++
 		ch <- prometheus.MustNewConstMetric(instanceRestartsDesc, prometheus.GaugeValue, float64(r.Restarts), r.Namespace, r.Service, r.ID)
 	}
 	for state, n := range byState {

@@ -95,7 +95,7 @@ func (a *Agent) machineState(started time.Time) *store.MachineState {
 		Capacity: a.cfg.MaxInstances, Free: max(0, a.cfg.MaxInstances-len(a.instances)), Drivers: a.drivers(),
 		Restarts: a.restarts.Load(), StartedAt: started, Release: version.Version, Arch: version.Arch(), Upgrade: a.upgradeStatus.Load()}
 	for _, inst := range a.instances {
-		st.ByState[inst.Record.State]++
+		st.ByState[string(inst.Record.State)]++
 	}
 	return st
 }

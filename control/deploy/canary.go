@@ -164,7 +164,7 @@ func splitServices(events []store.RoutingEvent) []string {
 // is asked each poll: a lost lease (another orchestrator, or the
 // completer, may be deciding) ends the hold with its error.
 func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services []string, limits store.CanaryLimits, hold time.Duration,
-	live int, checkLease func(context.Context) error) (string, string, []store.CanaryFigures, error) {
+	live int, checkLease func(context.Context) error) (store.CanaryVerdict, string, []store.CanaryFigures, error) {
 	end := time.Now().Add(hold)
 	t := time.NewTicker(CanaryPoll)
 	defer t.Stop()
@@ -200,7 +200,7 @@ func (d *Deployer) holdCanary(ctx context.Context, ns, deploy string, services [
 	}
 }
 
-func decisionVerdict(dec *store.CanaryDecision) string {
+func decisionVerdict(dec *store.CanaryDecision) store.CanaryVerdict {
 	if dec.Action == store.DecisionPromote {
 		return store.CanaryPromoted
 	}

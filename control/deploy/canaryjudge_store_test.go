@@ -77,9 +77,10 @@ func TestCanaryHoldOutvotesAGatewayReporting100x(t *testing.T) {
 	d := New(n.Store, Options{})
 	noLease := func(context.Context) error { return nil }
 	for _, tc := range []struct {
-		name          string
-		honest, liar  *[2]store.RevisionCounts
-		verdict, says string
+		name         string
+		honest, liar *[2]store.RevisionCounts
+		verdict      store.CanaryVerdict
+		says         string
 	}{
 		{"bad canary, the liar hides its errors", sides(900, 0, 100, 5, 0.004), sides(90_000, 0, 10_000, 0, 0.004),
 			store.CanaryAborted, "2 of 3 gateway votes breach"},

@@ -58,7 +58,7 @@ func caughtUp(t *testing.T, s *store.Store, ns string, rev uint64, want map[stri
 	}
 }
 
-func record(ns, machine, id, state string) *store.InstanceRecord {
+func record(ns, machine, id string, state store.InstanceState) *store.InstanceRecord {
 	now := time.Now().UTC()
 	return &store.InstanceRecord{Version: store.RecordVersion, ID: id, Namespace: ns, Service: "web", Machine: machine,
 		DeployID: ns + "-r1", State: state, Driver: "test", CreatedAt: now, UpdatedAt: now}
@@ -74,7 +74,7 @@ func TestSummariesEqualARecountAfterConcurrentWrites(t *testing.T) {
 	a := startAggregator(t, s)
 
 	const namespaces, machines, perNS, writers, writesEach = 20, 10, 15, 8, 300
-	states := []string{store.InstanceReady, store.InstanceStarting, store.InstanceBackoff, store.InstanceFailed, store.InstanceDraining}
+	states := []store.InstanceState{store.InstanceReady, store.InstanceStarting, store.InstanceBackoff, store.InstanceFailed, store.InstanceDraining}
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Add(1)

@@ -331,7 +331,7 @@ func (f *Fleet) writeObservations(ctx context.Context, id string) error {
 	rel, up := f.release[id], f.upgrade[id]
 	f.mu.Unlock()
 	return as.PutMachineState(ctx, &store.MachineState{Machine: id, Instances: n, Free: max(0, f.cfg.Capacity-n),
-		Capacity: f.cfg.Capacity, Drivers: []string{"process"}, ByState: map[string]int{store.InstanceReady: n},
+		Capacity: f.cfg.Capacity, Drivers: []string{"process"}, ByState: map[string]int{string(store.InstanceReady): n},
 		Release: rel, Arch: version.Arch(), Upgrade: up})
 }
 

@@ -77,7 +77,7 @@ func (r ChurnResult) Rate() float64 { return float64(r.Writes) / r.Elapsed.Secon
 
 // churnStates are what a churning instance moves between, as healing and
 // applies move real ones.
-var churnStates = []string{store.InstanceReady, store.InstanceReady, store.InstanceStarting, store.InstanceBackoff, store.InstanceFailed}
+var churnStates = []store.InstanceState{store.InstanceReady, store.InstanceReady, store.InstanceStarting, store.InstanceBackoff, store.InstanceFailed}
 
 // Churn changes the state of random instances Place placed at rate changes
 // per second for d, each through its machine's agent, calling onWrite with

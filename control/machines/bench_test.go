@@ -28,7 +28,7 @@ func BenchmarkList10k(b *testing.B) {
 			b.Fatal(err)
 		}
 		if err := s.PutMachineState(ctx, &store.MachineState{Machine: id, Instances: 3, Free: 253, Capacity: 256,
-			ByState: map[string]int{store.InstanceReady: 3}, Drivers: []string{"process"}, StartedAt: now}); err != nil {
+			ByState: map[string]int{string(store.InstanceReady): 3}, Drivers: []string{"process"}, StartedAt: now}); err != nil {
 			b.Fatal(err)
 		}
 		if err := s.PutMachineBeat(ctx, id, 10*time.Second); err != nil {

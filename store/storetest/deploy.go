@@ -25,7 +25,7 @@ type Instance struct {
 	Address string
 	Port    int
 	// State defaults to store.InstanceReady.
-	State string
+	State store.InstanceState
 	Error string
 }
 
@@ -166,7 +166,7 @@ func AdmitMachine(ctx context.Context, s *store.Store, id, address string) (*sto
 // SetInstance changes one instance record's state and error and publishes
 // the fresh upsert of its service, as an agent does when an instance starts
 // draining or fails. It returns the routing sequence of the upsert.
-func SetInstance(ctx context.Context, s *store.Store, namespace, id, state, errText string) (uint64, error) {
+func SetInstance(ctx context.Context, s *store.Store, namespace, id string, state store.InstanceState, errText string) (uint64, error) {
 	// The key names the machine too; find the record by namespace and ID.
 	var rec *store.InstanceRecord
 	err := s.ListInstances(ctx, store.InstanceFilter(namespace, id), func(_ string, r *store.InstanceRecord) error {
