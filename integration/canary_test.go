@@ -416,7 +416,8 @@ func TestCanaryOrphanIsDecidedByTheCompleter(t *testing.T) {
 	}()
 	var report []string
 	for _, tc := range []struct {
-		name, env, want string
+		name, env string
+		want      store.DeployState
 	}{
 		{"bad", `, HELLO_FAIL_EVERY: "10"`, store.DeployFailedAfterCheckpoint},
 		{"good", "", store.DeployCommitted},

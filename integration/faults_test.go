@@ -159,7 +159,7 @@ func TestCrashAtEveryApplyStep(t *testing.T) {
 			}
 		}
 		report = append(report, fmt.Sprintf("%-18s committed=%-5v routing_events=%d lease_freed=%-6s status_after=%s",
-			fp, committed, len(events), freed.Round(100*time.Millisecond), dash(after.State)))
+			fp, committed, len(events), freed.Round(100*time.Millisecond), dash(string(after.State))))
 	}
 	t.Logf("crash at each step:\n%s", strings.Join(report, "\n"))
 }

@@ -52,7 +52,7 @@ func TestAppliesRideThroughStorageNodeKill(t *testing.T) {
 		r.took, r.code = time.Since(r.start), code
 		var st store.DeployStatus
 		if json.Unmarshal([]byte(out), &st) == nil {
-			r.deployID, r.state = st.DeployID, st.State
+			r.deployID, r.state = st.DeployID, string(st.State)
 		}
 		if code != 0 {
 			var e struct{ Error store.Error }

@@ -290,22 +290,25 @@ func (r *DeployCommit) SlotsOf(service string) []SlotAssignment {
 	return out
 }
 
+// DeployState is where one deploy attempt stands.
+type DeployState string
+
 // Deploy states.
 const (
-	DeployApplying              = "applying"
-	DeployCommitted             = "committed"
-	DeployFailed                = "failed"
-	DeployFailedAfterCheckpoint = "FailedAfterCheckpoint"
+	DeployApplying              DeployState = "applying"
+	DeployCommitted             DeployState = "committed"
+	DeployFailed                DeployState = "failed"
+	DeployFailedAfterCheckpoint DeployState = "FailedAfterCheckpoint"
 )
 
 // DeployStatus is durable status of one deploy attempt, changed only by the
 // operation that owns it (or the explicit completion of a committed deploy).
 type DeployStatus struct {
-	Version   int    `json:"version"`
-	Namespace string `json:"namespace"`
-	DeployID  string `json:"deploy_id"`
-	Revision  int64  `json:"revision"`
-	State     string `json:"state"`
+	Version   int         `json:"version"`
+	Namespace string      `json:"namespace"`
+	DeployID  string      `json:"deploy_id"`
+	Revision  int64       `json:"revision"`
+	State     DeployState `json:"state"`
 	// Phase is the last step the apply reached.
 	Phase      string `json:"phase"`
 	Error      *Error `json:"error,omitempty"`
@@ -346,26 +349,29 @@ type CleanupFailure struct {
 	Error      string `json:"error"`
 }
 
+// PhaseState is where one apply step of one deploy stands.
+type PhaseState string
+
 // Phase states.
 const (
-	PhasePending = "pending"
-	PhaseRunning = "running"
-	PhaseDone    = "done"
-	PhaseFailed  = "failed"
-	PhaseSkipped = "skipped"
+	PhasePending PhaseState = "pending"
+	PhaseRunning PhaseState = "running"
+	PhaseDone    PhaseState = "done"
+	PhaseFailed  PhaseState = "failed"
+	PhaseSkipped PhaseState = "skipped"
 )
 
 // PhaseRecord is the durable status of one apply step of one deploy.
 type PhaseRecord struct {
-	Version   int       `json:"version"`
-	Namespace string    `json:"namespace"`
-	DeployID  string    `json:"deploy_id"`
-	Index     int       `json:"index"`
-	Name      string    `json:"name"`
-	State     string    `json:"state"`
-	CommitSeq uint64    `json:"commit_seq,omitempty"`
-	Detail    string    `json:"detail,omitempty"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Version   int        `json:"version"`
+	Namespace string     `json:"namespace"`
+	DeployID  string     `json:"deploy_id"`
+	Index     int        `json:"index"`
+	Name      string     `json:"name"`
+	State     PhaseState `json:"state"`
+	CommitSeq uint64     `json:"commit_seq,omitempty"`
+	Detail    string     `json:"detail,omitempty"`
+	UpdatedAt time.Time  `json:"updated_at"`
 }
 
 func (r *PhaseRecord) version() int { return r.Version }

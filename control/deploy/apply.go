@@ -255,7 +255,7 @@ func (d *Deployer) acquireDeployLease(ctx context.Context, ns, purpose string) (
 
 // phase writes a phase record; after the final commit a failed status write
 // is reported but cannot undo the commit.
-func (r *run) phase(ctx context.Context, s Step, state, detail string, seq uint64) {
+func (r *run) phase(ctx context.Context, s Step, state store.PhaseState, detail string, seq uint64) {
 	if err := r.d.putPhase(ctx, r.ns, r.id, s, state, detail, seq); err != nil {
 		r.d.printf("warning: recording phase %s: %v", s, err)
 	}

@@ -322,7 +322,7 @@ func (d *Deployer) putStatus(ctx context.Context, st *store.DeployStatus) error 
 	return d.s.PutDeployStatus(ctx, st)
 }
 
-func (d *Deployer) putPhase(ctx context.Context, ns, id string, s Step, state, detail string, commitSeq uint64) error {
+func (d *Deployer) putPhase(ctx context.Context, ns, id string, s Step, state store.PhaseState, detail string, commitSeq uint64) error {
 	return d.s.PutPhase(ctx, &store.PhaseRecord{Namespace: ns, DeployID: id, Index: int(s), Name: s.Name(),
 		State: state, Detail: detail, CommitSeq: commitSeq})
 }
