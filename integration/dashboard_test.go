@@ -63,7 +63,7 @@ func ask[T any](t *testing.T, ctx context.Context, what string, a chromedp.Actio
 }
 
 // screenshot saves the page as name.png in the test's directory, and in
-// $EDGEPLANE_SCREENSHOTS when set (the README's pictures are made so).
+// $EDGEPLANE_SCREENSHOTS when set (control/README.md's pictures are made so).
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
 	png := ask(t, ctx, "screenshot "+name, chromedp.FullScreenshot(100))
