@@ -93,6 +93,10 @@ func TestAgentActsOnlyOnSignedOrders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The subscription reaches the server before the order does.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	okMarker, okReq := startOf("genuine")
 	var rep store.StartReply
 	if err := srv.Store.Call(ctx, "m1", store.CmdStartCandidate, okReq, &rep); err != nil {
