@@ -228,6 +228,32 @@ func TestHistoryCharts(t *testing.T) {
 	}
 }
 
+// Summaries come every few seconds, more often than a step: a step still
+// ends a step after its first figures, so an hour of traffic is a point
+// per step, and the chart's max is the hour's, not the latest figures'.
+func TestHistoryKeepsAPointPerStep(t *testing.T) {
+	var h history
+	start := time.Now().Add(-10 * time.Minute)
+	const every = 2 * time.Second
+	top := 0.0
+	for i := range int(10 * time.Minute / every) {
+		rate := float64(100 + i%37)
+		if i >= 40 && i < 60 {
+			rate = 5000 // 40 s of load, long gone by the end
+		}
+		top = max(top, rate)
+		h.add("shop", map[string]store.ServiceTrafficStatus{"web": {TrafficFigures: store.TrafficFigures{Rate: rate}}}, start.Add(time.Duration(i)*every))
+	}
+	cs := h.charts("shop", "web")
+	want := int(10 * time.Minute / historyStep)
+	if cs[0].Points < want-1 || cs[0].Points > want+1 {
+		t.Fatalf("10 minutes of summaries every %s: %d points, want about %d", every, cs[0].Points, want)
+	}
+	if cs[0].Max != "5000.0" {
+		t.Fatalf("max over the hour %s, want the load's 5000.0", cs[0].Max)
+	}
+}
+
 // With the store gone, a page says so (503 and why), and nothing is
 // rendered half.
 func TestPagesWithoutTheStore(t *testing.T) {

@@ -21,7 +21,9 @@ const (
 )
 
 type point struct {
-	at                time.Time
+	// at is when the figures were summed; start, when the step the point
+	// stands for began (its first figures).
+	at, start         time.Time
 	rate, errors, p99 float64
 }
 
@@ -44,10 +46,15 @@ func (h *history) add(ns string, traffic map[string]store.ServiceTrafficStatus, 
 		h.series[ns] = byService
 	}
 	for svc, t := range traffic {
-		p := point{at: at, rate: t.Rate, errors: t.ErrorRatio, p99: t.P99}
+		p := point{at: at, start: at, rate: t.Rate, errors: t.ErrorRatio, p99: t.P99}
 		pts := byService[svc]
-		if n := len(pts); n > 0 && at.Sub(pts[n-1].at) < historyStep {
-			pts[n-1] = p // the latest figures stand for the step
+		// The latest figures stand for the step until it ends, counted
+		// from its first figures: counted from the latest, as it was, a
+		// step never ended while summaries came more often than a step,
+		// and the chart kept one point.
+		if n := len(pts); n > 0 && at.Sub(pts[n-1].start) < historyStep {
+			p.start = pts[n-1].start
+			pts[n-1] = p
 		} else {
 			pts = append(pts, p)
 		}
