@@ -2,6 +2,7 @@ package store
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/signing"
 )
 
@@ -325,23 +326,11 @@ func (b *OrderBook) note(nonce string, until, now time.Time) error {
 // rewrite replaces the file with the nonces held, and appends to it from
 // then on.
 func (b *OrderBook) rewrite() error {
-	tmp, err := os.CreateTemp(filepath.Dir(b.path), ".orders-*")
-	if err != nil {
-		return fmt.Errorf("writing the order book: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	w := bufio.NewWriter(tmp)
+	var buf bytes.Buffer
 	for n, u := range b.seen {
-		fmt.Fprintf(w, "%s %d\n", n, u.Unix()+1)
+		fmt.Fprintf(&buf, "%s %d\n", n, u.Unix()+1)
 	}
-	if err := w.Flush(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("writing the order book: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("writing the order book: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), b.path); err != nil {
+	if err := atomicfile.Write(b.path, buf.Bytes(), 0o600); err != nil {
 		return fmt.Errorf("writing the order book: %w", err)
 	}
 	f, err := os.OpenFile(b.path, os.O_WRONLY|os.O_APPEND, 0o600)

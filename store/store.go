@@ -111,7 +111,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 	} else if strings.Contains(url, "tls://") {
 		return nil, Errorf(CodeInvalid, "%s: %w: credentials from `control creds issue` carry it, or give a CA file", redactURL(url), ErrNoFleetCA).
 			With("url", redactURL(url))
-	} else if (o.CredsFile != "" || hasURLSecret(url)) && !o.OwnServer && !isLoopbackURLs(url) && !allSecureURLs(url) {
+	} else if (o.CredsFile != "" || hasURLSecret(url)) && !o.OwnServer && !LoopbackURLs(url) && !allSecureURLs(url) {
 		// A credential sent in the clear to another box proves who we
 		// are to anyone on the path, and a server we cannot verify may be
 		// anyone's: credentials leave this box over TLS only.
@@ -147,7 +147,7 @@ func Connect(o ConnectOptions) (*nats.Conn, error) {
 			return nil, terr
 		}
 		hint := "is `control server` running? set --nats or $EDGEPLANE_NATS"
-		if t == nil && !isLoopbackURLs(url) {
+		if t == nil && !LoopbackURLs(url) {
 			hint += "; a storage node with credentials speaks TLS only: credentials issued by it carry the fleet CA"
 		}
 		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("connecting to NATS at %s: %v", redactURL(url), err),

@@ -247,10 +247,7 @@ func allSecureURLs(list string) bool {
 
 // LoopbackURLs reports whether every server of list, NATS URLs separated
 // by commas, is on this box.
-func LoopbackURLs(list string) bool { return isLoopbackURLs(list) }
-
-// isLoopbackURLs reports whether every server of list is on this box.
-func isLoopbackURLs(list string) bool {
+func LoopbackURLs(list string) bool {
 	for _, s := range strings.Split(list, ",") {
 		u, err := parseServerURL(s)
 		if err != nil {
