@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
@@ -496,6 +497,23 @@ func TestRoleScopedCredentials(t *testing.T) {
 				return err
 			})
 		}
+		// The record of issued keys is the control plane's: no edge role
+		// reads who holds what, or plants a key that machine rm would
+		// then not revoke (or revoke one it should not).
+		ukp, _ := nkeys.CreateUser()
+		upub, _ := ukp.PublicKey()
+		if err := cs.RecordCredential(ctx, &store.CredentialRecord{User: upub, Role: storagenode.RoleAgent, Machine: "m1",
+			How: store.IssuedByCommand, IssuedAt: time.Now().UTC()}); err != nil {
+			t.Fatal(err)
+		}
+		refusedOn(gwViolations, "read an issued key's record", upub, func(c context.Context) error {
+			_, err := gs.Credentials.Get(c, upub)
+			return err
+		})
+		refusedWrite("plant an issued key's record", upub, func(c context.Context) error {
+			_, err := as.Credentials.Put(c, upub, []byte(`{"version":1,"user":"`+upub+`","role":"agent","machine":"m2"}`))
+			return err
+		})
 	}
 	// Releases: an agent reads the signed records and fetches the
 	// binaries to upgrade its box, and cannot push one, even holding a
