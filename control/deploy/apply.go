@@ -315,10 +315,7 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 		// The gateways route it all back; requests the candidates took
 		// before that finish first, as a replaced instance's do
 		// (drainOld): stopped at once, a slow candidate's would be cut.
-		select {
-		case <-time.After(d.opts.DrainGrace):
-		case <-ctx.Done():
-		}
+		d.drainGrace(ctx)
 	}
 	for _, c := range r.stopSlots(r.started) {
 		d.printf("warning: stopping candidate %s on %s: %s", c.InstanceID, c.Machine, c.Error)

@@ -205,10 +205,8 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 			liveSt.Warnings = append(liveSt.Warnings, fmt.Sprintf("gateway %s has not applied routing sequence %d after %s", g, liveSt.RoutingSeq, d.opts.GatewayWait))
 		}
 		if len(strays) > 0 {
-			select {
-			case <-time.After(d.opts.DrainGrace):
-			case <-ctx.Done():
-				return true, ctx.Err()
+			if err := d.drainGrace(ctx); err != nil {
+				return true, err
 			}
 		}
 	}

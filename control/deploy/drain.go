@@ -45,10 +45,7 @@ func (r *run) drainOld(ctx context.Context) {
 		}
 	}
 	if len(stops) > 0 {
-		select {
-		case <-time.After(d.opts.DrainGrace):
-		case <-ctx.Done():
-		}
+		_ = d.drainGrace(ctx)
 	}
 	r.status.Cleanup = append(r.status.Cleanup, r.stopSlots(stops)...)
 	detail := fmt.Sprintf("%d stopped", len(stops)-len(r.status.Cleanup))
@@ -126,5 +123,18 @@ func (d *Deployer) waitGateways(ctx context.Context, seq uint64) (serving, total
 		if caughtUp && (judge() || expired) {
 			return
 		}
+	}
+}
+
+// drainGrace lets requests an instance took before the gateways stopped
+// routing to it finish: the pause after the gateway wait and before a
+// stop, whatever stops it (a deploy's drain, an abort, the completer). It
+// returns early with ctx's error.
+func (d *Deployer) drainGrace(ctx context.Context) error {
+	select {
+	case <-time.After(d.opts.DrainGrace):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
