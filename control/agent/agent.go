@@ -131,7 +131,7 @@ type Agent struct {
 	stateKick chan struct{}
 	// observations writes what the agent sees of its instances, one
 	// record for all of them (see note).
-	observations *store.ObservedWriter
+	observations *ObservedWriter
 
 	logMu sync.Mutex
 	// logSizes samples each instance's output size (see logs.go).
@@ -228,7 +228,7 @@ func New(cfg Config) (*Agent, error) {
 		logSizes:  map[string][]logSample{}, stateKick: make(chan struct{}, 1),
 		quit: make(chan struct{}),
 	}
-	a.observations = store.NewObservedWriter(cfg.Store, cfg.Machine.ID, a.observedSnapshot)
+	a.observations = NewObservedWriter(cfg.Store, cfg.Machine.ID, a.observedSnapshot)
 	if t := cfg.Trial; t != nil {
 		a.upgradeStatus.Store(&store.UpgradeStatus{Rollout: t.Rollout, Attempt: t.Attempt, From: t.From, To: t.To, State: t.State, Reason: t.Reason, At: t.At})
 		// An upgrade's attempt stays refused as stale after the restart.

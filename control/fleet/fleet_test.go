@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -309,7 +310,7 @@ func TestObservationsCount(t *testing.T) {
 		// m2's instance: m1 cannot speak for it.
 		"shop-web-2": {Namespace: "shop", State: store.InstanceFailed, UpdatedAt: later},
 	}
-	w := store.NewObservedWriter(s, "m1", func() map[string]store.ObservedInstance { return seen })
+	w := agent.NewObservedWriter(s, "m1", func() map[string]store.ObservedInstance { return seen })
 	rev, err := w.Flush(ctx)
 	if err != nil {
 		t.Fatal(err)

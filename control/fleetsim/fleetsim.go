@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
@@ -120,7 +121,7 @@ type Fleet struct {
 	// observers write each machine's instance observations through it,
 	// coalesced as a real agent's are.
 	agents    map[string]*store.Store
-	observers map[string]*store.ObservedWriter
+	observers map[string]*agent.ObservedWriter
 
 	mu    sync.Mutex
 	insts map[string]map[string]store.InstanceRecord // by machine, by instance ID
@@ -145,7 +146,7 @@ type Fleet struct {
 // subject to its handler all the same.
 func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 	cfg = cfg.withDefaults()
-	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, observers: map[string]*store.ObservedWriter{}, insts: map[string]map[string]store.InstanceRecord{},
+	f := &Fleet{s: s, cfg: cfg, agents: map[string]*store.Store{}, observers: map[string]*agent.ObservedWriter{}, insts: map[string]map[string]store.InstanceRecord{},
 		release: map[string]string{}, upgrade: map[string]*store.UpgradeStatus{}}
 	f.orders, _ = store.OpenOrderBook("") // in memory: cannot fail
 	f.IDs = cfg.ids()
@@ -173,7 +174,7 @@ func Start(ctx context.Context, s *store.Store, cfg Config) (*Fleet, error) {
 		}
 		f.mu.Lock()
 		f.agents[id] = as
-		f.observers[id] = store.NewObservedWriter(as, id, func() map[string]store.ObservedInstance { return f.observedOf(id) })
+		f.observers[id] = agent.NewObservedWriter(as, id, func() map[string]store.ObservedInstance { return f.observedOf(id) })
 		f.mu.Unlock()
 		stop, err := store.Serve(runCtx, as.NC, as.Names.NodeListenSubject(id), as.Names.NodeQueueGroup(id), "node."+id,
 			func(ctx context.Context, command string, data []byte) (any, error) {
