@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/dashboard"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -21,7 +22,7 @@ func setupDashboardTokenCreate(fs *flag.FlagSet) func(*call) error {
 	name := fs.String("name", "", "what the token is for (shown by ls)")
 	return func(c *call) error {
 		return c.withStore(func(s *store.Store) error {
-			tok, rec, err := store.NewDashboardToken(*name)
+			tok, rec, err := dashboard.NewToken(*name)
 			if err != nil {
 				return err
 			}

@@ -33,7 +33,7 @@ func (d *Server) session(r *http.Request) (*store.DashboardSession, error) {
 	if err != nil {
 		return nil, store.Errorf(store.CodeUnauthorized, "not logged in")
 	}
-	return d.s.CheckDashboardSession(r.Context(), c.Value)
+	return checkSession(r.Context(), d.s, c.Value)
 }
 
 type loginData struct {
@@ -56,10 +56,10 @@ func (d *Server) login(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 4096)
 	tok := r.PostFormValue("token")
-	rec, err := d.s.CheckDashboardToken(r.Context(), tok)
+	rec, err := CheckToken(r.Context(), d.s, tok)
 	var id string
 	if err == nil {
-		id, _, err = d.s.PutDashboardSession(r.Context(), rec, d.cfg.SessionTTL)
+		id, _, err = openSession(r.Context(), d.s, rec, d.cfg.SessionTTL)
 	}
 	if err != nil {
 		status := http.StatusUnauthorized
@@ -80,7 +80,7 @@ func (d *Server) login(w http.ResponseWriter, r *http.Request) {
 
 func (d *Server) logout(w http.ResponseWriter, r *http.Request) {
 	if c, err := r.Cookie(sessionCookie); err == nil && sameOrigin(r) {
-		if err := d.s.DeleteDashboardSession(r.Context(), c.Value); err != nil {
+		if err := endSession(r.Context(), d.s, c.Value); err != nil {
 			d.log.Warn("dashboard logout", zap.Error(err))
 		}
 	}

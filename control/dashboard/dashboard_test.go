@@ -100,7 +100,7 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 	if code, _, _ = get(t, srv, "GET", "/events", nil, nil); code != http.StatusUnauthorized {
 		t.Fatalf("events not logged in: %d", code)
 	}
-	tok, rec, err := store.NewDashboardToken("test")
+	tok, rec, err := NewToken("test")
 	if err != nil {
 		t.Fatal(err)
 	}

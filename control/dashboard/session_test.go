@@ -69,7 +69,7 @@ func do(t *testing.T, method, base, path string, form url.Values, hdr map[string
 // newToken stores a dashboard token and returns it.
 func newToken(t *testing.T, s *store.Store) (string, *store.DashboardToken) {
 	t.Helper()
-	tok, rec, err := store.NewDashboardToken("ops")
+	tok, rec, err := NewToken("ops")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestDashboardSessions(t *testing.T) {
 	}
 	base := serve(t, "127.0.0.1:0", d)
 	tok, _ := newToken(t, s)
-	_, secret, _ := store.ParseDashboardToken(tok)
+	_, secret, _ := ParseToken(tok)
 	loggedIn := time.Now()
 	c := login(t, base, tok, nil)
 	if c.Value == tok || strings.Contains(c.Value, secret) || strings.Contains(tok, c.Value) {
@@ -140,10 +140,10 @@ func TestDashboardSessions(t *testing.T) {
 	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.MaxAge != 2 {
 		t.Errorf("cookie %+v", c)
 	}
-	if _, err := s.DashboardSessions.Get(ctx, c.Value); err == nil {
+	if _, err := storetest.Bucket(t, s, s.Names.DashboardSessionsBucket()).Get(ctx, c.Value); err == nil {
 		t.Error("the store keeps the session under its cookie's value")
 	}
-	if _, err := s.DashboardSessions.Get(ctx, store.DashboardSessionKey(c.Value)); err != nil {
+	if _, err := storetest.Bucket(t, s, s.Names.DashboardSessionsBucket()).Get(ctx, sessionKey(c.Value)); err != nil {
 		t.Errorf("the session is not in the store: %v", err)
 	}
 	cookie := map[string]string{"Cookie": c.Name + "=" + c.Value}

@@ -467,9 +467,8 @@ func TestRoleScopedCredentials(t *testing.T) {
 	}
 	// Dashboard login tokens are the control role's alone: no edge role
 	// reads even their hashes, nor plants one.
-	if _, rec, err := store.NewDashboardToken("ops"); err != nil {
-		t.Fatal(err)
-	} else if err := cs.PutDashboardToken(ctx, rec); err != nil {
+	rec := &store.DashboardToken{Version: store.RecordVersion, ID: "0a1b2c3d4e5f", Name: "ops", Hash: strings.Repeat("00", 32), CreatedAt: time.Now().UTC()}
+	if err := cs.PutDashboardToken(ctx, rec); err != nil {
 		t.Fatal(err)
 	} else {
 		refusedOn(gwViolations, "read a dashboard token", rec.ID, func(c context.Context) error {
@@ -485,7 +484,8 @@ func TestRoleScopedCredentials(t *testing.T) {
 			return err
 		})
 		// Nor read a session (even its hashed key) or plant one.
-		if _, sess, err := cs.PutDashboardSession(ctx, rec, time.Hour); err != nil {
+		sess := &store.DashboardSession{Version: store.RecordVersion, Key: strings.Repeat("ab", 32), Token: rec.ID, CreatedAt: time.Now().UTC(), ExpiresAt: time.Now().Add(time.Hour).UTC()}
+		if err := cs.PutDashboardSessionRecord(ctx, sess, time.Hour); err != nil {
 			t.Fatal(err)
 		} else {
 			refusedOn(gwViolations, "read a dashboard session", sess.Key, func(c context.Context) error {

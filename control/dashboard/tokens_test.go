@@ -1,4 +1,4 @@
-package store_test
+package dashboard
 
 import (
 	"context"
@@ -15,36 +15,36 @@ import (
 func TestDashboardTokens(t *testing.T) {
 	s := storetest.Start(t).Store
 	ctx := context.Background()
-	tok, rec, err := store.NewDashboardToken("ops")
+	tok, rec, err := NewToken("ops")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := s.PutDashboardToken(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	_, secret, err := store.ParseDashboardToken(tok)
+	_, secret, err := ParseToken(tok)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ent, err := s.DashboardTokens.Get(ctx, rec.ID)
+	ent, err := storetest.Bucket(t, s, s.Names.DashboardTokensBucket()).Get(ctx, rec.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(string(ent.Value()), secret) {
 		t.Fatal("the stored record holds the secret")
 	}
-	if got, err := s.CheckDashboardToken(ctx, tok); err != nil || got.Name != "ops" {
+	if got, err := CheckToken(ctx, s, tok); err != nil || got.Name != "ops" {
 		t.Fatalf("checking the token: %+v %v", got, err)
 	}
-	other, _, _ := store.NewDashboardToken("x")
-	otherID, _, _ := store.ParseDashboardToken(other)
+	other, _, _ := NewToken("x")
+	otherID, _, _ := ParseToken(other)
 	for what, bad := range map[string]string{
 		"a wrong secret": tok[:len(tok)-2] + "xx",
 		"an unknown ID":  strings.Replace(tok, rec.ID, otherID, 1),
 		"garbage":        "<script>alert(1)</script>",
 		"empty":          "",
 	} {
-		if _, err := s.CheckDashboardToken(ctx, bad); !store.HasCode(err, store.CodeUnauthorized) {
+		if _, err := CheckToken(ctx, s, bad); !store.HasCode(err, store.CodeUnauthorized) {
 			t.Errorf("%s: want unauthorized, got %v", what, err)
 		}
 	}
@@ -55,7 +55,7 @@ func TestDashboardTokens(t *testing.T) {
 	if err := s.DeleteDashboardToken(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.CheckDashboardToken(ctx, tok); !store.HasCode(err, store.CodeUnauthorized) {
+	if _, err := CheckToken(ctx, s, tok); !store.HasCode(err, store.CodeUnauthorized) {
 		t.Fatalf("a revoked token: %v", err)
 	}
 	if err := s.DeleteDashboardToken(ctx, rec.ID); !store.HasCode(err, store.CodeNotFound) {
