@@ -25,6 +25,7 @@ import (
 	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
@@ -227,7 +228,7 @@ func enrollBox(c *call, token, machine, dir, addrs string) error {
 			return nil
 		}
 	}
-	cas, err := store.InviteCAs(token)
+	cas, err := invites.CAs(token)
 	if err != nil || token == "" || len(cas) == 0 || c.client.CredsFile != "" {
 		return err
 	}

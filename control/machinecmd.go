@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/pki"
 )
 
@@ -19,7 +20,7 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 	region := fs.String("region", "", "region of the machine that redeems the invite")
 	labels := labelFlags{}
 	fs.Var(labels, "label", "label k=v of the machine (repeatable)")
-	ttl := fs.Duration("ttl", store.DefaultInviteTTL, "how long the invite stays redeemable")
+	ttl := fs.Duration("ttl", invites.DefaultTTL, "how long the invite stays redeemable")
 	address := fs.String("address", "", "the only address the machine may be admitted at (needed for a loopback address on a store other boxes reach)")
 	return func(c *call) error {
 		// A joining box checks the storage node it enrolls with against
@@ -33,11 +34,11 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 			fingerprints = append(fingerprints, pki.Fingerprint(ca))
 		}
 		return c.withStore(func(s *store.Store) error {
-			token, inv, err := s.CreateInviteFor(c.ctx, store.InviteSpec{Region: *region, Labels: labels, Address: *address, TTL: *ttl})
+			token, inv, err := invites.Create(c.ctx, s, invites.Spec{Region: *region, Labels: labels, Address: *address, TTL: *ttl})
 			if err != nil {
 				return err
 			}
-			token = store.InviteWithCAs(token, fingerprints)
+			token = invites.WithCAs(token, fingerprints)
 			return c.out.emit(map[string]any{"token": token, "expires_at": inv.ExpiresAt, "region": inv.Region, "labels": inv.Labels, "address": inv.Address},
 				func(w io.Writer) { fmt.Fprintln(w, token) })
 		})

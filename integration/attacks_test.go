@@ -31,6 +31,7 @@ import (
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
@@ -869,7 +870,7 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	s := f.c.store
 	secrets := map[string]string{}
 	for _, m := range []string{"m1", "m2", "m3"} {
-		tok, _, err := s.CreateInvite(ctx, "", nil, time.Minute)
+		tok, _, err := invites.Create(ctx, s, invites.Spec{TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 )
 
 // A box joins a TLS fleet with its invite and nothing else: `control agent
@@ -29,7 +29,7 @@ func TestAgentJoinsWithAnInviteAlone(t *testing.T) {
 	}
 	enrollAt := m[1]
 	token := strings.TrimSpace(c.mustControl("machine", "invite", "--region", "eu"))
-	if cas, err := store.InviteCAs(token); err != nil || len(cas) != 1 {
+	if cas, err := invites.CAs(token); err != nil || len(cas) != 1 {
 		t.Fatalf("the invite names CAs %v (%v): %s", cas, err, token)
 	}
 	dir := filepath.Join(c.dir, "agents", "box1")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 )
 
 // commitWriter appends checkpoint commits through one storage node for as
@@ -297,7 +298,7 @@ func TestStorageForgetLeavesTheMetaGroup(t *testing.T) {
 	if out, e, code := forget("s3"); code == 0 || !strings.Contains(e, "no storage node s3") {
 		t.Fatalf("forgetting s3 twice: %d\n%s\n%s", code, out, e)
 	}
-	if _, _, err := s1.CreateInvite(context.Background(), "", nil, time.Minute); err != nil {
+	if _, _, err := invites.Create(context.Background(), s1, invites.Spec{TTL: time.Minute}); err != nil {
 		t.Fatalf("a write after forgetting s3: %v", err)
 	}
 	ls, _, _ := sc.control(1, "storage", "ls")

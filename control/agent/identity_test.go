@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -31,7 +32,7 @@ func TestIdentify(t *testing.T) {
 	if _, err := Identify(ctx, srv.Store, JoinRequest{DataDir: dir}); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("no identity and no token: %v, want not_found", err)
 	}
-	token, _, err := srv.Store.CreateInvite(ctx, "eu", nil, 0)
+	token, _, err := invites.Create(ctx, srv.Store, invites.Spec{Region: "eu"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +100,7 @@ func TestIdentify(t *testing.T) {
 	if _, err := machines.SetAddress(ctx, srv.Store, "m1", "10.100.0.3"); !store.HasCode(err, store.CodeConflict) {
 		t.Fatalf("the operator moving m1 to m3's address: %v, want conflict", err)
 	}
-	token2, _, err := srv.Store.CreateInvite(ctx, "eu", nil, 0)
+	token2, _, err := invites.Create(ctx, srv.Store, invites.Spec{Region: "eu"})
 	if err != nil {
 		t.Fatal(err)
 	}

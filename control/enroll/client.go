@@ -22,6 +22,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/pki"
 )
 
@@ -52,7 +53,7 @@ func CredsFile(dir, role string) string { return filepath.Join(dir, role+".creds
 // under that CA for the address dialed. Private keys are made here and
 // written only to Dir.
 func Join(ctx context.Context, r JoinRequest) (map[string]string, error) {
-	cas, err := store.InviteCAs(r.Token)
+	cas, err := invites.CAs(r.Token)
 	if err != nil {
 		return nil, err
 	}

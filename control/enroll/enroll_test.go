@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/pki"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -43,11 +44,11 @@ func start(t *testing.T) *fixture {
 
 func (f *fixture) invite(t *testing.T, fps []string) string {
 	t.Helper()
-	tok, _, err := f.node.Store.CreateInvite(context.Background(), "eu", nil, time.Minute)
+	tok, _, err := invites.Create(context.Background(), f.node.Store, invites.Spec{Region: "eu", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return store.InviteWithCAs(tok, fps)
+	return invites.WithCAs(tok, fps)
 }
 
 // A box enrolls with its invite: it gets a credentials file per role,
@@ -117,7 +118,7 @@ func TestJoinRefusals(t *testing.T) {
 	if se := store.AsError(err); se == nil || se.Code != store.CodeTLS || !strings.Contains(se.Message, "holds no CA the invite names") || !strings.Contains(se.Message, "nothing was sent") {
 		t.Fatalf("a node without the invite's CA: %v", err)
 	}
-	if _, err := f.node.Store.RedeemInvite(context.Background(), tok, "m9", store.InviteUseEnroll); err != nil {
+	if _, err := invites.Redeem(context.Background(), f.node.Store, tok, "m9", store.InviteUseEnroll); err != nil {
 		t.Fatalf("the invite was spent by a refused enrollment: %v", err)
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
@@ -130,7 +131,7 @@ func TestJoinRefusals(t *testing.T) {
 	}
 	for name, r := range map[string]enroll.JoinRequest{
 		"another machine":  {Token: good, Machine: "m2"},
-		"an unknown token": {Token: store.InviteWithCAs(store.InviteTokenPrefix+"unknown", f.fps), Machine: "m3"},
+		"an unknown token": {Token: invites.WithCAs(store.InviteTokenPrefix+"unknown", f.fps), Machine: "m3"},
 		"the control role": {Token: f.invite(t, f.fps), Machine: "m4", Roles: []string{storagenode.RoleControl}},
 		"no CA named":      {Token: strings.Split(good, ".")[0], Machine: "m1"},
 	} {

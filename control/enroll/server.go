@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
@@ -149,7 +150,7 @@ func (s *Server) answer(ctx context.Context, req Request) (*Reply, error) {
 		}
 		jwts[role] = j
 	}
-	if _, err := s.cfg.Store.RedeemInvite(ctx, req.Token, req.Machine, store.InviteUseEnroll); err != nil {
+	if _, err := invites.Redeem(ctx, s.cfg.Store, req.Token, req.Machine, store.InviteUseEnroll); err != nil {
 		return nil, err
 	}
 	// Every key handed out is recorded before it is: an operator finds

@@ -6,6 +6,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -25,7 +26,7 @@ func TestLoopbackJoinsNeedTheOperatorsWord(t *testing.T) {
 		return machines.RequestAdmission(ctx, srv.Store, machines.AdmitJoin, machines.AdmissionRequest{Machine: machine, Token: token, Address: address})
 	}
 
-	token, _, err := srv.Store.CreateInvite(ctx, "", nil, 0)
+	token, _, err := invites.Create(ctx, srv.Store, invites.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +44,7 @@ func TestLoopbackJoinsNeedTheOperatorsWord(t *testing.T) {
 		t.Fatalf("a join at 10.0.0.1 after the refusals: %+v %v", rec, err)
 	}
 
-	pinned, inv, err := srv.Store.CreateInviteFor(ctx, store.InviteSpec{Address: "127.0.0.1"})
+	pinned, inv, err := invites.Create(ctx, srv.Store, invites.Spec{Address: "127.0.0.1"})
 	if err != nil || inv.Address != "127.0.0.1" {
 		t.Fatalf("a pinned invite: %+v %v", inv, err)
 	}
@@ -53,7 +54,7 @@ func TestLoopbackJoinsNeedTheOperatorsWord(t *testing.T) {
 	if rec, err := join(pinned, "m2", "127.0.0.1"); err != nil || rec.Address != "127.0.0.1" {
 		t.Fatalf("a join at the pinned loopback address: %+v %v", rec, err)
 	}
-	if _, _, err := srv.Store.CreateInviteFor(ctx, store.InviteSpec{Address: "not-an-ip"}); !store.HasCode(err, store.CodeInvalid) {
+	if _, _, err := invites.Create(ctx, srv.Store, invites.Spec{Address: "not-an-ip"}); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("an invite pinned to a non-address: %v, want invalid", err)
 	}
 }
@@ -68,7 +69,7 @@ func TestLoopbackJoinsOnALoopbackStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	token, _, err := srv.Store.CreateInvite(ctx, "", nil, 0)
+	token, _, err := invites.Create(ctx, srv.Store, invites.Spec{})
 	if err != nil {
 		t.Fatal(err)
 	}

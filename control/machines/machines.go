@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 )
 
 // Admit records machine id from a redeemed invite. An invite admits once
@@ -42,7 +43,7 @@ func admit(ctx context.Context, s *store.Store, token, id, address string, polic
 	case !store.HasCode(err, store.CodeNotFound):
 		return nil, err
 	}
-	inv, err := s.RedeemInvite(ctx, token, id, store.InviteUseAdmit, func(inv *store.Invite) error {
+	inv, err := invites.Redeem(ctx, s, token, id, store.InviteUseAdmit, func(inv *store.Invite) error {
 		return checkInviteAddress(id, address, inv, policy)
 	})
 	if err != nil {
@@ -411,7 +412,7 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 		}
 	}
 	// The invite it joined with would admit it again.
-	if out.Invites, err = s.VoidInvitesOf(ctx, id); err != nil {
+	if out.Invites, err = invites.VoidOf(ctx, s, id); err != nil {
 		return out, err
 	}
 	// And every key it was issued would still connect.

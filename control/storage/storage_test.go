@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -71,7 +72,7 @@ func TestImportASingleBox(t *testing.T) {
 	defer cancel()
 	boxDir := t.TempDir()
 	box := storetest.StartIn(t, boxDir, "127.0.0.1:0")
-	code, _, err := box.Store.CreateInvite(ctx, "eu", nil, time.Hour)
+	code, _, err := invites.Create(ctx, box.Store, invites.Spec{Region: "eu", TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestImportASingleBox(t *testing.T) {
 	}
 
 	// The box's data is the cluster's: its invite is redeemable there.
-	if _, err := cluster.Store.RedeemInvite(ctx, code, "m1", store.InviteUseAdmit); err != nil {
+	if _, err := invites.Redeem(ctx, cluster.Store, code, "m1", store.InviteUseAdmit); err != nil {
 		t.Fatalf("the box's invite in the cluster: %v", err)
 	}
 	// Now the cluster has data of its own, and the import refuses.

@@ -17,6 +17,7 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -115,7 +116,7 @@ func (c *authCluster) open(t *testing.T, creds string, provision bool) *store.St
 
 func (c *authCluster) invite(t *testing.T) string {
 	t.Helper()
-	tok, _, err := c.st.CreateInvite(context.Background(), "test", nil, time.Minute)
+	tok, _, err := invites.Create(context.Background(), c.st, invites.Spec{Region: "test", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -61,7 +62,7 @@ type runningNode struct {
 func (c *cluster) join(t *testing.T, machine string, opts ...func(*node.Config)) *runningNode {
 	t.Helper()
 	ctx := context.Background()
-	tok, _, err := c.srv.Store.CreateInvite(ctx, "test", nil, time.Minute)
+	tok, _, err := invites.Create(ctx, c.srv.Store, invites.Spec{Region: "test", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 )
 
 // DefaultCooldown is how long a released mesh IP stays out of the pool.
@@ -399,7 +400,7 @@ func (r *Registrar) Register(ctx context.Context, req store.MeshRegisterRequest)
 	if err := validateRegister(&req); err != nil {
 		return nil, err
 	}
-	inv, err := r.st.RedeemInvite(ctx, req.Token, req.Machine, store.InviteUseMesh)
+	inv, err := invites.Redeem(ctx, r.st, req.Token, req.Machine, store.InviteUseMesh)
 	if err != nil {
 		return nil, err
 	}

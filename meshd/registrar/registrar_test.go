@@ -14,6 +14,7 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/meshd/relay/relaytest"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -24,7 +25,7 @@ func newKey(t *testing.T) string {
 }
 
 func invite(t *testing.T, st *store.Store) string {
-	tok, _, err := st.CreateInvite(context.Background(), "eu", map[string]string{"tier": "edge"}, time.Minute)
+	tok, _, err := invites.Create(context.Background(), st, invites.Spec{Region: "eu", Labels: map[string]string{"tier": "edge"}, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

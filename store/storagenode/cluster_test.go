@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -127,7 +128,7 @@ func TestClusterQuorumLossNamesMissingNodes(t *testing.T) {
 	nodes[2].ns.Shutdown()
 	nodes[2].ns.WaitForShutdown()
 	storetest.Eventually(t, 20*time.Second, "a write with one node down", func() bool {
-		_, _, err := s.CreateInvite(ctx, "", nil, time.Minute)
+		_, _, err := invites.Create(ctx, s, invites.Spec{TTL: time.Minute})
 		return err == nil
 	})
 	// Two gone: the survivor refuses, naming both.
@@ -143,7 +144,7 @@ func TestClusterQuorumLossNamesMissingNodes(t *testing.T) {
 		t.Fatalf("error does not name the missing nodes: %v", qerr)
 	}
 	start := time.Now()
-	_, _, err = s.CreateInvite(ctx, "", nil, time.Minute)
+	_, _, err = invites.Create(ctx, s, invites.Spec{TTL: time.Minute})
 	if !store.HasCode(err, store.CodeQuorumUnavailable) {
 		t.Fatalf("invite without quorum: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -56,7 +57,7 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	if err := bs.Certs.Delete(ctx, "cert.b.example.com.crt"); err != nil {
 		t.Fatal(err)
 	}
-	token, _, err := bs.CreateInvite(ctx, "eu", nil, time.Hour)
+	token, _, err := invites.Create(ctx, bs, invites.Spec{Region: "eu", TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	if _, err := cs.Certs.Get(ctx, "cert.b.example.com.crt"); err != jetstream.ErrKeyNotFound {
 		t.Fatalf("a deleted certificate came back: %v", err)
 	}
-	if _, err := cs.RedeemInvite(ctx, token, "m1", store.InviteUseAdmit); err != nil {
+	if _, err := invites.Redeem(ctx, cs, token, "m1", store.InviteUseAdmit); err != nil {
 		t.Fatalf("an invite issued on the box, redeemed in the cluster: %v", err)
 	}
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/edgeplane/edgeplane/meshd/relay"
 	"github.com/edgeplane/edgeplane/meshd/stunserver"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -154,7 +155,7 @@ func answer(ctx context.Context, st *store.Store, reg *registrar.Registrar, auth
 		}
 		return "CREDS " + f[2]
 	case len(f) == 1 && f[0] == "invite":
-		tok, _, err := st.CreateInvite(ctx, "dev", nil, time.Hour)
+		tok, _, err := invites.Create(ctx, st, invites.Spec{Region: "dev", TTL: time.Hour})
 		if err != nil {
 			return "ERR " + err.Error()
 		}

@@ -1,4 +1,4 @@
-package store_test
+package invites_test
 
 import (
 	"context"
@@ -8,37 +8,38 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 func TestInviteSingleUsePerMachine(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
-	tok, _, err := srv.Store.CreateInvite(ctx, "eu", map[string]string{"tier": "edge"}, time.Minute)
+	tok, _, err := invites.Create(ctx, srv.Store, invites.Spec{Region: "eu", Labels: map[string]string{"tier": "edge"}, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := srv.Store.RedeemInvite(ctx, tok, "m1", store.InviteUseAdmit)
+	inv, err := invites.Redeem(ctx, srv.Store, tok, "m1", store.InviteUseAdmit)
 	if err != nil || inv.Region != "eu" || inv.Labels["tier"] != "edge" {
 		t.Fatalf("redeem: %+v %v", inv, err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1", store.InviteUseMesh); err != nil {
+	if _, err := invites.Redeem(ctx, srv.Store, tok, "m1", store.InviteUseMesh); err != nil {
 		t.Fatalf("same machine again (agent then meshd): %v", err)
 	}
 	// Each use once: a second admission or registration with the same
 	// invite is refused, whoever asks.
 	for _, use := range []string{store.InviteUseAdmit, store.InviteUseMesh} {
-		if _, err := srv.Store.RedeemInvite(ctx, tok, "m1", use); !store.HasCode(err, store.CodeConflict) {
+		if _, err := invites.Redeem(ctx, srv.Store, tok, "m1", use); !store.HasCode(err, store.CodeConflict) {
 			t.Fatalf("a second %s by the same machine: got %v, want conflict", use, err)
 		}
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, tok, "m2", store.InviteUseEnroll); !store.HasCode(err, store.CodeConflict) {
+	if _, err := invites.Redeem(ctx, srv.Store, tok, "m2", store.InviteUseEnroll); !store.HasCode(err, store.CodeConflict) {
 		t.Fatalf("other machine: got %v, want conflict", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, "garbage", "m3", store.InviteUseAdmit); !store.HasCode(err, store.CodeInvalid) {
+	if _, err := invites.Redeem(ctx, srv.Store, "garbage", "m3", store.InviteUseAdmit); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("garbage token: %v", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, store.InviteTokenPrefix+"unknown", "m3", store.InviteUseAdmit); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := invites.Redeem(ctx, srv.Store, store.InviteTokenPrefix+"unknown", "m3", store.InviteUseAdmit); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("unknown token: %v", err)
 	}
 }
@@ -46,7 +47,7 @@ func TestInviteSingleUsePerMachine(t *testing.T) {
 func TestInviteRacingMachinesOneWins(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
-	tok, _, err := srv.Store.CreateInvite(ctx, "", nil, time.Minute)
+	tok, _, err := invites.Create(ctx, srv.Store, invites.Spec{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestInviteRacingMachinesOneWins(t *testing.T) {
 		wg.Add(1)
 		go func(id string) {
 			defer wg.Done()
-			if _, err := st.RedeemInvite(ctx, tok, id, store.InviteUseEnroll); err == nil {
+			if _, err := invites.Redeem(ctx, st, tok, id, store.InviteUseEnroll); err == nil {
 				mu.Lock()
 				winners++
 				mu.Unlock()
@@ -74,12 +75,12 @@ func TestInviteRacingMachinesOneWins(t *testing.T) {
 func TestInviteExpired(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
-	tok, _, err := srv.Store.CreateInvite(ctx, "", nil, time.Millisecond)
+	tok, _, err := invites.Create(ctx, srv.Store, invites.Spec{TTL: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	storetest.Eventually(t, 2*time.Second, "invite expiry", func() bool {
-		_, err = srv.Store.RedeemInvite(ctx, tok, "late", store.InviteUseAdmit)
+		_, err = invites.Redeem(ctx, srv.Store, tok, "late", store.InviteUseAdmit)
 		return err != nil
 	})
 	if !store.HasCode(err, store.CodeInvalid) && !store.HasCode(err, store.CodeNotFound) {
@@ -92,26 +93,26 @@ func TestInviteExpired(t *testing.T) {
 func TestInviteCarriesCAFingerprints(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
-	tok, _, err := srv.Store.CreateInvite(ctx, "", nil, time.Minute)
+	tok, _, err := invites.Create(ctx, srv.Store, invites.Spec{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fps := []string{strings.Repeat("ab", 32), strings.Repeat("01", 32)}
-	withCAs := store.InviteWithCAs(tok, fps)
-	got, err := store.InviteCAs(withCAs)
+	withCAs := invites.WithCAs(tok, fps)
+	got, err := invites.CAs(withCAs)
 	if err != nil || len(got) != 2 || got[0] != fps[0] || got[1] != fps[1] {
 		t.Fatalf("fingerprints %v %v", got, err)
 	}
-	if cas, err := store.InviteCAs(tok); err != nil || cas != nil {
+	if cas, err := invites.CAs(tok); err != nil || cas != nil {
 		t.Fatalf("a token without CAs: %v %v", cas, err)
 	}
-	if _, err := store.InviteCAs(tok + ".nope"); !store.HasCode(err, store.CodeInvalid) {
+	if _, err := invites.CAs(tok + ".nope"); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("a mangled CA part: %v", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, withCAs, "m1", store.InviteUseEnroll); err != nil {
+	if _, err := invites.Redeem(ctx, srv.Store, withCAs, "m1", store.InviteUseEnroll); err != nil {
 		t.Fatalf("redeeming the token with its CAs: %v", err)
 	}
-	if _, err := srv.Store.RedeemInvite(ctx, tok, "m1", store.InviteUseAdmit); err != nil {
+	if _, err := invites.Redeem(ctx, srv.Store, tok, "m1", store.InviteUseAdmit); err != nil {
 		t.Fatalf("the same secret without them, same machine: %v", err)
 	}
 }
