@@ -361,7 +361,7 @@ func TestInstanceStatesGoToObservations(t *testing.T) {
 		recs[i] = startReady(t, srv.Store, id, nil)
 	}
 	var obs store.MachineObserved
-	if _, err := store.GetJSON(ctx, srv.Store.Observed, "m1", &obs); err != nil {
+	if _, err := store.GetJSON(ctx, storetest.Bucket(t, srv.Store, srv.Store.Names.ObservedBucket()), "m1", &obs); err != nil {
 		t.Fatal(err)
 	}
 	for _, rec := range recs {

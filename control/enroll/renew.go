@@ -83,7 +83,7 @@ func asker(ctx context.Context, cfg RenewalConfig, role, id string) (*store.Cred
 		return nil, store.Errorf(store.CodeUnauthorized, "credentials %s are %s credentials of %q: they renew only their own", who.User, rec.Role, rec.Machine).
 			With("user", who.User)
 	}
-	if _, err := cfg.Store.Revocations.Get(ctx, who.User); err == nil {
+	if revoked, _ := cfg.Store.UserRevoked(ctx, who.User); revoked {
 		return nil, store.Errorf(store.CodeUnauthorized, "credentials %s are revoked", who.User).With("user", who.User)
 	}
 	return rec, nil
@@ -140,7 +140,7 @@ func retire(ctx context.Context, cfg RenewalConfig, rec *store.CredentialRecord,
 	// Asked again (the answer to the first was lost: a revocation changes
 	// the edge account, which may drop answers crossing it just then): done
 	// already, and not done twice, which would change the account again.
-	if _, err := cfg.Store.Revocations.Get(ctx, req.User); err == nil {
+	if revoked, _ := cfg.Store.UserRevoked(ctx, req.User); revoked {
 		return nil
 	}
 	var expires time.Time
