@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -53,7 +54,7 @@ func setupDashboardTokenList(*flag.FlagSet) func(*call) error {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tNAME\tCREATED")
 				for _, t := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, dash(t.Name), t.CreatedAt.Format(time.RFC3339))
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, printers.Dash(t.Name), t.CreatedAt.Format(time.RFC3339))
 				}
 				tw.Flush()
 			})
