@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/fleet"
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -97,7 +98,7 @@ func (v *Deploy) writeText(w io.Writer) {
 		fmt.Fprintf(w, "  live:      none\n")
 	}
 	fmt.Fprintf(w, "  latest:    %s revision %d: %s (phase %s)\n", st.DeployID, st.Revision, st.State, st.Phase)
-	fmt.Fprintf(w, "  routing:   published=%v sequence=%d gateways=%s\n", st.RoutingPublished, st.RoutingSeq, dash(st.Gateways))
+	fmt.Fprintf(w, "  routing:   published=%v sequence=%d gateways=%s\n", st.RoutingPublished, st.RoutingSeq, printers.Dash(st.Gateways))
 	if st.Error != nil {
 		fmt.Fprintf(w, "  error:     %s: %s\n", st.Error.Code, st.Error.Message)
 	}

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -56,7 +57,7 @@ func (list Instances) WriteText(w io.Writer) {
 			lastExit = r.LastExit + " (" + r.LastExitAt.UTC().Format(time.RFC3339) + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s:%d\t%s\t%d\t%s\t%s\n", r.Namespace, r.Service, r.Slot, r.ID, r.Revision,
-			r.Machine, r.Address, r.Port, r.State, r.Restarts, lastExit, dash(r.Error))
+			r.Machine, r.Address, r.Port, r.State, r.Restarts, lastExit, printers.Dash(r.Error))
 	}
 	tw.Flush()
 }

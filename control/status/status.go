@@ -23,6 +23,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -112,7 +113,7 @@ func (v *Fleet) WriteText(w io.Writer) {
 			rev += " (destroyed)"
 		}
 		c := n.Counts
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", n.Namespace, rev, dash(n.Deploy), c.Ready, c.Starting, c.Backoff, c.Failed, c.Stale, n.Machines)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", n.Namespace, rev, printers.Dash(n.Deploy), c.Ready, c.Starting, c.Backoff, c.Failed, c.Stale, n.Machines)
 	}
 	tw.Flush()
 	for _, n := range v.Namespaces {
@@ -182,11 +183,4 @@ func trafficColumns(f store.TrafficFigures, gateways int) string {
 // trafficLine formats figures on one line.
 func trafficLine(f store.TrafficFigures) string {
 	return fmt.Sprintf("%.1f req/s, %.2f%% 5xx, p50 %s, p99 %s, %d open, %d requests", f.Rate, 100*f.ErrorRatio, latency(f.P50), latency(f.P99), f.Open, f.Requests)
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -83,7 +84,7 @@ func (v *Versions) WriteText(w io.Writer) {
 				notes = append(notes, note)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d: %s\t%s\n", g.Release, len(g.Machines), strings.Join(ids, ", "), dash(strings.Join(notes, "; ")))
+		fmt.Fprintf(tw, "%s\t%d: %s\t%s\n", g.Release, len(g.Machines), strings.Join(ids, ", "), printers.Dash(strings.Join(notes, "; ")))
 	}
 	tw.Flush()
 	if v.Latest != nil {
