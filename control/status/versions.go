@@ -22,7 +22,8 @@ type Release struct {
 }
 
 // Versions is `control fleet versions`: the machines by the release their
-// agent runs, the release most run first, and the latest rollout.
+// agent runs, the release most run first, and the latest rollout (-o json
+// prints Releases).
 type Versions struct {
 	Releases []Release
 	Latest   *store.RolloutRecord
