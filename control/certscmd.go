@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
-	"text/tabwriter"
-	"time"
 
 	"github.com/edgeplane/edgeplane/certs"
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -26,20 +24,5 @@ func listCerts(ctx context.Context, s *store.Store, out *output) error {
 	if list == nil {
 		list = []certs.Status{}
 	}
-	return out.emit(list, func(w io.Writer) {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "HOST\tISSUER\tEXPIRES\tLAST ATTEMPT\tNEXT ATTEMPT\tFAILURES\tLAST ERROR")
-		for _, st := range list {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", st.Host, dash(st.Issuer), when(st.Expiry), when(st.LastAttempt),
-				when(st.NextAttempt), st.Failures, dash(st.LastError))
-		}
-		tw.Flush()
-	})
-}
-
-func when(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format(time.RFC3339)
+	return out.emit(list, func(w io.Writer) { printers.Certs(w, list) })
 }

@@ -7,11 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
 
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/internal/atomicfile"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -151,26 +151,7 @@ func setupCredsList(fs *flag.FlagSet) func(*call) error {
 			if err != nil {
 				return err
 			}
-			return c.out.emit(list, func(w io.Writer) {
-				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "USER\tROLE\tMACHINE\tNAME\tHOW\tISSUED\tEXPIRES\tSTATE")
-				now := time.Now()
-				for _, r := range list {
-					exp, state := "never", "valid"
-					if !r.ExpiresAt.IsZero() {
-						exp = r.ExpiresAt.Format(time.RFC3339)
-						if now.After(r.ExpiresAt) {
-							state = "expired"
-						}
-					}
-					if !r.RevokedAt.IsZero() {
-						state = "revoked " + r.RevokedAt.Format(time.RFC3339)
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.User, r.Role, dash(r.Machine), dash(r.Name), r.How,
-						r.IssuedAt.Format(time.RFC3339), exp, state)
-				}
-				_ = tw.Flush()
-			})
+			return c.out.emit(list, func(w io.Writer) { printers.Credentials(w, list) })
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/dashboard"
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -54,7 +55,7 @@ func setupDashboardTokenList(*flag.FlagSet) func(*call) error {
 				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tNAME\tCREATED")
 				for _, t := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, dash(t.Name), t.CreatedAt.Format(time.RFC3339))
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", t.ID, printers.Dash(t.Name), t.CreatedAt.Format(time.RFC3339))
 				}
 				tw.Flush()
 			})

@@ -2,12 +2,11 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/doctor"
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -28,7 +27,7 @@ func setupDoctor(fs *flag.FlagSet) func(*call) error {
 			if err != nil {
 				return err
 			}
-			if err := c.out.emit(rep, func(w io.Writer) { printDoctor(w, rep) }); err != nil {
+			if err := c.out.emit(rep, func(w io.Writer) { printers.Doctor(w, rep) }); err != nil {
 				return err
 			}
 			if !rep.Coherent {
@@ -37,25 +36,4 @@ func setupDoctor(fs *flag.FlagSet) func(*call) error {
 			return nil
 		})
 	}
-}
-
-func printDoctor(w io.Writer, rep *doctor.Report) {
-	if len(rep.Findings) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SEVERITY\tLAYER\tSUBJECT\tFINDING")
-		for _, f := range rep.Findings {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Severity, f.Layer, f.Subject, f.Message)
-		}
-		tw.Flush()
-	}
-	verdict := "coherent"
-	if !rep.Coherent {
-		verdict = fmt.Sprintf("INCOHERENT: %d problems", rep.Problems())
-	}
-	fmt.Fprintf(w, "%s (routing sequence %d; checked", verdict, rep.RoutingSeq)
-	for _, l := range []string{doctor.LayerDeploys, doctor.LayerInstances, doctor.LayerMachines, doctor.LayerRouting, doctor.LayerHosts,
-		doctor.LayerGateways, doctor.LayerDNS, doctor.LayerMesh, doctor.LayerCerts, doctor.LayerLeases} {
-		fmt.Fprintf(w, " %s %d", l, rep.Checked[l])
-	}
-	fmt.Fprintln(w, ")")
 }

@@ -2,10 +2,9 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"io"
-	"strings"
 
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/control/storage"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/signers"
@@ -36,20 +35,7 @@ func setupStorageImport(fs *flag.FlagSet) func(*call) error {
 			if err != nil {
 				return err
 			}
-			return c.out.emit(rep, func(w io.Writer) { printImport(w, rep) })
+			return c.out.emit(rep, func(w io.Writer) { printers.Import(w, rep) })
 		})
 	}
-}
-
-func printImport(w io.Writer, rep *storage.ImportReport) {
-	if len(rep.Signers) > 0 {
-		fmt.Fprintf(w, "signers of the box certified under the cluster's trust root, retired at the box's last sequences: %s\n", strings.Join(rep.Signers, ", "))
-	}
-	if len(rep.Already) > 0 {
-		fmt.Fprintf(w, "already imported: %s\n", strings.Join(rep.Already, ", "))
-	}
-	if len(rep.Skipped) > 0 {
-		fmt.Fprintf(w, "not carried over (live observations their writers rebuild, and leases): %s\n", strings.Join(rep.Skipped, ", "))
-	}
-	fmt.Fprintf(w, "imported %d streams and buckets from %s; point agents, gateways and meshd at the cluster now\n", len(rep.Imported), rep.From)
 }

@@ -4,13 +4,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
-	"slices"
-	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/pki"
@@ -57,35 +54,9 @@ func setupMachineList(fs *flag.FlagSet) func(*call) error {
 			if list == nil {
 				list = []machines.Listed{}
 			}
-			return c.out.emit(list, func(w io.Writer) { printMachines(w, list, *probe) })
+			return c.out.emit(list, func(w io.Writer) { printers.Machines(w, list, *probe) })
 		})
 	}
-}
-
-func printMachines(w io.Writer, list []machines.Listed, probed bool) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	head := "MACHINE\tREGION\tLABELS\tSTATE\tADDRESS\tLIVENESS\tINSTANCES\tFREE"
-	if probed {
-		head += "\tREACHABLE"
-	}
-	fmt.Fprintln(tw, head)
-	now := time.Now()
-	for _, m := range list {
-		live := m.Liveness
-		if !m.LastBeat.IsZero() {
-			live += " (" + now.Sub(m.LastBeat).Round(time.Second).String() + " ago)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d", m.ID, dash(m.Region), labelsText(m.Labels), m.State, m.Address, live, m.Instances, m.Free)
-		if probed {
-			reach := "yes (" + m.RTT + ")"
-			if !m.Reachable {
-				reach = "no: " + shortCause(m.Problem)
-			}
-			fmt.Fprintf(tw, "\t%s", reach)
-		}
-		fmt.Fprintln(tw)
-	}
-	tw.Flush()
 }
 
 // setupMachineState is drain, disable and enable: each sets the machine's
@@ -114,17 +85,7 @@ func setupMachineAddress(*flag.FlagSet) func(*call) error {
 			if err != nil {
 				return err
 			}
-			return c.out.emit(mv, func(w io.Writer) {
-				if mv.From == mv.Address {
-					fmt.Fprintf(w, "machine %s stays at %s\n", mv.ID, mv.Address)
-				} else {
-					fmt.Fprintf(w, "machine %s moved from %s to %s\n", mv.ID, mv.From, mv.Address)
-				}
-				if len(mv.Republished) > 0 {
-					fmt.Fprintf(w, "  routing published again for %s\n", strings.Join(mv.Republished, ", "))
-				}
-				fmt.Fprintf(w, "  instances listen where they were started: restart the machine's agent, then apply its namespaces again\n")
-			})
+			return c.out.emit(mv, func(w io.Writer) { printers.Moved(w, mv) })
 		})
 	}
 }
@@ -138,52 +99,7 @@ func setupMachineRemove(fs *flag.FlagSet) func(*call) error {
 			if err != nil {
 				return err
 			}
-			return c.out.emit(rm, func(w io.Writer) {
-				fmt.Fprintf(w, "machine %s removed", rm.Machine)
-				if !rm.Reachable {
-					fmt.Fprint(w, " (it did not answer)")
-				}
-				fmt.Fprintln(w)
-				if len(rm.Instances) > 0 {
-					fmt.Fprintf(w, "  forgot %d instances: %s\n", len(rm.Instances), strings.Join(rm.Instances, ", "))
-					fmt.Fprintf(w, "  routing published again for %s; the next apply of each namespace places replacements\n", strings.Join(rm.Republished, ", "))
-				}
-				if rm.MeshIP != "" {
-					fmt.Fprintf(w, "  left the mesh, releasing %s\n", rm.MeshIP)
-				}
-				if rm.Invites > 0 {
-					fmt.Fprintln(w, "  its invite is void")
-				}
-				fmt.Fprintf(w, "  revoked %d recorded credentials (control creds ls --machine %s); credentials issued without a record still work until revoked: control creds revoke --user-creds FILE\n",
-					rm.Credentials, rm.Machine)
-			})
+			return c.out.emit(rm, func(w io.Writer) { printers.Removed(w, rm) })
 		})
 	}
-}
-
-func shortCause(p string) string {
-	for _, c := range []string{store.CauseNoResponders, store.CauseTimeout, store.CauseTransport} {
-		if strings.Contains(p, c) {
-			return c
-		}
-	}
-	return p
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-func labelsText(l map[string]string) string {
-	if len(l) == 0 {
-		return "-"
-	}
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(l)) {
-		parts = append(parts, k+"="+l[k])
-	}
-	return strings.Join(parts, ",")
 }

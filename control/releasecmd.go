@@ -6,9 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
-	"text/tabwriter"
 
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -57,20 +56,10 @@ func setupReleasePush(fs *flag.FlagSet) func(*call) error {
 			}
 			return c.out.emit(r, func(w io.Writer) {
 				fmt.Fprintf(w, "release %s for %s pushed, signed:\n", r.Release, r.Arch)
-				printReleaseBinaries(w, r)
+				printers.ReleaseBinaries(w, r)
 			})
 		})
 	}
-}
-
-func printReleaseBinaries(w io.Writer, r *store.ReleaseRecord) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	for _, name := range store.ReleaseBinaryNames {
-		if b, ok := r.Binaries[name]; ok {
-			fmt.Fprintf(tw, "  %s\t%d bytes\tsha256 %s\n", name, b.Size, b.SHA256)
-		}
-	}
-	tw.Flush()
 }
 
 func setupReleaseList(*flag.FlagSet) func(*call) error {
@@ -86,20 +75,7 @@ func setupReleaseList(*flag.FlagSet) func(*call) error {
 			if good == nil {
 				good = []store.ReleaseRecord{}
 			}
-			return c.out.emit(good, func(w io.Writer) {
-				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "RELEASE\tARCH\tBINARIES\tPUSHED\tNOTES")
-				for _, r := range good {
-					var names []string
-					for _, n := range store.ReleaseBinaryNames {
-						if _, ok := r.Binaries[n]; ok {
-							names = append(names, n)
-						}
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Release, r.Arch, strings.Join(names, ","), r.PushedAt.Format("2006-01-02 15:04:05Z"), dash(r.Notes))
-				}
-				tw.Flush()
-			})
+			return c.out.emit(good, func(w io.Writer) { printers.Releases(w, good) })
 		})
 	}
 }

@@ -15,6 +15,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/edgeplane/edgeplane/control/agent"
+	"github.com/edgeplane/edgeplane/control/agentproc"
 	"github.com/edgeplane/edgeplane/control/controlplane"
 	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/control/fleet"
@@ -125,7 +127,8 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 				}
 				fmt.Fprintf(c.stdout, "local agent for machine %s (%s)\n", rec.ID, rec.Address)
 				return func(ctx context.Context) error {
-					return runAgent(ctx, s, rec, agentOptions{dir: filepath.Join(*data, "agent"), maxInstances: 256, stopGrace: 10 * time.Second}, logger)
+					return agentproc.Run(ctx, agent.Config{Store: s, Machine: *rec, DataDir: filepath.Join(*data, "agent"), Logger: logger,
+						MaxInstances: 256, StopGrace: 10 * time.Second}, "", "")
 				}, nil
 			}
 		}

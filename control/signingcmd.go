@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"strings"
-	"text/tabwriter"
-	"time"
 
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/signers"
@@ -38,30 +36,8 @@ func setupSigningList(fs *flag.FlagSet) func(*call) error {
 			for _, e := range bad {
 				v.Refused = append(v.Refused, e.Error())
 			}
-			return c.out.emit(v, func(w io.Writer) { printSigners(w, &v) })
+			return c.out.emit(v, func(w io.Writer) { printers.Signers(w, v.TrustRoot, v.Source, v.Signers, v.Refused) })
 		})
-	}
-}
-
-func printSigners(w io.Writer, v *signingView) {
-	fmt.Fprintf(w, "trust root %s (%s)\n", v.TrustRoot, v.Source)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SIGNER\tNAME\tISSUED\tSTATE")
-	for _, r := range v.Signers {
-		state := "active"
-		if r.Retired != nil {
-			var b strings.Builder
-			b.WriteString("retired")
-			if r.RetiredAt != nil {
-				b.WriteString(" " + r.RetiredAt.Format(time.RFC3339))
-			}
-			state = b.String()
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Key, r.Name, r.IssuedAt.Format(time.RFC3339), state)
-	}
-	tw.Flush()
-	for _, r := range v.Refused {
-		fmt.Fprintf(w, "refused: %s\n", r)
 	}
 }
 

@@ -7,11 +7,11 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/control/storage"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/pki"
@@ -131,7 +131,7 @@ func setupStorageList(fs *flag.FlagSet) func(*call) error {
 	f := addStorageFlags(fs, false)
 	return func(c *call) error {
 		return f.withView(c, false, func(_ *store.Store, view *storage.View) error {
-			return c.out.emit(view, func(w io.Writer) { printStorage(w, view) })
+			return c.out.emit(view, func(w io.Writer) { printers.Storage(w, view) })
 		})
 	}
 }
@@ -181,27 +181,6 @@ func setupStorageRemove(fs *flag.FlagSet) func(*call) error {
 			})
 		})
 	}
-}
-
-func printStorage(w io.Writer, v *storage.View) {
-	if v.Quorum != nil {
-		fmt.Fprintf(w, "QUORUM LOST: %s\n\n", v.Quorum.Message)
-	} else {
-		fmt.Fprintln(w, "write quorum: ok")
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tANSWERED\tMETA LEADER\tREPLICAS\tLEADS\tLAGGING")
-	for _, n := range v.Nodes {
-		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%d\t%d\n", n.Name, yesNo(n.Answered), yesNo(n.MetaLeader), n.Replicas, n.Leads, n.Lagging)
-	}
-	tw.Flush()
-}
-
-func yesNo(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
 }
 
 func setupStorageEncrypt(fs *flag.FlagSet) func(*call) error {

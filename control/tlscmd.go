@@ -3,10 +3,10 @@ package main
 import (
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/edgeplane/edgeplane/control/fleetca"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/pki"
 	"github.com/edgeplane/edgeplane/store/signers"
@@ -38,27 +38,14 @@ func setupTLSInit(fs *flag.FlagSet) func(*call) error {
 		if err != nil {
 			return err
 		}
+		// A dir that is not an auth dir is said before the flags are.
 		if _, err := storagenode.LoadAuth(authDir, false); err != nil {
 			return err
 		}
-		var own *pki.CA
-		if *caFile != "" || *caKey != "" {
-			if *caFile == "" || *caKey == "" {
-				return usagef("--ca and --ca-key go together")
-			}
-			certPEM, err := os.ReadFile(*caFile)
-			if err != nil {
-				return err
-			}
-			keyPEM, err := os.ReadFile(*caKey)
-			if err != nil {
-				return err
-			}
-			if own, err = pki.ParseCA(certPEM, keyPEM); err != nil {
-				return store.Errorf(store.CodeInvalid, "--ca %s: %w", *caFile, err)
-			}
+		if (*caFile == "") != (*caKey == "") {
+			return usagef("--ca and --ca-key go together")
 		}
-		f, err := storagenode.InitFleetTLS(authDir, own)
+		f, err := fleetca.Init(authDir, *caFile, *caKey)
 		if err != nil {
 			return err
 		}
@@ -75,41 +62,14 @@ func setupTLSShow(fs *flag.FlagSet) func(*call) error {
 		if err != nil {
 			return err
 		}
-		state, err := storagenode.CARotationState(authDir)
-		if err != nil {
-			return err
-		}
-		f, err := storagenode.LoadFleetTLS(authDir)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(c.stdout, "issuing CA: %s (%s), valid until %s\n", pki.Fingerprint(f.CA.Cert), f.CA.Cert.Subject.CommonName, f.CA.Cert.NotAfter.Format("2006-01-02"))
-		for _, ca := range f.Bundle {
-			fmt.Fprintf(c.stdout, "trusted CA: %s (%s)\n", pki.Fingerprint(ca), ca.Subject.CommonName)
-		}
-		fmt.Fprintf(c.stdout, "generation %d, rotation %s\n", f.Generation, state)
-		return nil
+		return fleetca.Show(c.stdout, authDir)
 	}
-}
-
-// rotationSteps are the steps of `control tls rotate`, in order.
-var rotationSteps = map[string]struct {
-	run  func(string) (*storagenode.FleetTLS, error)
-	next string
-}{
-	"begin": {storagenode.BeginCARotation, "copy the auth dir to every storage node and restart them one at a time; " +
-		"long-running clients take the new bundle from the store within a minute, boxes offline meanwhile get it at their next start once connected; " +
-		"then `control tls rotate switch`"},
-	"switch": {storagenode.SwitchCA, "copy the auth dir to every storage node and restart them one at a time: each moves to a certificate of the new CA; " +
-		"then `control tls rotate finish`"},
-	"finish": {storagenode.FinishCARotation, "copy the auth dir to every storage node and restart them one at a time; " +
-		"credentials issued before the rotation carry the old CA only: a box that never connected during it needs new ones"},
 }
 
 func setupTLSRotate(fs *flag.FlagSet) func(*call) error {
 	dir := authDirFlags(fs)
 	return func(c *call) error {
-		step, ok := rotationSteps[c.args[0]]
+		step, ok := fleetca.Steps[c.args[0]]
 		if !ok {
 			return usagef("want a step: begin, switch or finish")
 		}
@@ -121,7 +81,7 @@ func setupTLSRotate(fs *flag.FlagSet) func(*call) error {
 		if err != nil {
 			return err
 		}
-		f, err := step.run(authDir)
+		f, err := step.Run(authDir)
 		if err != nil {
 			return err
 		}
@@ -139,7 +99,7 @@ func setupTLSRotate(fs *flag.FlagSet) func(*call) error {
 		if err != nil {
 			return fmt.Errorf("the auth dir moved to generation %d, but publishing its bundle failed (the first storage node restarted with it publishes it): %w", f.Generation, err)
 		}
-		fmt.Fprintln(c.stdout, "published the bundle for clients to follow; next: "+step.next)
+		fmt.Fprintln(c.stdout, "published the bundle for clients to follow; next: "+step.Next)
 		return nil
 	}
 }
