@@ -83,7 +83,13 @@ func asker(ctx context.Context, cfg RenewalConfig, role, id string) (*store.Cred
 		return nil, store.Errorf(store.CodeUnauthorized, "credentials %s are %s credentials of %q: they renew only their own", who.User, rec.Role, rec.Machine).
 			With("user", who.User)
 	}
-	if revoked, _ := cfg.Store.UserRevoked(ctx, who.User); revoked {
+	// Fail closed: a revocation that cannot be read is not known absent,
+	// and a renewal would hand a revoked key a fresh one.
+	revoked, err := cfg.Store.UserRevoked(ctx, who.User)
+	if err != nil {
+		return nil, fmt.Errorf("renewing %s: %w", who.User, err)
+	}
+	if revoked {
 		return nil, store.Errorf(store.CodeUnauthorized, "credentials %s are revoked", who.User).With("user", who.User)
 	}
 	return rec, nil
