@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/agent"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/internal/enginetest"
 	"github.com/edgeplane/edgeplane/store"
@@ -52,7 +53,7 @@ func benchApply(b *testing.B, ctr *runtime.Container, withWork func(*store.Servi
 			srv := storetest.Start(b)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			stopRepublish, err := srv.Store.ServeRepublish(ctx)
+			stopRepublish, err := routing.ServeRepublish(ctx, srv.Store)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/control/hosts"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -20,11 +21,11 @@ import (
 // for a namespace's first), from stored state and appends them, idempotently
 // per commit, then records that on st.
 func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit, prev *store.DeployCommit) error {
-	src, err := d.s.RoutingSourceOf(ctx, commit.Namespace)
+	src, err := routing.SourceOf(ctx, d.s, commit.Namespace)
 	if err != nil {
 		return err
 	}
-	seq, err := d.s.PublishRouting(ctx, commit.ID, store.CommitEvents(commit, prev, src))
+	seq, err := d.s.PublishRouting(ctx, commit.ID, routing.CommitEvents(commit, prev, src))
 	if err != nil {
 		return err
 	}
