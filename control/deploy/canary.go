@@ -229,7 +229,7 @@ func (d *Deployer) canaryCounts(ctx context.Context, ns, deploy string, services
 	for i := range out {
 		by[out[i].service] = &out[i]
 	}
-	err := store.ListJSON(ctx, d.s, d.s.GatewayTraffic, ">", func(_ string, g *store.GatewayTraffic) error {
+	err := d.s.ListGatewayTraffic(ctx, func(g *store.GatewayTraffic) error {
 		if time.Since(g.At) >= store.GatewayObservationTTL {
 			return nil
 		}

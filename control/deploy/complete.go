@@ -327,16 +327,16 @@ func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
 	if o.RetryInterval <= 0 {
 		o.RetryInterval = 5 * time.Second
 	}
-	w, err := d.s.Status.WatchAll(ctx)
+	w, err := d.s.WatchDeployStatuses(ctx)
 	if err != nil {
-		return store.Classify(fmt.Errorf("watching deploy status: %w", err))
+		return err
 	}
 	defer func() { _ = w.Stop() }()
 	// A lease that expires or is released is tried at once rather than at
 	// the next tick.
-	lw, err := d.s.Locks.Watch(ctx, store.DeployLocksFilter, jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	lw, err := d.s.WatchDeployLeases(ctx)
 	if err != nil {
-		return store.Classify(fmt.Errorf("watching deploy leases: %w", err))
+		return err
 	}
 	defer func() { _ = lw.Stop() }()
 	// open holds the status keys that need finishing, by namespace; next
@@ -393,7 +393,7 @@ func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
 			ns, _, _ := strings.Cut(key, ".")
 			var st store.DeployStatus
 			need := ent.Operation() == jetstream.KeyValuePut &&
-				store.DecodeKeyed(d.s.Status.Bucket(), key, ent.Value(), &st) == nil && needsFinishing(&st)
+				store.DecodeKeyed(d.s.Names.DeployStatusBucket(), key, ent.Value(), &st) == nil && needsFinishing(&st)
 			if need {
 				if open[ns] == nil {
 					open[ns] = map[string]bool{}
