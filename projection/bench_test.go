@@ -68,7 +68,7 @@ func populate(b *testing.B, s *store.Store, nsCount, svcPerNS, instPerSvc int) {
 		if _, err := s.AppendCommit(ctx, c); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.PublishRouting(ctx, c.ID, store.CommitEvents(c, nil, &store.RoutingSource{Instances: insts, Machines: machines})); err != nil {
+		if _, err := s.PublishRouting(ctx, c.ID, storetest.Events(c, nil, insts, machines)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -113,24 +113,6 @@ const StickyCookie = "edgeplane_canary"
 // below Weight*CanaryBuckets/100 goes to the new revision.
 const CanaryBuckets = 10000
 
-// RoutingCommits returns what ns routes now: its live final commit, and
-// the checkpoint commit of a canary under way after it (nil when none is,
-// or the latest was an abort). Both are verified.
-func (s *Store) RoutingCommits(ctx context.Context, ns string) (live, canary *DeployCommit, err error) {
-	live, err = s.LiveCommit(ctx, ns)
-	if err != nil && !HasCode(err, CodeNotFound) {
-		return nil, nil, err
-	}
-	cp, err := s.LatestCheckpoint(ctx, ns)
-	if err != nil {
-		return live, nil, err
-	}
-	if cp == nil || cp.Canary == nil || cp.Canary.Abort || (live != nil && cp.Seq < live.Seq) {
-		return live, nil, nil
-	}
-	return live, cp, nil
-}
-
 // LatestCheckpoint returns ns's latest checkpoint commit, verified, or
 // nil if it has none.
 func (s *Store) LatestCheckpoint(ctx context.Context, ns string) (*DeployCommit, error) {
@@ -146,63 +128,6 @@ func (s *Store) LatestCheckpoint(ctx context.Context, ns string) (*DeployCommit,
 		return nil, nil
 	}
 	return s.verifiedCommit(ctx, found)
-}
-
-// CanaryEvents derives the routing events of canary step cp over live
-// (nil for a namespace's first deploy): a service cp starts new
-// instances of is routed to the live commit's instances and cp's, split
-// by the step's weight; a service whose instances cp keeps is routed as
-// live routes it; a service new in cp gets all its traffic. Routes and
-// health paths stay the live commit's until the final commit.
-func CanaryEvents(cp, live *DeployCommit, src *RoutingSource) []RoutingEvent {
-	var out []RoutingEvent
-	for _, ev := range CommitEvents(cp, nil, src) {
-		if live == nil {
-			out = append(out, ev)
-			continue
-		}
-		if _, ok := live.Manifest.Services[ev.Service]; !ok {
-			out = append(out, ev)
-			continue
-		}
-		old := ServiceUpsert(live, ev.Service, src)
-		oldIDs := map[string]bool{}
-		for _, e := range old.Endpoints {
-			oldIDs[e.InstanceID] = true
-		}
-		var fresh []Endpoint
-		for _, e := range ev.Endpoints {
-			if !oldIDs[e.InstanceID] {
-				fresh = append(fresh, e)
-			}
-		}
-		if len(fresh) == 0 && !changedSlots(cp, live, ev.Service) {
-			out = append(out, old)
-			continue
-		}
-		old.DeployID, old.Revision = cp.ID, cp.Revision
-		old.Endpoints = append(old.Endpoints, fresh...)
-		old.Split = &Split{Deploy: cp.ID, Revision: cp.Revision, From: live.Revision, Weight: cp.Canary.Weight}
-		if spec := cp.Manifest.Rollout; spec != nil {
-			old.Split.Sticky, old.Split.Match = spec.Sticky, spec.Match
-		}
-		out = append(out, old)
-	}
-	return out
-}
-
-// changedSlots reports whether cp runs service on instances live does not.
-func changedSlots(cp, live *DeployCommit, service string) bool {
-	ids := map[string]bool{}
-	for _, sl := range live.SlotsOf(service) {
-		ids[sl.InstanceID] = true
-	}
-	for _, sl := range cp.SlotsOf(service) {
-		if !ids[sl.InstanceID] {
-			return true
-		}
-	}
-	return false
 }
 
 // CanaryVerdict is how a canary step ended, or that it holds.

@@ -10,7 +10,7 @@ import (
 // it: the control plane derives an endpoint's IP from its machine's
 // admitted address (MachineRecord.Address, which admission or an operator
 // wrote) and takes only the port from the agent's instance record
-// (ServiceUpsert). Every reader checks each endpoint of a signed routing
+// (control/routing). Every reader checks each endpoint of a signed routing
 // event against the machine record it holds before dialling it
 // (CheckEndpoint), so a routing event derived some other way (an older
 // control plane, a bug) cannot point a gateway at its own loopback, at

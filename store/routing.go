@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
@@ -146,92 +145,6 @@ func (s *Store) CommittedNamespaces(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// Routable reports whether inst may receive traffic under slot: ready, not
-// draining, no unrecovered error, a port, and the very instance, machine
-// and revision the committed slot names. There is no grace period. Where
-// it is reached is its machine's business (RoutingSource.Endpoint).
-func Routable(inst *InstanceRecord, slot SlotAssignment) bool {
-	return inst != nil &&
-		inst.State == InstanceReady &&
-		inst.Error == "" &&
-		inst.Port > 0 &&
-		inst.ID == slot.InstanceID &&
-		inst.Machine == slot.Machine &&
-		inst.Revision == slot.Revision
-}
-
-// RoutingSource is what a namespace's routing is derived from: its
-// instance records by ID, as their agents last observed them, and the
-// records of the machines they run on by ID. An endpoint's IP is its
-// machine's admitted address; the agent names only the port.
-type RoutingSource struct {
-	Instances map[string]*InstanceRecord
-	Machines  map[string]*MachineRecord
-}
-
-// Endpoint is the endpoint of inst routed under slot, if it is routable
-// and its machine is a member with an address: the machine's admitted
-// address and the instance's port. The address the agent wrote in its
-// instance record is never used: an agent's credentials write that
-// record, and must not decide where gateways send traffic.
-func (src *RoutingSource) Endpoint(slot SlotAssignment) (Endpoint, bool) {
-	inst := src.Instances[slot.InstanceID]
-	if !Routable(inst, slot) || inst.Port > 65535 {
-		return Endpoint{}, false
-	}
-	m := src.Machines[inst.Machine]
-	if m == nil || m.ID != inst.Machine || m.Address == "" {
-		return Endpoint{}, false
-	}
-	return Endpoint{InstanceID: inst.ID, Machine: inst.Machine, Slot: slot.Slot, Revision: inst.Revision,
-		Address: m.Address, Port: inst.Port}, true
-}
-
-// ServiceUpsert derives the routing upsert of service from the live commit
-// and src.
-func ServiceUpsert(c *DeployCommit, service string, src *RoutingSource) RoutingEvent {
-	ev := RoutingEvent{
-		Version: RecordVersion, Kind: EventServiceUpsert,
-		Namespace: c.Namespace, Service: service, DeployID: c.ID, Revision: c.Revision,
-		Routes: c.Manifest.Services[service].Routes, HealthPath: c.Manifest.Services[service].Readiness.Path, At: time.Now().UTC(),
-	}
-	for _, slot := range c.SlotsOf(service) {
-		if ep, ok := src.Endpoint(slot); ok {
-			ev.Endpoints = append(ev.Endpoints, ep)
-		}
-	}
-	return ev
-}
-
-// CommitEvents derives every routing event of commit c: an upsert per
-// service, and a removal for each service of prev (the commit it replaced,
-// may be nil) that c no longer has. Events come in a stable order.
-func CommitEvents(c, prev *DeployCommit, src *RoutingSource) []RoutingEvent {
-	var names []string
-	for name := range c.Manifest.Services {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	var out []RoutingEvent
-	for _, name := range names {
-		out = append(out, ServiceUpsert(c, name, src))
-	}
-	if prev != nil {
-		var gone []string
-		for name := range prev.Manifest.Services {
-			if _, ok := c.Manifest.Services[name]; !ok {
-				gone = append(gone, name)
-			}
-		}
-		sort.Strings(gone)
-		for _, name := range gone {
-			out = append(out, RoutingEvent{Version: RecordVersion, Kind: EventServiceRemove,
-				Namespace: c.Namespace, Service: name, DeployID: c.ID, Revision: c.Revision, At: time.Now().UTC()})
-		}
-	}
-	return out
-}
-
 // NamespaceInstances reads every instance record of namespace, keyed by ID,
 // each as its agent last observed it (ListInstances).
 func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[string]*InstanceRecord, error) {
@@ -241,22 +154,6 @@ func (s *Store) NamespaceInstances(ctx context.Context, namespace string) (map[s
 		return nil
 	})
 	return out, err
-}
-
-// RoutingSourceOf reads what namespace's routing is derived from: its
-// instance records as NamespaceInstances reads them, and the records of
-// the machines they run on, read together with the instances'
-// observations (no round trip of their own).
-func (s *Store) RoutingSourceOf(ctx context.Context, namespace string) (*RoutingSource, error) {
-	src := &RoutingSource{Instances: map[string]*InstanceRecord{}, Machines: map[string]*MachineRecord{}}
-	err := s.listInstances(ctx, NamespaceInstancesFilter(namespace), src.Machines, func(_ string, r *InstanceRecord) error {
-		src.Instances[r.ID] = r
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return src, nil
 }
 
 // PublishRouting appends events in order to the routing stream, each
@@ -347,58 +244,9 @@ func (s *Store) encodeRouting(msgID string, events []RoutingEvent) ([]routingMsg
 	return msgs, nil
 }
 
-// RepublishService publishes a fresh upsert of one service derived from the
-// stored state, so an instance whose status changed (failure, drain) leaves
-// or rejoins the pool at once. Agents ask for it through RequestRepublish.
-func (s *Store) RepublishService(ctx context.Context, namespace, service string) (uint64, error) {
-	return s.republish(ctx, namespace, service, nil)
-}
-
-// republish is RepublishService; check, when set, vets the namespace's
-// instance records before anything is published.
-func (s *Store) republish(ctx context.Context, namespace, service string, check func(map[string]*InstanceRecord) error) (uint64, error) {
-	live, canary, err := s.RoutingCommits(ctx, namespace)
-	if err != nil {
-		return 0, err
-	}
-	if live == nil && canary == nil {
-		return 0, &Error{Code: CodeNotFound, Message: fmt.Sprintf("namespace %s has no committed deploy", namespace),
-			Detail: map[string]string{"namespace": namespace}}
-	}
-	src, err := s.RoutingSourceOf(ctx, namespace)
-	if err != nil {
-		return 0, err
-	}
-	if check != nil {
-		if err := check(src.Instances); err != nil {
-			return 0, err
-		}
-	}
-	// While a canary is under way its step says how the service is
-	// routed; the live commit alone otherwise.
-	if canary == nil {
-		if _, ok := live.Manifest.Services[service]; !ok {
-			return 0, nil
-		}
-		return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, src)})
-	}
-	for _, ev := range CanaryEvents(canary, live, src) {
-		if ev.Service == service {
-			return s.PublishRouting(ctx, "", []RoutingEvent{ev})
-		}
-	}
-	// A service the canary removes is routed as live routes it until the
-	// final commit.
-	if live != nil {
-		if _, ok := live.Manifest.Services[service]; ok {
-			return s.PublishRouting(ctx, "", []RoutingEvent{ServiceUpsert(live, service, src)})
-		}
-	}
-	return 0, nil
-}
-
-// RequestRepublish asks the control plane, on machine's behalf, to run
-// RepublishService. Without a control server answering it fails with an
+// RequestRepublish asks the control plane, on machine's behalf, to publish
+// a fresh upsert of one service derived from stored state (control/routing
+// answers it). Without a control server answering it fails with an
 // *RPCFailure.
 func (s *Store) RequestRepublish(ctx context.Context, machine, namespace, service string) (uint64, error) {
 	var rep RepublishReply
@@ -409,38 +257,6 @@ func (s *Store) RequestRepublish(ctx context.Context, machine, namespace, servic
 		f.Detail = "no control server is answering routing republish requests"
 	}
 	return rep.Seq, err
-}
-
-// ServeRepublish answers RequestRepublish for every machine until ctx ends or
-// the returned stop is called. A machine may only ask about a service it
-// runs (or ran) an instance of; what gets published is derived from stored
-// state alone, never from the request.
-func (s *Store) ServeRepublish(ctx context.Context) (func(), error) {
-	return Serve(ctx, s.NC, s.Names.RoutingRepublishWildcard(), "control.republish", "republish",
-		func(ctx context.Context, machine string, data []byte) (any, error) {
-			var req RepublishRequest
-			if err := json.Unmarshal(data, &req); err != nil {
-				return nil, Errorf(CodeInvalid, "decoding republish request: %w", err)
-			}
-			for what, tok := range map[string]string{"machine": machine, "namespace": req.Namespace, "service": req.Service} {
-				if !ValidToken(tok) {
-					return nil, Errorf(CodeInvalid, "republish request: invalid %s %q", what, tok).With("field", what)
-				}
-			}
-			seq, err := s.republish(ctx, req.Namespace, req.Service, func(insts map[string]*InstanceRecord) error {
-				for _, in := range insts {
-					if in.Machine == machine && in.Service == req.Service {
-						return nil
-					}
-				}
-				return Errorf(CodeNotFound, "machine %s has no instance of %s/%s", machine, req.Namespace, req.Service).
-					With("machine", machine).With("namespace", req.Namespace).With("service", req.Service)
-			})
-			if err != nil {
-				return nil, err
-			}
-			return RepublishReply{Seq: seq}, nil
-		})
 }
 
 // RoutingState is the routing projection as stored: what a projection loads

@@ -28,11 +28,11 @@ func referenceLoad(ctx context.Context, s *store.Store) (*store.RoutingState, er
 		if err != nil {
 			return nil, err
 		}
-		src, err := s.RoutingSourceOf(ctx, ns)
+		insts, machines, err := s.RoutingRecords(ctx, ns)
 		if err != nil {
 			return nil, err
 		}
-		st.Services = append(st.Services, store.CommitEvents(c, nil, src)...)
+		st.Services = append(st.Services, storetest.Events(c, nil, insts, machines)...)
 	}
 	err = store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
 		st.Machines = append(st.Machines, *m)

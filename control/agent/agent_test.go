@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -52,7 +53,7 @@ func startAgent(t *testing.T, srv *storetest.Server, dir string) *fixture {
 // serveRepublish answers routing republish requests, as `control server` does.
 func serveRepublish(t *testing.T, srv *storetest.Server) {
 	t.Helper()
-	stop, err := srv.Store.ServeRepublish(context.Background())
+	stop, err := routing.ServeRepublish(context.Background(), srv.Store)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -26,7 +27,7 @@ func TestCrashedInstanceIsRestartedAndRejoinsTheRouting(t *testing.T) {
 	f := startAgent(t, srv, t.TempDir())
 	commitOne(t, srv.Store, "web-0-a")
 	rec := startReady(t, srv.Store, "web-0-a", nil)
-	if _, err := srv.Store.RepublishService(context.Background(), "shop", "web"); err != nil {
+	if _, err := routing.RepublishService(context.Background(), srv.Store, "shop", "web"); err != nil {
 		t.Fatal(err)
 	}
 	if err := killPID(rec.PID); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/internal/metricsserver"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/meshd/relay"
@@ -141,7 +142,7 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 	}
 	defer stopAdmission()
 	// Agents may not publish routing events; they ask here instead.
-	stopRepublish, err := s.ServeRepublish(ctx)
+	stopRepublish, err := routing.ServeRepublish(ctx, s)
 	if err != nil {
 		return fmt.Errorf("serving routing republish requests: %w", err)
 	}

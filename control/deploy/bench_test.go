@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/control/agent"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/control/runtime"
 	"github.com/edgeplane/edgeplane/internal/enginetest"
 	"github.com/edgeplane/edgeplane/store"
@@ -52,7 +53,7 @@ func benchApply(b *testing.B, ctr *runtime.Container, withWork func(*store.Servi
 			srv := storetest.Start(b)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			stopRepublish, err := srv.Store.ServeRepublish(ctx)
+			stopRepublish, err := routing.ServeRepublish(ctx, srv.Store)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -61,7 +62,7 @@ func benchApply(b *testing.B, ctr *runtime.Container, withWork func(*store.Servi
 			for i := 0; i < n; i++ {
 				id := fmt.Sprintf("m%02d", i)
 				rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: "127.0.0.1"}
-				if _, err := store.PutJSON(ctx, srv.Store.Machines, id, &rec); err != nil {
+				if err := srv.Store.PutMachine(ctx, &rec); err != nil {
 					b.Fatal(err)
 				}
 				a, err := agent.New(agent.Config{Store: srv.Connect(b), Machine: rec, DataDir: b.TempDir(),

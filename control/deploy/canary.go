@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/failpoint"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -127,11 +128,11 @@ func (r *run) runCanary(ctx context.Context) error {
 // publishCanary publishes the routing of canary step cp over live and
 // returns the services it splits and the last routing sequence.
 func (d *Deployer) publishCanary(ctx context.Context, cp, live *store.DeployCommit) ([]string, uint64, error) {
-	src, err := d.s.RoutingSourceOf(ctx, cp.Namespace)
+	src, err := routing.SourceOf(ctx, d.s, cp.Namespace)
 	if err != nil {
 		return nil, 0, err
 	}
-	events := store.CanaryEvents(cp, live, src)
+	events := routing.CanaryEvents(cp, live, src)
 	if r := cp.Manifest.Rollout; r != nil && r.Sticky {
 		// Gateways sign sticky clients' bucket cookies with the fleet's
 		// key; a store provisioned before there was one gets it now.
@@ -228,7 +229,7 @@ func (d *Deployer) canaryCounts(ctx context.Context, ns, deploy string, services
 	for i := range out {
 		by[out[i].service] = &out[i]
 	}
-	err := store.ListJSON(ctx, d.s, d.s.GatewayTraffic, ">", func(_ string, g *store.GatewayTraffic) error {
+	err := d.s.ListGatewayTraffic(ctx, func(g *store.GatewayTraffic) error {
 		if time.Since(g.At) >= store.GatewayObservationTTL {
 			return nil
 		}
@@ -328,11 +329,11 @@ func (d *Deployer) routeBack(ctx context.Context, cp, live *store.DeployCommit) 
 // a removal of each service only the canary had. It waits for the
 // gateways and returns the last routing sequence.
 func (d *Deployer) publishLive(ctx context.Context, abort, live *store.DeployCommit) (uint64, error) {
-	src, err := d.s.RoutingSourceOf(ctx, abort.Namespace)
+	src, err := routing.SourceOf(ctx, d.s, abort.Namespace)
 	if err != nil {
 		return 0, err
 	}
-	seq, err := d.s.PublishRouting(ctx, abort.ID+"."+abort.Phase, store.CommitEvents(live, abort, src))
+	seq, err := d.s.PublishRouting(ctx, abort.ID+"."+abort.Phase, routing.CommitEvents(live, abort, src))
 	if err != nil {
 		return 0, fmt.Errorf("routing %s back to revision %d: %w", abort.Namespace, live.Revision, err)
 	}
@@ -370,11 +371,11 @@ func (d *Deployer) latestCanaryOf(ctx context.Context, st *store.DeployStatus, l
 // any committed deploy); aborted, ns is routed back and st records why,
 // and the candidates are left for FinishNamespace to stop.
 func (d *Deployer) finishCanary(ctx context.Context, st *store.DeployStatus, cp, live *store.DeployCommit) (*store.DeployCommit, error) {
-	src, err := d.s.RoutingSourceOf(ctx, cp.Namespace)
+	src, err := routing.SourceOf(ctx, d.s, cp.Namespace)
 	if err != nil {
 		return nil, err
 	}
-	services := splitServices(store.CanaryEvents(cp, live, src))
+	services := splitServices(routing.CanaryEvents(cp, live, src))
 	var limits store.CanaryLimits
 	if cp.Manifest.Rollout != nil {
 		limits = cp.Manifest.Rollout.Limits

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/control/hosts"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -20,11 +21,11 @@ import (
 // for a namespace's first), from stored state and appends them, idempotently
 // per commit, then records that on st.
 func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit, prev *store.DeployCommit) error {
-	src, err := d.s.RoutingSourceOf(ctx, commit.Namespace)
+	src, err := routing.SourceOf(ctx, d.s, commit.Namespace)
 	if err != nil {
 		return err
 	}
-	seq, err := d.s.PublishRouting(ctx, commit.ID, store.CommitEvents(commit, prev, src))
+	seq, err := d.s.PublishRouting(ctx, commit.ID, routing.CommitEvents(commit, prev, src))
 	if err != nil {
 		return err
 	}
@@ -326,16 +327,16 @@ func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
 	if o.RetryInterval <= 0 {
 		o.RetryInterval = 5 * time.Second
 	}
-	w, err := d.s.Status.WatchAll(ctx)
+	w, err := d.s.WatchDeployStatuses(ctx)
 	if err != nil {
-		return store.Classify(fmt.Errorf("watching deploy status: %w", err))
+		return err
 	}
 	defer func() { _ = w.Stop() }()
 	// A lease that expires or is released is tried at once rather than at
 	// the next tick.
-	lw, err := d.s.Locks.Watch(ctx, store.DeployLocksFilter, jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	lw, err := d.s.WatchDeployLeases(ctx)
 	if err != nil {
-		return store.Classify(fmt.Errorf("watching deploy leases: %w", err))
+		return err
 	}
 	defer func() { _ = lw.Stop() }()
 	// open holds the status keys that need finishing, by namespace; next
@@ -392,7 +393,7 @@ func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
 			ns, _, _ := strings.Cut(key, ".")
 			var st store.DeployStatus
 			need := ent.Operation() == jetstream.KeyValuePut &&
-				store.DecodeKeyed(d.s.Status.Bucket(), key, ent.Value(), &st) == nil && needsFinishing(&st)
+				store.DecodeKeyed(d.s.Names.DeployStatusBucket(), key, ent.Value(), &st) == nil && needsFinishing(&st)
 			if need {
 				if open[ns] == nil {
 					open[ns] = map[string]bool{}

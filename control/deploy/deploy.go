@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -227,32 +226,14 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 
 // Statuses returns every deploy status of ns, oldest first.
 func (d *Deployer) Statuses(ctx context.Context, ns string) ([]store.DeployStatus, error) {
-	var out []store.DeployStatus
-	err := store.ListJSON(ctx, d.s, d.s.Status, ns+".*", func(_ string, st *store.DeployStatus) error {
-		out = append(out, *st)
-		return nil
-	})
+	out, err := d.s.DeployStatuses(ctx, ns)
 	sort.Slice(out, func(i, j int) bool { return out[i].DeployID < out[j].DeployID })
 	return out, err
 }
 
 // Namespaces lists namespaces with any deploy status.
 func (d *Deployer) Namespaces(ctx context.Context) ([]string, error) {
-	keys, err := d.s.Status.ListKeys(ctx)
-	if err != nil {
-		return nil, store.Classify(fmt.Errorf("listing deploy status: %w", err))
-	}
-	seen := map[string]bool{}
-	var out []string
-	for k := range keys.Keys() {
-		ns, _, _ := strings.Cut(k, ".")
-		if !seen[ns] {
-			seen[ns] = true
-			out = append(out, ns)
-		}
-	}
-	sort.Strings(out)
-	return out, nil
+	return d.s.DeployStatusNamespaces(ctx)
 }
 
 // History returns the final commits of ns, oldest first. A commit whose
@@ -329,11 +310,7 @@ func (d *Deployer) putPhase(ctx context.Context, ns, id string, s Step, state st
 
 // Phases returns the phase records of one deploy in step order.
 func (d *Deployer) Phases(ctx context.Context, ns, id string) ([]store.PhaseRecord, error) {
-	var out []store.PhaseRecord
-	err := store.ListJSON(ctx, d.s, d.s.Phases, ns+"."+id+".*", func(_ string, p *store.PhaseRecord) error {
-		out = append(out, *p)
-		return nil
-	})
+	out, err := d.s.DeployPhases(ctx, ns, id)
 	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
 	return out, err
 }

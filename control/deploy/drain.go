@@ -84,7 +84,7 @@ func (d *Deployer) waitGateways(ctx context.Context, seq uint64) (serving, total
 		return len(laggards) == 0
 	}
 	// One watch for the whole wait: the current reports, then each new one.
-	w, err := d.s.Gateways.Watch(ctx, ">")
+	w, err := d.s.WatchGatewayObservations(ctx)
 	if err != nil {
 		judge()
 		return
@@ -115,7 +115,7 @@ func (d *Deployer) waitGateways(ctx context.Context, seq uint64) (serving, total
 			default:
 				// A report under another gateway's name is not taken.
 				var g store.GatewayObservation
-				if store.DecodeKeyed(d.s.Gateways.Bucket(), ent.Key(), ent.Value(), &g) == nil {
+				if store.DecodeKeyed(d.s.Names.GatewaysBucket(), ent.Key(), ent.Value(), &g) == nil {
 					obs[ent.Key()] = g
 				}
 			}

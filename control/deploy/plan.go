@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/manifest"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -112,7 +113,7 @@ func buildPlan(m *store.Manifest, live *store.DeployCommit, insts map[string]*st
 				inst := insts[old.InstanceID]
 				mach, known := machines[old.Machine]
 				switch {
-				case !store.Routable(inst, old):
+				case !routing.Routable(inst, old):
 					a.Action, a.Reason = ActionStart, "instance not routable"
 				case !known || mach.State == store.MachineDisabled:
 					a.Action, a.Reason = ActionStart, "machine "+old.Machine+" disabled or removed"

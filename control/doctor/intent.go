@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/hosts"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -77,7 +78,7 @@ func (d *doctor) checkInstances(ctx context.Context) error {
 			switch {
 			case rec == nil:
 				d.add(LayerInstances, Problem, subj, "instance %s on %s has no record: nothing serves this slot (the next apply of %s replaces it)", sl.InstanceID, sl.Machine, ns)
-			case !store.Routable(rec, sl):
+			case !routing.Routable(rec, sl):
 				msg := fmt.Sprintf("instance %s on %s is %s", rec.ID, rec.Machine, rec.State)
 				if rec.Error != "" {
 					msg += ": " + rec.Error
@@ -191,7 +192,7 @@ func (d *doctor) checkRouting(ctx context.Context) error {
 				routed = append(routed, ep.InstanceID)
 			}
 			for _, sl := range c.Slots {
-				if sl.Service == name && store.Routable(d.insts[sl.InstanceID], sl) {
+				if sl.Service == name && routing.Routable(d.insts[sl.InstanceID], sl) {
 					ready = append(ready, sl.InstanceID)
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/fleetsim"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -20,7 +21,7 @@ func startFleet(tb testing.TB, n int) (*storetest.Server, *fleetsim.Fleet) {
 	srv := storetest.Start(tb)
 	ctx, cancel := context.WithCancel(context.Background())
 	tb.Cleanup(cancel)
-	stopRepublish, err := srv.Store.ServeRepublish(ctx)
+	stopRepublish, err := routing.ServeRepublish(ctx, srv.Store)
 	if err != nil {
 		tb.Fatal(err)
 	}

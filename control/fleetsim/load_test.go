@@ -16,6 +16,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/fleetsim"
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -99,7 +100,7 @@ func startStorage(tb testing.TB, nodes int) *storage {
 	if _, err := signers.Server(ctx, st.s, filepath.Join(dir, "auth"), dir, "fleetsim"); err != nil {
 		tb.Fatal(err)
 	}
-	stopRepublish, err := st.s.ServeRepublish(ctx)
+	stopRepublish, err := routing.ServeRepublish(ctx, st.s)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/invites"
@@ -143,7 +144,7 @@ func SetAddress(ctx context.Context, s *store.Store, id, address string) (*Moved
 	}
 	for _, key := range slices.Sorted(maps.Keys(services)) {
 		ns, svc, _ := strings.Cut(key, "/")
-		if _, err := s.RepublishService(ctx, ns, svc); err != nil && !store.HasCode(err, store.CodeNotFound) {
+		if _, err := routing.RepublishService(ctx, s, ns, svc); err != nil && !store.HasCode(err, store.CodeNotFound) {
 			return out, fmt.Errorf("publishing %s at machine %s's address %s: %w", key, id, cur.Address, err)
 		}
 		out.Republished = append(out.Republished, key)
@@ -382,7 +383,7 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 	}
 	for _, key := range slices.Sorted(maps.Keys(services)) {
 		ns, svc, _ := strings.Cut(key, "/")
-		if _, err := s.RepublishService(ctx, ns, svc); err != nil && !store.HasCode(err, store.CodeNotFound) {
+		if _, err := routing.RepublishService(ctx, s, ns, svc); err != nil && !store.HasCode(err, store.CodeNotFound) {
 			return out, fmt.Errorf("publishing %s without machine %s's instances: %w", key, id, err)
 		}
 		out.Republished = append(out.Republished, key)

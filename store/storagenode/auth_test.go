@@ -282,49 +282,14 @@ func TestRoleScopedCredentials(t *testing.T) {
 	})
 
 	// It cannot publish a routing event, not even for a service it runs: it
-	// asks the control plane to republish from stored state, and only on its
-	// own machine's subject.
+	// asks the control plane to republish from stored state (what the
+	// control plane then publishes: control/routing's
+	// TestAgentAsksForARepublish), and only on its own machine's subject.
 	refusedWrite("publish a routing upsert", "routing.svc.shop.web", func(c context.Context) error {
 		_, err := as.PublishRouting(c, "", []store.RoutingEvent{{Kind: store.EventServiceUpsert, Namespace: "shop", Service: "web",
 			Endpoints: []store.Endpoint{{InstanceID: "forged", Machine: "m1", Address: "203.0.113.9", Port: 80}}}})
 		return err
 	})
-	stopRepublish, err := cs.ServeRepublish(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopRepublish()
-	commit := &store.DeployCommit{ID: "d1", Namespace: "shop", Kind: store.CommitFinal, Revision: 1,
-		Manifest: store.Manifest{Namespace: "shop", Services: map[string]store.ServiceSpec{"web": {}, "api": {}}},
-		Slots:    []store.SlotAssignment{{Service: "web", Slot: 0, InstanceID: "w1", Machine: "m1", Revision: 1}}}
-	if _, err := cs.AppendCommit(ctx, commit); err != nil {
-		t.Fatal(err)
-	}
-	web := store.InstanceRecord{Version: store.RecordVersion, ID: "w1", Namespace: "shop", Service: "web", Revision: 1,
-		Machine: "m1", Address: "127.0.0.1", Port: 8080, State: store.InstanceReady}
-	if _, err := store.PutJSON(ctx, as.Instances, web.Key(), &web); err != nil {
-		t.Fatal(err)
-	}
-	// Endpoints are reached at their machine's admitted address: m1 is
-	// a member.
-	if err := cs.CreateMachine(ctx, &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive, Address: "127.0.0.1"}); err != nil {
-		t.Fatal(err)
-	}
-	seq, err := as.RequestRepublish(ctx, "m1", "shop", "web")
-	if err != nil {
-		t.Fatalf("agent m1 asking to republish shop/web: %v", err)
-	}
-	msg, err := cs.Routing.GetMsg(ctx, seq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ev store.RoutingEvent
-	if err := store.Decode("routing event", msg.Data, &ev); err != nil || len(ev.Endpoints) != 1 || ev.Endpoints[0].InstanceID != "w1" {
-		t.Fatalf("republished shop/web: %+v %v", ev, err)
-	}
-	if _, err := as.RequestRepublish(ctx, "m1", "shop", "api"); !store.HasCode(err, store.CodeNotFound) {
-		t.Fatalf("republishing a service m1 runs nothing of: want not_found, got %v", err)
-	}
 	refusedWrite("ask for a republish as m2", "republish.m2", func(c context.Context) error {
 		_, err := as.RequestRepublish(c, "m2", "shop", "web")
 		return err

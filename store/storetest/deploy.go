@@ -59,7 +59,10 @@ func Deploy(ctx context.Context, s *store.Store, namespace string, services map[
 type Pending struct {
 	s    *store.Store
 	prev *store.DeployCommit
-	src  *store.RoutingSource
+	// insts and machines are the records Commit's events are derived
+	// from, by ID.
+	insts    map[string]*store.InstanceRecord
+	machines map[string]*store.MachineRecord
 	// Deploy is the final commit Commit appends.
 	Deploy *store.DeployCommit
 }
@@ -88,17 +91,17 @@ func Prepare(ctx context.Context, s *store.Store, namespace string, services map
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	src := &store.RoutingSource{Instances: map[string]*store.InstanceRecord{}, Machines: map[string]*store.MachineRecord{}}
+	insts, machines := map[string]*store.InstanceRecord{}, map[string]*store.MachineRecord{}
 	for _, name := range names {
 		for _, in := range services[name].Instances {
-			if m := src.Machines[in.Machine]; m != nil && m.Address != in.Address {
+			if m := machines[in.Machine]; m != nil && m.Address != in.Address {
 				return nil, fmt.Errorf("machine %s has instances at %s and %s: a machine has one address", in.Machine, m.Address, in.Address)
 			}
 			m, err := AdmitMachine(ctx, s, in.Machine, in.Address)
 			if err != nil {
 				return nil, err
 			}
-			src.Machines[in.Machine] = m
+			machines[in.Machine] = m
 		}
 	}
 	for _, name := range names {
@@ -120,10 +123,10 @@ func Prepare(ctx context.Context, s *store.Store, namespace string, services map
 			if _, err := s.PutInstance(ctx, rec); err != nil {
 				return nil, err
 			}
-			src.Instances[in.ID] = rec
+			insts[in.ID] = rec
 		}
 	}
-	return &Pending{s: s, prev: prev, src: src, Deploy: c}, nil
+	return &Pending{s: s, prev: prev, insts: insts, machines: machines, Deploy: c}, nil
 }
 
 // Commit appends the final commit and publishes its routing events, as
@@ -133,7 +136,7 @@ func (p *Pending) Commit(ctx context.Context) (uint64, error) {
 	if _, err := p.s.AppendCommit(ctx, p.Deploy); err != nil {
 		return 0, err
 	}
-	return p.s.PublishRouting(ctx, p.Deploy.ID, store.CommitEvents(p.Deploy, p.prev, p.src))
+	return p.s.PublishRouting(ctx, p.Deploy.ID, Events(p.Deploy, p.prev, p.insts, p.machines))
 }
 
 // AdmitMachine records machine id at address as admission and the
@@ -183,7 +186,7 @@ func SetInstance(ctx context.Context, s *store.Store, namespace, id string, stat
 	if _, err := s.PutInstance(ctx, rec); err != nil {
 		return 0, err
 	}
-	return s.RepublishService(ctx, namespace, rec.Service)
+	return republish(ctx, s, namespace, rec.Service)
 }
 
 // Refused returns why LoadRouting on s leaves subject out (the reason a

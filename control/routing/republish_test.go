@@ -1,4 +1,4 @@
-package store_test
+package routing_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -26,13 +27,14 @@ func TestRepublishRequests(t *testing.T) {
 		t.Fatalf("without a control server: %v", err)
 	}
 
-	stop, err := s.ServeRepublish(ctx)
+	stop, err := routing.ServeRepublish(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
+	events := storetest.Stream(t, s, s.Names.RoutingEventsStream())
 	head := func() uint64 {
-		info, err := s.Routing.Info(ctx)
+		info, err := events.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,8 +57,7 @@ func TestRepublishRequests(t *testing.T) {
 		// An instance of a service the live commit dropped.
 		{ID: "o1", Namespace: "shop", Service: "old", Revision: 1, Machine: "m1", Address: "127.0.0.1", Port: 8081, State: store.InstanceReady},
 	} {
-		inst.Version = store.RecordVersion
-		if _, err := store.PutJSON(ctx, s.Instances, inst.Key(), &inst); err != nil {
+		if _, err := s.PutInstance(ctx, &inst); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -92,7 +93,7 @@ func TestRepublishRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := s.Routing.GetMsg(ctx, seq)
+	msg, err := events.GetMsg(ctx, seq)
 	if err != nil {
 		t.Fatal(err)
 	}
