@@ -18,6 +18,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/agent"
 	"github.com/edgeplane/edgeplane/control/agentproc"
 	"github.com/edgeplane/edgeplane/control/controlplane"
+	"github.com/edgeplane/edgeplane/control/dashboard"
 	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
@@ -48,6 +49,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	metrics := fs.String("metrics-listen", "", "serve Prometheus metrics (edgeplane_fleet_*) on this address's /metrics; empty: off")
 	dashListen := fs.String("dashboard-listen", "", "serve the read-only web dashboard on this address (e.g. 127.0.0.1:8090); empty: off")
 	dashLogin := fs.Bool("dashboard-login", false, "ask for a login token (control dashboard token) even on loopback; off loopback it is always asked for")
+	dashChartStep := fs.Duration("dashboard-chart-step", dashboard.DefaultChartStep, "how much time a point of the dashboard's traffic charts stands for (they show the last hour)")
 	enrollListen := fs.String("enroll-listen", "", "with TLS, answer invited boxes' enrollments (HTTPS) on this address (default: --listen's host, port 4223, when that is not loopback); off: none")
 	credsTTL := fs.Duration("creds-ttl", storagenode.DefaultCredsTTL, "how long the credentials of boxes (agent, mesh, gateway) this server signs last, at enrollment and at each renewal; a running box renews its own at two thirds of it, a box offline longer must be invited again")
 	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much), and the machines' liveness judgement gateways set aside by is looked at; 0: this server writes neither (another control server does)")
@@ -107,7 +109,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			data: *data, authDir: cf.authDir, name: cf.name,
 			stunListen: *stunListen, stunAdvertise: *stunAdvertise, meshRelay: *meshRelay, meshRelayIP: *meshRelayIP, meshRelays: *meshRelays,
 			meshCooldown: *meshCooldown, meshSubnet: *meshSubnet, metricsListen: *metrics, statusFlush: *statusFlush,
-			dashboardListen: *dashListen, dashboardLogin: *dashLogin,
+			dashboardListen: *dashListen, dashboardLogin: *dashLogin, dashboardChartStep: *dashChartStep,
 		}.plane(c.stdout, logger)
 		if err != nil {
 			return err
@@ -150,6 +152,7 @@ type serverConfig struct {
 	metricsListen             string
 	dashboardListen           string
 	dashboardLogin            bool
+	dashboardChartStep        time.Duration
 	statusFlush               time.Duration
 }
 
@@ -161,7 +164,7 @@ func (f serverConfig) plane(progress io.Writer, logger *zap.Logger) (controlplan
 		Name: f.name, DataDir: f.data, AuthDir: cmp.Or(f.authDir, filepath.Join(f.data, "auth")),
 		MeshRelay: f.meshRelay, MeshCooldown: f.meshCooldown, MeshSubnet: f.meshSubnet,
 		MetricsListen: f.metricsListen, StatusFlush: f.statusFlush,
-		DashboardListen: f.dashboardListen, DashboardLogin: f.dashboardLogin,
+		DashboardListen: f.dashboardListen, DashboardLogin: f.dashboardLogin, DashboardChartStep: f.dashboardChartStep,
 		Progress: progress, Logger: logger,
 	}
 	if f.statusFlush == 0 {

@@ -89,7 +89,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 func TestDashboardInABrowser(t *testing.T) {
 	ctx := browser(t)
 	dash := freeAddr(t)
-	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: []string{"--dashboard-listen", dash, "--dashboard-login"}}
+	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverArgs: []string{"--dashboard-listen", dash, "--dashboard-login", "--dashboard-chart-step", "2s"}}
 	c.startServer("127.0.0.1:0")
 	t.Cleanup(c.killInstances)
 	c.agentArgs = []string{"--heartbeat", "1s"}
@@ -138,7 +138,7 @@ func TestDashboardInABrowser(t *testing.T) {
 
 	// The overview's numbers are control status's, once the traffic
 	// settles (load stopped, the last report summed).
-	time.Sleep(3 * time.Second) // traffic under load for the charts
+	time.Sleep(5 * time.Second) // traffic under load for the charts
 	close(stopLoad)
 	wg.Wait()
 	t.Logf("load through the gateway: %d ok, %d failed", ld.ok.Load(), ld.failed.Load())
@@ -191,6 +191,26 @@ func TestDashboardInABrowser(t *testing.T) {
 		t.Errorf("the namespace page lists %d instances, want 3", instances)
 	}
 	screenshot(t, ctx, "dashboard-namespace")
+
+	// The traffic charts keep a point per step (2 s here, from
+	// --dashboard-chart-step): the seconds of load before show as several
+	// points, and the req/s chart's max is the load's, not the latest
+	// figures (the load has stopped).
+	points := ask(t, ctx, "counting the req/s chart's points",
+		chromedp.Evaluate[int](`+((document.querySelector("#traffic figure[data-points]")||{dataset:{}}).dataset.points||0)`))
+	caption := ask(t, ctx, "the req/s chart's caption",
+		chromedp.Evaluate[string](`(document.querySelector("#traffic figure figcaption")||{}).textContent||""`))
+	var last, top float64
+	if _, err := fmt.Sscanf(caption, "req/s: %g (max %g, last hour)", &last, &top); err != nil {
+		t.Fatalf("the req/s chart's caption %q: %v", caption, err)
+	}
+	t.Logf("req/s chart: %d points, %s", points, caption)
+	if points < 2 {
+		t.Errorf("the req/s chart has %d points after seconds of load at a 2 s step, want more than one (one point for all of it: steps never ended)", points)
+	}
+	if top <= 0 || top < last {
+		t.Errorf("the req/s chart's max %g after the load (latest %g): the max is not the load's", top, last)
+	}
 	prevRev := want.Revision
 	applied := make(chan string, 1)
 	v2 := c.manifest("v2.yaml", strings.Replace(helloV1, `VERSION: "1"`, `VERSION: "2"`, 1))

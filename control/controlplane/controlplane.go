@@ -74,6 +74,9 @@ type Config struct {
 	// for a login off loopback or when DashboardLogin says so.
 	DashboardListen string
 	DashboardLogin  bool
+	// DashboardChartStep is how much time a point of the dashboard's
+	// traffic charts stands for; zero: dashboard.DefaultChartStep.
+	DashboardChartStep time.Duration
 	// LoopbackOnly says no other box reaches the store (it listens on
 	// loopback only): machines may then join at a loopback address.
 	LoopbackOnly bool
@@ -184,7 +187,7 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 	}
 	if cfg.DashboardListen != "" {
 		login := cfg.DashboardLogin || dashboard.RequiresLogin(cfg.DashboardListen)
-		dash, err := dashboard.New(s, dashboard.Config{RequireLogin: login, Logger: logger.Named("dashboard")})
+		dash, err := dashboard.New(s, dashboard.Config{RequireLogin: login, ChartStep: cfg.DashboardChartStep, Logger: logger.Named("dashboard")})
 		if err != nil {
 			return err
 		}

@@ -59,7 +59,10 @@ type Config struct {
 	// SessionRecheck is how often an open event stream checks its
 	// session again; default DefaultSessionRecheck.
 	SessionRecheck time.Duration
-	Logger         *zap.Logger
+	// ChartStep is how much time a point of the traffic charts stands
+	// for; default DefaultChartStep.
+	ChartStep time.Duration
+	Logger    *zap.Logger
 }
 
 // RequiresLogin reports whether a dashboard listening on addr must ask
@@ -110,6 +113,7 @@ func New(s *store.Store, cfg Config) (*Server, error) {
 	}
 	d := &Server{s: s, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{},
 		deploys: deploy.New(s, deploy.Options{})}
+	d.history.step = cfg.ChartStep
 	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html")
 	if err != nil {
 		return nil, fmt.Errorf("dashboard templates: %w", err)

@@ -207,10 +207,10 @@ func TestHistoryCharts(t *testing.T) {
 	now := time.Now()
 	for i := 0; i < 5; i++ {
 		h.add("shop", map[string]store.ServiceTrafficStatus{"web": {TrafficFigures: store.TrafficFigures{Rate: float64(10 * i), P99: 0.01}}},
-			now.Add(time.Duration(i-5)*historyStep))
+			now.Add(time.Duration(i-5)*DefaultChartStep))
 	}
 	// Within one step the latest figures replace the last point.
-	h.add("shop", map[string]store.ServiceTrafficStatus{"web": {TrafficFigures: store.TrafficFigures{Rate: 100}}}, now.Add(-historyStep+time.Second))
+	h.add("shop", map[string]store.ServiceTrafficStatus{"web": {TrafficFigures: store.TrafficFigures{Rate: 100}}}, now.Add(-DefaultChartStep+time.Second))
 	cs := h.charts("shop", "web")
 	if len(cs) != 3 || cs[0].Points != 5 || cs[0].Max != "100.0" || cs[0].Last != "100.0" {
 		t.Fatalf("charts: %+v", cs[0])
@@ -245,7 +245,7 @@ func TestHistoryKeepsAPointPerStep(t *testing.T) {
 		h.add("shop", map[string]store.ServiceTrafficStatus{"web": {TrafficFigures: store.TrafficFigures{Rate: rate}}}, start.Add(time.Duration(i)*every))
 	}
 	cs := h.charts("shop", "web")
-	want := int(10 * time.Minute / historyStep)
+	want := int(10 * time.Minute / DefaultChartStep)
 	if cs[0].Points < want-1 || cs[0].Points > want+1 {
 		t.Fatalf("10 minutes of summaries every %s: %d points, want about %d", every, cs[0].Points, want)
 	}

@@ -10,11 +10,15 @@ import (
 )
 
 // The traffic charts: each service's fleet figures as the summaries
-// bring them, one point per historyStep at most, for the last hour, kept
-// in this process (a dashboard started a minute ago shows a minute).
+// bring them, one point per step at most (DefaultChartStep unless
+// Config.ChartStep says otherwise), for the last hour, kept in this
+// process (a dashboard started a minute ago shows a minute).
+
+// DefaultChartStep is how much time a point of the traffic charts
+// stands for: 360 points for the hour a chart shows.
+const DefaultChartStep = 10 * time.Second
 
 const (
-	historyStep = 10 * time.Second
 	historySpan = time.Hour
 	chartWidth  = 360
 	chartHeight = 60
@@ -28,6 +32,9 @@ type point struct {
 }
 
 type history struct {
+	// step is how much time a point stands for; zero: DefaultChartStep.
+	step time.Duration
+
 	mu sync.Mutex
 	// series by namespace, then service
 	series map[string]map[string][]point
@@ -45,6 +52,10 @@ func (h *history) add(ns string, traffic map[string]store.ServiceTrafficStatus, 
 		byService = map[string][]point{}
 		h.series[ns] = byService
 	}
+	step := h.step
+	if step <= 0 {
+		step = DefaultChartStep
+	}
 	for svc, t := range traffic {
 		p := point{at: at, start: at, rate: t.Rate, errors: t.ErrorRatio, p99: t.P99}
 		pts := byService[svc]
@@ -52,7 +63,7 @@ func (h *history) add(ns string, traffic map[string]store.ServiceTrafficStatus, 
 		// from its first figures: counted from the latest, as it was, a
 		// step never ended while summaries came more often than a step,
 		// and the chart kept one point.
-		if n := len(pts); n > 0 && at.Sub(pts[n-1].start) < historyStep {
+		if n := len(pts); n > 0 && at.Sub(pts[n-1].start) < step {
 			p.start = pts[n-1].start
 			pts[n-1] = p
 		} else {
