@@ -85,3 +85,9 @@ func (s *Store) DeleteMachine(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// ListMachines calls fn with every member's record, in key order
+// (ListJSON).
+func (s *Store) ListMachines(ctx context.Context, fn func(*MachineRecord) error) error {
+	return ListJSON(ctx, s, s.Machines, ">", func(_ string, m *MachineRecord) error { return fn(m) })
+}

@@ -112,3 +112,13 @@ func (s *Store) ListMeshIPs(ctx context.Context, fn func(*MeshIPAllocation) erro
 func (s *Store) ListMeshIPCooldowns(ctx context.Context, fn func(*MeshIPCooldown) error) error {
 	return ListJSON(ctx, s, s.MeshIPs, "cooldown.>", func(_ string, c *MeshIPCooldown) error { return fn(c) })
 }
+
+// MeshHeartbeatOf reads the last heartbeat of machine's mesh node; a node
+// never heard is not_found.
+func (s *Store) MeshHeartbeatOf(ctx context.Context, machine string) (*MeshHeartbeat, error) {
+	var hb MeshHeartbeat
+	if _, err := GetJSON(ctx, s.MeshBeats, MeshBeatKey(machine), &hb); err != nil {
+		return nil, err
+	}
+	return &hb, nil
+}

@@ -349,7 +349,7 @@ type seenSummary struct {
 
 // NewLagMeter follows the summaries in s until Stop.
 func NewLagMeter(ctx context.Context, s *store.Store) (*LagMeter, error) {
-	w, err := s.FleetStatus.WatchAll(ctx, jetstream.UpdatesOnly())
+	w, err := s.WatchNamespaceStatus(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		return nil, fmt.Errorf("watching fleet status: %w", err)
 	}
@@ -363,7 +363,7 @@ func NewLagMeter(ctx context.Context, s *store.Store) (*LagMeter, error) {
 				continue
 			}
 			var st store.NamespaceStatus
-			if store.DecodeKeyed(s.FleetStatus.Bucket(), ent.Key(), ent.Value(), &st) != nil {
+			if store.DecodeKeyed(s.Names.FleetStatusBucket(), ent.Key(), ent.Value(), &st) != nil {
 				continue
 			}
 			m.summary(st.Namespace, st.Observed, time.Now())
