@@ -212,11 +212,7 @@ loop:
 // observedSeq is the last sequence of the instance observations' stream:
 // how many observation writes the store took.
 func (f *Fleet) observedSeq(ctx context.Context) (uint64, error) {
-	str, err := f.s.JS.Stream(ctx, "KV_"+f.s.Names.ObservedBucket())
-	if err != nil {
-		return 0, fmt.Errorf("reading the observations' stream: %w", err)
-	}
-	info, err := str.Info(ctx)
+	info, err := f.s.StreamInfo(ctx, "KV_"+f.s.Names.ObservedBucket())
 	if err != nil {
 		return 0, fmt.Errorf("reading the observations' stream: %w", err)
 	}
