@@ -145,7 +145,7 @@ func TestRepublishTakesTheAdmittedAddress(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msg, err := s.Routing.GetMsg(ctx, seq)
+		msg, err := store.StreamOf(s, s.Names.RoutingEventsStream()).GetMsg(ctx, seq)
 		if err != nil {
 			t.Fatal(err)
 		}
