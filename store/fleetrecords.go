@@ -27,7 +27,7 @@ func (s *Store) WatchObserved(ctx context.Context, opts ...jetstream.WatchOpt) (
 
 // WatchMachineBeats watches every machine's heartbeat (MachineBeat).
 func (s *Store) WatchMachineBeats(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.MachineBeats.WatchAll(ctx, opts...)
+	return s.machineBeats.WatchAll(ctx, opts...)
 }
 
 // WatchGatewayTraffic watches every gateway's traffic report
@@ -38,7 +38,7 @@ func (s *Store) WatchGatewayTraffic(ctx context.Context, opts ...jetstream.Watch
 
 // WatchNamespaceStatus watches every namespace summary (NamespaceStatus).
 func (s *Store) WatchNamespaceStatus(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.FleetStatus.WatchAll(ctx, opts...)
+	return s.fleetStatus.WatchAll(ctx, opts...)
 }
 
 // WatchDeployStatus watches every deploy's status (DeployStatus).
@@ -55,7 +55,7 @@ func (s *Store) WatchPhases(ctx context.Context, opts ...jetstream.WatchOpt) (je
 // is not_found.
 func (s *Store) MachineBeatOf(ctx context.Context, id string) (*MachineBeat, error) {
 	var b MachineBeat
-	if _, err := GetJSON(ctx, s.MachineBeats, id, &b); err != nil {
+	if _, err := GetJSON(ctx, s.machineBeats, id, &b); err != nil {
 		return nil, err
 	}
 	return &b, nil
@@ -63,14 +63,14 @@ func (s *Store) MachineBeatOf(ctx context.Context, id string) (*MachineBeat, err
 
 // ListMachineBeats calls fn with every machine's heartbeat (ListJSON).
 func (s *Store) ListMachineBeats(ctx context.Context, fn func(*MachineBeat) error) error {
-	return ListJSON(ctx, s, s.MachineBeats, ">", func(_ string, b *MachineBeat) error { return fn(b) })
+	return ListJSON(ctx, s, s.machineBeats, ">", func(_ string, b *MachineBeat) error { return fn(b) })
 }
 
 // MachineStateOf reads what machine id's agent last reported of it; none
 // is not_found.
 func (s *Store) MachineStateOf(ctx context.Context, id string) (*MachineState, error) {
 	var st MachineState
-	if _, err := GetJSON(ctx, s.MachineStates, id, &st); err != nil {
+	if _, err := GetJSON(ctx, s.machineStates, id, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil
@@ -79,7 +79,7 @@ func (s *Store) MachineStateOf(ctx context.Context, id string) (*MachineState, e
 // NamespaceStatusOf reads namespace ns's summary; none yet is not_found.
 func (s *Store) NamespaceStatusOf(ctx context.Context, ns string) (*NamespaceStatus, error) {
 	var st NamespaceStatus
-	if _, err := GetJSON(ctx, s.FleetStatus, ns, &st); err != nil {
+	if _, err := GetJSON(ctx, s.fleetStatus, ns, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil
@@ -87,7 +87,7 @@ func (s *Store) NamespaceStatusOf(ctx context.Context, ns string) (*NamespaceSta
 
 // ListNamespaceStatus calls fn with every namespace summary (ListJSON).
 func (s *Store) ListNamespaceStatus(ctx context.Context, fn func(*NamespaceStatus) error) error {
-	return ListJSON(ctx, s, s.FleetStatus, ">", func(_ string, st *NamespaceStatus) error { return fn(st) })
+	return ListJSON(ctx, s, s.fleetStatus, ">", func(_ string, st *NamespaceStatus) error { return fn(st) })
 }
 
 // ListDeployStatus calls fn with the status of every deploy whose key

@@ -109,7 +109,7 @@ func (s *Store) CreateInviteFor(ctx context.Context, spec InviteSpec) (string, *
 	data, _ := json.Marshal(inv)
 	// The per-key TTL removes unused invites; a little slack past ExpiresAt
 	// keeps the record readable for a clear "expired" answer near the edge.
-	if _, err := s.Invites.Create(ctx, inviteKey(token), data, jetstream.KeyTTL(ttl+time.Minute)); err != nil {
+	if _, err := s.invites.Create(ctx, inviteKey(token), data, jetstream.KeyTTL(ttl+time.Minute)); err != nil {
 		return "", nil, classify(fmt.Errorf("storing invite: %w", err))
 	}
 	return token, inv, nil
@@ -142,7 +142,7 @@ func (s *Store) RedeemInvite(ctx context.Context, token, machine, use string, ch
 	}
 	key := inviteKey(token)
 	var inv Invite
-	rev, err := GetJSON(ctx, s.Invites, key, &inv)
+	rev, err := GetJSON(ctx, s.invites, key, &inv)
 	if err != nil {
 		if HasCode(err, CodeNotFound) {
 			return nil, &Error{Code: CodeNotFound, Message: "invite unknown or expired; create a new one with `control machine invite`"}
@@ -172,7 +172,7 @@ func (s *Store) RedeemInvite(ctx context.Context, token, machine, use string, ch
 	}
 	inv.Uses = append(inv.Uses, use)
 	data, _ := json.Marshal(inv)
-	if _, err := s.Invites.Update(ctx, key, data, rev); err != nil {
+	if _, err := s.invites.Update(ctx, key, data, rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, &Error{Code: CodeConflict, Message: "invite was redeemed concurrently"}
 		}
@@ -185,11 +185,11 @@ func (s *Store) RedeemInvite(ctx context.Context, token, machine, use string, ch
 // again, and returns how many there were.
 func (s *Store) VoidInvitesOf(ctx context.Context, machine string) (int, error) {
 	n := 0
-	err := ListJSON(ctx, s, s.Invites, ">", func(key string, inv *Invite) error {
+	err := ListJSON(ctx, s, s.invites, ">", func(key string, inv *Invite) error {
 		if inv.UsedBy != machine {
 			return nil
 		}
-		if err := s.Invites.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err := s.invites.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return classify(fmt.Errorf("voiding the invite of machine %s: %w", machine, err))
 		}
 		n++
