@@ -32,10 +32,10 @@ func BenchmarkStore(b *testing.B) {
 		}
 	})
 	enc, _ := certs.EncodeKey(key)
-	certs := storetest.Bucket(b, srv.Store, srv.Store.Names.CertsBucket())
+	certsKV := storetest.Bucket(b, srv.Store, srv.Store.Names.CertsBucket())
 	b.Run("RawKVPut", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := certs.Put(ctx, enc, val); err != nil {
+			if _, err := certsKV.Put(ctx, enc, val); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -49,7 +49,7 @@ func BenchmarkStore(b *testing.B) {
 	})
 	b.Run("RawKVGet", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := certs.Get(ctx, enc); err != nil {
+			if _, err := certsKV.Get(ctx, enc); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -598,8 +598,8 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim := store.HostClaim{Version: store.RecordVersion, Host: "orphan.example.com", Namespace: "shop", Since: time.Now()}
-	hosts := storetest.Bucket(t, c.store, c.store.Names.HostsBucket())
-	if _, err := store.PutJSON(ctx, hosts, store.HostKey(claim.Host), &claim); err != nil {
+	hostClaims := storetest.Bucket(t, c.store, c.store.Names.HostsBucket())
+	if _, err := store.PutJSON(ctx, hostClaims, store.HostKey(claim.Host), &claim); err != nil {
 		t.Fatal(err)
 	}
 	rep, _, _ = doctorRun(t, c, gw)
@@ -608,7 +608,7 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := hosts.Delete(ctx, store.HostKey(claim.Host)); err != nil {
+	if err := hostClaims.Delete(ctx, store.HostKey(claim.Host)); err != nil {
 		t.Fatal(err)
 	}
 	healthy()
