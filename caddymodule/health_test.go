@@ -98,13 +98,14 @@ func TestHealthChecksSetAsideAFrozenEndpoint(t *testing.T) {
 	}
 	// The gateway reports what it sets aside with its traffic, for the
 	// control plane to show.
+	gatewayTraffic := storetest.Bucket(t, f.nats.Store, f.nats.Store.Names.GatewayTrafficBucket())
 	storetest.Eventually(t, 5*time.Second, "the set-aside endpoints in the gateway's report", func() bool {
-		ent, err := f.nats.Store.GatewayTraffic.Get(context.Background(), store.GatewayKey("gw-test"))
+		ent, err := gatewayTraffic.Get(context.Background(), store.GatewayKey("gw-test"))
 		if err != nil {
 			return false
 		}
 		var rep store.GatewayTraffic
-		if err := store.DecodeKeyed(f.nats.Store.GatewayTraffic.Bucket(), ent.Key(), ent.Value(), &rep); err != nil {
+		if err := store.DecodeKeyed(gatewayTraffic.Bucket(), ent.Key(), ent.Value(), &rep); err != nil {
 			t.Fatal(err)
 		}
 		got := map[string]store.EndpointSetAside{}

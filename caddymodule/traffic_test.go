@@ -115,13 +115,14 @@ func TestTrafficPerService(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var rep store.GatewayTraffic
+	gatewayTraffic := storetest.Bucket(t, f.nats.Store, f.nats.Store.Names.GatewayTrafficBucket())
 	storetest.Eventually(t, 10*time.Second, "the gateway's traffic report", func() bool {
-		ent, err := f.nats.Store.GatewayTraffic.Get(ctx, store.GatewayKey("gw-test"))
+		ent, err := gatewayTraffic.Get(ctx, store.GatewayKey("gw-test"))
 		if err != nil {
 			return false
 		}
 		rep = store.GatewayTraffic{}
-		if err := store.DecodeKeyed(f.nats.Store.GatewayTraffic.Bucket(), ent.Key(), ent.Value(), &rep); err != nil {
+		if err := store.DecodeKeyed(gatewayTraffic.Bucket(), ent.Key(), ent.Value(), &rep); err != nil {
 			t.Fatal(err)
 		}
 		return len(rep.Services) == 2

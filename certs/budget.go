@@ -153,9 +153,9 @@ func (b *Budget) Charge(ctx context.Context, host string) (Usage, error) {
 		rec.Version = store.RecordVersion
 		data, _ := json.Marshal(rec)
 		if rev == 0 {
-			_, err = st.AcmeBudget.Create(ctx, key, data)
+			_, err = st.CreateAcmeBudget(ctx, key, data)
 		} else {
-			_, err = st.AcmeBudget.Update(ctx, key, data, rev)
+			_, err = st.UpdateAcmeBudget(ctx, key, data, rev)
 		}
 		if err == nil {
 			u.Used++
@@ -196,7 +196,7 @@ func (b *Budget) Usage(ctx context.Context, host string) (Usage, error) {
 
 func (b *Budget) load(ctx context.Context, st *store.Store, key string) (budgetRecord, uint64, error) {
 	var rec budgetRecord
-	ent, err := st.AcmeBudget.Get(ctx, key)
+	ent, err := st.GetAcmeBudget(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return rec, 0, nil
 	}

@@ -113,8 +113,7 @@ func (f *front) handle(c net.Conn) {
 func lockHolderOf(st *store.Store, host string) (string, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	var h store.LeaseHolder
-	_, err := store.GetJSON(ctx, st.Locks, store.CertLockKey(host), &h)
+	h, err := st.LockHolder(ctx, store.CertLockKey(host))
 	if err != nil {
 		return "", false, err
 	}

@@ -51,7 +51,7 @@ func (c *localCopy) followFile(ctx context.Context, st *store.Store, key string)
 	if err != nil || !info.IsTerminal {
 		return false, nil // gone meanwhile, or a directory
 	}
-	ent, err := st.Certs.Get(ctx, enc)
+	ent, err := st.GetCert(ctx, enc)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		_ = c.fs.Delete(ctx, key)

@@ -77,10 +77,11 @@ func TestLocalCopyServesWhileTheStoreIsDown(t *testing.T) {
 
 	// Meanwhile another gateway renews one certificate and removes another.
 	other := srv.Store
-	if _, err := other.Certs.Put(ctx, mustEncode(t, crt), []byte("cert v2")); err != nil {
+	otherCerts := storetest.Bucket(t, other, other.Names.CertsBucket())
+	if _, err := otherCerts.Put(ctx, mustEncode(t, crt), []byte("cert v2")); err != nil {
 		t.Fatal(err)
 	}
-	if err := other.Certs.Delete(ctx, mustEncode(t, gone)); err != nil {
+	if err := otherCerts.Delete(ctx, mustEncode(t, gone)); err != nil {
 		t.Fatal(err)
 	}
 	srv.NATS.Shutdown()

@@ -56,7 +56,7 @@ func (s *Storage) TryLock(ctx context.Context, name string) (bool, error) {
 }
 
 func (s *Storage) tryLock(ctx context.Context, st *store.Store, name, key string) (bool, error) {
-	l, err := store.AcquireLease(ctx, st.JS, st.Locks, key, store.LeaseOptions{
+	l, err := st.AcquireLeaseUnchecked(ctx, key, store.LeaseOptions{
 		TTL: s.opts.LockTTL, Holder: s.opts.Holder, Purpose: name, KeepAlive: true,
 	})
 	if err != nil {
@@ -130,13 +130,12 @@ func (s *Storage) LockHolder(ctx context.Context, name string) (store.LeaseHolde
 }
 
 func lockHolder(ctx context.Context, st *store.Store, key string) (store.LeaseHolder, bool, error) {
-	var h store.LeaseHolder
-	_, err := store.GetJSON(ctx, st.Locks, key, &h)
+	h, err := st.LockHolder(ctx, key)
 	if store.HasCode(err, store.CodeNotFound) {
-		return h, false, nil
+		return store.LeaseHolder{}, false, nil
 	}
 	if err != nil {
-		return h, false, err
+		return store.LeaseHolder{}, false, err
 	}
-	return h, true, nil
+	return *h, true, nil
 }

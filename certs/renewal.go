@@ -201,11 +201,11 @@ func (r *Renewer) Run(ctx context.Context) error {
 	if err != nil {
 		return nil // ctx ended
 	}
-	cons, err := st.Renewals.Consumer(ctx, r.cfg.Durable)
+	cons, err := st.RenewalConsumer(ctx, r.cfg.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) && r.cfg.Durable != store.RenewalsConsumer {
 		cfg := store.RenewalsConsumerConfig(st.Names)
 		cfg.Durable, cfg.AckWait = r.cfg.Durable, r.cfg.AckWait
-		cons, err = st.Renewals.CreateOrUpdateConsumer(ctx, cfg)
+		cons, err = st.CreateRenewalConsumer(ctx, cfg)
 	}
 	if err != nil {
 		return store.Classify(fmt.Errorf("binding renewal consumer %s (does `control server` provision it?): %w", r.cfg.Durable, err))
@@ -430,7 +430,7 @@ func statusKey(host string) string { return store.KeySafe(host) }
 
 func getStatus(ctx context.Context, st *store.Store, host string) (Status, uint64, error) {
 	var s Status
-	ent, err := st.CertStatus.Get(ctx, statusKey(host))
+	ent, err := st.GetCertStatus(ctx, statusKey(host))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return s, 0, &store.Error{Code: store.CodeNotFound, Message: fmt.Sprintf("no certificate status for %s", host), Detail: map[string]string{"host": host}}
 	}
@@ -455,7 +455,7 @@ func decodeStatus(data []byte, s *Status) error {
 
 func putStatus(ctx context.Context, st *store.Store, s Status) error {
 	data, _ := json.Marshal(s)
-	if _, err := st.CertStatus.Put(ctx, statusKey(s.Host), data); err != nil {
+	if _, err := st.PutCertStatus(ctx, statusKey(s.Host), data); err != nil {
 		return store.Classify(fmt.Errorf("writing certificate status of %s: %w", s.Host, err))
 	}
 	return nil
@@ -465,7 +465,7 @@ func putStatus(ctx context.Context, st *store.Store, s Status) error {
 // `control certs`. A record that cannot be decoded, or that names another
 // host than its key, is skipped.
 func ListStatus(ctx context.Context, st *store.Store) ([]Status, error) {
-	entries, err := st.ScanKV(ctx, st.CertStatus, ">")
+	entries, err := st.ScanCertStatus(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing certificate status: %w", err)
 	}

@@ -126,7 +126,7 @@ func TestHandleEventRecordsFailures(t *testing.T) {
 	}
 	scheduled := func() uint64 {
 		t.Helper()
-		info, err := srv.Store.Renewals.Info(ctx)
+		info, err := storetest.Stream(t, srv.Store, srv.Store.Names.CertRenewalsStream()).Info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

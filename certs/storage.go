@@ -281,7 +281,7 @@ func (s *Storage) Store(ctx context.Context, key string, value []byte) error {
 	if err := s.fence(ctx, key); err != nil {
 		return fmt.Errorf("storing %s: %w", key, err)
 	}
-	if _, err := st.Certs.Put(ctx, enc, value); err != nil {
+	if _, err := st.PutCert(ctx, enc, value); err != nil {
 		return store.Classify(fmt.Errorf("storing %s: %w", key, err))
 	}
 	s.local.keep(ctx, key, value, time.Now())
@@ -318,7 +318,7 @@ func (s *Storage) Load(ctx context.Context, key string) ([]byte, error) {
 	if st == nil {
 		return s.localLoad(ctx, key)
 	}
-	ent, err := st.Certs.Get(ctx, enc)
+	ent, err := st.GetCert(ctx, enc)
 	switch {
 	case err == nil:
 		s.local.keep(ctx, key, ent.Value(), ent.Created())
@@ -360,13 +360,13 @@ func (s *Storage) Delete(ctx context.Context, key string) error {
 	}
 	// Only write a delete marker for a file that exists: markers of keys
 	// that never existed would pile up in the bucket.
-	if _, err := st.Certs.Get(ctx, enc); err == nil {
+	if _, err := st.GetCert(ctx, enc); err == nil {
 		children = append(children, enc)
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return store.Classify(fmt.Errorf("deleting %s: %w", key, err))
 	}
 	for _, k := range children {
-		if err := st.Certs.Delete(ctx, k); err != nil {
+		if err := st.DeleteCert(ctx, k); err != nil {
 			return store.Classify(fmt.Errorf("deleting %s (at %s): %w", key, k, err))
 		}
 	}
@@ -386,7 +386,7 @@ func (s *Storage) Exists(ctx context.Context, key string) bool {
 		s.localReads.Add(1)
 		return s.local.exists(ctx, key)
 	}
-	if _, err := st.Certs.Get(ctx, enc); err == nil {
+	if _, err := st.GetCert(ctx, enc); err == nil {
 		return true
 	}
 	ok, err := hasChildren(ctx, st, enc)
@@ -473,7 +473,7 @@ func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, erro
 		}
 		return certmagic.KeyInfo{}, s.unavailable("stat " + key)
 	}
-	ent, err := st.Certs.Get(ctx, enc)
+	ent, err := st.GetCert(ctx, enc)
 	if err == nil {
 		return certmagic.KeyInfo{Key: canon, Modified: ent.Created(), Size: int64(len(ent.Value())), IsTerminal: true}, nil
 	}
@@ -492,7 +492,7 @@ func (s *Storage) Stat(ctx context.Context, key string) (certmagic.KeyInfo, erro
 
 // keys lists the live keys of the certificates bucket matching filter.
 func keys(ctx context.Context, st *store.Store, filter string) ([]string, error) {
-	entries, err := st.ScanKV(ctx, st.Certs, filter)
+	entries, err := st.ScanCerts(ctx, filter)
 	if err != nil {
 		return nil, fmt.Errorf("listing keys %s: %w", filter, err)
 	}

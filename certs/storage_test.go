@@ -161,7 +161,7 @@ func TestLockKeyMapsCertmagicNames(t *testing.T) {
 	// Every lock key must be a valid KV key.
 	srv := storetest.Start(t)
 	for in := range cases {
-		if _, err := srv.Store.Locks.Put(context.Background(), certs.LockKey(in), []byte("x")); err != nil {
+		if _, err := storetest.Bucket(t, srv.Store, srv.Store.Names.LocksBucket()).Put(context.Background(), certs.LockKey(in), []byte("x")); err != nil {
 			t.Errorf("lock key for %q rejected by KV: %v", in, err)
 		}
 	}

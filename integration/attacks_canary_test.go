@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // 17. A gateway credential decides no canary by itself: credentials
@@ -47,12 +48,15 @@ func attackGatewayReportsBound(t *testing.T, f *attackFixture) {
 	th.try(t, "gateway gw1 writes gw2's routing observation", func(ctx context.Context) error {
 		return th.st.PutGatewayObservation(ctx, &store.GatewayObservation{Gateway: "gw2", AppliedSeq: 1 << 40, At: time.Now().UTC()})
 	})
+	thCanaryKeys := storetest.Bucket(t, th.st, th.st.Names.CanaryKeysBucket())
 	th.try(t, "gateway gw1 replaces the canary cookie key", func(ctx context.Context) error {
-		_, err := th.st.CanaryKeys.Put(ctx, store.CanaryCookieKeyName, []byte(`{"version":1,"key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`))
+		_, err := thCanaryKeys.Put(ctx, store.CanaryCookieKeyName, []byte(`{"version":1,"key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`))
 		return err
 	})
 	// Nothing of it landed.
-	for _, kv := range []jetstream.KeyValue{f.c.store.GatewayTraffic, f.c.store.Gateways} {
+	gateways := storetest.Bucket(t, f.c.store, f.c.store.Names.GatewaysBucket())
+	gatewayTraffic := storetest.Bucket(t, f.c.store, f.c.store.Names.GatewayTrafficBucket())
+	for _, kv := range []jetstream.KeyValue{gatewayTraffic, gateways} {
 		if _, err := kv.Get(ctx, "gw2"); err == nil || !strings.Contains(err.Error(), "not found") {
 			t.Fatalf("%s has a gw2 record: %v", kv.Bucket(), err)
 		}
@@ -98,9 +102,10 @@ func canaryRequest(t *testing.T, g *gateway, cookie string) (version, set string
 // control plane judges.
 func reportedSides(t *testing.T, f *attackFixture, deploy string, since time.Time) (old, fresh uint64) {
 	t.Helper()
+	gatewayTraffic := storetest.Bucket(t, f.c.store, f.c.store.Names.GatewayTrafficBucket())
 	eventually(t, 20*time.Second, "gw1 to report its canary counters", func() bool {
 		var rep store.GatewayTraffic
-		if _, err := store.GetJSON(context.Background(), f.c.store.GatewayTraffic, "gw1", &rep); err != nil || !rep.At.After(since) {
+		if _, err := store.GetJSON(context.Background(), gatewayTraffic, "gw1", &rep); err != nil || !rep.At.After(since) {
 			return false
 		}
 		old, fresh = 0, 0

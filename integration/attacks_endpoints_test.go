@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // 15. An agent's credentials write its own instance records, address
@@ -58,11 +59,13 @@ func attackEndpointsFromAdmittedAddresses(t *testing.T, f *attackFixture) {
 		t.Fatalf("no instance of shop/web on m1: %+v", victim)
 	}
 	key := victim.Key()
+	routing := storetest.Stream(t, f.c.store, f.c.store.Names.RoutingEventsStream())
+	agentInstances := storetest.Bucket(t, agent.st, agent.st.Names.InstancesBucket())
 	for _, addr := range []string{"127.0.0.2", "::1", "169.254.169.254", "127.0.0.15"} {
 		// Where the agent points, something answers as the thief's
 		// (where the address can be listened on here).
 		evilListen(t, addr, victim.Port)
-		ent, err := agent.st.Instances.Get(ctx, key)
+		ent, err := agentInstances.Get(ctx, key)
 		if err != nil {
 			t.Fatalf("the agent reading its own instance record: %v", err)
 		}
@@ -74,14 +77,14 @@ func attackEndpointsFromAdmittedAddresses(t *testing.T, f *attackFixture) {
 		// not its to say.
 		rec.Address, rec.State, rec.Error, rec.UpdatedAt = addr, store.InstanceReady, "", time.Now().UTC()
 		data, _ := json.Marshal(&rec)
-		if _, err := agent.st.Instances.Put(ctx, key, data); err != nil {
+		if _, err := agentInstances.Put(ctx, key, data); err != nil {
 			t.Fatalf("the agent writing its own instance record: %v", err)
 		}
 		seq, err := agent.st.RequestRepublish(ctx, "m1", "shop", "web")
 		if err != nil {
 			t.Fatalf("republish request: %v", err)
 		}
-		msg, err := f.c.store.Routing.GetMsg(ctx, seq)
+		msg, err := routing.GetMsg(ctx, seq)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +122,8 @@ func attackEndpointsFromAdmittedAddresses(t *testing.T, f *attackFixture) {
 	}
 	// The record as its agent wrote it, for what follows.
 	data, _ := json.Marshal(&victim)
-	if _, err := f.c.store.Instances.Put(ctx, key, data); err != nil {
+	instances := storetest.Bucket(t, f.c.store, f.c.store.Names.InstancesBucket())
+	if _, err := instances.Put(ctx, key, data); err != nil {
 		t.Fatal(err)
 	}
 

@@ -33,6 +33,7 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // The trust boundary, attacked with the credentials a thief takes from an
@@ -220,7 +221,8 @@ func (f *attackFixture) commitState(t *testing.T) (uint64, []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	info, err := f.c.store.Commits.Info(ctx)
+	commits := storetest.Stream(t, f.c.store, f.c.store.Names.DeployCommitsStream())
+	info, err := commits.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,11 +422,12 @@ func attackRecordsByBody(t *testing.T, f *attackFixture) {
 	claim := victim
 	claim.Machine, claim.Address, claim.Port = "m2", "203.0.113.9", 80
 	data, _ := json.Marshal(claim)
-	if _, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "claim"), data); err != nil {
+	agentInstances := storetest.Bucket(t, agent.st, agent.st.Names.InstancesBucket())
+	if _, err := agentInstances.Put(ctx, store.InstanceKey("shop", "m1", "claim"), data); err != nil {
 		t.Fatalf("the agent's write under its own key: %v", err)
 	}
 	agent.try(t, "agent m1 writes under machine m2's key", func(ctx context.Context) error {
-		_, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m2", victim.ID), data)
+		_, err := agentInstances.Put(ctx, store.InstanceKey("shop", "m2", victim.ID), data)
 		return err
 	})
 	// The control plane republishes shop/web from stored state, as the
@@ -443,7 +446,8 @@ func attackRecordsByBody(t *testing.T, f *attackFixture) {
 	// Its instance observations, under its own key, saying an instance
 	// of machine m2 is ready: not taken. Under m2's key: refused.
 	var own store.MachineObserved
-	if _, err := store.GetJSON(ctx, f.c.store.Observed, "m1", &own); err != nil {
+	observed := storetest.Bucket(t, f.c.store, f.c.store.Names.ObservedBucket())
+	if _, err := store.GetJSON(ctx, observed, "m1", &own); err != nil {
 		t.Fatalf("agent m1's own observations: %v", err)
 	}
 	elsewhere := &store.InstanceRecord{ID: "elsewhere", Namespace: "victim", Service: "web", Machine: "m2", Address: "10.0.0.2", Port: 8080,
@@ -458,11 +462,12 @@ func attackRecordsByBody(t *testing.T, f *attackFixture) {
 	}
 	lie.Instances[elsewhere.ID] = store.ObservedInstance{Namespace: "victim", State: store.InstanceReady, UpdatedAt: time.Now().Add(time.Hour).UTC()}
 	data, _ = json.Marshal(&lie)
-	if _, err := agent.st.Observed.Put(ctx, "m1", data); err != nil {
+	agentObserved := storetest.Bucket(t, agent.st, agent.st.Names.ObservedBucket())
+	if _, err := agentObserved.Put(ctx, "m1", data); err != nil {
 		t.Fatalf("the agent's observations under its own key: %v", err)
 	}
 	agent.try(t, "agent m1 writes machine m2's instance observations", func(ctx context.Context) error {
-		_, err := agent.st.Observed.Put(ctx, "m2", data)
+		_, err := agentObserved.Put(ctx, "m2", data)
 		return err
 	})
 	victims, err := f.c.store.NamespaceInstances(ctx, "victim")
@@ -481,16 +486,18 @@ func attackRecordsByBody(t *testing.T, f *attackFixture) {
 	// dead: m2's own heartbeat is what readers see.
 	mesh := f.as(t, f.meshCreds)
 	genuine := store.MeshHeartbeat{Version: 1, Machine: "m2", At: time.Now().UTC(), Interval: store.Duration(5 * time.Second)}
-	if _, err := store.PutJSON(ctx, f.c.store.MeshBeats, store.MeshBeatKey("m2"), &genuine); err != nil {
+	meshHeartbeats := storetest.Bucket(t, f.c.store, f.c.store.Names.MeshHeartbeatsBucket())
+	if _, err := store.PutJSON(ctx, meshHeartbeats, store.MeshBeatKey("m2"), &genuine); err != nil {
 		t.Fatal(err)
 	}
 	fake := store.MeshHeartbeat{Version: 1, Machine: "m2", At: time.Now().Add(-time.Hour).UTC(), Interval: store.Duration(5 * time.Second)}
 	data, _ = json.Marshal(fake)
-	if _, err := mesh.st.MeshBeats.Put(ctx, store.MeshBeatKey("m1"), data); err != nil {
+	meshMeshHeartbeats := storetest.Bucket(t, mesh.st, mesh.st.Names.MeshHeartbeatsBucket())
+	if _, err := meshMeshHeartbeats.Put(ctx, store.MeshBeatKey("m1"), data); err != nil {
 		t.Fatalf("meshd m1 writing its own key: %v", err)
 	}
 	mesh.try(t, "meshd m1 writes m2's heartbeat", func(ctx context.Context) error {
-		_, err := mesh.st.MeshBeats.Put(ctx, store.MeshBeatKey("m2"), data)
+		_, err := meshMeshHeartbeats.Put(ctx, store.MeshBeatKey("m2"), data)
 		return err
 	})
 	beats, err := f.c.store.MeshHeartbeats(ctx)
@@ -628,12 +635,14 @@ func attackSizes(t *testing.T, f *attackFixture) {
 	gw := f.as(t, f.gwCreds)
 	insts := bucketMsgs(t, f.c.store, n.InstancesBucket())
 	certs := bucketMsgs(t, f.c.store, n.CertsBucket())
+	agentInstances := storetest.Bucket(t, agent.st, agent.st.Names.InstancesBucket())
 	agent.try(t, "agent writes a 1 MiB record", func(ctx context.Context) error {
-		_, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "big"), make([]byte, 1<<20))
+		_, err := agentInstances.Put(ctx, store.InstanceKey("shop", "m1", "big"), make([]byte, 1<<20))
 		return err
 	})
+	gwCerts := storetest.Bucket(t, gw.st, gw.st.Names.CertsBucket())
 	gw.try(t, "gateway writes a value past the certificates bucket's limit", func(ctx context.Context) error {
-		_, err := gw.st.Certs.Put(ctx, "big", make([]byte, store.MaxCertValue+1024))
+		_, err := gwCerts.Put(ctx, "big", make([]byte, store.MaxCertValue+1024))
 		return err
 	})
 	for _, api := range []string{store.EdgeAPIPrefix, "$JS.API"} {
@@ -658,10 +667,11 @@ func attackBadRecord(t *testing.T, f *attackFixture) {
 	agent := f.as(t, f.agentCreds)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "junk"), []byte("{not json")); err != nil {
+	agentInstances := storetest.Bucket(t, agent.st, agent.st.Names.InstancesBucket())
+	if _, err := agentInstances.Put(ctx, store.InstanceKey("shop", "m1", "junk"), []byte("{not json")); err != nil {
 		t.Fatalf("the agent's write under its own key: %v", err)
 	}
-	if _, err := agent.st.Instances.Put(ctx, store.InstanceKey("shop", "m1", "future"), []byte(`{"version":99}`)); err != nil {
+	if _, err := agentInstances.Put(ctx, store.InstanceKey("shop", "m1", "future"), []byte(`{"version":99}`)); err != nil {
 		t.Fatal(err)
 	}
 	if out := f.c.mustControl("instances", "--namespace", "shop"); !strings.Contains(out, "web") {
@@ -702,16 +712,18 @@ func attackMachineRecords(t *testing.T, f *attackFixture) {
 	undo := *before
 	undo.State, undo.Labels = store.MachineActive, map[string]string{"tier": "payments"}
 	data, _ := json.Marshal(undo)
+	agentMachines := storetest.Bucket(t, agent.st, agent.st.Names.MachinesBucket())
 	agent.try(t, "agent writes its own machine record", func(ctx context.Context) error {
-		_, err := agent.st.Machines.Put(ctx, "m1", data)
+		_, err := agentMachines.Put(ctx, "m1", data)
 		return err
 	})
+	agentInvites := storetest.Bucket(t, agent.st, agent.st.Names.InvitesBucket())
 	agent.try(t, "agent writes an invite", func(ctx context.Context) error {
-		_, err := agent.st.Invites.Put(ctx, "invite.x", []byte(`{"version":1}`))
+		_, err := agentInvites.Put(ctx, "invite.x", []byte(`{"version":1}`))
 		return err
 	})
 	agent.try(t, "agent reads the invites bucket", func(ctx context.Context) error {
-		_, err := agent.st.Invites.Get(ctx, "invite.x")
+		_, err := agentInvites.Get(ctx, "invite.x")
 		return err
 	})
 	// An invite the operator made for another machine: redeemed through
@@ -737,7 +749,8 @@ func attackMachineRecords(t *testing.T, f *attackFixture) {
 	if rec.State != store.MachineDraining || after.State != store.MachineDraining || len(after.Labels) != len(before.Labels) {
 		t.Fatalf("machine record after the agent's attempts: %+v", after)
 	}
-	if _, err := f.c.store.Invites.Get(ctx, "invite.x"); err == nil {
+	invites := storetest.Bucket(t, f.c.store, f.c.store.Names.InvitesBucket())
+	if _, err := invites.Get(ctx, "invite.x"); err == nil {
 		t.Fatal("an invite key the agent wrote exists")
 	}
 	f.c.mustControl("machine", "enable", "m1")
@@ -752,15 +765,16 @@ func attackHostClaims(t *testing.T, f *attackFixture) {
 	claim, _ := json.Marshal(store.HostClaim{Version: store.RecordVersion, Host: "bank.example.com", Namespace: "shop", Since: time.Now()})
 	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"mesh", f.meshCreds}, {"gateway", f.gwCreds}} {
 		th := f.as(t, role.creds)
+		thHosts := storetest.Bucket(t, th.st, th.st.Names.HostsBucket())
 		th.try(t, role.name+" claims a host", func(ctx context.Context) error {
-			_, err := th.st.Hosts.Put(ctx, store.HostKey("bank.example.com"), claim)
+			_, err := thHosts.Put(ctx, store.HostKey("bank.example.com"), claim)
 			return err
 		})
 		th.try(t, role.name+" frees shop's host", func(ctx context.Context) error {
-			return th.st.Hosts.Delete(ctx, store.HostKey("shop.example.com"))
+			return thHosts.Delete(ctx, store.HostKey("shop.example.com"))
 		})
 		th.try(t, role.name+" reads the host claims", func(ctx context.Context) error {
-			_, err := th.st.Hosts.Get(ctx, store.HostKey("shop.example.com"))
+			_, err := thHosts.Get(ctx, store.HostKey("shop.example.com"))
 			return err
 		})
 	}
@@ -781,7 +795,8 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 	// found it: a beat announcing 1 s makes m1 stale 3 s on, until the
 	// agent's next beat, and the next deploy would place nothing on it.
 	var real store.MachineBeat
-	if _, err := store.GetJSON(ctx, f.c.store.MachineBeats, "m1", &real); err != nil {
+	machineBeats := storetest.Bucket(t, f.c.store, f.c.store.Names.MachineBeatsBucket())
+	if _, err := store.GetJSON(ctx, machineBeats, "m1", &real); err != nil {
 		t.Fatalf("m1's heartbeat: %v", err)
 	}
 	if err := agent.st.PutMachineBeat(ctx, "m1", time.Second); err != nil {
@@ -796,11 +811,12 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 	// m2's beat filed under its own key: NATS takes it (its key), every
 	// reader refuses it (the body names another machine).
 	data, _ := json.Marshal(store.MachineBeat{Version: store.RecordVersion, Machine: "m2", At: time.Now()})
-	if _, err := agent.st.MachineBeats.Put(ctx, "m1", data); err != nil {
+	agentMachineBeats := storetest.Bucket(t, agent.st, agent.st.Names.MachineBeatsBucket())
+	if _, err := agentMachineBeats.Put(ctx, "m1", data); err != nil {
 		t.Fatal(err)
 	}
 	var b store.MachineBeat
-	if _, err := store.GetJSON(ctx, f.c.store.MachineBeats, "m1", &b); !store.HasCode(err, store.CodeInvalid) {
+	if _, err := store.GetJSON(ctx, machineBeats, "m1", &b); !store.HasCode(err, store.CodeInvalid) {
 		t.Fatalf("a beat filed under another machine's key was read: %+v %v", b, err)
 	}
 	// (The real agent of m1 may have beaten again meanwhile: that one is
@@ -809,7 +825,7 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 		t.Fatalf("observations after the forged beat: %+v %v", beats, err)
 	}
 	for _, key := range []string{"m2"} {
-		if _, err := f.c.store.MachineBeats.Get(ctx, key); err == nil {
+		if _, err := machineBeats.Get(ctx, key); err == nil {
 			t.Fatalf("a heartbeat for %s exists", key)
 		}
 	}
@@ -826,6 +842,8 @@ func attackMachineObservations(t *testing.T, f *attackFixture) {
 func attackAgentRPCs(t *testing.T, f *attackFixture) {
 	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"mesh", f.meshCreds}, {"gateway", f.gwCreds}} {
 		th := f.as(t, role.creds)
+		thLocks := storetest.Bucket(t, th.st, th.st.Names.LocksBucket())
+		thFleetStatus := storetest.Bucket(t, th.st, th.st.Names.FleetStatusBucket())
 		for _, call := range []struct {
 			cmd string
 			req any
@@ -844,12 +862,12 @@ func attackAgentRPCs(t *testing.T, f *attackFixture) {
 			})
 		}
 		th.try(t, role.name+" writes a fleet summary", func(ctx context.Context) error {
-			_, err := store.PutJSON(ctx, th.st.FleetStatus, "shop", &store.NamespaceStatus{Version: store.RecordVersion, Namespace: "shop"})
+			_, err := store.PutJSON(ctx, thFleetStatus, "shop", &store.NamespaceStatus{Version: store.RecordVersion, Namespace: "shop"})
 			return err
 		})
 		// Holding the writer's lease would silence the fleet status.
 		th.try(t, role.name+" takes the fleet status lease", func(ctx context.Context) error {
-			l, err := store.AcquireLease(ctx, th.st.JS, th.st.Locks, store.FleetStatusLockKey, store.LeaseOptions{TTL: time.Minute, Holder: "thief"})
+			l, err := store.AcquireLease(ctx, th.st.JS, thLocks, store.FleetStatusLockKey, store.LeaseOptions{TTL: time.Minute, Holder: "thief"})
 			if err == nil {
 				_ = l.Release(ctx)
 			}
@@ -923,12 +941,13 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	th.try(t, "m1's mesh credentials ask for m2-m3's key on m2's subject", ask("psk.m2", m2))
 	th.try(t, "m1's mesh credentials ask for m2-m3's key on m1's subject", ask("psk.m1", m2))
 	th.try(t, "m1's mesh credentials ask on the unbound subject", ask("psk", m2))
+	thMeshKeys := storetest.Bucket(t, th.st, th.st.Names.MeshKeysBucket())
 	th.try(t, "m1's mesh credentials read the secret the keys derive from", func(ctx context.Context) error {
-		_, err := th.st.MeshKeys.Get(ctx, store.MeshPSKSecretKey)
+		_, err := thMeshKeys.Get(ctx, store.MeshPSKSecretKey)
 		return err
 	})
 	th.try(t, "m1's mesh credentials overwrite the secret the keys derive from", func(ctx context.Context) error {
-		_, err := th.st.MeshKeys.Put(ctx, store.MeshPSKSecretKey, make([]byte, 32))
+		_, err := thMeshKeys.Put(ctx, store.MeshPSKSecretKey, make([]byte, 32))
 		return err
 	})
 	if again, err := s.MeshPSKSecret(ctx); err != nil || string(again) != string(secret) {
@@ -954,8 +973,9 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	th.try(t, "m1's mesh credentials rotate m2's key on m2's subject", rotate("rotate.m2", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"]}))
 	th.try(t, "m1's mesh credentials rotate m2's key on m1's subject", rotate("rotate.m1", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"]}))
 	th.try(t, "m1's mesh credentials rotate on the unbound subject", rotate("rotate", store.MeshRotateRequest{Machine: "m2", Secret: secrets["m2"]}))
+	thMeshPeers := storetest.Bucket(t, th.st, th.st.Names.MeshPeersBucket())
 	th.try(t, "m1's mesh credentials ask for m2's rotation in its peer record", func(ctx context.Context) error {
-		_, err := th.st.MeshPeers.Put(ctx, store.MeshPeerKey("m2"), []byte(`{"rotate_requested":"2099-01-01T00:00:00Z"}`))
+		_, err := thMeshPeers.Put(ctx, store.MeshPeerKey("m2"), []byte(`{"rotate_requested":"2099-01-01T00:00:00Z"}`))
 		return err
 	})
 	if after := m2Key(); after != before {
@@ -975,7 +995,7 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 		if _, err := s.MeshRelaySecret(ctx); err != nil {
 			t.Fatal(err)
 		}
-		_, err := th.st.MeshKeys.Get(ctx, store.MeshRelaySecretKey)
+		_, err := thMeshKeys.Get(ctx, store.MeshRelaySecretKey)
 		return err
 	})
 	// The same credentials rotate their own machine's key.
@@ -986,9 +1006,10 @@ func attackMeshPSKs(t *testing.T, f *attackFixture) {
 	// even with m1's node secret.
 	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"gateway", f.gwCreds}} {
 		other := f.as(t, role.creds)
+		otherMeshKeys := storetest.Bucket(t, other.st, other.st.Names.MeshKeysBucket())
 		for _, key := range []string{store.MeshPSKSecretKey, store.MeshRelaySecretKey} {
 			other.try(t, role.name+" credentials read the mesh secret "+key, func(ctx context.Context) error {
-				_, err := other.st.MeshKeys.Get(ctx, key)
+				_, err := otherMeshKeys.Get(ctx, key)
 				return err
 			})
 		}

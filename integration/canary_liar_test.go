@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // startAuthGateway starts gateway name on an auth cluster with gateway
@@ -68,6 +69,7 @@ func lyingGateway(ctx context.Context, t *testing.T, c *cluster, hide *atomic.Bo
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
+	gatewayTraffic := storetest.Bucket(t, c.store, c.store.Names.GatewayTrafficBucket())
 	go func() {
 		defer wg.Done()
 		defer nc.Close()
@@ -82,7 +84,7 @@ func lyingGateway(ctx context.Context, t *testing.T, c *cluster, hide *atomic.Bo
 			// What an honest gateway counted (the thief could measure its
 			// own share of traffic as well): multiplied by a hundred.
 			var honest store.GatewayTraffic
-			if _, err := store.GetJSON(ctx, c.store.GatewayTraffic, "gw1", &honest); err != nil {
+			if _, err := store.GetJSON(ctx, gatewayTraffic, "gw1", &honest); err != nil {
 				continue
 			}
 			rep := store.GatewayTraffic{Gateway: "liar", Since: honest.Since, At: time.Now().UTC()}

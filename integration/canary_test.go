@@ -17,6 +17,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // Progressive delivery through real gateways: a canary judged by the
@@ -94,7 +95,7 @@ func waitHolding(t *testing.T, c *cluster, id string, step int, timeout time.Dur
 	var st store.DeployStatus
 	eventually(t, timeout, fmt.Sprintf("deploy %s to hold canary step %d", id, step), func() bool {
 		var s store.DeployStatus
-		if _, err := store.GetJSON(context.Background(), c.store.Status, "shop."+id, &s); err != nil {
+		if _, err := store.GetJSON(context.Background(), storetest.Bucket(c.t, c.store, c.store.Names.DeployStatusBucket()), "shop."+id, &s); err != nil {
 			return false
 		}
 		st = s
@@ -108,7 +109,7 @@ func waitHolding(t *testing.T, c *cluster, id string, step int, timeout time.Dur
 // revision of web.
 func canaryRequestsNow(c *cluster, id string) uint64 {
 	var n uint64
-	_ = store.ListJSON(context.Background(), c.store, c.store.GatewayTraffic, ">", func(_ string, g *store.GatewayTraffic) error {
+	_ = store.ListJSON(context.Background(), c.store, storetest.Bucket(c.t, c.store, c.store.Names.GatewayTrafficBucket()), ">", func(_ string, g *store.GatewayTraffic) error {
 		for _, s := range g.Services {
 			if s.Namespace == "shop" && s.Service == "web" && s.Canary != nil && s.Canary.Deploy == id {
 				for _, k := range s.Canary.New.Classes {

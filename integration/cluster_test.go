@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 const clusterApp = `
@@ -64,7 +65,11 @@ func finalCommitIDs(t *testing.T, s *store.Store) []string {
 func readFinalCommitIDs(s *store.Store) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	info, err := s.Commits.Info(ctx)
+	commits, err := s.JS.Stream(ctx, s.Names.DeployCommitsStream())
+	if err != nil {
+		return nil, err
+	}
+	info, err := commits.Info(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +277,8 @@ func checkAgentCredentials(t *testing.T, sc *storageCluster, agentCreds string) 
 	t.Helper()
 	ctx := context.Background()
 	ctl := sc.open(2, sc.creds)
-	if _, err := ctl.Certs.Put(ctx, "shop.example.com.key", []byte("-----BEGIN PRIVATE KEY-----")); err != nil {
+	ctlCerts := storetest.Bucket(t, ctl, ctl.Names.CertsBucket())
+	if _, err := ctlCerts.Put(ctx, "shop.example.com.key", []byte("-----BEGIN PRIVATE KEY-----")); err != nil {
 		t.Fatal(err)
 	}
 	nc, err := store.Connect(store.ConnectOptions{URL: sc.url(2), CredsFile: agentCreds, Name: "agent creds probe"})
@@ -288,7 +294,8 @@ func checkAgentCredentials(t *testing.T, sc *storageCluster, agentCreds string) 
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if ent, err := as.Certs.Get(cctx, "shop.example.com.key"); err == nil {
+	asCerts := storetest.Bucket(t, as, as.Names.CertsBucket())
+	if ent, err := asCerts.Get(cctx, "shop.example.com.key"); err == nil {
 		t.Fatalf("agent credentials read a private key: %q", ent.Value())
 	}
 	if _, err := as.JS.OrderedConsumer(cctx, "KV_"+sc.names.CertsBucket(), jetstream.OrderedConsumerConfig{}); err == nil {
@@ -316,8 +323,9 @@ func checkAgentCredentials(t *testing.T, sc *storageCluster, agentCreds string) 
 	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer wcancel()
 	wrote := make(chan error, 1)
+	asInstances := storetest.Bucket(t, as, as.Names.InstancesBucket())
 	go func() {
-		_, err := as.Instances.Put(wctx, key, []byte(`{"version":1,"machine":"m2","state":"ready"}`))
+		_, err := asInstances.Put(wctx, key, []byte(`{"version":1,"machine":"m2","state":"ready"}`))
 		wrote <- err
 	}()
 	for refused := false; !refused; {
@@ -329,11 +337,12 @@ func checkAgentCredentials(t *testing.T, sc *storageCluster, agentCreds string) 
 		}
 	}
 	wcancel()
-	if _, err := ctl.Instances.Get(ctx, key); err == nil {
+	ctlInstances := storetest.Bucket(t, ctl, ctl.Names.InstancesBucket())
+	if _, err := ctlInstances.Get(ctx, key); err == nil {
 		t.Fatal("agent m1's write of m2's instance record landed")
 	}
 	own := 0
-	if err := store.ListJSON(ctx, ctl, ctl.Instances, store.NamespaceInstancesFilter("shop"), func(k string, r *store.InstanceRecord) error {
+	if err := store.ListJSON(ctx, ctl, ctlInstances, store.NamespaceInstancesFilter("shop"), func(k string, r *store.InstanceRecord) error {
 		if r.Machine == "m1" && k == r.Key() {
 			own++
 		}

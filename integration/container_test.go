@@ -15,6 +15,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/doctor"
 	"github.com/edgeplane/edgeplane/internal/enginetest"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 const imageApp = `
@@ -254,7 +255,8 @@ func testContainerWorkloads(t *testing.T, e *enginetest.Engine, reg *enginetest.
 // lastEndpoints is what the routing sends shop/web's traffic to now.
 func lastEndpoints(t *testing.T, c *cluster) []store.Endpoint {
 	t.Helper()
-	msg, err := c.store.Routing.GetLastMsgForSubject(context.Background(), c.store.Names.RoutingServiceSubject("shop", "web"))
+	routing := storetest.Stream(t, c.store, c.store.Names.RoutingEventsStream())
+	msg, err := routing.GetLastMsgForSubject(context.Background(), c.store.Names.RoutingServiceSubject("shop", "web"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +274,8 @@ func TestImageWithoutAnEngineIsRefused(t *testing.T) {
 	c := newCluster(t)
 	c.agentArgs = []string{"--engine", "none"}
 	c.join("m1")
-	statuses, head := countKeys(t, c.store.Status), routingHead(t, c)
+	statusBucket := storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket())
+	statuses, head := countKeys(t, statusBucket), routingHead(t, c)
 	manifest := c.manifest("image.yaml", strings.ReplaceAll(imageApp, "@IMAGE@", "localhost/edgeplane-none:v1"))
 	for _, cmd := range [][]string{{"deploy", "preview", "-f", manifest}, {"deploy", "apply", "-f", manifest}} {
 		_, errOut, code := c.control(cmd...)
@@ -280,7 +283,7 @@ func TestImageWithoutAnEngineIsRefused(t *testing.T) {
 			t.Fatalf("%s: exit %d\n%s", cmd[1], code, errOut)
 		}
 	}
-	if n := countKeys(t, c.store.Status); n != statuses || routingHead(t, c) != head || len(c.instances("shop")) != 0 {
+	if n := countKeys(t, statusBucket); n != statuses || routingHead(t, c) != head || len(c.instances("shop")) != 0 {
 		t.Fatalf("a refused image manifest wrote something: %d statuses (was %d)", n, statuses)
 	}
 	var rep store.StartReply

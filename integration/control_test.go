@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 const helloV1 = `
@@ -50,7 +51,8 @@ func statusOf(t *testing.T, c *cluster, ns string) (latest store.DeployStatus, p
 
 func routingHead(t *testing.T, c *cluster) uint64 {
 	t.Helper()
-	info, err := c.store.Routing.Info(context.Background())
+	routing := storetest.Stream(t, c.store, c.store.Names.RoutingEventsStream())
+	info, err := routing.Info(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +90,8 @@ func TestApplyHappyPathRedeployRollback(t *testing.T) {
 	if !strings.Contains(prev, "3 to start, 0 to keep, 0 to stop") {
 		t.Fatalf("preview:\n%s", prev)
 	}
-	if keys, _ := c.store.Status.ListKeys(context.Background()); keys != nil {
+	statuses := storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket())
+	if keys, _ := statuses.ListKeys(context.Background()); keys != nil {
 		for k := range keys.Keys() {
 			t.Fatalf("preview wrote status %s", k)
 		}
@@ -210,7 +213,8 @@ func TestDeadAgentFailsBeforeWriting(t *testing.T) {
 	c.join("m1")
 	m2 := c.join("m2")
 	c.mustControl("deploy", "apply", "-f", c.manifest("v1.yaml", helloV1), "--drain-grace", "100ms")
-	statusesBefore := countKeys(t, c.store.Status)
+	statuses := storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket())
+	statusesBefore := countKeys(t, statuses)
 	headBefore := routingHead(t, c)
 
 	m2.stop(syscall.SIGKILL) // its instances keep running, but nobody answers for m2
@@ -230,7 +234,7 @@ func TestDeadAgentFailsBeforeWriting(t *testing.T) {
 	if el > 8*time.Second {
 		t.Fatalf("RpcFailure took %s", el)
 	}
-	if n := countKeys(t, c.store.Status); n != statusesBefore {
+	if n := countKeys(t, statuses); n != statusesBefore {
 		t.Fatalf("a deploy that failed its probe wrote status (%d -> %d keys)", statusesBefore, n)
 	}
 	if h := routingHead(t, c); h != headBefore {
@@ -364,10 +368,12 @@ rollout:
 			t.Errorf("preview's stderr lacks %q:\n%s", want, errOut)
 		}
 	}
-	if n := countKeys(t, c.store.Status); n != 0 {
+	statuses := storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket())
+	if n := countKeys(t, statuses); n != 0 {
 		t.Fatalf("an invalid manifest wrote %d status records", n)
 	}
-	if keys, err := c.store.Locks.ListKeys(context.Background()); err == nil {
+	locks := storetest.Bucket(t, c.store, c.store.Names.LocksBucket())
+	if keys, err := locks.ListKeys(context.Background()); err == nil {
 		for k := range keys.Keys() {
 			if k != store.FleetStatusLockKey { // the control server's own
 				t.Fatalf("an invalid manifest took lock %s", k)
@@ -428,7 +434,8 @@ func TestAgentAdvertisesMeshIP(t *testing.T) {
 	}
 	c.join("m9")
 	var m store.MachineRecord
-	if _, err := store.GetJSON(ctx, c.store.Machines, "m9", &m); err != nil || m.Address != "127.0.0.9" {
+	machines := storetest.Bucket(t, c.store, c.store.Names.MachinesBucket())
+	if _, err := store.GetJSON(ctx, machines, "m9", &m); err != nil || m.Address != "127.0.0.9" {
 		t.Fatalf("machine record %+v %v", m, err)
 	}
 	c.mustControl("deploy", "apply", "-f", c.manifest("v1.yaml", helloV1), "--drain-grace", "100ms")

@@ -15,6 +15,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // browser starts a headless Chromium (Debian's chromium) for the test.
@@ -227,7 +228,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	var began time.Time
 	eventually(t, 30*time.Second, "the new deploy's status in the store", func() bool {
 		var n int
-		_ = store.ListJSON(context.Background(), c.store, c.store.Status, "shop.*", func(_ string, st *store.DeployStatus) error {
+		_ = store.ListJSON(context.Background(), c.store, storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket()), "shop.*", func(_ string, st *store.DeployStatus) error {
 			if st.Revision > prevRev {
 				n++
 			}

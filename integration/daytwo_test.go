@@ -21,6 +21,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // Day two: the control plane finishes what an orchestrator left, owns
@@ -91,7 +92,8 @@ func gone(t *testing.T, c *cluster, insts []store.InstanceRecord) bool {
 func deployStatus(t *testing.T, c *cluster, ns, id string) store.DeployStatus {
 	t.Helper()
 	var st store.DeployStatus
-	if _, err := store.GetJSON(context.Background(), c.store.Status, ns+"."+id, &st); err != nil {
+	statuses := storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket())
+	if _, err := store.GetJSON(context.Background(), statuses, ns+"."+id, &st); err != nil {
 		t.Fatalf("status of %s: %v", id, err)
 	}
 	return st
@@ -267,13 +269,16 @@ services:
 		}
 	}
 	// Nothing written: no status, phase, lease, claim or routing event.
+	locks := storetest.Bucket(t, c.store, c.store.Names.LocksBucket())
+	phases := storetest.Bucket(t, c.store, c.store.Names.DeployPhasesBucket())
+	statuses := storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket())
 	for _, kv := range []struct {
 		name string
 		n    func() int
 	}{
-		{"status", func() int { return countPrefix(t, c.store.Status, "test.") }},
-		{"phases", func() int { return countPrefix(t, c.store.Phases, "test.") }},
-		{"locks", func() int { return countPrefix(t, c.store.Locks, store.DeployLockKey("test")) }},
+		{"status", func() int { return countPrefix(t, statuses, "test.") }},
+		{"phases", func() int { return countPrefix(t, phases, "test.") }},
+		{"locks", func() int { return countPrefix(t, locks, store.DeployLockKey("test")) }},
 	} {
 		if n := kv.n(); n != 0 {
 			t.Fatalf("a refused manifest wrote %d %s records", n, kv.name)
@@ -389,7 +394,8 @@ func TestRemoveDeadMachine(t *testing.T) {
 	if _, err := c.store.MeshPeer(ctx, "m2"); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("m2's mesh peer: %v", err)
 	}
-	err := store.ListJSON(ctx, c.store, c.store.Invites, ">", func(_ string, inv *store.Invite) error {
+	invites := storetest.Bucket(t, c.store, c.store.Names.InvitesBucket())
+	err := store.ListJSON(ctx, c.store, invites, ">", func(_ string, inv *store.Invite) error {
 		if inv.UsedBy == "m2" {
 			return fmt.Errorf("m2's invite is still there")
 		}
@@ -550,7 +556,8 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 	// An instance record for a process that does not exist.
 	ghost := store.InstanceRecord{Version: store.RecordVersion, ID: "ghost", Namespace: "shop", Service: "web", Machine: "m1",
 		Address: "127.0.0.1", Port: 1, State: store.InstanceReady, DeployID: "d-none", CreatedAt: time.Now()}
-	if _, err := store.PutJSON(ctx, c.store.Instances, ghost.Key(), &ghost); err != nil {
+	instances := storetest.Bucket(t, c.store, c.store.Names.InstancesBucket())
+	if _, err := store.PutJSON(ctx, instances, ghost.Key(), &ghost); err != nil {
 		t.Fatal(err)
 	}
 	rep, code, _ := doctorRun(t, c, gw)
@@ -559,14 +566,14 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 	}
 	wantFinding(t, rep, doctor.LayerMachines, `record ghost .* says ready, but no such process runs there`)
 	wantFinding(t, rep, doctor.LayerInstances, `record ghost on m1 .* belongs to no live commit`)
-	if err := c.store.Instances.Delete(ctx, ghost.Key()); err != nil {
+	if err := instances.Delete(ctx, ghost.Key()); err != nil {
 		t.Fatal(err)
 	}
 
 	// A stray: a running instance whose record is gone.
 	insts := c.instances("shop")
 	stray := insts[0]
-	if err := c.store.Instances.Delete(ctx, stray.Key()); err != nil {
+	if err := instances.Delete(ctx, stray.Key()); err != nil {
 		t.Fatal(err)
 	}
 	rep, code, _ = doctorRun(t, c, gw)
@@ -575,7 +582,7 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 	}
 	wantFinding(t, rep, doctor.LayerMachines, `runs instance `+stray.ID+` .* no record: a stray`)
 	wantFinding(t, rep, doctor.LayerInstances, `instance `+stray.ID+` on m1 has no record`)
-	if _, err := store.PutJSON(ctx, c.store.Instances, stray.Key(), &stray); err != nil {
+	if _, err := store.PutJSON(ctx, instances, stray.Key(), &stray); err != nil {
 		t.Fatal(err)
 	}
 
@@ -591,7 +598,8 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim := store.HostClaim{Version: store.RecordVersion, Host: "orphan.example.com", Namespace: "shop", Since: time.Now()}
-	if _, err := store.PutJSON(ctx, c.store.Hosts, store.HostKey(claim.Host), &claim); err != nil {
+	hostClaims := storetest.Bucket(t, c.store, c.store.Names.HostsBucket())
+	if _, err := store.PutJSON(ctx, hostClaims, store.HostKey(claim.Host), &claim); err != nil {
 		t.Fatal(err)
 	}
 	rep, _, _ = doctorRun(t, c, gw)
@@ -600,7 +608,7 @@ func TestDoctorFindsIncoherence(t *testing.T) {
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.store.Hosts.Delete(ctx, store.HostKey(claim.Host)); err != nil {
+	if err := hostClaims.Delete(ctx, store.HostKey(claim.Host)); err != nil {
 		t.Fatal(err)
 	}
 	healthy()

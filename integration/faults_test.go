@@ -20,6 +20,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/failpoint"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // routingEventsAfter reads every routing event after seq.
@@ -27,13 +28,14 @@ func routingEventsAfter(t *testing.T, s *store.Store, seq uint64) []store.Routin
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	info, err := s.Routing.Info(ctx)
+	sRouting := storetest.Stream(t, s, s.Names.RoutingEventsStream())
+	info, err := sRouting.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []store.RoutingEvent
 	for q := seq + 1; q <= info.State.LastSeq; q++ {
-		m, err := s.Routing.GetMsg(ctx, q)
+		m, err := sRouting.GetMsg(ctx, q)
 		if err != nil {
 			t.Fatalf("routing event %d: %v", q, err)
 		}
@@ -71,6 +73,8 @@ func TestCrashAtEveryApplyStep(t *testing.T) {
 	points := []string{"after_preview", "after_lease", "after_probe", "after_status", "after_candidates",
 		"after_checkpoint", "after_final_commit", "after_publish", "after_drain"}
 	var report []string
+	locks := storetest.Bucket(t, c.store, c.store.Names.LocksBucket())
+	statuses := storetest.Bucket(t, c.store, c.store.Names.DeployStatusBucket())
 	for i, fp := range points {
 		step := i + 1
 		head := routingHead(t, c)
@@ -113,7 +117,7 @@ func TestCrashAtEveryApplyStep(t *testing.T) {
 		}
 		// Status says what happened.
 		var st store.DeployStatus
-		_, serr := store.GetJSON(ctx, c.store.Status, "shop."+id, &st)
+		_, serr := store.GetJSON(ctx, statuses, "shop."+id, &st)
 		switch {
 		case step <= 3:
 			if serr == nil {
@@ -133,7 +137,7 @@ func TestCrashAtEveryApplyStep(t *testing.T) {
 		if step >= 2 {
 			eventually(t, ttl+3*time.Second, "the lease to expire", func() bool {
 				var h store.LeaseHolder
-				_, err := store.GetJSON(ctx, c.store.Locks, store.DeployLockKey("shop"), &h)
+				_, err := store.GetJSON(ctx, locks, store.DeployLockKey("shop"), &h)
 				return store.HasCode(err, store.CodeNotFound) || (err == nil && h.Purpose != "deploy "+id)
 			})
 			freed = time.Since(crashed)
@@ -147,7 +151,7 @@ func TestCrashAtEveryApplyStep(t *testing.T) {
 		}
 		var after store.DeployStatus
 		if step >= 4 {
-			if _, err := store.GetJSON(ctx, c.store.Status, "shop."+id, &after); err != nil {
+			if _, err := store.GetJSON(ctx, statuses, "shop."+id, &after); err != nil {
 				t.Fatal(err)
 			}
 			want := store.DeployFailed

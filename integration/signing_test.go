@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/signing"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // `control signing rotate` while the gateway serves under load and deploys
@@ -97,7 +98,7 @@ func TestSigningKeyRotationUnderTraffic(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	subj := c.store.Names.RoutingServiceSubject("shop", "web")
-	info, err := c.store.Routing.Info(ctx)
+	info, err := storetest.Stream(t, c.store, c.store.Names.RoutingEventsStream()).Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

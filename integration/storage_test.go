@@ -13,6 +13,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/invites"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // commitWriter appends checkpoint commits through one storage node for as
@@ -97,7 +98,7 @@ func commitIDs(t *testing.T, s *store.Store) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	info, err := s.Commits.Info(ctx)
+	info, err := storetest.Stream(t, s, s.Names.DeployCommitsStream()).Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

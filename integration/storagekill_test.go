@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/signers"
 )
@@ -93,7 +95,13 @@ func TestAppliesRideThroughStorageNodeKill(t *testing.T) {
 			leader := ""
 			for leader == "" {
 				ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				info, err := s.Commits.Info(ictx)
+				// Bound here, not by storetest.Stream: no t.Fatal off
+				// the test's goroutine, and a node down is retried.
+				var info *jetstream.StreamInfo
+				commits, err := s.JS.Stream(ictx, s.Names.DeployCommitsStream())
+				if err == nil {
+					info, err = commits.Info(ictx)
+				}
 				cancel()
 				if err == nil && info.Cluster != nil {
 					leader = info.Cluster.Leader

@@ -18,6 +18,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // buildControlVersion builds the control binary (with failpoints, like
@@ -342,7 +343,7 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 		t.Fatalf("downgrade without the flag: %v", err)
 	}
 	forged, _ := json.Marshal(store.ReleaseRecord{Version: 1, Release: "1.4.0", Arch: v[ids[1]].Arch, Binaries: map[string]store.ReleaseBinary{}})
-	if _, err := c.store.Releases.Put(ctx, store.ReleaseKey("1.4.0", v[ids[1]].Arch), forged); err != nil {
+	if _, err := storetest.Bucket(t, c.store, c.store.Names.ReleasesBucket()).Put(ctx, store.ReleaseKey("1.4.0", v[ids[1]].Arch), forged); err != nil {
 		t.Fatal(err)
 	}
 	err = c.store.Call(ctx, ids[1], store.CmdUpgrade, store.UpgradeRequest{Release: "1.4.0", Attempt: int(time.Now().UnixMilli()), HealthBound: store.Duration(10 * time.Second)}, &rep)

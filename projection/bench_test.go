@@ -172,7 +172,7 @@ func BenchmarkEventApply(b *testing.B) {
 		for p.Status().Loads == 0 {
 			time.Sleep(time.Millisecond)
 		}
-		info, err := srv.Store.Routing.Info(context.Background())
+		info, err := storetest.Stream(b, srv.Store, srv.Store.Names.RoutingEventsStream()).Info(context.Background())
 		if err != nil {
 			b.Fatal(err)
 		}

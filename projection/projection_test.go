@@ -160,7 +160,7 @@ func TestLoadThenFollowEvents(t *testing.T) {
 	// The gateway reports the sequence it applied, as an observation.
 	storetest.Eventually(t, wait, "gateway observation at the applied sequence", func() bool {
 		var obs store.GatewayObservation
-		_, err := store.GetJSON(ctx, srv.Store.Gateways, store.GatewayKey("gw-1"), &obs)
+		_, err := store.GetJSON(ctx, storetest.Bucket(t, srv.Store, srv.Store.Names.GatewaysBucket()), store.GatewayKey("gw-1"), &obs)
 		return err == nil && obs.AppliedSeq == seq && obs.Gateway == "gw-1" && !obs.Stale
 	})
 }
@@ -212,7 +212,7 @@ func TestUnsignedEventsAreRefusedAndTheLastGoodViewStays(t *testing.T) {
 		Endpoints: []store.Endpoint{{InstanceID: "evil", Machine: "m1", Address: "203.0.113.9", Port: 80}}}
 	body, _ := json.Marshal(forged)
 	stranger, _ := signing.NewSigner()
-	info, _ := srv.Store.Routing.Info(ctx)
+	info, _ := storetest.Stream(t, srv.Store, srv.Store.Names.RoutingEventsStream()).Info(ctx)
 	next := info.State.LastSeq + 1
 	for _, m := range []*nats.Msg{
 		{Subject: subj, Data: body},

@@ -243,7 +243,7 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	info, err := st.Routing.Info(lctx)
+	info, err := st.RoutingInfo(lctx)
 	if err != nil {
 		return time.Time{}, store.Classify(fmt.Errorf("loading routing state: %w", err))
 	}
@@ -307,7 +307,7 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 func (p *Projection) verify(ctx context.Context, st *store.Store, created time.Time) error {
 	vctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	info, err := st.Routing.Info(vctx)
+	info, err := st.RoutingInfo(vctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("reading routing stream info: %w", err))
 	}

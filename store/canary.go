@@ -265,7 +265,7 @@ func (s *Store) PutCanaryDecision(ctx context.Context, d *CanaryDecision) error 
 		return Errorf(CodeInvalid, "canary decision %q: want %s or %s", d.Action, DecisionPromote, DecisionAbort)
 	}
 	d.Version, d.At = RecordVersion, time.Now().UTC()
-	_, err := PutJSON(ctx, s.CanaryDecisions, DeployStatusKey(d.Namespace, d.DeployID), d)
+	_, err := PutJSON(ctx, s.canaryDecisions, DeployStatusKey(d.Namespace, d.DeployID), d)
 	return err
 }
 
@@ -273,7 +273,7 @@ func (s *Store) PutCanaryDecision(ctx context.Context, d *CanaryDecision) error 
 func (s *Store) CanaryDecisionOf(ctx context.Context, ns, deploy string) (*CanaryDecision, error) {
 	var d CanaryDecision
 	key := DeployStatusKey(ns, deploy)
-	if _, err := GetJSON(ctx, s.CanaryDecisions, key, &d); err != nil {
+	if _, err := GetJSON(ctx, s.canaryDecisions, key, &d); err != nil {
 		if HasCode(err, CodeNotFound) {
 			return nil, nil
 		}

@@ -56,7 +56,7 @@ func (s *Store) EnsureCanaryCookieKey(ctx context.Context) (*CanaryCookieKey, er
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.CanaryKeys.Create(ctx, CanaryCookieKeyName, b); err != nil {
+	if _, err := s.canaryKeys.Create(ctx, CanaryCookieKeyName, b); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return s.CanaryCookieKeyOf(ctx)
 		}
@@ -69,7 +69,7 @@ func (s *Store) EnsureCanaryCookieKey(ctx context.Context) (*CanaryCookieKey, er
 // is none yet.
 func (s *Store) CanaryCookieKeyOf(ctx context.Context) (*CanaryCookieKey, error) {
 	var k CanaryCookieKey
-	if _, err := GetJSON(ctx, s.CanaryKeys, CanaryCookieKeyName, &k); err != nil {
+	if _, err := GetJSON(ctx, s.canaryKeys, CanaryCookieKeyName, &k); err != nil {
 		if HasCode(err, CodeNotFound) {
 			return nil, nil
 		}

@@ -368,6 +368,18 @@ type StreamPlacement struct {
 	Lagging  []string `json:"lagging,omitempty"`
 }
 
+// StreamInfo reads the info of the stream named name (a bucket's is
+// "KV_<bucket>"): its counts, configuration and cluster, for tools that
+// look at the storage itself (import, load tests). An unknown stream is
+// jetstream.ErrStreamNotFound.
+func (s *Store) StreamInfo(ctx context.Context, name string) (*jetstream.StreamInfo, error) {
+	str, err := s.JS.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return str.CachedInfo(), nil
+}
+
 // Placement reads the replica placement of every stream of the store.
 func (s *Store) Placement(ctx context.Context) ([]StreamPlacement, error) {
 	var out []StreamPlacement

@@ -82,7 +82,7 @@ func (s *Store) RecordCredential(ctx context.Context, rec *CredentialRecord) err
 	if err != nil {
 		return err
 	}
-	if _, err := s.Credentials.Create(ctx, rec.User, data); err != nil {
+	if _, err := s.credentials.Create(ctx, rec.User, data); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return Errorf(CodeConflict, "user key %s is already recorded", rec.User).With("user", rec.User)
 		}
@@ -94,7 +94,7 @@ func (s *Store) RecordCredential(ctx context.Context, rec *CredentialRecord) err
 // Credential reads the record of user key user (not_found if none).
 func (s *Store) Credential(ctx context.Context, user string) (*CredentialRecord, error) {
 	var rec CredentialRecord
-	if _, err := GetJSON(ctx, s.Credentials, user, &rec); err != nil {
+	if _, err := GetJSON(ctx, s.credentials, user, &rec); err != nil {
 		return nil, err
 	}
 	return &rec, nil
@@ -118,7 +118,7 @@ func (s *Store) ListCredentials(ctx context.Context, machine, role string) ([]Is
 		return nil, err
 	}
 	var out []IssuedCredential
-	err = ListJSON(ctx, s, s.Credentials, ">", func(_ string, r *CredentialRecord) error {
+	err = ListJSON(ctx, s, s.credentials, ">", func(_ string, r *CredentialRecord) error {
 		if (machine != "" && r.Machine != machine) || (role != "" && r.Role != role) {
 			return nil
 		}

@@ -36,7 +36,7 @@ func TestWritesWhoseAnswerIsLostLandOnce(t *testing.T) {
 	if err := s.CreateMachine(ctx, rec); err != nil {
 		t.Fatalf("create with its answer lost: %v", err)
 	}
-	if h := history(t, s.Machines, "m1"); len(h) != 1 {
+	if h := history(t, store.BucketOf(s, s.Names.MachinesBucket()), "m1"); len(h) != 1 {
 		t.Fatalf("create landed %d times", len(h))
 	}
 
@@ -49,7 +49,7 @@ func TestWritesWhoseAnswerIsLostLandOnce(t *testing.T) {
 	if err := s.UpdateMachine(ctx, rec, rev); err != nil {
 		t.Fatalf("update with its answer lost: %v", err)
 	}
-	if h := history(t, s.Machines, "m1"); len(h) != 2 {
+	if h := history(t, store.BucketOf(s, s.Names.MachinesBucket()), "m1"); len(h) != 2 {
 		t.Fatalf("create and update made %d revisions", len(h))
 	}
 	// The guard still refuses a real conflict: an update from the
@@ -66,7 +66,7 @@ func TestWritesWhoseAnswerIsLostLandOnce(t *testing.T) {
 	if err != nil {
 		t.Fatalf("signed append with its answer lost: %v", err)
 	}
-	info, err := s.Commits.Info(ctx, jetstream.WithSubjectFilter(subject))
+	info, err := store.StreamOf(s, s.Names.DeployCommitsStream()).Info(ctx, jetstream.WithSubjectFilter(subject))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestWritesWhoseAnswerIsLostLandOnce(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatalf("release with its answer lost: %v", err)
 	}
-	if _, err := s.Locks.Get(ctx, store.DeployLockKey("shop")); err == nil {
+	if _, err := store.BucketOf(s, s.Names.LocksBucket()).Get(ctx, store.DeployLockKey("shop")); err == nil {
 		t.Fatal("the released lease is still held")
 	}
 }
@@ -119,7 +119,7 @@ func TestLazyPutRidesOutALostAnswer(t *testing.T) {
 	if err := s.PutMachineBeat(ctx, "m1", time.Second); err != nil {
 		t.Fatalf("put with its answer lost: %v", err)
 	}
-	if _, err := s.MachineBeats.Get(ctx, "m1"); err != nil {
+	if _, err := store.BucketOf(s, s.Names.MachineBeatsBucket()).Get(ctx, "m1"); err != nil {
 		t.Fatalf("the put did not land: %v", err)
 	}
 }

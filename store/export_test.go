@@ -78,3 +78,28 @@ func (kv lossyKV) Update(ctx context.Context, key string, value []byte, last uin
 func (kv lossyKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
 	return lost(kv.lose, kv.KeyValue.Delete(ctx, key, opts...))
 }
+
+// BucketOf and StreamOf are the store's own handle of the bucket or stream
+// named name (bound on first use after Open, riding elections after
+// Provision), for the tests of the handles themselves; nil when s's
+// layout has none of that name. Other tests bind by name
+// (storetest.Bucket).
+func BucketOf(s *Store, name string) jetstream.KeyValue {
+	_, buckets := s.layout()
+	for _, b := range buckets {
+		if b.cfg.Bucket == name {
+			return *b.dst
+		}
+	}
+	return nil
+}
+
+func StreamOf(s *Store, name string) jetstream.Stream {
+	streams, _ := s.layout()
+	for _, st := range streams {
+		if st.cfg.Name == name {
+			return *st.dst
+		}
+	}
+	return nil
+}

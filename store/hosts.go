@@ -95,13 +95,13 @@ func (s *Store) HostClaims(ctx context.Context, keys, prefixes []string) (map[st
 // PutHostClaim stores c under its host's key.
 func (s *Store) PutHostClaim(ctx context.Context, c *HostClaim) error {
 	c.Version = RecordVersion
-	_, err := PutJSON(ctx, s.Hosts, HostKey(c.Host), c)
+	_, err := PutJSON(ctx, s.hosts, HostKey(c.Host), c)
 	return err
 }
 
 // DeleteHostClaim removes host's claim; one already gone is no error.
 func (s *Store) DeleteHostClaim(ctx context.Context, host string) error {
-	if err := s.Hosts.Delete(ctx, HostKey(host)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.hosts.Delete(ctx, HostKey(host)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return classify(fmt.Errorf("releasing host %s: %w", host, err))
 	}
 	return nil
@@ -109,5 +109,5 @@ func (s *Store) DeleteHostClaim(ctx context.Context, host string) error {
 
 // ListHostClaims calls fn with every host claim.
 func (s *Store) ListHostClaims(ctx context.Context, fn func(*HostClaim) error) error {
-	return ListJSON(ctx, s, s.Hosts, ">", func(_ string, c *HostClaim) error { return fn(c) })
+	return ListJSON(ctx, s, s.hosts, ">", func(_ string, c *HostClaim) error { return fn(c) })
 }

@@ -37,7 +37,7 @@ func (s *Store) CreateInviteRecord(ctx context.Context, key string, inv *Invite,
 	if err != nil {
 		return fmt.Errorf("encoding invite: %w", err)
 	}
-	if _, err := s.Invites.Create(ctx, key, data, jetstream.KeyTTL(keyTTL)); err != nil {
+	if _, err := s.invites.Create(ctx, key, data, jetstream.KeyTTL(keyTTL)); err != nil {
 		return classify(fmt.Errorf("storing invite: %w", err))
 	}
 	return nil
@@ -47,7 +47,7 @@ func (s *Store) CreateInviteRecord(ctx context.Context, key string, inv *Invite,
 // missing one is a not_found error.
 func (s *Store) InviteRecord(ctx context.Context, key string) (*Invite, uint64, error) {
 	var inv Invite
-	rev, err := GetJSON(ctx, s.Invites, key, &inv)
+	rev, err := GetJSON(ctx, s.invites, key, &inv)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -62,7 +62,7 @@ func (s *Store) UpdateInviteRecord(ctx context.Context, key string, inv *Invite,
 	if err != nil {
 		return fmt.Errorf("encoding invite: %w", err)
 	}
-	if _, err := s.Invites.Update(ctx, key, data, rev); err != nil {
+	if _, err := s.invites.Update(ctx, key, data, rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return Errorf(CodeConflict, "invite changed since revision %d", rev).With("revision", fmt.Sprint(rev))
 		}
@@ -73,13 +73,13 @@ func (s *Store) UpdateInviteRecord(ctx context.Context, key string, inv *Invite,
 
 // ListInviteRecords calls fn with every stored invite and its key.
 func (s *Store) ListInviteRecords(ctx context.Context, fn func(key string, inv *Invite) error) error {
-	return ListJSON(ctx, s, s.Invites, ">", fn)
+	return ListJSON(ctx, s, s.invites, ">", fn)
 }
 
 // DeleteInviteRecord removes the invite under key; removing one that is not
 // there is no error.
 func (s *Store) DeleteInviteRecord(ctx context.Context, key string) error {
-	if err := s.Invites.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.invites.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return classify(fmt.Errorf("deleting invite %s: %w", key, err))
 	}
 	return nil

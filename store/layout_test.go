@@ -18,7 +18,8 @@ func TestLayoutRefusesRollupsAndHasLimits(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := context.Background()
 	s := srv.Store
-	if _, err := store.PutJSON(ctx, s.Machines, "m1", &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive}); err != nil {
+	sMachines := store.BucketOf(s, s.Names.MachinesBucket())
+	if _, err := store.PutJSON(ctx, sMachines, "m1", &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive}); err != nil {
 		t.Fatal(err)
 	}
 	m := nats.NewMsg("$KV." + s.Names.MachinesBucket() + ".evil")
@@ -27,7 +28,7 @@ func TestLayoutRefusesRollupsAndHasLimits(t *testing.T) {
 	if _, err := s.JS.PublishMsg(ctx, m); err == nil || !strings.Contains(err.Error(), "rollup not permitted") {
 		t.Fatalf("rollup into the machines bucket: %v", err)
 	}
-	if _, err := s.Machines.Get(ctx, "m1"); err != nil {
+	if _, err := sMachines.Get(ctx, "m1"); err != nil {
 		t.Fatalf("the machine record is gone: %v", err)
 	}
 	for _, name := range s.StreamNames() {

@@ -61,22 +61,24 @@ func TestOpenBindsOnFirstUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, err := s.Instances.Put(ctx, "shop.m1.i1", []byte(`{"version":1}`))
+	sInstances := store.BucketOf(s, s.Names.InstancesBucket())
+	rev, err := sInstances.Put(ctx, "shop.m1.i1", []byte(`{"version":1}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := s.Instances.Get(ctx, "shop.m1.i1")
+	e, err := sInstances.Get(ctx, "shop.m1.i1")
 	if err != nil || string(e.Value()) != `{"version":1}` || e.Revision() != rev || e.Key() != "shop.m1.i1" || e.Bucket() != names.InstancesBucket() {
 		t.Fatalf("get after put: %v", err)
 	}
-	if _, err := s.Machines.Get(ctx, "m9"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	sMachines := store.BucketOf(s, s.Names.MachinesBucket())
+	if _, err := sMachines.Get(ctx, "m9"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("get of a missing key: %v, want key not found", err)
 	}
 	for _, bad := range []string{"", ".a", "a.", "a..b", "a*", "a>", "a b"} {
-		if _, err := s.Machines.Get(ctx, bad); !errors.Is(err, jetstream.ErrInvalidKey) {
+		if _, err := sMachines.Get(ctx, bad); !errors.Is(err, jetstream.ErrInvalidKey) {
 			t.Fatalf("get of key %q: %v, want invalid key", bad, err)
 		}
-		if _, err := s.Machines.Put(ctx, bad, nil); !errors.Is(err, jetstream.ErrInvalidKey) {
+		if _, err := sMachines.Put(ctx, bad, nil); !errors.Is(err, jetstream.ErrInvalidKey) {
 			t.Fatalf("put of key %q: %v, want invalid key", bad, err)
 		}
 	}
@@ -86,13 +88,13 @@ func TestOpenBindsOnFirstUse(t *testing.T) {
 
 	// A deleted key is not found, as with nats.go's own Get; the delete
 	// binds the bucket, once.
-	if err := s.Instances.Delete(ctx, "shop.m1.i1"); err != nil {
+	if err := sInstances.Delete(ctx, "shop.m1.i1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Instances.Get(ctx, "shop.m1.i1"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if _, err := sInstances.Get(ctx, "shop.m1.i1"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("get of a deleted key: %v, want key not found", err)
 	}
-	if _, err := s.Instances.Keys(ctx); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	if _, err := sInstances.Keys(ctx); err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
 		t.Fatal(err)
 	}
 	if n := infos(s.NC); n != 1 {
@@ -111,11 +113,13 @@ func TestUnprovisionedAuthorityFailsOnUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sRouting := store.StreamOf(s, s.Names.RoutingEventsStream())
+	sMachines := store.BucketOf(s, s.Names.MachinesBucket())
 	for what, err := range map[string]error{
-		"get":  func() error { _, err := s.Machines.Get(ctx, "m1"); return err }(),
-		"put":  func() error { _, err := s.Machines.Put(ctx, "m1", []byte(`{}`)); return err }(),
-		"keys": func() error { _, err := s.Machines.Keys(ctx); return err }(),
-		"info": func() error { _, err := s.Routing.Info(ctx); return err }(),
+		"get":  func() error { _, err := sMachines.Get(ctx, "m1"); return err }(),
+		"put":  func() error { _, err := sMachines.Put(ctx, "m1", []byte(`{}`)); return err }(),
+		"keys": func() error { _, err := sMachines.Keys(ctx); return err }(),
+		"info": func() error { _, err := sRouting.Info(ctx); return err }(),
 	} {
 		if err == nil || !strings.Contains(err.Error(), "provisioned this authority") {
 			t.Errorf("%s on an unprovisioned authority: %v", what, err)

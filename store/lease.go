@@ -279,3 +279,25 @@ func IsWrongLastSequence(err error) bool {
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
+
+// AcquireLeaseUnchecked is AcquireLease without its quorum check, as
+// certmagic's locks (certs.Storage) are taken by gateways: a lost quorum
+// fails the lease's own write.
+func (s *Store) AcquireLeaseUnchecked(ctx context.Context, key string, o LeaseOptions) (*Lease, error) {
+	return AcquireLease(ctx, s.JS, s.Locks, key, o)
+}
+
+// LockHolder reads who holds the lease under key (CertLockKey,
+// DeployLockKey, ...); a lease no one holds is not_found.
+func (s *Store) LockHolder(ctx context.Context, key string) (*LeaseHolder, error) {
+	var h LeaseHolder
+	if _, err := GetJSON(ctx, s.Locks, key, &h); err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// ListLockHolders calls fn with every lease held, by key (ListJSON).
+func (s *Store) ListLockHolders(ctx context.Context, fn func(key string, h *LeaseHolder) error) error {
+	return ListJSON(ctx, s, s.Locks, ">", fn)
+}

@@ -46,7 +46,7 @@ func TestLinkDialsInTheBackground(t *testing.T) {
 	if l.Names().Authority != store.DefaultAuthority {
 		t.Fatalf("link names %+v", l.Names())
 	}
-	if _, err := s.Machines.Status(ctx); err != nil {
+	if _, err := store.BucketOf(s, s.Names.MachinesBucket()).Status(ctx); err != nil {
 		t.Fatalf("bound store does not answer: %v", err)
 	}
 

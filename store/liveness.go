@@ -62,7 +62,7 @@ func (r *LivenessRecord) Fresh(now time.Time) bool {
 // PutLiveness writes the fleet's liveness judgement (control role only).
 func (s *Store) PutLiveness(ctx context.Context, r *LivenessRecord) error {
 	r.Version = RecordVersion
-	if _, err := PutJSON(ctx, s.MachineLiveness, LivenessKey, r); err != nil {
+	if _, err := PutJSON(ctx, s.machineLiveness, LivenessKey, r); err != nil {
 		return fmt.Errorf("writing machine liveness: %w", err)
 	}
 	return nil
@@ -71,7 +71,7 @@ func (s *Store) PutLiveness(ctx context.Context, r *LivenessRecord) error {
 // Liveness reads the fleet's liveness judgement; nil when none was made.
 func (s *Store) Liveness(ctx context.Context) (*LivenessRecord, error) {
 	var r LivenessRecord
-	if _, err := GetJSON(ctx, s.MachineLiveness, LivenessKey, &r); err != nil {
+	if _, err := GetJSON(ctx, s.machineLiveness, LivenessKey, &r); err != nil {
 		if HasCode(err, CodeNotFound) {
 			return nil, nil
 		}

@@ -78,10 +78,16 @@ func (s *Store) DeleteMachine(ctx context.Context, id string) error {
 	if err := s.Machines.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return classify(fmt.Errorf("removing machine record %s: %w", id, err))
 	}
-	for _, kv := range []jetstream.KeyValue{s.MachineStates, s.MachineBeats, s.Observed} {
+	for _, kv := range []jetstream.KeyValue{s.machineStates, s.machineBeats, s.Observed} {
 		if err := kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return classify(fmt.Errorf("removing the observations of machine %s: %w", id, err))
 		}
 	}
 	return nil
+}
+
+// ListMachines calls fn with every member's record, in key order
+// (ListJSON).
+func (s *Store) ListMachines(ctx context.Context, fn func(*MachineRecord) error) error {
+	return ListJSON(ctx, s, s.Machines, ">", func(_ string, m *MachineRecord) error { return fn(m) })
 }

@@ -113,7 +113,7 @@ func (s *Store) MachineBeatFromMsg(sm *StoredMsg) (*MachineBeat, error) {
 // PutMachineBeat records that machine's agent is alive now and beats every
 // interval.
 func (s *Store) PutMachineBeat(ctx context.Context, machine string, interval time.Duration) error {
-	_, err := PutJSON(ctx, s.MachineBeats, machine, &MachineBeat{Version: RecordVersion, Machine: machine, At: time.Now().UTC(), Interval: Duration(interval), Release: version.Version})
+	_, err := PutJSON(ctx, s.machineBeats, machine, &MachineBeat{Version: RecordVersion, Machine: machine, At: time.Now().UTC(), Interval: Duration(interval), Release: version.Version})
 	if err != nil {
 		return fmt.Errorf("heartbeat of %s: %w", machine, err)
 	}
@@ -123,7 +123,7 @@ func (s *Store) PutMachineBeat(ctx context.Context, machine string, interval tim
 // PutMachineState records what machine's agent runs.
 func (s *Store) PutMachineState(ctx context.Context, st *MachineState) error {
 	st.Version, st.UpdatedAt = RecordVersion, time.Now().UTC()
-	if _, err := PutJSON(ctx, s.MachineStates, st.Machine, st); err != nil {
+	if _, err := PutJSON(ctx, s.machineStates, st.Machine, st); err != nil {
 		return fmt.Errorf("state of machine %s: %w", st.Machine, err)
 	}
 	return nil
@@ -132,13 +132,13 @@ func (s *Store) PutMachineState(ctx context.Context, st *MachineState) error {
 // MachineObservations reads every machine's state and last beat.
 func (s *Store) MachineObservations(ctx context.Context) (states map[string]MachineState, beats map[string]MachineBeat, err error) {
 	states, beats = map[string]MachineState{}, map[string]MachineBeat{}
-	if err := ListJSON(ctx, s, s.MachineStates, ">", func(_ string, r *MachineState) error {
+	if err := ListJSON(ctx, s, s.machineStates, ">", func(_ string, r *MachineState) error {
 		states[r.Machine] = *r
 		return nil
 	}); err != nil {
 		return nil, nil, err
 	}
-	if err := ListJSON(ctx, s, s.MachineBeats, ">", func(_ string, r *MachineBeat) error {
+	if err := ListJSON(ctx, s, s.machineBeats, ">", func(_ string, r *MachineBeat) error {
 		beats[r.Machine] = *r
 		return nil
 	}); err != nil {

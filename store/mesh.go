@@ -364,7 +364,7 @@ func (s *Store) MeshPeerList(ctx context.Context) ([]MeshPeerRecord, error) {
 // MeshHeartbeats returns every heartbeat by machine.
 func (s *Store) MeshHeartbeats(ctx context.Context) (map[string]MeshHeartbeat, error) {
 	out := make(map[string]MeshHeartbeat)
-	err := ListJSON(ctx, s, s.MeshBeats, "beat.>", func(_ string, r *MeshHeartbeat) error {
+	err := ListJSON(ctx, s, s.meshBeats, "beat.>", func(_ string, r *MeshHeartbeat) error {
 		out[r.Machine] = *r
 		return nil
 	})
@@ -424,10 +424,10 @@ func (s *Store) MeshRelaySecret(ctx context.Context) ([]byte, error) {
 // on first use; concurrent first uses agree on one.
 func (s *Store) meshSecret(ctx context.Context, key string) ([]byte, error) {
 	for range 3 {
-		ent, err := s.MeshKeys.Get(ctx, key)
+		ent, err := s.meshKeys.Get(ctx, key)
 		if err == nil {
 			if len(ent.Value()) != 32 {
-				return nil, Errorf(CodeInternal, "%s/%s holds %d bytes, want 32", s.MeshKeys.Bucket(), key, len(ent.Value()))
+				return nil, Errorf(CodeInternal, "%s/%s holds %d bytes, want 32", s.meshKeys.Bucket(), key, len(ent.Value()))
 			}
 			return ent.Value(), nil
 		}
@@ -438,7 +438,7 @@ func (s *Store) meshSecret(ctx context.Context, key string) ([]byte, error) {
 		if _, err := rand.Read(secret); err != nil {
 			return nil, err
 		}
-		if _, err := s.MeshKeys.Create(ctx, key, secret); err == nil {
+		if _, err := s.meshKeys.Create(ctx, key, secret); err == nil {
 			return secret, nil
 		} else if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, classify(fmt.Errorf("creating the mesh secret %s: %w", key, err))

@@ -22,6 +22,7 @@ func TestKeySafeRoundTripsEveryByte(t *testing.T) {
 		string(all), "shop.example.com", "*.example.com", "Shop.Example.COM.",
 		"https://acme-v02.api.letsencrypt.org/directory", ".lead", "trail.", "a..b", "_x_", "10.100.0.0/16",
 	}
+	locks := store.BucketOf(srv.Store, srv.Store.Names.LocksBucket())
 	for _, in := range cases {
 		enc := store.KeySafe(in)
 		dec, err := store.DecodeKeySafe(enc)
@@ -29,7 +30,7 @@ func TestKeySafeRoundTripsEveryByte(t *testing.T) {
 			t.Fatalf("round trip %q -> %q -> %q (%v)", in, enc, dec, err)
 		}
 		// The encoded form must be usable as a KV key as it is.
-		if _, err := srv.Store.Locks.Put(ctx, "cp.lock.test."+enc, []byte("x")); err != nil {
+		if _, err := locks.Put(ctx, "cp.lock.test."+enc, []byte("x")); err != nil {
 			t.Fatalf("KV rejected encoded key %q of %q: %v", enc, in, err)
 		}
 	}
@@ -71,10 +72,11 @@ func TestProvisionIsIdempotentAndCommitsImmutable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Store.Commits.DeleteMsg(ctx, seq); err == nil {
+	commits := store.StreamOf(srv.Store, srv.Store.Names.DeployCommitsStream())
+	if err := commits.DeleteMsg(ctx, seq); err == nil {
 		t.Fatal("deleting a commit succeeded; the stream must deny deletes")
 	}
-	if err := srv.Store.Commits.Purge(ctx); err == nil {
+	if err := commits.Purge(ctx); err == nil {
 		t.Fatal("purging commits succeeded; the stream must deny purges")
 	}
 	live, err := srv.Store.LiveCommit(ctx, "shop")

@@ -315,7 +315,7 @@ func (r *RolloutRecord) KeyOK(key string) error { return keyMust(key, r.ID) }
 // PutRollout records a rollout's progress.
 func (s *Store) PutRollout(ctx context.Context, r *RolloutRecord) error {
 	r.Version, r.Updated = RecordVersion, time.Now().UTC()
-	if _, err := PutJSON(ctx, s.Rollouts, r.ID, r); err != nil {
+	if _, err := PutJSON(ctx, s.rollouts, r.ID, r); err != nil {
 		return fmt.Errorf("recording rollout %s: %w", r.ID, err)
 	}
 	return nil
@@ -324,7 +324,7 @@ func (s *Store) PutRollout(ctx context.Context, r *RolloutRecord) error {
 // LatestRollout is the rollout started last; nil when there was none.
 func (s *Store) LatestRollout(ctx context.Context) (*RolloutRecord, error) {
 	var latest *RolloutRecord
-	err := ListJSON(ctx, s, s.Rollouts, ">", func(_ string, r *RolloutRecord) error {
+	err := ListJSON(ctx, s, s.rollouts, ">", func(_ string, r *RolloutRecord) error {
 		if latest == nil || r.Started.After(latest.Started) {
 			latest = r
 		}

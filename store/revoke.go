@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -79,6 +80,20 @@ func (s *Store) RevokeUser(ctx context.Context, rev *Revocation) error {
 	}
 	_, err := PutJSON(ctx, s.Revocations, rev.User, rev)
 	return err
+}
+
+// Revoked reports whether user (a public key) is on the revocation list.
+// A failure to read it is returned as nats.go gave it, for the caller to
+// classify.
+func (s *Store) Revoked(ctx context.Context, user string) (bool, error) {
+	_, err := s.Revocations.Get(ctx, user)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	}
+	return false, err
 }
 
 // WatchRevocations hands the revocations bucket to apply (public key to the

@@ -131,7 +131,7 @@ func (s *Store) AppendCommit(ctx context.Context, c *DeployCommit) (uint64, erro
 // CommittedNamespaces lists namespaces with at least one final commit.
 func (s *Store) CommittedNamespaces(ctx context.Context) ([]string, error) {
 	filter := s.Names.DeployCommitSubject("*", CommitFinal)
-	info, err := s.Commits.Info(ctx, jetstream.WithSubjectFilter(filter))
+	info, err := s.commits.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
 		return nil, classify(fmt.Errorf("listing committed namespaces: %w", err))
 	}

@@ -108,7 +108,7 @@ func TestServeAnswersOnlyInboxes(t *testing.T) {
 	if err := srv.Store.Call(ctx, "m1", "capacity", struct{}{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := srv.Store.Locks.Get(ctx, "cp.lock.deploy.shop"); err == nil {
+	if _, err := store.BucketOf(srv.Store, srv.Store.Names.LocksBucket()).Get(ctx, "cp.lock.deploy.shop"); err == nil {
 		t.Fatal("a responder wrote its answer into the locks bucket")
 	}
 	for _, tc := range []struct {

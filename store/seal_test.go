@@ -53,7 +53,8 @@ func TestPublishRoutingSealsBatches(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
 	s := srv.Store
-	info, _ := s.Routing.Info(ctx)
+	sRouting := store.StreamOf(s, s.Names.RoutingEventsStream())
+	info, _ := sRouting.Info(ctx)
 	base := info.State.LastSeq
 	evs := upserts("sealed", store.SealMax*2+7)
 	last, err := s.PublishRouting(ctx, "batch1", evs)
@@ -162,7 +163,8 @@ func TestSealVouchesOnlyForWhatWasSealed(t *testing.T) {
 	if _, err := s.PublishRouting(ctx, "b", upserts("shop", 4)); err != nil {
 		t.Fatal(err)
 	}
-	info, _ := s.Routing.Info(ctx)
+	sRouting := store.StreamOf(s, s.Names.RoutingEventsStream())
+	info, _ := sRouting.Info(ctx)
 	msgs := readStream(t, ctx, s, info.State.LastSeq-4)
 	if len(msgs) != 5 || !s.IsSeal(msgs[0]) {
 		t.Fatalf("stream holds %v", seqsOf(msgs))
@@ -231,7 +233,8 @@ func TestSealVouchesOnlyForWhatWasSealed(t *testing.T) {
 func TestRacingSealedPublishes(t *testing.T) {
 	srv := storetest.Start(t)
 	ctx := ctxT(t)
-	info, _ := srv.Store.Routing.Info(ctx)
+	routing := store.StreamOf(srv.Store, srv.Store.Names.RoutingEventsStream())
+	info, _ := routing.Info(ctx)
 	base := info.State.LastSeq
 	var wg sync.WaitGroup
 	const writers, each = 3, 700
@@ -266,7 +269,8 @@ func TestRacingSealedPublishes(t *testing.T) {
 
 	// The same publish again: every event is a duplicate of the first.
 	evs := upserts("w0", each)
-	info, _ = s.Routing.Info(ctx)
+	sRouting := store.StreamOf(s, s.Names.RoutingEventsStream())
+	info, _ = sRouting.Info(ctx)
 	before := info.State.LastSeq
 	if _, err := stores[0].PublishRouting(ctx, "w0", evs); err != nil {
 		t.Fatal(err)

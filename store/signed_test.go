@@ -58,7 +58,8 @@ func TestLoadRoutingRefusesWhatTheControlPlaneDidNotSign(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	info, _ := s.Routing.Info(ctx)
+	sRouting := store.StreamOf(s, s.Names.RoutingEventsStream())
+	info, _ := sRouting.Info(ctx)
 	next := info.State.LastSeq + 1
 	for _, tc := range []struct {
 		name, hdr, reason string
@@ -187,7 +188,8 @@ func TestWritingIntentNeedsASigner(t *testing.T) {
 	if !store.HasCode(err, store.CodeSigningKeyRequired) {
 		t.Fatalf("got %v, want signing_key_required", err)
 	}
-	if info, _ := s.Routing.Info(ctx); info.State.Msgs != 0 {
+	sRouting := store.StreamOf(s, s.Names.RoutingEventsStream())
+	if info, _ := sRouting.Info(ctx); info.State.Msgs != 0 {
 		t.Fatalf("%d events stored", info.State.Msgs)
 	}
 }

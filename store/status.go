@@ -51,12 +51,12 @@ func (s *Store) PutGatewayObservation(ctx context.Context, o *GatewayObservation
 // instances left is deleted instead.
 func (s *Store) PutNamespaceStatus(ctx context.Context, st *NamespaceStatus) error {
 	if st.Counts.Total() == 0 {
-		if err := s.FleetStatus.Delete(ctx, st.Namespace); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err := s.fleetStatus.Delete(ctx, st.Namespace); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return classify(fmt.Errorf("deleting the summary of %s: %w", st.Namespace, err))
 		}
 		return nil
 	}
 	st.Version = RecordVersion
-	_, err := PutJSON(ctx, s.FleetStatus, st.Namespace, st)
+	_, err := PutJSON(ctx, s.fleetStatus, st.Namespace, st)
 	return err
 }

@@ -174,24 +174,24 @@ type Store struct {
 	JS    jetstream.JetStream
 	Names Names
 
-	Commits    jetstream.Stream
+	commits    jetstream.Stream
 	Routing    jetstream.Stream
-	Renewals   jetstream.Stream
+	renewals   jetstream.Stream
 	Status     jetstream.KeyValue
 	Phases     jetstream.KeyValue
 	Instances  jetstream.KeyValue
 	Machines   jetstream.KeyValue
 	Locks      jetstream.KeyValue
-	Invites    jetstream.KeyValue
-	Certs      jetstream.KeyValue
-	CertStatus jetstream.KeyValue
-	AcmeBudget jetstream.KeyValue
-	MeshPeers  jetstream.KeyValue
-	MeshBeats  jetstream.KeyValue
-	MeshIPs    jetstream.KeyValue
-	MeshDrift  jetstream.KeyValue
-	// MeshKeys holds the mesh's secrets (MeshPSKSecretKey).
-	MeshKeys jetstream.KeyValue
+	invites    jetstream.KeyValue
+	certs      jetstream.KeyValue
+	certStatus jetstream.KeyValue
+	acmeBudget jetstream.KeyValue
+	meshPeers  jetstream.KeyValue
+	meshBeats  jetstream.KeyValue
+	meshIPs    jetstream.KeyValue
+	meshDrift  jetstream.KeyValue
+	// meshKeys holds the mesh's secrets (MeshPSKSecretKey).
+	meshKeys jetstream.KeyValue
 	Gateways jetstream.KeyValue
 	// GatewayTraffic holds each gateway's traffic counters
 	// (GatewayTraffic), an observation aging out like Gateways.
@@ -201,38 +201,38 @@ type Store struct {
 	// DashboardSessions holds the dashboard's logins under way, each
 	// expiring with its own TTL.
 	DashboardSessions jetstream.KeyValue
-	// Releases holds the signed release records; their binaries are in
+	// releases holds the signed release records; their binaries are in
 	// the object store ReleaseBinariesStore.
-	Releases jetstream.KeyValue
-	// Rollouts holds the progress of fleet upgrades.
-	Rollouts jetstream.KeyValue
-	// CanaryDecisions holds operators' decisions on canaries under way.
-	CanaryDecisions jetstream.KeyValue
-	// CanaryKeys holds the key gateways sign canary bucket cookies with
+	releases jetstream.KeyValue
+	// rollouts holds the progress of fleet upgrades.
+	rollouts jetstream.KeyValue
+	// canaryDecisions holds operators' decisions on canaries under way.
+	canaryDecisions jetstream.KeyValue
+	// canaryKeys holds the key gateways sign canary bucket cookies with
 	// (CanaryCookieKey); the control plane writes it, gateways read it.
-	CanaryKeys jetstream.KeyValue
+	canaryKeys jetstream.KeyValue
 	// Revocations lists refused credentials (RevokeUser); control role only.
 	Revocations jetstream.KeyValue
-	// Credentials records every user key issued to a box
+	// credentials records every user key issued to a box
 	// (CredentialRecord); control role only.
-	Credentials jetstream.KeyValue
+	credentials jetstream.KeyValue
 
-	// Signers holds the signer certificates and the trust root's record.
-	Signers jetstream.KeyValue
-	// Hosts says which namespace owns each routed host (HostClaim).
-	Hosts jetstream.KeyValue
-	// MachineStates and MachineBeats are what agents observe of their
+	// signers holds the signer certificates and the trust root's record.
+	signers jetstream.KeyValue
+	// hosts says which namespace owns each routed host (HostClaim).
+	hosts jetstream.KeyValue
+	// machineStates and machineBeats are what agents observe of their
 	// machines (MachineState, MachineBeat).
-	MachineStates jetstream.KeyValue
-	MachineBeats  jetstream.KeyValue
+	machineStates jetstream.KeyValue
+	machineBeats  jetstream.KeyValue
 	// Observed holds what each machine's agent last saw of its instances
 	// (MachineObserved), newer than their records when it is.
 	Observed jetstream.KeyValue
-	// MachineLiveness is the aggregator's judgement of which machines
+	// machineLiveness is the aggregator's judgement of which machines
 	// stopped beating, what gateways set aside by.
-	MachineLiveness jetstream.KeyValue
-	// FleetStatus holds each namespace's summary (NamespaceStatus).
-	FleetStatus jetstream.KeyValue
+	machineLiveness jetstream.KeyValue
+	// fleetStatus holds each namespace's summary (NamespaceStatus).
+	fleetStatus jetstream.KeyValue
 
 	// apiPrefix is where this connection reaches the JetStream API, with
 	// its trailing dot (see EdgeAPIPrefix).
@@ -310,7 +310,7 @@ const (
 func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 	names := s.Names
 	streams := []streamSpec{
-		{&s.Commits, jetstream.StreamConfig{
+		{&s.commits, jetstream.StreamConfig{
 			Name: names.DeployCommitsStream(), Subjects: []string{names.DeployCommitsWildcard()},
 			Description: "immutable deploy commits (durable intent)",
 			DenyDelete:  true, DenyPurge: true, Duplicates: 10 * time.Minute,
@@ -326,7 +326,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 			DenyDelete: true, DenyPurge: true, MaxBytes: 2 * gib, MaxMsgSize: 4 * mib, AllowDirect: true,
 			RePublish: &jetstream.RePublish{Source: names.RoutingWildcard(), Destination: names.RoutingRepublishedWildcard()},
 		}},
-		{&s.Renewals, jetstream.StreamConfig{
+		{&s.renewals, jetstream.StreamConfig{
 			Name: names.CertRenewalsStream(), Subjects: []string{names.CertRenewalsWildcard()},
 			Description:       "scheduled certificate renewal work",
 			AllowMsgSchedules: true, AllowMsgTTL: true,
@@ -339,56 +339,56 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		return bucketSpec{dst: dst, cfg: jetstream.KeyValueConfig{Bucket: name, History: history, MaxBytes: maxBytes, MaxValueSize: maxValue}}
 	}
 	buckets := []bucketSpec{
-		bucket(&s.Certs, names.CertsBucket(), 1, 4*gib, MaxCertValue),
+		bucket(&s.certs, names.CertsBucket(), 1, 4*gib, MaxCertValue),
 		bucket(&s.Status, names.DeployStatusBucket(), 1, 1*gib, 1*mib),
 		bucket(&s.Phases, names.DeployPhasesBucket(), 1, 256*mib, 16*kib),
 		bucket(&s.Instances, names.InstancesBucket(), 1, 1*gib, 16*kib),
 		bucket(&s.Machines, names.MachinesBucket(), 5, 256*mib, 16*kib),
 		bucket(&s.Locks, names.LocksBucket(), 1, 64*mib, 4*kib),
-		bucket(&s.Invites, names.InvitesBucket(), 1, 64*mib, 4*kib),
-		bucket(&s.CertStatus, names.CertStatusBucket(), 1, 256*mib, 16*kib),
-		bucket(&s.AcmeBudget, names.AcmeBudgetBucket(), 1, 64*mib, 64*kib),
-		bucket(&s.MeshPeers, names.MeshPeersBucket(), 5, 256*mib, 16*kib),
-		bucket(&s.MeshBeats, names.MeshHeartbeatsBucket(), 1, 256*mib, 4*kib),
-		bucket(&s.MeshIPs, names.MeshIPsBucket(), 1, 64*mib, 4*kib),
-		bucket(&s.MeshDrift, names.MeshDriftBucket(), 1, 256*mib, 64*kib),
-		bucket(&s.MeshKeys, names.MeshKeysBucket(), 1, 8*mib, 4*kib),
+		bucket(&s.invites, names.InvitesBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.certStatus, names.CertStatusBucket(), 1, 256*mib, 16*kib),
+		bucket(&s.acmeBudget, names.AcmeBudgetBucket(), 1, 64*mib, 64*kib),
+		bucket(&s.meshPeers, names.MeshPeersBucket(), 5, 256*mib, 16*kib),
+		bucket(&s.meshBeats, names.MeshHeartbeatsBucket(), 1, 256*mib, 4*kib),
+		bucket(&s.meshIPs, names.MeshIPsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.meshDrift, names.MeshDriftBucket(), 1, 256*mib, 64*kib),
+		bucket(&s.meshKeys, names.MeshKeysBucket(), 1, 8*mib, 4*kib),
 		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.GatewayTraffic, names.GatewayTrafficBucket(), 1, 256*mib, 1*mib),
 		bucket(&s.DashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
 		bucket(&s.DashboardSessions, names.DashboardSessionsBucket(), 1, 16*mib, 4*kib),
-		bucket(&s.Releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
-		bucket(&s.Rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
-		bucket(&s.CanaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
-		bucket(&s.CanaryKeys, names.CanaryKeysBucket(), 1, 1*mib, 1*kib),
+		bucket(&s.releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
+		bucket(&s.rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
+		bucket(&s.canaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
+		bucket(&s.canaryKeys, names.CanaryKeysBucket(), 1, 1*mib, 1*kib),
 		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
-		bucket(&s.Credentials, names.CredentialsBucket(), 1, 256*mib, 4*kib),
-		bucket(&s.Signers, names.SignersBucket(), 5, 64*mib, 4*kib),
-		bucket(&s.Hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
-		bucket(&s.MachineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),
+		bucket(&s.credentials, names.CredentialsBucket(), 1, 256*mib, 4*kib),
+		bucket(&s.signers, names.SignersBucket(), 5, 64*mib, 4*kib),
+		bucket(&s.hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
+		bucket(&s.machineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),
 		// A machine's observations name every instance it runs (up to a
 		// few hundred, ~200 bytes each).
 		bucket(&s.Observed, names.ObservedBucket(), 1, 1*gib, 1*mib),
-		bucket(&s.MachineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
-		bucket(&s.MachineLiveness, names.MachineLivenessBucket(), 1, 64*mib, 2*mib),
-		bucket(&s.FleetStatus, names.FleetStatusBucket(), 1, 256*mib, 256*kib),
+		bucket(&s.machineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.machineLiveness, names.MachineLivenessBucket(), 1, 64*mib, 2*mib),
+		bucket(&s.fleetStatus, names.FleetStatusBucket(), 1, 256*mib, 256*kib),
 	}
 	for i := range buckets {
 		switch buckets[i].dst {
-		case &s.Locks, &s.Invites, &s.AcmeBudget, &s.MeshIPs, &s.DashboardSessions:
+		case &s.Locks, &s.invites, &s.acmeBudget, &s.meshIPs, &s.DashboardSessions:
 			buckets[i].keyTTLs = true
 		case &s.Gateways, &s.GatewayTraffic:
 			buckets[i].cfg.TTL = GatewayObservationTTL
-		case &s.MeshPeers:
+		case &s.meshPeers:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.MeshPeersBucket() + ".>", Destination: names.MeshPeersRepublishedWildcard()}
-		case &s.Signers:
+		case &s.signers:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.SignersBucket() + ".>", Destination: names.SignersRepublishedWildcard()}
-		case &s.MachineBeats:
+		case &s.machineBeats:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.MachineBeatsBucket() + ".>", Destination: names.MachineBeatsRepublishedWildcard()}
-		case &s.MachineLiveness:
+		case &s.machineLiveness:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.MachineLivenessBucket() + ".>", Destination: names.MachineLivenessRepublishedWildcard()}
 		}
@@ -452,7 +452,7 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		}
 		*st.dst = s.electedStream(str)
 	}
-	if _, err := s.Renewals.CreateOrUpdateConsumer(ctx, RenewalsConsumerConfig(names)); err != nil {
+	if _, err := s.renewals.CreateOrUpdateConsumer(ctx, RenewalsConsumerConfig(names)); err != nil {
 		return nil, classify(fmt.Errorf("provisioning the renewal consumer: %w", err))
 	}
 	for _, b := range buckets {

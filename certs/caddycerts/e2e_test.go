@@ -399,7 +399,7 @@ func (g *caddyGateway) waitRouted(t *testing.T, st *store.Store, seq uint64) {
 	t.Helper()
 	storetest.Eventually(t, 30*time.Second, g.name+" to apply the routing events", func() bool {
 		var obs store.GatewayObservation
-		_, err := store.GetJSON(context.Background(), st.Gateways, store.GatewayKey(g.name), &obs)
+		_, err := store.GetJSON(context.Background(), storetest.Bucket(t, st, st.Names.GatewaysBucket()), store.GatewayKey(g.name), &obs)
 		return err == nil && obs.AppliedSeq >= seq && !obs.Stale
 	})
 }
@@ -502,8 +502,8 @@ func (f *front) remove(g *caddyGateway) {
 func issueLockHolderPID(st *store.Store, host string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	var h store.LeaseHolder
-	if _, err := store.GetJSON(ctx, st.Locks, store.CertLockKey(host), &h); err != nil {
+	h, err := st.LockHolder(ctx, store.CertLockKey(host))
+	if err != nil {
 		return 0
 	}
 	i := strings.LastIndexByte(h.Holder, ':')

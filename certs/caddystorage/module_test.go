@@ -36,7 +36,7 @@ func TestModuleStoresInNATS(t *testing.T) {
 	if err := cm.Store(ctx, "certificates/iss/a.example.com/a.example.com.crt", []byte("pem")); err != nil {
 		t.Fatal(err)
 	}
-	if v, err := srv.Store.Certs.Get(ctx, "certificates.iss.a=example=com.a=example=com=crt"); err != nil || string(v.Value()) != "pem" {
+	if v, err := storetest.Bucket(t, srv.Store, srv.Store.Names.CertsBucket()).Get(ctx, "certificates.iss.a=example=com.a=example=com=crt"); err != nil || string(v.Value()) != "pem" {
 		t.Fatalf("value not in the certs bucket: %v", err)
 	}
 	if err := s.Cleanup(); err != nil {

@@ -29,17 +29,20 @@ func BenchmarkPages10k(b *testing.B) {
 	s := srv.Store
 	ctx := context.Background()
 	now := time.Now().UTC()
+	sMachineStates := storetest.Bucket(b, s, s.Names.MachineStatesBucket())
+	sMachineBeats := storetest.Bucket(b, s, s.Names.MachineBeatsBucket())
+	sMachines := storetest.Bucket(b, s, s.Names.MachinesBucket())
 	for i := range machines {
 		id := fmt.Sprintf("m%05d", i)
-		if _, err := store.PutJSON(ctx, s.Machines, id, &store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive,
+		if _, err := store.PutJSON(ctx, sMachines, id, &store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive,
 			Address: fmt.Sprintf("10.100.%d.%d", i/250, i%250+1), Labels: map[string]string{"rack": fmt.Sprint(i % 40)}, JoinedAt: now}); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := store.PutJSON(ctx, s.MachineBeats, id, &store.MachineBeat{Version: store.RecordVersion, Machine: id, At: now,
+		if _, err := store.PutJSON(ctx, sMachineBeats, id, &store.MachineBeat{Version: store.RecordVersion, Machine: id, At: now,
 			Interval: store.Duration(time.Hour)}); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := store.PutJSON(ctx, s.MachineStates, id, &store.MachineState{Version: store.RecordVersion, Machine: id,
+		if _, err := store.PutJSON(ctx, sMachineStates, id, &store.MachineState{Version: store.RecordVersion, Machine: id,
 			Capacity: 256, Free: 255, StartedAt: now, UpdatedAt: now}); err != nil {
 			b.Fatal(err)
 		}

@@ -205,22 +205,25 @@ func (d *Server) watchLoop(ctx context.Context) {
 }
 
 func (d *Server) watch(ctx context.Context, tick <-chan time.Time) error {
-	type watched struct {
-		kv jetstream.KeyValue
-		w  jetstream.KeyWatcher
-	}
-	var ws []watched
+	var ws []jetstream.KeyWatcher
 	defer func() {
 		for _, w := range ws {
-			_ = w.w.Stop()
+			_ = w.Stop()
 		}
 	}()
-	for _, kv := range []jetstream.KeyValue{d.s.FleetStatus, d.s.Status, d.s.Phases} {
-		w, err := kv.WatchAll(ctx)
+	for _, b := range []struct {
+		bucket string
+		watch  func(context.Context, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error)
+	}{
+		{d.s.Names.FleetStatusBucket(), d.s.WatchNamespaceStatus},
+		{d.s.Names.DeployStatusBucket(), d.s.WatchDeployStatus},
+		{d.s.Names.DeployPhasesBucket(), d.s.WatchPhases},
+	} {
+		w, err := b.watch(ctx)
 		if err != nil {
-			return store.Classify(fmt.Errorf("watching %s: %w", kv.Bucket(), err))
+			return store.Classify(fmt.Errorf("watching %s: %w", b.bucket, err))
 		}
-		ws = append(ws, watched{kv, w})
+		ws = append(ws, w)
 	}
 	for {
 		select {
@@ -229,21 +232,21 @@ func (d *Server) watch(ctx context.Context, tick <-chan time.Time) error {
 		case <-tick:
 			// Ages and heartbeats move with time alone.
 			d.hub.send("*")
-		case ent, ok := <-ws[0].w.Updates():
+		case ent, ok := <-ws[0].Updates():
 			if !ok {
 				return errors.New("fleet status watch ended")
 			}
 			if ent != nil {
 				d.fleetStatus(ent)
 			}
-		case ent, ok := <-ws[1].w.Updates():
+		case ent, ok := <-ws[1].Updates():
 			if !ok {
 				return errors.New("deploy status watch ended")
 			}
 			if ent != nil {
 				d.hub.send(namespaceOf(ent.Key()))
 			}
-		case ent, ok := <-ws[2].w.Updates():
+		case ent, ok := <-ws[2].Updates():
 			if !ok {
 				return errors.New("phase watch ended")
 			}
@@ -265,7 +268,7 @@ func namespaceOf(key string) string {
 func (d *Server) fleetStatus(ent jetstream.KeyValueEntry) {
 	if ent.Operation() == jetstream.KeyValuePut {
 		var st store.NamespaceStatus
-		if err := store.DecodeKeyed(d.s.FleetStatus.Bucket(), ent.Key(), ent.Value(), &st); err == nil {
+		if err := store.DecodeKeyed(d.s.Names.FleetStatusBucket(), ent.Key(), ent.Value(), &st); err == nil {
 			d.history.add(st.Namespace, st.Traffic, st.UpdatedAt)
 		}
 	}

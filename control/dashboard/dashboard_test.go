@@ -57,7 +57,7 @@ func TestPagesEscapeAndLoginGuards(t *testing.T) {
 	s := storetest.Start(t).Store
 	ctx := context.Background()
 	const evil = `<script>alert(1)</script>`
-	if _, err := store.PutJSON(ctx, s.Machines, "m1", &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive,
+	if _, err := store.PutJSON(ctx, storetest.Bucket(t, s, s.Names.MachinesBucket()), "m1", &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive,
 		Address: "10.100.0.1", Labels: map[string]string{"note": evil}, Region: evil}); err != nil {
 		t.Fatal(err)
 	}

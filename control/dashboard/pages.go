@@ -400,7 +400,9 @@ func (d *Server) namespace(r *http.Request) (any, error) {
 		}
 	}
 	var sum store.NamespaceStatus
-	if _, err := store.GetJSON(ctx, d.s.FleetStatus, ns, &sum); err != nil && !store.HasCode(err, store.CodeNotFound) {
+	if st, err := d.s.NamespaceStatusOf(ctx, ns); err == nil {
+		sum = *st
+	} else if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
 	}
 	if v.Latest != nil {
@@ -544,15 +546,13 @@ func (d *Server) machine(r *http.Request) (any, error) {
 	}
 	v.Machine = *rec
 	v.Liveness = store.MachineNeverSeen
-	var beat store.MachineBeat
-	if _, err := store.GetJSON(ctx, d.s.MachineBeats, id, &beat); err == nil {
+	if beat, err := d.s.MachineBeatOf(ctx, id); err == nil {
 		v.Liveness, v.LastBeat, v.Interval = beat.Liveness(time.Now()), beat.At, time.Duration(beat.Interval)
 	} else if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
 	}
-	var st store.MachineState
-	if _, err := store.GetJSON(ctx, d.s.MachineStates, id, &st); err == nil {
-		v.State = &st
+	if st, err := d.s.MachineStateOf(ctx, id); err == nil {
+		v.State = st
 	} else if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err
 	}
@@ -566,9 +566,8 @@ func (d *Server) machine(r *http.Request) (any, error) {
 	slices.SortFunc(v.Instances, func(a, b store.InstanceRecord) int {
 		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Service, b.Service), cmp.Compare(a.Slot, b.Slot))
 	})
-	var hb store.MeshHeartbeat
-	if _, err := store.GetJSON(ctx, d.s.MeshBeats, store.MeshBeatKey(id), &hb); err == nil {
-		v.Mesh, v.MeshLive = &hb, hb.Liveness(time.Now())
+	if hb, err := d.s.MeshHeartbeatOf(ctx, id); err == nil {
+		v.Mesh, v.MeshLive = hb, hb.Liveness(time.Now())
 		v.Direct = max(0, hb.PeersActive-hb.PeersRelayed)
 	} else if !store.HasCode(err, store.CodeNotFound) {
 		return nil, err

@@ -201,7 +201,7 @@ func (d *doctor) readIntent(ctx context.Context) error {
 	for _, r := range d.rs.Refused {
 		d.add(LayerRouting, Problem, r.Subject, "the last routing event (sequence %d) does not verify: %v; gateways keep serving what they had", r.Seq, r.Err)
 	}
-	info, err := d.s.Routing.Info(ctx)
+	info, err := d.s.RoutingInfo(ctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("reading the routing stream: %w", err))
 	}
@@ -228,7 +228,7 @@ func (d *doctor) readIntent(ctx context.Context) error {
 		return err
 	}
 	d.machines = map[string]store.MachineRecord{}
-	if err := store.ListJSON(ctx, d.s, d.s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	if err := d.s.ListMachines(ctx, func(m *store.MachineRecord) error {
 		d.machines[m.ID] = *m
 		return nil
 	}); err != nil {
@@ -236,13 +236,12 @@ func (d *doctor) readIntent(ctx context.Context) error {
 	}
 	d.inflight = map[string]string{}
 	for ns := range d.live {
-		var h store.LeaseHolder
-		if _, err := store.GetJSON(ctx, d.s.Locks, store.DeployLockKey(ns), &h); err == nil && d.now.Before(h.Expires) {
+		if h, err := d.s.LockHolder(ctx, store.DeployLockKey(ns)); err == nil && d.now.Before(h.Expires) {
 			d.inflight[ns] = h.Holder
 		}
 	}
 	d.hostOwner = map[string]store.HostClaim{}
-	return store.ListJSON(ctx, d.s, d.s.Hosts, ">", func(_ string, c *store.HostClaim) error {
+	return d.s.ListHostClaims(ctx, func(c *store.HostClaim) error {
 		d.hostOwner[c.Host] = *c
 		return nil
 	})

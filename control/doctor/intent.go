@@ -21,7 +21,7 @@ import (
 // orchestrator holding the namespace lease.
 func (d *doctor) checkDeploys(ctx context.Context) error {
 	n := 0
-	err := store.ListJSON(ctx, d.s, d.s.Status, ">", func(_ string, st *store.DeployStatus) error {
+	err := d.s.ListDeployStatus(ctx, ">", func(st *store.DeployStatus) error {
 		n++
 		if st.Settled && len(st.Cleanup) == 0 {
 			return nil
@@ -55,8 +55,7 @@ func (d *doctor) leaseHolder(ctx context.Context, ns string) string {
 	if ok {
 		return h
 	}
-	var lh store.LeaseHolder
-	if _, err := store.GetJSON(ctx, d.s.Locks, store.DeployLockKey(ns), &lh); err == nil && d.now.Before(lh.Expires) {
+	if lh, err := d.s.LockHolder(ctx, store.DeployLockKey(ns)); err == nil && d.now.Before(lh.Expires) {
 		h = lh.Holder
 	}
 	d.mu.Lock()
@@ -108,7 +107,7 @@ func (d *doctor) checkInstances(ctx context.Context) error {
 func (d *doctor) checkLeases(ctx context.Context) error {
 	n := 0
 	host := store.HostName("localhost")
-	err := store.ListJSON(ctx, d.s, d.s.Locks, ">", func(key string, h *store.LeaseHolder) error {
+	err := d.s.ListLockHolders(ctx, func(key string, h *store.LeaseHolder) error {
 		n++
 		// The store drops an expired key within about a second.
 		if d.now.Sub(h.Expires) > 2*time.Second {

@@ -51,7 +51,7 @@ func (d *doctor) checkGateways(ctx context.Context) error {
 		seen[g.name] = true
 		gws = append(gws, *g)
 	}
-	err := store.ListJSON(ctx, d.s, d.s.Gateways, ">", func(_ string, o *store.GatewayObservation) error {
+	err := d.s.ListGatewayObservations(ctx, func(o *store.GatewayObservation) error {
 		if seen[o.Gateway] || d.now.Sub(o.At) >= store.GatewayObservationTTL {
 			return nil
 		}
@@ -87,7 +87,7 @@ func (d *doctor) judgeGateway(ctx context.Context, g gatewayState) {
 		want, _ = projection.FromState(rs)
 	case g.appliedSeq < want.Seq:
 		// Behind only if the event it lacks was stored before it spoke.
-		if msg, err := d.s.Routing.GetMsg(ctx, g.appliedSeq+1); err == nil && !g.at.IsZero() && g.at.Sub(msg.Time) < time.Second {
+		if msg, err := d.s.RoutingMsg(ctx, g.appliedSeq+1); err == nil && !g.at.IsZero() && g.at.Sub(msg.Time) < time.Second {
 			d.add(LayerGateways, Note, subj, "at sequence %d of %d as of %s, just behind a new event", g.appliedSeq, want.Seq, g.at.Format("15:04:05"))
 			return
 		} else if err != nil && err != jetstream.ErrMsgNotFound {

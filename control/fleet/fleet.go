@@ -121,22 +121,22 @@ func New(s *store.Store, cfg Config) (*Aggregator, error) {
 // deleted while it was away is missed.
 func (a *Aggregator) Run(ctx context.Context) error {
 	a.reset()
-	iw, err := a.s.Instances.WatchAll(ctx)
+	iw, err := a.s.WatchInstances(ctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("watching instance records: %w", err))
 	}
 	defer func() { _ = iw.Stop() }()
-	ow, err := a.s.Observed.WatchAll(ctx)
+	ow, err := a.s.WatchObserved(ctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("watching instance observations: %w", err))
 	}
 	defer func() { _ = ow.Stop() }()
-	bw, err := a.s.MachineBeats.WatchAll(ctx)
+	bw, err := a.s.WatchMachineBeats(ctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("watching machine heartbeats: %w", err))
 	}
 	defer func() { _ = bw.Stop() }()
-	tw, err := a.s.GatewayTraffic.WatchAll(ctx)
+	tw, err := a.s.WatchGatewayTraffic(ctx)
 	if err != nil {
 		return store.Classify(fmt.Errorf("watching gateway traffic: %w", err))
 	}
@@ -246,7 +246,7 @@ func (a *Aggregator) instance(ent jetstream.KeyValueEntry) {
 		a.touch(ns, now)
 	}
 	var rec store.InstanceRecord
-	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.Instances.Bucket(), key, ent.Value(), &rec) != nil {
+	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.Names.InstancesBucket(), key, ent.Value(), &rec) != nil {
 		return
 	}
 	insts := a.byNS[rec.Namespace]
@@ -291,7 +291,7 @@ func (a *Aggregator) observation(ent jetstream.KeyValueEntry) {
 	m := ent.Key()
 	delete(a.observed, m)
 	var o store.MachineObserved
-	if ent.Operation() == jetstream.KeyValuePut && store.DecodeKeyed(a.s.Observed.Bucket(), m, ent.Value(), &o) == nil {
+	if ent.Operation() == jetstream.KeyValuePut && store.DecodeKeyed(a.s.Names.ObservedBucket(), m, ent.Value(), &o) == nil {
 		a.observed[m] = &o
 	}
 	now := time.Now()

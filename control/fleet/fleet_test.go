@@ -77,6 +77,7 @@ func TestSummariesEqualARecountAfterConcurrentWrites(t *testing.T) {
 	const namespaces, machines, perNS, writers, writesEach = 20, 10, 15, 8, 300
 	states := []store.InstanceState{store.InstanceReady, store.InstanceStarting, store.InstanceBackoff, store.InstanceFailed, store.InstanceDraining}
 	var wg sync.WaitGroup
+	sInstances := storetest.Bucket(t, s, s.Names.InstancesBucket())
 	for w := range writers {
 		wg.Add(1)
 		go func() {
@@ -88,9 +89,9 @@ func TestSummariesEqualARecountAfterConcurrentWrites(t *testing.T) {
 				rec := record(ns, fmt.Sprintf("m%d", i%machines), fmt.Sprintf("%s-web-%d", ns, i), states[r.IntN(len(states))])
 				var err error
 				if r.IntN(10) == 0 {
-					err = s.Instances.Delete(ctx, rec.Key())
+					err = sInstances.Delete(ctx, rec.Key())
 				} else {
-					_, err = store.PutJSON(ctx, s.Instances, rec.Key(), rec)
+					_, err = store.PutJSON(ctx, sInstances, rec.Key(), rec)
 				}
 				if err != nil {
 					t.Error(err)
@@ -102,7 +103,7 @@ func TestSummariesEqualARecountAfterConcurrentWrites(t *testing.T) {
 	wg.Wait()
 	// A last write after all the others: a summary that includes it
 	// includes them.
-	rev, err := store.PutJSON(ctx, s.Instances, "ns00.m0.ns00-web-0", record("ns00", "m0", "ns00-web-0", store.InstanceReady))
+	rev, err := store.PutJSON(ctx, sInstances, "ns00.m0.ns00-web-0", record("ns00", "m0", "ns00-web-0", store.InstanceReady))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,9 +125,10 @@ func TestStaleMachinesAndMisfiledRecords(t *testing.T) {
 	srv := storetest.Start(t)
 	s := srv.Store
 	ctx := context.Background()
+	sInstances := storetest.Bucket(t, s, s.Names.InstancesBucket())
 	put := func(key string, rec *store.InstanceRecord) uint64 {
 		t.Helper()
-		rev, err := store.PutJSON(ctx, s.Instances, key, rec)
+		rev, err := store.PutJSON(ctx, sInstances, key, rec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +143,8 @@ func TestStaleMachinesAndMisfiledRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := &store.MachineBeat{Version: store.RecordVersion, Machine: "m2", At: time.Now().Add(-time.Hour), Interval: store.Duration(time.Second)}
-	if _, err := store.PutJSON(ctx, s.MachineBeats, "m2", old); err != nil {
+	sMachineBeats := storetest.Bucket(t, s, s.Names.MachineBeatsBucket())
+	if _, err := store.PutJSON(ctx, sMachineBeats, "m2", old); err != nil {
 		t.Fatal(err)
 	}
 	// A record whose body names another namespace than its key.
@@ -192,7 +195,8 @@ func TestOneWriterAmongControlServers(t *testing.T) {
 		writer = 1
 	}
 	rec := record("shop", "m1", "shop-web-0", store.InstanceReady)
-	rev, err := store.PutJSON(ctx, srv.Store.Instances, rec.Key(), rec)
+	instances := storetest.Bucket(t, srv.Store, srv.Store.Names.InstancesBucket())
+	rev, err := store.PutJSON(ctx, instances, rec.Key(), rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +209,7 @@ func TestOneWriterAmongControlServers(t *testing.T) {
 	<-dones[writer]
 	storetest.Eventually(t, 5*time.Second, "the standby to take over", func() bool { return aggs[1-writer].Writing() })
 	rec.State = store.InstanceFailed
-	if rev, err = store.PutJSON(ctx, srv.Store.Instances, rec.Key(), rec); err != nil {
+	if rev, err = store.PutJSON(ctx, instances, rec.Key(), rec); err != nil {
 		t.Fatal(err)
 	}
 	caughtUp(t, srv.Store, "shop", rev, map[string]store.Counts{"shop": {Failed: 1}})
@@ -223,7 +227,8 @@ func TestLivenessJudgement(t *testing.T) {
 	const interval = 100 * time.Millisecond
 	// m1's clock is an hour behind: its beats must still count as now.
 	skewed := &store.MachineBeat{Version: store.RecordVersion, Machine: "m1", At: time.Now().Add(-time.Hour), Interval: store.Duration(interval)}
-	if _, err := store.PutJSON(ctx, s.MachineBeats, "m1", skewed); err != nil {
+	sMachineBeats := storetest.Bucket(t, s, s.Names.MachineBeatsBucket())
+	if _, err := store.PutJSON(ctx, sMachineBeats, "m1", skewed); err != nil {
 		t.Fatal(err)
 	}
 	startAggregator(t, s)
@@ -259,7 +264,7 @@ func TestLivenessJudgement(t *testing.T) {
 	beatOn(func() {
 		b := *skewed
 		b.At = time.Now().Add(-time.Hour)
-		_, _ = store.PutJSON(ctx, s.MachineBeats, "m1", &b)
+		_, _ = store.PutJSON(ctx, sMachineBeats, "m1", &b)
 	})
 	if err := s.PutMachineBeat(ctx, "m2", interval); err != nil {
 		t.Fatal(err)

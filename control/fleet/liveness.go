@@ -24,7 +24,7 @@ func (a *Aggregator) beat(ent jetstream.KeyValueEntry, live bool) {
 	defer a.mu.Unlock()
 	now := time.Now()
 	var b store.MachineBeat
-	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.MachineBeats.Bucket(), ent.Key(), ent.Value(), &b) != nil {
+	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.Names.MachineBeatsBucket(), ent.Key(), ent.Value(), &b) != nil {
 		delete(a.beats, ent.Key())
 		delete(a.heard, ent.Key())
 	} else {

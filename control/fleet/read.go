@@ -18,7 +18,7 @@ import (
 // judges them: what its summaries must equal once it has caught up.
 func Recount(ctx context.Context, s *store.Store, now time.Time) (map[string]store.Counts, error) {
 	beats := map[string]store.MachineBeat{}
-	if err := store.ListJSON(ctx, s, s.MachineBeats, ">", func(_ string, b *store.MachineBeat) error {
+	if err := s.ListMachineBeats(ctx, func(b *store.MachineBeat) error {
 		beats[b.Machine] = *b
 		return nil
 	}); err != nil {
@@ -56,7 +56,7 @@ func Differences(sums map[string]store.NamespaceStatus, want map[string]store.Co
 // Read returns every namespace summary in the store, by namespace.
 func Read(ctx context.Context, s *store.Store) (map[string]store.NamespaceStatus, error) {
 	out := map[string]store.NamespaceStatus{}
-	err := store.ListJSON(ctx, s, s.FleetStatus, ">", func(_ string, st *store.NamespaceStatus) error {
+	err := s.ListNamespaceStatus(ctx, func(st *store.NamespaceStatus) error {
 		out[st.Namespace] = *st
 		return nil
 	})
@@ -78,13 +78,13 @@ type Gateway struct {
 // Gateways returns the routing stream's head and the gateways whose
 // report has not aged out, by name.
 func Gateways(ctx context.Context, s *store.Store) (head uint64, gws []Gateway, err error) {
-	info, err := s.Routing.Info(ctx)
+	info, err := s.RoutingInfo(ctx)
 	if err != nil {
 		return 0, nil, store.Classify(fmt.Errorf("reading the routing stream: %w", err))
 	}
 	head = info.State.LastSeq
 	gws = []Gateway{}
-	err = store.ListJSON(ctx, s, s.Gateways, ">", func(_ string, g *store.GatewayObservation) error {
+	err = s.ListGatewayObservations(ctx, func(g *store.GatewayObservation) error {
 		age := time.Since(g.At)
 		if age >= store.GatewayObservationTTL {
 			return nil

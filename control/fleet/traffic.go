@@ -51,7 +51,7 @@ func (a *Aggregator) trafficReport(ent jetstream.KeyValueEntry) {
 	key := ent.Key()
 	old := a.traffic[key]
 	var rep store.GatewayTraffic
-	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.GatewayTraffic.Bucket(), key, ent.Value(), &rep) != nil {
+	if ent.Operation() != jetstream.KeyValuePut || store.DecodeKeyed(a.s.Names.GatewayTrafficBucket(), key, ent.Value(), &rep) != nil {
 		a.dropGateway(key, now)
 		return
 	}

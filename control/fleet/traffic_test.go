@@ -30,7 +30,7 @@ func TestAggregatorSumsGatewayTraffic(t *testing.T) {
 	srv := storetest.Start(t)
 	s := srv.Store
 	ctx := context.Background()
-	if _, err := store.PutJSON(ctx, s.Instances, "shop.m1.w1", record("shop", "m1", "w1", store.InstanceReady)); err != nil {
+	if _, err := store.PutJSON(ctx, storetest.Bucket(t, s, s.Names.InstancesBucket()), "shop.m1.w1", record("shop", "m1", "w1", store.InstanceReady)); err != nil {
 		t.Fatal(err)
 	}
 	startAggregator(t, s)
@@ -67,7 +67,7 @@ func TestAggregatorSumsGatewayTraffic(t *testing.T) {
 	put("gw1", at.Add(2*time.Second), since, counters("shop", "web", 300, 30, 2))
 	put("gw2", at.Add(2*time.Second), since, counters("shop", "web", 250, 0, 8))
 	// A forgery: gw1's key, gw3's body.
-	if _, err := s.GatewayTraffic.Put(ctx, "gw1x", []byte(`{"version":1,"gateway":"gw3","services":[]}`)); err != nil {
+	if _, err := storetest.Bucket(t, s, s.Names.GatewayTrafficBucket()).Put(ctx, "gw1x", []byte(`{"version":1,"gateway":"gw3","services":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 

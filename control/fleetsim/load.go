@@ -212,11 +212,7 @@ loop:
 // observedSeq is the last sequence of the instance observations' stream:
 // how many observation writes the store took.
 func (f *Fleet) observedSeq(ctx context.Context) (uint64, error) {
-	str, err := f.s.JS.Stream(ctx, "KV_"+f.s.Names.ObservedBucket())
-	if err != nil {
-		return 0, fmt.Errorf("reading the observations' stream: %w", err)
-	}
-	info, err := str.Info(ctx)
+	info, err := f.s.StreamInfo(ctx, "KV_"+f.s.Names.ObservedBucket())
 	if err != nil {
 		return 0, fmt.Errorf("reading the observations' stream: %w", err)
 	}
@@ -349,7 +345,7 @@ type seenSummary struct {
 
 // NewLagMeter follows the summaries in s until Stop.
 func NewLagMeter(ctx context.Context, s *store.Store) (*LagMeter, error) {
-	w, err := s.FleetStatus.WatchAll(ctx, jetstream.UpdatesOnly())
+	w, err := s.WatchNamespaceStatus(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		return nil, fmt.Errorf("watching fleet status: %w", err)
 	}
@@ -363,7 +359,7 @@ func NewLagMeter(ctx context.Context, s *store.Store) (*LagMeter, error) {
 				continue
 			}
 			var st store.NamespaceStatus
-			if store.DecodeKeyed(s.FleetStatus.Bucket(), ent.Key(), ent.Value(), &st) != nil {
+			if store.DecodeKeyed(s.Names.FleetStatusBucket(), ent.Key(), ent.Value(), &st) != nil {
 				continue
 			}
 			m.summary(st.Namespace, st.Observed, time.Now())

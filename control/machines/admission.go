@@ -141,7 +141,7 @@ func checkUnclaimed(ctx context.Context, s *store.Store, id string, ip netip.Add
 		return nil
 	}
 	var other string
-	err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err := s.ListMachines(ctx, func(m *store.MachineRecord) error {
 		if m.ID != id && other == "" && sameIP(m.Address, ip.String()) {
 			other = m.ID
 		}

@@ -20,11 +20,12 @@ func BenchmarkList10k(b *testing.B) {
 	s := srv.Store
 	ctx := context.Background()
 	now := time.Now().UTC()
+	sMachines := storetest.Bucket(b, s, s.Names.MachinesBucket())
 	for i := range n {
 		id := fmt.Sprintf("m%05d", i)
 		rec := store.MachineRecord{Version: store.RecordVersion, ID: id, State: store.MachineActive, Address: "10.100.0.1",
 			Region: "eu", Labels: map[string]string{"tier": "edge"}, JoinedAt: now, UpdatedAt: now}
-		if _, err := store.PutJSON(ctx, s.Machines, id, &rec); err != nil {
+		if _, err := store.PutJSON(ctx, sMachines, id, &rec); err != nil {
 			b.Fatal(err)
 		}
 		if err := s.PutMachineState(ctx, &store.MachineState{Machine: id, Instances: 3, Free: 253, Capacity: 256,

@@ -224,7 +224,7 @@ type Listed struct {
 // machine is also asked now (timeout each).
 func List(ctx context.Context, s *store.Store, probe bool, timeout time.Duration) ([]Listed, error) {
 	var out []Listed
-	err := store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err := s.ListMachines(ctx, func(m *store.MachineRecord) error {
 		out = append(out, Listed{MachineRecord: *m})
 		return nil
 	})

@@ -331,8 +331,7 @@ func upgradeOne(ctx context.Context, s *store.Store, o Options, rollout, phaseNa
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		var st store.MachineState
-		if _, err := store.GetJSON(ctx, s.MachineStates, m, &st); err == nil && st.Upgrade != nil && st.Upgrade.Attempt == attempt {
+		if st, err := s.MachineStateOf(ctx, m); err == nil && st.Upgrade != nil && st.Upgrade.Attempt == attempt {
 			switch st.Upgrade.State {
 			case upgrade.StateConfirmed:
 				if st.Release == o.Release {

@@ -240,7 +240,7 @@ func planImport(ctx context.Context, s *store.Store, boxJS jetstream.JetStream, 
 		if oldState.LastSeq == 0 {
 			continue // never written: the cluster's empty stream is the same
 		}
-		cur, err := s.JS.Stream(ctx, name)
+		ci, err := s.StreamInfo(ctx, name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			return nil, store.Errorf(store.CodeNotFound, "the cluster has no stream %s: start the storage nodes' `control server` first (it creates them)", name).
 				With("stream", name)
@@ -248,7 +248,6 @@ func planImport(ctx context.Context, s *store.Store, boxJS jetstream.JetStream, 
 		if err != nil {
 			return nil, store.Classify(fmt.Errorf("reading %s in the cluster: %w", name, err))
 		}
-		ci := cur.CachedInfo()
 		st := ci.State
 		switch {
 		case st.Msgs == oldState.Msgs && st.FirstSeq == oldState.FirstSeq && st.LastSeq == oldState.LastSeq:

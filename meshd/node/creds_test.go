@@ -167,8 +167,8 @@ func TestMeshCredentials(t *testing.T) {
 		storetest.Eventually(t, 10*time.Second, x.self+"'s heartbeat and drift report", func() bool {
 			var hb store.MeshHeartbeat
 			var rep store.MeshDriftReport
-			_, err1 := store.GetJSON(ctx, c.st.MeshBeats, store.MeshBeatKey(x.self), &hb)
-			_, err2 := store.GetJSON(ctx, c.st.MeshDrift, store.MeshDriftKey(x.self), &rep)
+			_, err1 := store.GetJSON(ctx, storetest.Bucket(t, c.st, c.st.Names.MeshHeartbeatsBucket()), store.MeshBeatKey(x.self), &hb)
+			_, err2 := store.GetJSON(ctx, storetest.Bucket(t, c.st, c.st.Names.MeshDriftBucket()), store.MeshDriftKey(x.self), &rep)
 			return err1 == nil && err2 == nil && rep.Source == "watch"
 		})
 	}

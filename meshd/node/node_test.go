@@ -173,7 +173,7 @@ func TestNetstackMesh(t *testing.T) {
 	})
 	storetest.Eventually(t, 10*time.Second, "drift report in sync", func() bool {
 		var rep store.MeshDriftReport
-		_, err := store.GetJSON(context.Background(), c.srv.Store.MeshDrift, store.MeshDriftKey("alpha"), &rep)
+		_, err := store.GetJSON(context.Background(), storetest.Bucket(t, c.srv.Store, c.srv.Store.Names.MeshDriftBucket()), store.MeshDriftKey("alpha"), &rep)
 		return err == nil && rep.InSync && rep.Source == "watch"
 	})
 	p, ok := b.peer(t, "alpha")

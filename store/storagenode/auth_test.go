@@ -19,6 +19,7 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 func writeCreds(t *testing.T, a *storagenode.Auth, r storagenode.CredsRequest) string {
@@ -98,7 +99,8 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if _, err := signers.Server(ctx, cs, filepath.Join(dir, "auth"), dir, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cs.Certs.Put(ctx, "cert.shop.example.com.key", []byte("PRIVATE KEY")); err != nil {
+	csCerts := storetest.Bucket(t, cs, cs.Names.CertsBucket())
+	if _, err := csCerts.Put(ctx, "cert.shop.example.com.key", []byte("PRIVATE KEY")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -115,10 +117,11 @@ func TestRoleScopedCredentials(t *testing.T) {
 	}
 	as.SignWith(store.StaticSigner{Key: stolen})
 	// It writes its own machine's instance records...
-	if _, err := as.Instances.Put(ctx, store.InstanceKey("shop", "m1", "i1"), []byte(`{"version":1}`)); err != nil {
+	asInstances := storetest.Bucket(t, as, as.Names.InstancesBucket())
+	if _, err := asInstances.Put(ctx, store.InstanceKey("shop", "m1", "i1"), []byte(`{"version":1}`)); err != nil {
 		t.Fatalf("agent instance write: %v", err)
 	}
-	if err := as.Instances.Delete(ctx, store.InstanceKey("shop", "m1", "i1")); err != nil {
+	if err := asInstances.Delete(ctx, store.InstanceKey("shop", "m1", "i1")); err != nil {
 		t.Fatalf("agent instance delete: %v", err)
 	}
 	// ...but no machine record, not even its own (admission goes through
@@ -162,16 +165,18 @@ func TestRoleScopedCredentials(t *testing.T) {
 		t.Helper()
 		refusedOn(violations, what, key, do)
 	}
+	asMachines := storetest.Bucket(t, as, as.Names.MachinesBucket())
 	for _, m := range []string{"m1", "m2"} {
 		refusedWrite("write machine "+m+"'s record", m, func(c context.Context) error {
-			_, err := as.Machines.Put(c, m, []byte(`{"version":1}`))
+			_, err := asMachines.Put(c, m, []byte(`{"version":1}`))
 			return err
 		})
 	}
 	// Nor another machine's instance records, nor keys outside the
 	// layout, nor a delete of one (a delete is a write with a header).
 	m2Key := store.InstanceKey("shop", "m2", "i2")
-	if _, err := cs.Instances.Put(ctx, m2Key, []byte(`{"version":1}`)); err != nil {
+	csInstances := storetest.Bucket(t, cs, cs.Names.InstancesBucket())
+	if _, err := csInstances.Put(ctx, m2Key, []byte(`{"version":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	refused := 0
@@ -180,39 +185,40 @@ func TestRoleScopedCredentials(t *testing.T) {
 		do        func(context.Context) error
 	}{
 		{"put m2's instance", m2Key, func(c context.Context) error {
-			_, err := as.Instances.Put(c, m2Key, []byte(`{"version":1,"state":"failed"}`))
+			_, err := asInstances.Put(c, m2Key, []byte(`{"version":1,"state":"failed"}`))
 			return err
 		}},
 		{"create an instance on m2", "shop.m2.i9", func(c context.Context) error {
-			_, err := as.Instances.Create(c, "shop.m2.i9", []byte(`{"version":1}`))
+			_, err := asInstances.Create(c, "shop.m2.i9", []byte(`{"version":1}`))
 			return err
 		}},
-		{"delete m2's instance", m2Key, func(c context.Context) error { return as.Instances.Delete(c, m2Key) }},
-		{"purge m2's instance", m2Key, func(c context.Context) error { return as.Instances.Purge(c, m2Key) }},
+		{"delete m2's instance", m2Key, func(c context.Context) error { return asInstances.Delete(c, m2Key) }},
+		{"purge m2's instance", m2Key, func(c context.Context) error { return asInstances.Purge(c, m2Key) }},
 		{"put a key without a machine", "shop.i3", func(c context.Context) error {
-			_, err := as.Instances.Put(c, "shop.i3", []byte(`{"version":1}`))
+			_, err := asInstances.Put(c, "shop.i3", []byte(`{"version":1}`))
 			return err
 		}},
 		{"put shop.m2.m1 (machine token m2)", "shop.m2.m1", func(c context.Context) error {
-			_, err := as.Instances.Put(c, "shop.m2.m1", []byte(`{"version":1}`))
+			_, err := asInstances.Put(c, "shop.m2.m1", []byte(`{"version":1}`))
 			return err
 		}},
 	} {
 		refusedWrite(w.what, w.key, w.do)
 		refused++
 	}
-	if ent, err := cs.Instances.Get(ctx, m2Key); err != nil || string(ent.Value()) != `{"version":1}` {
+	if ent, err := csInstances.Get(ctx, m2Key); err != nil || string(ent.Value()) != `{"version":1}` {
 		t.Fatalf("m2's instance record changed: %v", err)
 	}
 	t.Logf("agent m1's writes to other machines' instance records: %d refused, 0 landed", refused)
 	c2, cancel2 := short()
 	defer cancel2()
-	if ent, err := as.Certs.Get(c2, "cert.shop.example.com.key"); err == nil {
+	asCerts := storetest.Bucket(t, as, as.Names.CertsBucket())
+	if ent, err := asCerts.Get(c2, "cert.shop.example.com.key"); err == nil {
 		t.Fatalf("agent read a certificate: %q", ent.Value())
 	}
 	c3, cancel3 := short()
 	defer cancel3()
-	if w, err := as.Certs.WatchAll(c3); err == nil {
+	if w, err := asCerts.WatchAll(c3); err == nil {
 		select {
 		case ent := <-w.Updates():
 			if ent != nil {
@@ -270,14 +276,16 @@ func TestRoleScopedCredentials(t *testing.T) {
 		default:
 		}
 	})
-	if _, err := cs.MeshPeers.Put(ctx, store.MeshPeerKey("m1"), []byte(`{"version":1,"machine":"m1"}`)); err != nil {
+	csMeshPeers := storetest.Bucket(t, cs, cs.Names.MeshPeersBucket())
+	if _, err := csMeshPeers.Put(ctx, store.MeshPeerKey("m1"), []byte(`{"version":1,"machine":"m1"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := as.MeshPeers.Get(ctx, store.MeshPeerKey("m1")); err != nil {
+	asMeshPeers := storetest.Bucket(t, as, as.Names.MeshPeersBucket())
+	if _, err := asMeshPeers.Get(ctx, store.MeshPeerKey("m1")); err != nil {
 		t.Fatalf("agent m1 reading its mesh peer record: %v", err)
 	}
 	refusedWrite("read m2's mesh peer record", store.MeshPeerKey("m2"), func(c context.Context) error {
-		_, err := as.MeshPeers.Get(c, store.MeshPeerKey("m2"))
+		_, err := asMeshPeers.Get(c, store.MeshPeerKey("m2"))
 		return err
 	})
 
@@ -309,7 +317,8 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ent, err := gs.Certs.Get(ctx, "cert.shop.example.com.key"); err != nil || string(ent.Value()) != "PRIVATE KEY" {
+	gsCerts := storetest.Bucket(t, gs, gs.Names.CertsBucket())
+	if ent, err := gsCerts.Get(ctx, "cert.shop.example.com.key"); err != nil || string(ent.Value()) != "PRIVATE KEY" {
 		t.Fatalf("gateway cert read: %v", err)
 	}
 	lease, err := gs.AcquireLease(ctx, store.CertLockKey("shop.example.com"), store.LeaseOptions{TTL: 5 * time.Second, Holder: "gw1"})
@@ -419,8 +428,9 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if got, err := gw1.CanaryCookieKeyOf(ctx); err != nil || got == nil || !bytes.Equal(got.Key, ck.Key) {
 		t.Fatalf("gateway reading the canary cookie key: %+v %v", got, err)
 	}
+	gw1CanaryKeys := storetest.Bucket(t, gw1, gw1.Names.CanaryKeysBucket())
 	refusedOn(gw1Violations, "write the canary cookie key", store.CanaryCookieKeyName, func(c context.Context) error {
-		_, err := gw1.CanaryKeys.Put(c, store.CanaryCookieKeyName, []byte(`{"version":1,"key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`))
+		_, err := gw1CanaryKeys.Put(c, store.CanaryCookieKeyName, []byte(`{"version":1,"key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}`))
 		return err
 	})
 	refusedWrite("read the canary cookie key", store.CanaryCookieKeyName, func(c context.Context) error {
@@ -432,20 +442,26 @@ func TestRoleScopedCredentials(t *testing.T) {
 	}
 	// Dashboard login tokens are the control role's alone: no edge role
 	// reads even their hashes, nor plants one.
+	asCredentials := storetest.Bucket(t, as, as.Names.CredentialsBucket())
+	gsCredentials := storetest.Bucket(t, gs, gs.Names.CredentialsBucket())
+	asDashboardSessions := storetest.Bucket(t, as, as.Names.DashboardSessionsBucket())
+	gsDashboardSessions := storetest.Bucket(t, gs, gs.Names.DashboardSessionsBucket())
+	asDashboardTokens := storetest.Bucket(t, as, as.Names.DashboardTokensBucket())
+	gsDashboardTokens := storetest.Bucket(t, gs, gs.Names.DashboardTokensBucket())
 	rec := &store.DashboardToken{Version: store.RecordVersion, ID: "0a1b2c3d4e5f", Name: "ops", Hash: strings.Repeat("00", 32), CreatedAt: time.Now().UTC()}
 	if err := cs.PutDashboardToken(ctx, rec); err != nil {
 		t.Fatal(err)
 	} else {
 		refusedOn(gwViolations, "read a dashboard token", rec.ID, func(c context.Context) error {
-			_, err := gs.DashboardTokens.Get(c, rec.ID)
+			_, err := gsDashboardTokens.Get(c, rec.ID)
 			return err
 		})
 		refusedWrite("read a dashboard token", rec.ID, func(c context.Context) error {
-			_, err := as.DashboardTokens.Get(c, rec.ID)
+			_, err := asDashboardTokens.Get(c, rec.ID)
 			return err
 		})
 		refusedWrite("plant a dashboard token", "planted", func(c context.Context) error {
-			_, err := as.DashboardTokens.Put(c, "planted", []byte(`{"version":1,"id":"planted","hash":"00"}`))
+			_, err := asDashboardTokens.Put(c, "planted", []byte(`{"version":1,"id":"planted","hash":"00"}`))
 			return err
 		})
 		// Nor read a session (even its hashed key) or plant one.
@@ -454,11 +470,11 @@ func TestRoleScopedCredentials(t *testing.T) {
 			t.Fatal(err)
 		} else {
 			refusedOn(gwViolations, "read a dashboard session", sess.Key, func(c context.Context) error {
-				_, err := gs.DashboardSessions.Get(c, sess.Key)
+				_, err := gsDashboardSessions.Get(c, sess.Key)
 				return err
 			})
 			refusedWrite("plant a dashboard session", "planted", func(c context.Context) error {
-				_, err := as.DashboardSessions.Put(c, "planted", []byte(`{"version":1,"key":"planted","token":"x"}`))
+				_, err := asDashboardSessions.Put(c, "planted", []byte(`{"version":1,"key":"planted","token":"x"}`))
 				return err
 			})
 		}
@@ -472,11 +488,11 @@ func TestRoleScopedCredentials(t *testing.T) {
 			t.Fatal(err)
 		}
 		refusedOn(gwViolations, "read an issued key's record", upub, func(c context.Context) error {
-			_, err := gs.Credentials.Get(c, upub)
+			_, err := gsCredentials.Get(c, upub)
 			return err
 		})
 		refusedWrite("plant an issued key's record", upub, func(c context.Context) error {
-			_, err := as.Credentials.Put(c, upub, []byte(`{"version":1,"user":"`+upub+`","role":"agent","machine":"m2"}`))
+			_, err := asCredentials.Put(c, upub, []byte(`{"version":1,"user":"`+upub+`","role":"agent","machine":"m2"}`))
 			return err
 		})
 	}
@@ -498,8 +514,9 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err := as.FetchReleaseBinary(ctx, rel, "control", &fetched); err != nil || fetched.String() != binary {
 		t.Fatalf("agent fetches a release binary: %d bytes, %v", fetched.Len(), err)
 	}
+	asReleases := storetest.Bucket(t, as, as.Names.ReleasesBucket())
 	refusedWrite("write a release record", store.ReleaseKey("9.9.9", "linux/amd64"), func(c context.Context) error {
-		_, err := as.Releases.Put(c, store.ReleaseKey("9.9.9", "linux/amd64"), []byte(`{"version":1}`))
+		_, err := asReleases.Put(c, store.ReleaseKey("9.9.9", "linux/amd64"), []byte(`{"version":1}`))
 		return err
 	})
 	for what, push := range map[string]func(context.Context) error{
@@ -550,12 +567,14 @@ func TestRoleScopedCredentials(t *testing.T) {
 		t.Fatalf("machine m2 received %s from agent m1's credentials", cmd)
 	default:
 	}
+	asLocks := storetest.Bucket(t, as, as.Names.LocksBucket())
 	refusedWrite("take the fleet upgrade lease", "cp.lock.fleet_upgrade", func(c context.Context) error {
-		_, err := store.AcquireLease(c, as.JS, as.Locks, "cp.lock.fleet_upgrade", store.LeaseOptions{TTL: 10 * time.Second})
+		_, err := store.AcquireLease(c, as.JS, asLocks, "cp.lock.fleet_upgrade", store.LeaseOptions{TTL: 10 * time.Second})
 		return err
 	})
+	gsLocks := storetest.Bucket(t, gs, gs.Names.LocksBucket())
 	refusedOn(gwViolations, "take the fleet upgrade lease", "cp.lock.fleet_upgrade", func(c context.Context) error {
-		_, err := store.AcquireLease(c, gs.JS, gs.Locks, "cp.lock.fleet_upgrade", store.LeaseOptions{TTL: 10 * time.Second})
+		_, err := store.AcquireLease(c, gs.JS, gsLocks, "cp.lock.fleet_upgrade", store.LeaseOptions{TTL: 10 * time.Second})
 		return err
 	})
 	// Nor write a rollout's record (what the dashboard shows of one).
@@ -584,12 +603,13 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ms.MeshBeats.Put(ctx, store.MeshBeatKey("m1"), []byte(`{"version":1}`)); err != nil {
+	msMeshHeartbeats := storetest.Bucket(t, ms, ms.Names.MeshHeartbeatsBucket())
+	if _, err := msMeshHeartbeats.Put(ctx, store.MeshBeatKey("m1"), []byte(`{"version":1}`)); err != nil {
 		t.Fatalf("mesh own heartbeat: %v", err)
 	}
 	c5, cancel5 := short()
 	defer cancel5()
-	if _, err := ms.MeshBeats.Put(c5, store.MeshBeatKey("m2"), []byte(`{"version":1}`)); err == nil {
+	if _, err := msMeshHeartbeats.Put(c5, store.MeshBeatKey("m2"), []byte(`{"version":1}`)); err == nil {
 		t.Fatal("mesh m1 wrote m2's heartbeat")
 	}
 	// Nor do they judge machines or vouch for routing.

@@ -12,7 +12,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -473,12 +472,9 @@ func controlCredsRevoked(ctx context.Context, s *store.Store, file string) (bool
 	if err != nil {
 		return false, err
 	}
-	_, err = s.Revocations.Get(ctx, who.User)
-	switch {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return false, nil
-	case err != nil:
+	revoked, err := s.Revoked(ctx, who.User)
+	if err != nil {
 		return false, store.Classify(fmt.Errorf("reading the revocations: %w", err))
 	}
-	return true, nil
+	return revoked, nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // secret is a value written to the store that must not be found in its
@@ -20,14 +21,16 @@ const secret = "-----BEGIN PRIVATE KEY----- not really, but as secret"
 
 func putSecret(t *testing.T, n *storagenode.Node) {
 	t.Helper()
-	if _, err := n.Store.Certs.Put(context.Background(), "certificates/shop.example.com.key", []byte(secret)); err != nil {
+	nCerts := storetest.Bucket(t, n.Store, n.Store.Names.CertsBucket())
+	if _, err := nCerts.Put(context.Background(), "certificates/shop.example.com.key", []byte(secret)); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func getSecret(t *testing.T, n *storagenode.Node) {
 	t.Helper()
-	e, err := n.Store.Certs.Get(context.Background(), "certificates/shop.example.com.key")
+	nCerts := storetest.Bucket(t, n.Store, n.Store.Names.CertsBucket())
+	e, err := nCerts.Get(context.Background(), "certificates/shop.example.com.key")
 	if err != nil || string(e.Value()) != secret {
 		t.Fatalf("reading the secret back: %v", err)
 	}
@@ -146,10 +149,11 @@ func BenchmarkStoreWrites(b *testing.B) {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
+			sCerts := storetest.Bucket(b, s, s.Names.CertsBucket())
 			b.SetBytes(int64(len(value)))
 			b.ResetTimer()
 			for i := range b.N {
-				if _, err := s.Certs.Put(ctx, "certificates/host"+strconv.Itoa(i%1000)+".key", value); err != nil {
+				if _, err := sCerts.Put(ctx, "certificates/host"+strconv.Itoa(i%1000)+".key", value); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -49,19 +49,21 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	bsCerts := storetest.Bucket(t, bs, bs.Names.CertsBucket())
 	for _, k := range []string{"cert.a.example.com.crt", "cert.b.example.com.crt"} {
-		if _, err := bs.Certs.Put(ctx, k, []byte("PEM "+k)); err != nil {
+		if _, err := bsCerts.Put(ctx, k, []byte("PEM "+k)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := bs.Certs.Delete(ctx, "cert.b.example.com.crt"); err != nil {
+	if err := bsCerts.Delete(ctx, "cert.b.example.com.crt"); err != nil {
 		t.Fatal(err)
 	}
 	token, _, err := invites.Create(ctx, bs, invites.Spec{Region: "eu", TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bs.Gateways.Put(ctx, "gw1", []byte(`{"version":1}`)); err != nil {
+	bsGateways := storetest.Bucket(t, bs, bs.Names.GatewaysBucket())
+	if _, err := bsGateways.Put(ctx, "gw1", []byte(`{"version":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]jetstream.StreamState{}
@@ -152,10 +154,11 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	if err != nil || live.ID != "d3" {
 		t.Fatalf("live commit after import: %+v %v", live, err)
 	}
-	if ent, err := cs.Certs.Get(ctx, "cert.a.example.com.crt"); err != nil || string(ent.Value()) != "PEM cert.a.example.com.crt" {
+	csCerts := storetest.Bucket(t, cs, cs.Names.CertsBucket())
+	if ent, err := csCerts.Get(ctx, "cert.a.example.com.crt"); err != nil || string(ent.Value()) != "PEM cert.a.example.com.crt" {
 		t.Fatalf("certificate after import: %v", err)
 	}
-	if _, err := cs.Certs.Get(ctx, "cert.b.example.com.crt"); err != jetstream.ErrKeyNotFound {
+	if _, err := csCerts.Get(ctx, "cert.b.example.com.crt"); err != jetstream.ErrKeyNotFound {
 		t.Fatalf("a deleted certificate came back: %v", err)
 	}
 	if _, err := invites.Redeem(ctx, cs, token, "m1", store.InviteUseAdmit); err != nil {

@@ -310,7 +310,8 @@ func TestTurningTLSOnKeepsTheStoreAndTheCredentials(t *testing.T) {
 		t.Fatal("a node whose auth dir has no CA speaks TLS")
 	}
 	ctx := context.Background()
-	if _, err := n.Store.Machines.Put(ctx, "m1", []byte(`{"id":"m1"}`)); err != nil {
+	nMachines := storetest.Bucket(t, n.Store, n.Store.Names.MachinesBucket())
+	if _, err := nMachines.Put(ctx, "m1", []byte(`{"id":"m1"}`)); err != nil {
 		t.Fatal(err)
 	}
 	oldCreds := filepath.Join(t.TempDir(), "agent.creds")
@@ -352,7 +353,8 @@ func TestTurningTLSOnKeepsTheStoreAndTheCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e, err := s.Machines.Get(ctx, "m1"); err != nil || string(e.Value()) != `{"id":"m1"}` {
+	sMachines := storetest.Bucket(t, s, s.Names.MachinesBucket())
+	if e, err := sMachines.Get(ctx, "m1"); err != nil || string(e.Value()) != `{"id":"m1"}` {
 		t.Fatalf("the store after turning TLS on: %v", err)
 	}
 	// New credentials carry the CA: nothing else is needed.

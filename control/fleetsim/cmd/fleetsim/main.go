@@ -269,11 +269,11 @@ func killLeader(ctx context.Context, s *store.Store, nodes []*proc) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	stream := "KV_" + s.Names.InstancesBucket()
-	str, err := s.JS.Stream(ctx, stream)
+	info, err := s.StreamInfo(ctx, stream)
 	if err != nil {
 		return fmt.Sprintf("finding the leader of %s: %v", stream, err)
 	}
-	ci := str.CachedInfo().Cluster
+	ci := info.Cluster
 	if ci == nil || ci.Leader == "" {
 		return fmt.Sprintf("%s has no leader to kill", stream)
 	}

@@ -1,0 +1,115 @@
+package store
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Readers of what the fleet reports and what the control plane makes of
+// it: machine heartbeats and states, instance observations, gateways'
+// reports and traffic, deploy progress and the namespace summaries. Their
+// writers are beside their records (PutMachineBeat, PutNamespaceStatus,
+// ...). A watch is handed out as the watcher itself, for a caller that
+// follows a bucket (the fleet aggregator, the dashboard); it stops it.
+
+// WatchInstances watches every instance record: their values first, then
+// each change.
+func (s *Store) WatchInstances(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return s.Instances.WatchAll(ctx, opts...)
+}
+
+// WatchObserved watches every machine's observations of its instances
+// (MachineObserved).
+func (s *Store) WatchObserved(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return s.Observed.WatchAll(ctx, opts...)
+}
+
+// WatchMachineBeats watches every machine's heartbeat (MachineBeat).
+func (s *Store) WatchMachineBeats(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return s.machineBeats.WatchAll(ctx, opts...)
+}
+
+// WatchGatewayTraffic watches every gateway's traffic report
+// (GatewayTraffic).
+func (s *Store) WatchGatewayTraffic(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return s.GatewayTraffic.WatchAll(ctx, opts...)
+}
+
+// WatchNamespaceStatus watches every namespace summary (NamespaceStatus).
+func (s *Store) WatchNamespaceStatus(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return s.fleetStatus.WatchAll(ctx, opts...)
+}
+
+// WatchDeployStatus watches every deploy's status (DeployStatus).
+func (s *Store) WatchDeployStatus(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return s.Status.WatchAll(ctx, opts...)
+}
+
+// WatchPhases watches every deploy phase (PhaseRecord).
+func (s *Store) WatchPhases(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return s.Phases.WatchAll(ctx, opts...)
+}
+
+// MachineBeatOf reads machine id's last heartbeat; a machine never heard
+// is not_found.
+func (s *Store) MachineBeatOf(ctx context.Context, id string) (*MachineBeat, error) {
+	var b MachineBeat
+	if _, err := GetJSON(ctx, s.machineBeats, id, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// ListMachineBeats calls fn with every machine's heartbeat (ListJSON).
+func (s *Store) ListMachineBeats(ctx context.Context, fn func(*MachineBeat) error) error {
+	return ListJSON(ctx, s, s.machineBeats, ">", func(_ string, b *MachineBeat) error { return fn(b) })
+}
+
+// MachineStateOf reads what machine id's agent last reported of it; none
+// is not_found.
+func (s *Store) MachineStateOf(ctx context.Context, id string) (*MachineState, error) {
+	var st MachineState
+	if _, err := GetJSON(ctx, s.machineStates, id, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// NamespaceStatusOf reads namespace ns's summary; none yet is not_found.
+func (s *Store) NamespaceStatusOf(ctx context.Context, ns string) (*NamespaceStatus, error) {
+	var st NamespaceStatus
+	if _, err := GetJSON(ctx, s.fleetStatus, ns, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// ListNamespaceStatus calls fn with every namespace summary (ListJSON).
+func (s *Store) ListNamespaceStatus(ctx context.Context, fn func(*NamespaceStatus) error) error {
+	return ListJSON(ctx, s, s.fleetStatus, ">", func(_ string, st *NamespaceStatus) error { return fn(st) })
+}
+
+// ListDeployStatus calls fn with the status of every deploy whose key
+// (DeployStatusKey) matches filter (ListJSON).
+func (s *Store) ListDeployStatus(ctx context.Context, filter string, fn func(*DeployStatus) error) error {
+	return ListJSON(ctx, s, s.Status, filter, func(_ string, st *DeployStatus) error { return fn(st) })
+}
+
+// ListGatewayObservations calls fn with every gateway's last routing
+// report that has not aged out of the store (ListJSON).
+func (s *Store) ListGatewayObservations(ctx context.Context, fn func(*GatewayObservation) error) error {
+	return ListJSON(ctx, s, s.Gateways, ">", func(_ string, o *GatewayObservation) error { return fn(o) })
+}
+
+// RoutingInfo is the routing stream's info: its head (State.LastSeq) and
+// its creation time, the stream's identity.
+func (s *Store) RoutingInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
+	return s.Routing.Info(ctx)
+}
+
+// RoutingMsg reads the routing stream's message at seq, as stored
+// (unverified): for its time, say.
+func (s *Store) RoutingMsg(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
+	return s.Routing.GetMsg(ctx, seq)
+}
