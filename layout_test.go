@@ -153,20 +153,7 @@ func TestNoSourceFileOver700Lines(t *testing.T) {
 // when it is unexported (a gopls rename), which gopls allows once nothing
 // outside store uses it: the test fails on an entry that is no longer
 // exported, so the list never outlives its reason.
-var handlesStillExported = map[string]string{
-	"Routing":           "control/agent's tests and store's republish and routingload tests read routing events (issue 37: converted on the moves and routing branches)",
-	"Status":            "control/deploy lists and watches deploy status (issue 37: converted on the routing branch)",
-	"Phases":            "control/deploy lists a deploy's phases (issue 37: converted on the routing branch)",
-	"Instances":         "control/agent's tests and store's canary and republish tests plant instance records (issue 37: converted on the moves and routing branches)",
-	"Machines":          "control/deploy lists the machines, store's routingload test plants them (issue 37: converted on the routing branch)",
-	"Locks":             "control/deploy watches the deploy leases (issue 37: converted on the routing branch)",
-	"Gateways":          "control/deploy watches the gateways' reports while draining (issue 37: converted on the routing branch)",
-	"GatewayTraffic":    "control/deploy reads canary traffic (issue 37: converted on the routing branch)",
-	"Observed":          "control/agent's tests and store's observed test read observations (issue 37: converted on the moves branch)",
-	"Revocations":       "control/enroll checks the revocations (issue 37: converted on the moves branch)",
-	"DashboardTokens":   "store's dashboard test reads a token record (issue 37: converted on the moves branch)",
-	"DashboardSessions": "control/dashboard's session tests read sessions (issue 37: converted on the moves branch)",
-}
+var handlesStillExported = map[string]string{}
 
 // store keeps its buckets and streams to itself: every other part reads
 // and writes them through typed methods (GetInstance, WatchMachineBeats,

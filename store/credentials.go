@@ -110,7 +110,7 @@ type IssuedCredential struct {
 // any), each with its revocation, oldest first.
 func (s *Store) ListCredentials(ctx context.Context, machine, role string) ([]IssuedCredential, error) {
 	revoked := map[string]time.Time{}
-	err := ListJSON(ctx, s, s.Revocations, ">", func(_ string, r *Revocation) error {
+	err := ListJSON(ctx, s, s.revocations, ">", func(_ string, r *Revocation) error {
 		revoked[r.User] = r.At
 		return nil
 	})

@@ -38,7 +38,7 @@ func (s *Store) PutDashboardToken(ctx context.Context, rec *DashboardToken) erro
 	if err != nil {
 		return err
 	}
-	if _, err := s.DashboardTokens.Create(ctx, rec.ID, data); err != nil {
+	if _, err := s.dashboardTokens.Create(ctx, rec.ID, data); err != nil {
 		return classify(fmt.Errorf("storing dashboard token %s: %w", rec.ID, err))
 	}
 	return nil
@@ -48,7 +48,7 @@ func (s *Store) PutDashboardToken(ctx context.Context, rec *DashboardToken) erro
 // a not_found error.
 func (s *Store) DashboardTokenRecord(ctx context.Context, id string) (*DashboardToken, error) {
 	var rec DashboardToken
-	if _, err := GetJSON(ctx, s.DashboardTokens, id, &rec); err != nil {
+	if _, err := GetJSON(ctx, s.dashboardTokens, id, &rec); err != nil {
 		return nil, err
 	}
 	return &rec, nil
@@ -57,7 +57,7 @@ func (s *Store) DashboardTokenRecord(ctx context.Context, id string) (*Dashboard
 // ListDashboardTokens lists the stored tokens (never their secrets).
 func (s *Store) ListDashboardTokens(ctx context.Context) ([]DashboardToken, error) {
 	var out []DashboardToken
-	err := ListJSON(ctx, s, s.DashboardTokens, ">", func(_ string, r *DashboardToken) error {
+	err := ListJSON(ctx, s, s.dashboardTokens, ">", func(_ string, r *DashboardToken) error {
 		out = append(out, *r)
 		return nil
 	})
@@ -66,13 +66,13 @@ func (s *Store) ListDashboardTokens(ctx context.Context) ([]DashboardToken, erro
 
 // DeleteDashboardToken revokes the token with id.
 func (s *Store) DeleteDashboardToken(ctx context.Context, id string) error {
-	if _, err := s.DashboardTokens.Get(ctx, id); err != nil {
+	if _, err := s.dashboardTokens.Get(ctx, id); err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return Errorf(CodeNotFound, "no dashboard token %s", id).With("id", id)
 		}
 		return classify(fmt.Errorf("reading dashboard token %s: %w", id, err))
 	}
-	if err := s.DashboardTokens.Delete(ctx, id); err != nil {
+	if err := s.dashboardTokens.Delete(ctx, id); err != nil {
 		return classify(fmt.Errorf("deleting dashboard token %s: %w", id, err))
 	}
 	return nil
@@ -105,7 +105,7 @@ func (s *Store) PutDashboardSessionRecord(ctx context.Context, rec *DashboardSes
 	if err != nil {
 		return err
 	}
-	if _, err := s.DashboardSessions.Create(ctx, rec.Key, data, jetstream.KeyTTL(keyTTL)); err != nil {
+	if _, err := s.dashboardSessions.Create(ctx, rec.Key, data, jetstream.KeyTTL(keyTTL)); err != nil {
 		return classify(fmt.Errorf("storing a dashboard session: %w", err))
 	}
 	return nil
@@ -115,7 +115,7 @@ func (s *Store) PutDashboardSessionRecord(ctx context.Context, rec *DashboardSes
 // is a not_found error.
 func (s *Store) DashboardSessionRecord(ctx context.Context, key string) (*DashboardSession, error) {
 	var rec DashboardSession
-	if _, err := GetJSON(ctx, s.DashboardSessions, key, &rec); err != nil {
+	if _, err := GetJSON(ctx, s.dashboardSessions, key, &rec); err != nil {
 		return nil, err
 	}
 	return &rec, nil
@@ -124,7 +124,7 @@ func (s *Store) DashboardSessionRecord(ctx context.Context, key string) (*Dashbo
 // DeleteDashboardSessionRecord removes the session stored under key;
 // removing one that is not there is no error.
 func (s *Store) DeleteDashboardSessionRecord(ctx context.Context, key string) error {
-	if err := s.DashboardSessions.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.dashboardSessions.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return classify(fmt.Errorf("ending a dashboard session: %w", err))
 	}
 	return nil

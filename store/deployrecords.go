@@ -16,7 +16,7 @@ import (
 // DeployStatuses returns every deploy status of namespace, in no order.
 func (s *Store) DeployStatuses(ctx context.Context, namespace string) ([]DeployStatus, error) {
 	var out []DeployStatus
-	err := ListJSON(ctx, s, s.Status, namespace+".*", func(_ string, st *DeployStatus) error {
+	err := ListJSON(ctx, s, s.status, namespace+".*", func(_ string, st *DeployStatus) error {
 		out = append(out, *st)
 		return nil
 	})
@@ -26,7 +26,7 @@ func (s *Store) DeployStatuses(ctx context.Context, namespace string) ([]DeployS
 // DeployStatusNamespaces lists the namespaces with any deploy status,
 // sorted.
 func (s *Store) DeployStatusNamespaces(ctx context.Context) ([]string, error) {
-	keys, err := s.Status.ListKeys(ctx)
+	keys, err := s.status.ListKeys(ctx)
 	if err != nil {
 		return nil, classify(fmt.Errorf("listing deploy status: %w", err))
 	}
@@ -47,7 +47,7 @@ func (s *Store) DeployStatusNamespaces(ctx context.Context) ([]string, error) {
 // order.
 func (s *Store) DeployPhases(ctx context.Context, namespace, id string) ([]PhaseRecord, error) {
 	var out []PhaseRecord
-	err := ListJSON(ctx, s, s.Phases, namespace+"."+id+".*", func(_ string, p *PhaseRecord) error {
+	err := ListJSON(ctx, s, s.phases, namespace+"."+id+".*", func(_ string, p *PhaseRecord) error {
 		out = append(out, *p)
 		return nil
 	})
@@ -58,14 +58,14 @@ func (s *Store) DeployPhases(ctx context.Context, namespace, id string) ([]Phase
 // record that does not decode or is filed under another's key is skipped
 // (ListJSON).
 func (s *Store) ListGatewayTraffic(ctx context.Context, fn func(*GatewayTraffic) error) error {
-	return ListJSON(ctx, s, s.GatewayTraffic, ">", func(_ string, g *GatewayTraffic) error { return fn(g) })
+	return ListJSON(ctx, s, s.gatewayTraffic, ">", func(_ string, g *GatewayTraffic) error { return fn(g) })
 }
 
 // WatchDeployStatuses follows every deploy status: the current ones, a nil
 // entry once they are all delivered, then each change. Decode an entry
 // with DecodeKeyed(Names.DeployStatusBucket(), ...).
 func (s *Store) WatchDeployStatuses(ctx context.Context) (jetstream.KeyWatcher, error) {
-	w, err := s.Status.WatchAll(ctx)
+	w, err := s.status.WatchAll(ctx)
 	if err != nil {
 		return nil, classify(fmt.Errorf("watching deploy status: %w", err))
 	}
@@ -76,7 +76,7 @@ func (s *Store) WatchDeployStatuses(ctx context.Context) (jetstream.KeyWatcher, 
 // changes only, keys without values, so a lease that expires or is
 // released shows as a delete.
 func (s *Store) WatchDeployLeases(ctx context.Context) (jetstream.KeyWatcher, error) {
-	w, err := s.Locks.Watch(ctx, DeployLocksFilter, jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	w, err := s.locks.Watch(ctx, DeployLocksFilter, jetstream.UpdatesOnly(), jetstream.MetaOnly())
 	if err != nil {
 		return nil, classify(fmt.Errorf("watching deploy leases: %w", err))
 	}
@@ -88,7 +88,7 @@ func (s *Store) WatchDeployLeases(ctx context.Context) (jetstream.KeyWatcher, er
 // change. Decode an entry with DecodeKeyed(Names.GatewaysBucket(), ...):
 // a report under another gateway's name does not decode.
 func (s *Store) WatchGatewayObservations(ctx context.Context) (jetstream.KeyWatcher, error) {
-	w, err := s.Gateways.Watch(ctx, ">")
+	w, err := s.gateways.Watch(ctx, ">")
 	if err != nil {
 		return nil, classify(fmt.Errorf("watching gateway reports: %w", err))
 	}

@@ -18,7 +18,7 @@ func LoseAnswers(s *Store, n int32, clustered bool) {
 	lose.Store(n)
 	s.clustered = clustered
 	s.JS = electedJS{JetStream: lossyJS{JetStream: s.JS.(electedJS).JetStream, lose: lose}, s: s}
-	for _, kv := range []*jetstream.KeyValue{&s.Machines, &s.Locks, &s.Instances} {
+	for _, kv := range []*jetstream.KeyValue{&s.machines, &s.locks, &s.instances} {
 		// A bucket bound lazily (Open) puts through s.JS, lossy now.
 		if e, ok := (*kv).(electedKV); ok {
 			*kv = electedKV{KeyValue: lossyKV{KeyValue: e.KeyValue, lose: lose}, s: s}

@@ -16,13 +16,13 @@ import (
 // WatchInstances watches every instance record: their values first, then
 // each change.
 func (s *Store) WatchInstances(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.Instances.WatchAll(ctx, opts...)
+	return s.instances.WatchAll(ctx, opts...)
 }
 
 // WatchObserved watches every machine's observations of its instances
 // (MachineObserved).
 func (s *Store) WatchObserved(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.Observed.WatchAll(ctx, opts...)
+	return s.observed.WatchAll(ctx, opts...)
 }
 
 // WatchMachineBeats watches every machine's heartbeat (MachineBeat).
@@ -33,7 +33,7 @@ func (s *Store) WatchMachineBeats(ctx context.Context, opts ...jetstream.WatchOp
 // WatchGatewayTraffic watches every gateway's traffic report
 // (GatewayTraffic).
 func (s *Store) WatchGatewayTraffic(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.GatewayTraffic.WatchAll(ctx, opts...)
+	return s.gatewayTraffic.WatchAll(ctx, opts...)
 }
 
 // WatchNamespaceStatus watches every namespace summary (NamespaceStatus).
@@ -43,12 +43,12 @@ func (s *Store) WatchNamespaceStatus(ctx context.Context, opts ...jetstream.Watc
 
 // WatchDeployStatus watches every deploy's status (DeployStatus).
 func (s *Store) WatchDeployStatus(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.Status.WatchAll(ctx, opts...)
+	return s.status.WatchAll(ctx, opts...)
 }
 
 // WatchPhases watches every deploy phase (PhaseRecord).
 func (s *Store) WatchPhases(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.Phases.WatchAll(ctx, opts...)
+	return s.phases.WatchAll(ctx, opts...)
 }
 
 // MachineBeatOf reads machine id's last heartbeat; a machine never heard
@@ -93,23 +93,23 @@ func (s *Store) ListNamespaceStatus(ctx context.Context, fn func(*NamespaceStatu
 // ListDeployStatus calls fn with the status of every deploy whose key
 // (DeployStatusKey) matches filter (ListJSON).
 func (s *Store) ListDeployStatus(ctx context.Context, filter string, fn func(*DeployStatus) error) error {
-	return ListJSON(ctx, s, s.Status, filter, func(_ string, st *DeployStatus) error { return fn(st) })
+	return ListJSON(ctx, s, s.status, filter, func(_ string, st *DeployStatus) error { return fn(st) })
 }
 
 // ListGatewayObservations calls fn with every gateway's last routing
 // report that has not aged out of the store (ListJSON).
 func (s *Store) ListGatewayObservations(ctx context.Context, fn func(*GatewayObservation) error) error {
-	return ListJSON(ctx, s, s.Gateways, ">", func(_ string, o *GatewayObservation) error { return fn(o) })
+	return ListJSON(ctx, s, s.gateways, ">", func(_ string, o *GatewayObservation) error { return fn(o) })
 }
 
 // RoutingInfo is the routing stream's info: its head (State.LastSeq) and
 // its creation time, the stream's identity.
 func (s *Store) RoutingInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
-	return s.Routing.Info(ctx)
+	return s.routing.Info(ctx)
 }
 
 // RoutingMsg reads the routing stream's message at seq, as stored
 // (unverified): for its time, say.
 func (s *Store) RoutingMsg(ctx context.Context, seq uint64) (*jetstream.RawStreamMsg, error) {
-	return s.Routing.GetMsg(ctx, seq)
+	return s.routing.GetMsg(ctx, seq)
 }

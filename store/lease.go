@@ -70,7 +70,7 @@ func (s *Store) AcquireLease(ctx context.Context, key string, o LeaseOptions) (*
 	if err := s.RequireQuorum(ctx); err != nil {
 		return nil, err
 	}
-	return AcquireLease(ctx, s.JS, s.Locks, key, o)
+	return AcquireLease(ctx, s.JS, s.locks, key, o)
 }
 
 // AcquireLease takes key in kv (a bucket with LimitMarkerTTL set).
@@ -284,14 +284,14 @@ func IsWrongLastSequence(err error) bool {
 // certmagic's locks (certs.Storage) are taken by gateways: a lost quorum
 // fails the lease's own write.
 func (s *Store) AcquireLeaseUnchecked(ctx context.Context, key string, o LeaseOptions) (*Lease, error) {
-	return AcquireLease(ctx, s.JS, s.Locks, key, o)
+	return AcquireLease(ctx, s.JS, s.locks, key, o)
 }
 
 // LockHolder reads who holds the lease under key (CertLockKey,
 // DeployLockKey, ...); a lease no one holds is not_found.
 func (s *Store) LockHolder(ctx context.Context, key string) (*LeaseHolder, error) {
 	var h LeaseHolder
-	if _, err := GetJSON(ctx, s.Locks, key, &h); err != nil {
+	if _, err := GetJSON(ctx, s.locks, key, &h); err != nil {
 		return nil, err
 	}
 	return &h, nil
@@ -299,5 +299,5 @@ func (s *Store) LockHolder(ctx context.Context, key string) (*LeaseHolder, error
 
 // ListLockHolders calls fn with every lease held, by key (ListJSON).
 func (s *Store) ListLockHolders(ctx context.Context, fn func(key string, h *LeaseHolder) error) error {
-	return ListJSON(ctx, s, s.Locks, ">", fn)
+	return ListJSON(ctx, s, s.locks, ">", fn)
 }

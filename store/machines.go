@@ -18,7 +18,7 @@ import (
 // not a member is not_found.
 func (s *Store) GetMachine(ctx context.Context, id string) (*MachineRecord, uint64, error) {
 	var rec MachineRecord
-	rev, err := GetJSON(ctx, s.Machines, id, &rec)
+	rev, err := GetJSON(ctx, s.machines, id, &rec)
 	if err != nil {
 		if HasCode(err, CodeNotFound) {
 			return nil, 0, Errorf(CodeNotFound, "unknown machine %s", id).With("machine", id)
@@ -36,7 +36,7 @@ func (s *Store) CreateMachine(ctx context.Context, rec *MachineRecord) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.Machines.Create(ctx, rec.ID, data); err != nil {
+	if _, err := s.machines.Create(ctx, rec.ID, data); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return Errorf(CodeConflict, "machine %s is already a member", rec.ID).With("machine", rec.ID)
 		}
@@ -50,7 +50,7 @@ func (s *Store) CreateMachine(ctx context.Context, rec *MachineRecord) error {
 // goes through CreateMachine and UpdateMachine.
 func (s *Store) PutMachine(ctx context.Context, rec *MachineRecord) error {
 	rec.Version = RecordVersion
-	_, err := PutJSON(ctx, s.Machines, rec.ID, rec)
+	_, err := PutJSON(ctx, s.machines, rec.ID, rec)
 	return err
 }
 
@@ -62,7 +62,7 @@ func (s *Store) UpdateMachine(ctx context.Context, rec *MachineRecord, rev uint6
 	if err != nil {
 		return err
 	}
-	if _, err := s.Machines.Update(ctx, rec.ID, data, rev); err != nil {
+	if _, err := s.machines.Update(ctx, rec.ID, data, rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return Errorf(CodeConflict, "machine %s changed concurrently; try again", rec.ID).With("machine", rec.ID)
 		}
@@ -75,10 +75,10 @@ func (s *Store) UpdateMachine(ctx context.Context, rec *MachineRecord, rev uint6
 // wrote (state, heartbeat and instance observations), which are noise once it is no member. A
 // record already gone is no error.
 func (s *Store) DeleteMachine(ctx context.Context, id string) error {
-	if err := s.Machines.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.machines.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return classify(fmt.Errorf("removing machine record %s: %w", id, err))
 	}
-	for _, kv := range []jetstream.KeyValue{s.machineStates, s.machineBeats, s.Observed} {
+	for _, kv := range []jetstream.KeyValue{s.machineStates, s.machineBeats, s.observed} {
 		if err := kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return classify(fmt.Errorf("removing the observations of machine %s: %w", id, err))
 		}
@@ -89,5 +89,5 @@ func (s *Store) DeleteMachine(ctx context.Context, id string) error {
 // ListMachines calls fn with every member's record, in key order
 // (ListJSON).
 func (s *Store) ListMachines(ctx context.Context, fn func(*MachineRecord) error) error {
-	return ListJSON(ctx, s, s.Machines, ">", func(_ string, m *MachineRecord) error { return fn(m) })
+	return ListJSON(ctx, s, s.machines, ">", func(_ string, m *MachineRecord) error { return fn(m) })
 }

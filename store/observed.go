@@ -78,7 +78,7 @@ func (r *MachineObserved) Apply(rec *InstanceRecord) {
 // PutObserved writes a machine's observations and returns the revision.
 func (s *Store) PutObserved(ctx context.Context, o *MachineObserved) (uint64, error) {
 	o.Version = RecordVersion
-	rev, err := PutJSON(ctx, s.Observed, o.Machine, o)
+	rev, err := PutJSON(ctx, s.observed, o.Machine, o)
 	if err != nil {
 		return 0, fmt.Errorf("observations of machine %s: %w", o.Machine, err)
 	}
@@ -158,7 +158,7 @@ func (s *Store) listInstances(ctx context.Context, filter string, machines map[s
 	}
 	var recs []keyed
 	ids := map[string]bool{}
-	if err := ListJSON(ctx, s, s.Instances, filter, func(key string, r *InstanceRecord) error {
+	if err := ListJSON(ctx, s, s.instances, filter, func(key string, r *InstanceRecord) error {
 		recs = append(recs, keyed{key, r})
 		ids[r.Machine] = true
 		return nil
@@ -171,7 +171,7 @@ func (s *Store) listInstances(ctx context.Context, filter string, machines map[s
 	obs := make(map[string]*MachineObserved, len(ids))
 	var g errgroup.Group
 	g.Go(func() error {
-		err := lastOfKeys(ctx, s, s.Observed, s.Names.ObservedBucket(), ids, func(o *MachineObserved) { obs[o.Machine] = o })
+		err := lastOfKeys(ctx, s, s.observed, s.Names.ObservedBucket(), ids, func(o *MachineObserved) { obs[o.Machine] = o })
 		if err != nil {
 			return fmt.Errorf("reading instance observations: %w", err)
 		}
@@ -179,7 +179,7 @@ func (s *Store) listInstances(ctx context.Context, filter string, machines map[s
 	})
 	if machines != nil {
 		g.Go(func() error {
-			err := lastOfKeys(ctx, s, s.Machines, s.Names.MachinesBucket(), ids, func(m *MachineRecord) { machines[m.ID] = m })
+			err := lastOfKeys(ctx, s, s.machines, s.Names.MachinesBucket(), ids, func(m *MachineRecord) { machines[m.ID] = m })
 			if err != nil {
 				return fmt.Errorf("reading the machines of instances: %w", err)
 			}
@@ -206,7 +206,7 @@ func (s *Store) CurrentInstance(ctx context.Context, key string) (*InstanceRecor
 		return nil, err
 	}
 	var obs *MachineObserved
-	err = lastOfKeys(ctx, s, s.Observed, s.Names.ObservedBucket(), map[string]bool{rec.Machine: true}, func(o *MachineObserved) { obs = o })
+	err = lastOfKeys(ctx, s, s.observed, s.Names.ObservedBucket(), map[string]bool{rec.Machine: true}, func(o *MachineObserved) { obs = o })
 	if err != nil {
 		return nil, fmt.Errorf("reading instance observations: %w", err)
 	}

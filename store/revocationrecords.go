@@ -12,7 +12,7 @@ import (
 // U...) are revoked: whether a Revocation is recorded for it, whatever
 // its body says.
 func (s *Store) UserRevoked(ctx context.Context, user string) (bool, error) {
-	if _, err := s.Revocations.Get(ctx, user); err != nil {
+	if _, err := s.revocations.Get(ctx, user); err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return false, nil
 		}

@@ -78,7 +78,7 @@ func (s *Store) RevokeUser(ctx context.Context, rev *Revocation) error {
 	if rev.At.IsZero() {
 		rev.At = time.Now().UTC()
 	}
-	_, err := PutJSON(ctx, s.Revocations, rev.User, rev)
+	_, err := PutJSON(ctx, s.revocations, rev.User, rev)
 	return err
 }
 
@@ -86,7 +86,7 @@ func (s *Store) RevokeUser(ctx context.Context, rev *Revocation) error {
 // A failure to read it is returned as nats.go gave it, for the caller to
 // classify.
 func (s *Store) Revoked(ctx context.Context, user string) (bool, error) {
-	_, err := s.Revocations.Get(ctx, user)
+	_, err := s.revocations.Get(ctx, user)
 	switch {
 	case err == nil:
 		return true, nil
@@ -104,7 +104,7 @@ func (s *Store) Revoked(ctx context.Context, user string) (bool, error) {
 // changes, go to report; the watch goes on.
 func WatchRevocations(ctx context.Context, s *Store, apply func(revoked map[string]time.Time) error, report func(error)) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(ctx)
-	w, err := s.Revocations.WatchAll(ctx)
+	w, err := s.revocations.WatchAll(ctx)
 	if err != nil {
 		cancel()
 		return nil, classify(fmt.Errorf("watching revocations: %w", err))
@@ -119,7 +119,7 @@ func WatchRevocations(ctx context.Context, s *Store, apply func(revoked map[stri
 			return nil
 		}
 		var r Revocation
-		if err := DecodeKeyed(s.Revocations.Bucket(), ent.Key(), ent.Value(), &r); err != nil {
+		if err := DecodeKeyed(s.revocations.Bucket(), ent.Key(), ent.Value(), &r); err != nil {
 			return fmt.Errorf("skipping revocation: %w", err)
 		}
 		if !nkeys.IsValidPublicUserKey(r.User) {

@@ -19,7 +19,7 @@ import (
 // named in Skipped.
 func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 	stream := s.Names.RoutingEventsStream()
-	info, err := s.Routing.Info(ctx)
+	info, err := s.routing.Info(ctx)
 	if err != nil {
 		return nil, Classify(fmt.Errorf("loading routing state: %w", err))
 	}

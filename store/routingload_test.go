@@ -14,7 +14,7 @@ import (
 // referenceLoad reads routing state the plain way, a few requests per
 // namespace: the oracle LoadRouting's faster passes must agree with.
 func referenceLoad(ctx context.Context, s *store.Store) (*store.RoutingState, error) {
-	info, err := s.Routing.Info(ctx)
+	info, err := s.RoutingInfo(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -34,7 +34,7 @@ func referenceLoad(ctx context.Context, s *store.Store) (*store.RoutingState, er
 		}
 		st.Services = append(st.Services, storetest.Events(c, nil, insts, machines)...)
 	}
-	err = store.ListJSON(ctx, s, s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err = s.ListMachines(ctx, func(m *store.MachineRecord) error {
 		st.Machines = append(st.Machines, *m)
 		return nil
 	})
@@ -90,7 +90,7 @@ func TestLoadRoutingMatchesReference(t *testing.T) {
 	// derives their endpoints from the machines as they are now).
 	for id, addr := range map[string]string{"m2": "10.0.0.2", "m1": "10.0.0.9"} {
 		rec := &store.MachineRecord{Version: 1, ID: id, State: store.MachineActive, Address: addr}
-		if _, err := store.PutJSON(ctx, s.Machines, id, rec); err != nil {
+		if _, err := store.PutJSON(ctx, store.BucketOf(s, s.Names.MachinesBucket()), id, rec); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineUpsert, Machine: rec}}); err != nil {

@@ -29,21 +29,21 @@ func GatewayKey(name string) string { return KeySafe(name) }
 // PutDeployStatus writes st, stamped now.
 func (s *Store) PutDeployStatus(ctx context.Context, st *DeployStatus) error {
 	st.Version, st.UpdatedAt = RecordVersion, time.Now().UTC()
-	_, err := PutJSON(ctx, s.Status, DeployStatusKey(st.Namespace, st.DeployID), st)
+	_, err := PutJSON(ctx, s.status, DeployStatusKey(st.Namespace, st.DeployID), st)
 	return err
 }
 
 // PutPhase writes one phase record of a deploy, stamped now.
 func (s *Store) PutPhase(ctx context.Context, p *PhaseRecord) error {
 	p.Version, p.UpdatedAt = RecordVersion, time.Now().UTC()
-	_, err := PutJSON(ctx, s.Phases, PhaseKey(p.Namespace, p.DeployID, p.Index), p)
+	_, err := PutJSON(ctx, s.phases, PhaseKey(p.Namespace, p.DeployID, p.Index), p)
 	return err
 }
 
 // PutGatewayObservation writes what gateway o.Gateway applied.
 func (s *Store) PutGatewayObservation(ctx context.Context, o *GatewayObservation) error {
 	o.Version = RecordVersion
-	_, err := PutJSON(ctx, s.Gateways, GatewayKey(o.Gateway), o)
+	_, err := PutJSON(ctx, s.gateways, GatewayKey(o.Gateway), o)
 	return err
 }
 

@@ -175,13 +175,13 @@ type Store struct {
 	Names Names
 
 	commits    jetstream.Stream
-	Routing    jetstream.Stream
+	routing    jetstream.Stream
 	renewals   jetstream.Stream
-	Status     jetstream.KeyValue
-	Phases     jetstream.KeyValue
-	Instances  jetstream.KeyValue
-	Machines   jetstream.KeyValue
-	Locks      jetstream.KeyValue
+	status     jetstream.KeyValue
+	phases     jetstream.KeyValue
+	instances  jetstream.KeyValue
+	machines   jetstream.KeyValue
+	locks      jetstream.KeyValue
 	invites    jetstream.KeyValue
 	certs      jetstream.KeyValue
 	certStatus jetstream.KeyValue
@@ -192,15 +192,15 @@ type Store struct {
 	meshDrift  jetstream.KeyValue
 	// meshKeys holds the mesh's secrets (MeshPSKSecretKey).
 	meshKeys jetstream.KeyValue
-	Gateways jetstream.KeyValue
-	// GatewayTraffic holds each gateway's traffic counters
-	// (GatewayTraffic), an observation aging out like Gateways.
-	GatewayTraffic jetstream.KeyValue
-	// DashboardTokens holds the dashboard's login tokens, hashed.
-	DashboardTokens jetstream.KeyValue
-	// DashboardSessions holds the dashboard's logins under way, each
+	gateways jetstream.KeyValue
+	// gatewayTraffic holds each gateway's traffic counters
+	// (gatewayTraffic), an observation aging out like Gateways.
+	gatewayTraffic jetstream.KeyValue
+	// dashboardTokens holds the dashboard's login tokens, hashed.
+	dashboardTokens jetstream.KeyValue
+	// dashboardSessions holds the dashboard's logins under way, each
 	// expiring with its own TTL.
-	DashboardSessions jetstream.KeyValue
+	dashboardSessions jetstream.KeyValue
 	// releases holds the signed release records; their binaries are in
 	// the object store ReleaseBinariesStore.
 	releases jetstream.KeyValue
@@ -211,8 +211,8 @@ type Store struct {
 	// canaryKeys holds the key gateways sign canary bucket cookies with
 	// (CanaryCookieKey); the control plane writes it, gateways read it.
 	canaryKeys jetstream.KeyValue
-	// Revocations lists refused credentials (RevokeUser); control role only.
-	Revocations jetstream.KeyValue
+	// revocations lists refused credentials (RevokeUser); control role only.
+	revocations jetstream.KeyValue
 	// credentials records every user key issued to a box
 	// (CredentialRecord); control role only.
 	credentials jetstream.KeyValue
@@ -225,9 +225,9 @@ type Store struct {
 	// machines (MachineState, MachineBeat).
 	machineStates jetstream.KeyValue
 	machineBeats  jetstream.KeyValue
-	// Observed holds what each machine's agent last saw of its instances
+	// observed holds what each machine's agent last saw of its instances
 	// (MachineObserved), newer than their records when it is.
-	Observed jetstream.KeyValue
+	observed jetstream.KeyValue
 	// machineLiveness is the aggregator's judgement of which machines
 	// stopped beating, what gateways set aside by.
 	machineLiveness jetstream.KeyValue
@@ -316,7 +316,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 			DenyDelete:  true, DenyPurge: true, Duplicates: 10 * time.Minute,
 			MaxBytes: 8 * gib, MaxMsgSize: 4 * mib, Discard: jetstream.DiscardNew, AllowDirect: true,
 		}},
-		{&s.Routing, jetstream.StreamConfig{
+		{&s.routing, jetstream.StreamConfig{
 			Name: names.RoutingEventsStream(), Subjects: []string{names.RoutingWildcard()},
 			Description: "ordered routing events the gateway and DNS projections consume",
 			// The last events of every subject are the routing state a
@@ -340,11 +340,11 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 	}
 	buckets := []bucketSpec{
 		bucket(&s.certs, names.CertsBucket(), 1, 4*gib, MaxCertValue),
-		bucket(&s.Status, names.DeployStatusBucket(), 1, 1*gib, 1*mib),
-		bucket(&s.Phases, names.DeployPhasesBucket(), 1, 256*mib, 16*kib),
-		bucket(&s.Instances, names.InstancesBucket(), 1, 1*gib, 16*kib),
-		bucket(&s.Machines, names.MachinesBucket(), 5, 256*mib, 16*kib),
-		bucket(&s.Locks, names.LocksBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.status, names.DeployStatusBucket(), 1, 1*gib, 1*mib),
+		bucket(&s.phases, names.DeployPhasesBucket(), 1, 256*mib, 16*kib),
+		bucket(&s.instances, names.InstancesBucket(), 1, 1*gib, 16*kib),
+		bucket(&s.machines, names.MachinesBucket(), 5, 256*mib, 16*kib),
+		bucket(&s.locks, names.LocksBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.invites, names.InvitesBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.certStatus, names.CertStatusBucket(), 1, 256*mib, 16*kib),
 		bucket(&s.acmeBudget, names.AcmeBudgetBucket(), 1, 64*mib, 64*kib),
@@ -353,31 +353,31 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.meshIPs, names.MeshIPsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.meshDrift, names.MeshDriftBucket(), 1, 256*mib, 64*kib),
 		bucket(&s.meshKeys, names.MeshKeysBucket(), 1, 8*mib, 4*kib),
-		bucket(&s.Gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
-		bucket(&s.GatewayTraffic, names.GatewayTrafficBucket(), 1, 256*mib, 1*mib),
-		bucket(&s.DashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
-		bucket(&s.DashboardSessions, names.DashboardSessionsBucket(), 1, 16*mib, 4*kib),
+		bucket(&s.gateways, names.GatewaysBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.gatewayTraffic, names.GatewayTrafficBucket(), 1, 256*mib, 1*mib),
+		bucket(&s.dashboardTokens, names.DashboardTokensBucket(), 1, 8*mib, 4*kib),
+		bucket(&s.dashboardSessions, names.DashboardSessionsBucket(), 1, 16*mib, 4*kib),
 		bucket(&s.releases, names.ReleasesBucket(), 1, 16*mib, 16*kib),
 		bucket(&s.rollouts, names.RolloutsBucket(), 1, 64*mib, 16*kib),
 		bucket(&s.canaryDecisions, names.CanaryDecisionsBucket(), 1, 16*mib, 4*kib),
 		bucket(&s.canaryKeys, names.CanaryKeysBucket(), 1, 1*mib, 1*kib),
-		bucket(&s.Revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
+		bucket(&s.revocations, names.RevocationsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.credentials, names.CredentialsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.signers, names.SignersBucket(), 5, 64*mib, 4*kib),
 		bucket(&s.hosts, names.HostsBucket(), 1, 256*mib, 4*kib),
 		bucket(&s.machineStates, names.MachineStatesBucket(), 1, 256*mib, 4*kib),
 		// A machine's observations name every instance it runs (up to a
 		// few hundred, ~200 bytes each).
-		bucket(&s.Observed, names.ObservedBucket(), 1, 1*gib, 1*mib),
+		bucket(&s.observed, names.ObservedBucket(), 1, 1*gib, 1*mib),
 		bucket(&s.machineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.machineLiveness, names.MachineLivenessBucket(), 1, 64*mib, 2*mib),
 		bucket(&s.fleetStatus, names.FleetStatusBucket(), 1, 256*mib, 256*kib),
 	}
 	for i := range buckets {
 		switch buckets[i].dst {
-		case &s.Locks, &s.invites, &s.acmeBudget, &s.meshIPs, &s.DashboardSessions:
+		case &s.locks, &s.invites, &s.acmeBudget, &s.meshIPs, &s.dashboardSessions:
 			buckets[i].keyTTLs = true
-		case &s.Gateways, &s.GatewayTraffic:
+		case &s.gateways, &s.gatewayTraffic:
 			buckets[i].cfg.TTL = GatewayObservationTTL
 		case &s.meshPeers:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{

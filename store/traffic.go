@@ -92,7 +92,7 @@ const MaxTrafficServices = 4000
 // PutGatewayTraffic writes gateway t.Gateway's traffic report.
 func (s *Store) PutGatewayTraffic(ctx context.Context, t *GatewayTraffic) error {
 	t.Version = RecordVersion
-	_, err := PutJSON(ctx, s.GatewayTraffic, GatewayKey(t.Gateway), t)
+	_, err := PutJSON(ctx, s.gatewayTraffic, GatewayKey(t.Gateway), t)
 	return err
 }
 

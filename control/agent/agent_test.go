@@ -162,7 +162,7 @@ func TestCrashedInstanceLeavesThePool(t *testing.T) {
 	commitOne(t, srv.Store, "web-0-a")
 	rec := startReadySpec(t, srv.Store, "web-0-a", helloSpec(store.RestartNever))
 	head := func() uint64 {
-		info, _ := srv.Store.Routing.Info(ctx)
+		info, _ := srv.Store.RoutingInfo(ctx)
 		return info.State.LastSeq
 	}
 	before := head()
@@ -171,7 +171,7 @@ func TestCrashedInstanceLeavesThePool(t *testing.T) {
 	}
 	var got store.InstanceRecord
 	storetest.Eventually(t, 5*time.Second, "the crash to be recorded", func() bool {
-		_, err := store.GetJSON(ctx, srv.Store.Instances, rec.Key(), &got)
+		_, err := readInstance(ctx, srv.Store, rec.Key(), &got)
 		return err == nil && got.State == store.InstanceFailed
 	})
 	if got.Error == "" {
@@ -186,7 +186,7 @@ func TestCrashedInstanceLeavesThePool(t *testing.T) {
 // lastWebEvent reads the newest routing event of shop/web.
 func lastWebEvent(t *testing.T, s *store.Store) store.RoutingEvent {
 	t.Helper()
-	msg, err := s.Routing.GetLastMsgForSubject(context.Background(), s.Names.RoutingServiceSubject("shop", "web"))
+	msg, err := storetest.Stream(t, s, s.Names.RoutingEventsStream()).GetLastMsgForSubject(context.Background(), s.Names.RoutingServiceSubject("shop", "web"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	ctx := context.Background()
 	commitOne(t, srv.Store, "web-0-a")
 	rec := startReadySpec(t, srv.Store, "web-0-a", helloSpec(store.RestartNever))
-	info, err := srv.Store.Routing.Info(ctx)
+	info, err := srv.Store.RoutingInfo(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,14 +216,14 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	}
 	storetest.Eventually(t, 5*time.Second, "the crash to be recorded", func() bool {
 		var got store.InstanceRecord
-		_, err := store.GetJSON(ctx, srv.Store.Instances, rec.Key(), &got)
+		_, err := readInstance(ctx, srv.Store, rec.Key(), &got)
 		return err == nil && got.State == store.InstanceFailed
 	})
 	// The request went unanswered and is kept; nothing reached routing.
 	storetest.Eventually(t, 5*time.Second, "the republish to be pending", func() bool {
 		return slices.Contains(f.agent.republish.list(), serviceRef{"shop", "web"})
 	})
-	if info, _ := srv.Store.Routing.Info(ctx); info.State.LastSeq != before {
+	if info, _ := srv.Store.RoutingInfo(ctx); info.State.LastSeq != before {
 		t.Fatalf("routing moved without a control plane: %d -> %d", before, info.State.LastSeq)
 	}
 	// The agent restarts meanwhile: the pending request survives in its
@@ -236,7 +236,7 @@ func TestRepublishWaitsForTheControlPlane(t *testing.T) {
 	}
 	serveRepublish(t, srv)
 	storetest.Eventually(t, 5*time.Second, "the republish after the control plane came", func() bool {
-		info, err := srv.Store.Routing.Info(ctx)
+		info, err := srv.Store.RoutingInfo(ctx)
 		return err == nil && info.State.LastSeq > before
 	})
 	storetest.Eventually(t, 5*time.Second, "the pending record to go", func() bool {
@@ -285,7 +285,7 @@ func TestLeasedCommandsGuardGenerations(t *testing.T) {
 	if err := srv.Store.Call(ctx, "m1", store.CmdForceCleanup, store.LeasedCommand{Namespace: "shop", Service: "web", Attempt: 1}, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "m1", "web-0-b"), &after); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := readInstance(ctx, srv.Store, store.InstanceKey("shop", "m1", "web-0-b"), &after); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("force_cleanup left the record: %v", err)
 	}
 }
@@ -319,7 +319,7 @@ func TestBadRequestsAreStructured(t *testing.T) {
 		t.Fatal("start of a missing binary succeeded")
 	}
 	var rec store.InstanceRecord
-	if _, err := store.GetJSON(ctx, srv.Store.Instances, store.InstanceKey("shop", "m1", "bad-0"), &rec); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := readInstance(ctx, srv.Store, store.InstanceKey("shop", "m1", "bad-0"), &rec); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("failed start left a record: %v", err)
 	}
 }
@@ -386,4 +386,14 @@ func TestInstanceStatesGoToObservations(t *testing.T) {
 	if got := record(t, srv.Store, recs[0]); got.State != store.InstanceStopped {
 		t.Fatalf("after the stop: read as %s, want stopped", got.State)
 	}
+}
+
+// readInstance reads the instance record under key into into, as the
+// store keeps it (not_found when there is none).
+func readInstance(ctx context.Context, s *store.Store, key string, into *store.InstanceRecord) (uint64, error) {
+	rec, rev, err := s.GetInstance(ctx, key)
+	if err == nil {
+		*into = *rec
+	}
+	return rev, err
 }

@@ -112,7 +112,7 @@ func TestCrashLoopBacksOff(t *testing.T) {
 	if err := srv.Store.Call(ctx, "m1", store.CmdStopInstance, store.InstanceRequest{InstanceID: loop.ID, Namespace: "shop", Forget: true}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.GetJSON(ctx, srv.Store.Instances, loop.Key(), &last); !store.HasCode(err, store.CodeNotFound) {
+	if _, err := readInstance(ctx, srv.Store, loop.Key(), &last); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("a stopped crash loop came back: %+v %v", last, err)
 	}
 }

@@ -184,7 +184,7 @@ func (d *Deployer) load(ctx context.Context, ns string) (*state, error) {
 	if st.insts, err = d.s.NamespaceInstances(ctx, ns); err != nil {
 		return nil, err
 	}
-	err = store.ListJSON(ctx, d.s, d.s.Machines, ">", func(_ string, m *store.MachineRecord) error {
+	err = d.s.ListMachines(ctx, func(m *store.MachineRecord) error {
 		st.machines[m.ID] = *m
 		return nil
 	})
