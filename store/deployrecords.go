@@ -16,7 +16,7 @@ import (
 // DeployStatuses returns every deploy status of namespace, in no order.
 func (s *Store) DeployStatuses(ctx context.Context, namespace string) ([]DeployStatus, error) {
 	var out []DeployStatus
-	err := ListJSON(ctx, s, s.status, namespace+".*", func(_ string, st *DeployStatus) error {
+	err := s.ListDeployStatus(ctx, namespace+".*", func(st *DeployStatus) error {
 		out = append(out, *st)
 		return nil
 	})
@@ -59,17 +59,6 @@ func (s *Store) DeployPhases(ctx context.Context, namespace, id string) ([]Phase
 // (ListJSON).
 func (s *Store) ListGatewayTraffic(ctx context.Context, fn func(*GatewayTraffic) error) error {
 	return ListJSON(ctx, s, s.gatewayTraffic, ">", func(_ string, g *GatewayTraffic) error { return fn(g) })
-}
-
-// WatchDeployStatuses follows every deploy status: the current ones, a nil
-// entry once they are all delivered, then each change. Decode an entry
-// with DecodeKeyed(Names.DeployStatusBucket(), ...).
-func (s *Store) WatchDeployStatuses(ctx context.Context) (jetstream.KeyWatcher, error) {
-	w, err := s.status.WatchAll(ctx)
-	if err != nil {
-		return nil, classify(fmt.Errorf("watching deploy status: %w", err))
-	}
-	return w, nil
 }
 
 // WatchDeployLeases follows the namespaces' deploy leases (DeployLockKey):

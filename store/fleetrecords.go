@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -41,9 +42,16 @@ func (s *Store) WatchNamespaceStatus(ctx context.Context, opts ...jetstream.Watc
 	return s.fleetStatus.WatchAll(ctx, opts...)
 }
 
-// WatchDeployStatus watches every deploy's status (DeployStatus).
+// WatchDeployStatus follows every deploy's status (DeployStatus): the
+// current ones, a nil entry once they are all delivered, then each change
+// (unless opts say otherwise). Decode an entry with
+// DecodeKeyed(Names.DeployStatusBucket(), ...).
 func (s *Store) WatchDeployStatus(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
-	return s.status.WatchAll(ctx, opts...)
+	w, err := s.status.WatchAll(ctx, opts...)
+	if err != nil {
+		return nil, classify(fmt.Errorf("watching deploy status: %w", err))
+	}
+	return w, nil
 }
 
 // WatchPhases watches every deploy phase (PhaseRecord).

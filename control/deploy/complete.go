@@ -327,7 +327,7 @@ func (d *Deployer) RunCompleter(ctx context.Context, o CompleterOptions) error {
 	if o.RetryInterval <= 0 {
 		o.RetryInterval = 5 * time.Second
 	}
-	w, err := d.s.WatchDeployStatuses(ctx)
+	w, err := d.s.WatchDeployStatus(ctx)
 	if err != nil {
 		return err
 	}
