@@ -300,26 +300,35 @@ func (a *Agent) upgradeGateway(ctx context.Context, rel *store.ReleaseRecord, bo
 
 var errPollTimeout = errors.New("not within the bound")
 
-// pollUntil calls check every 100ms until it reports done or fails, ctx
-// ends, or bound passes (errPollTimeout).
+// pollUntil calls check every pollEvery until it reports done or fails,
+// ctx ends, or bound passes (errPollTimeout). The bound is checked last: an
+// outcome that came since the latest look, or while this goroutine waited
+// for a CPU with both the tick and the bound due, is still the outcome.
 func pollUntil(ctx context.Context, bound time.Duration, check func() (done bool, err error)) error {
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	deadline := time.NewTimer(bound)
 	defer deadline.Stop()
 	for {
+		over := false
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return errPollTimeout
+			over = true
 		case <-tick.C:
 		}
 		if done, err := check(); done || err != nil {
 			return err
 		}
+		if over {
+			return errPollTimeout
+		}
 	}
 }
+
+// pollEvery is how often pollUntil looks.
+const pollEvery = 100 * time.Millisecond
 
 // readPidfile reads a service's pidfile, not following a link: 0 when
 // there is none (the service does not run here). The PID is unchecked:

@@ -121,6 +121,22 @@ func TestUpgradeWithoutAReleaseDir(t *testing.T) {
 	}
 }
 
+// An outcome that came after the latest look but before the bound is the
+// outcome, not a timeout: the bound is looked at last. (A gateway's swap
+// report written then was reported as "did not report its swap".)
+func TestPollUntilLooksAtTheBound(t *testing.T) {
+	start := time.Now()
+	err := pollUntil(context.Background(), pollEvery*3/2, func() (bool, error) {
+		return time.Since(start) > pollEvery*5/4, nil
+	})
+	if err != nil {
+		t.Fatalf("an outcome there before the bound: %v", err)
+	}
+	if err := pollUntil(context.Background(), pollEvery/2, func() (bool, error) { return false, nil }); err != errPollTimeout {
+		t.Fatalf("no outcome: %v, want the timeout", err)
+	}
+}
+
 func TestReadPidfile(t *testing.T) {
 	dir := t.TempDir()
 	if pid, err := readPidfile(filepath.Join(dir, "none")); pid != 0 || err != nil {

@@ -206,6 +206,17 @@ func TestDesiredKeyOverlap(t *testing.T) {
 		oldK.Endpoint != newK.Endpoint || !ds.Rotating || !ds.Expires.Equal(rotated.PreviousUntil) {
 		t.Fatalf("before the new key is heard from: %+v (rotating %v, expires %v)", ds.Peers, ds.Rotating, ds.Expires)
 	}
+	if len(ds.Awaiting) != 1 || ds.Awaiting[key(3)] != key(2) {
+		t.Fatalf("awaiting %v, want the new key replacing the old", ds.Awaiting)
+	}
+	// An initiation under the new key arrived (awaitSwitch), not counted
+	// by WireGuard yet: the address moves.
+	in.switched = map[Key]bool{key(3): true}
+	ds = computeDesired(in)
+	if oldK, newK := ds.Peers[key(2)], ds.Peers[key(3)]; len(oldK.AllowedIPs) != 0 || len(newK.AllowedIPs) != 1 || ds.Rotating || len(ds.Awaiting) != 0 {
+		t.Fatalf("after the initiation: %+v (awaiting %v)", ds.Peers, ds.Awaiting)
+	}
+	in.switched = nil
 	// Its handshake initiation counted: the address moves.
 	in.actual[key(3)] = &devPeer{PublicKey: key(3), RxBytes: 148}
 	ds = computeDesired(in)

@@ -121,6 +121,21 @@ type Node struct {
 	forceEndpoint map[string]bool
 	// relay is this node's allocation on a mesh relay (see relay.go).
 	relay relayInfo
+	// awaiting are the rotating peers' new keys the device has not heard
+	// from, and switched those an initiation came under since (see
+	// awaitSwitch).
+	awaiting map[Key]Key
+	switched map[Key]bool
+
+	// applyMu makes reconciles one at a time: the initiation hook runs one
+	// beside reconcileLoop's.
+	applyMu sync.Mutex
+	// devMu is held (read) by work on the device's receive path, and
+	// devClosing, under it, says the device is closing: closing waits for
+	// the receive path, so work there must not start after it (see
+	// closeDevice).
+	devMu      sync.RWMutex
+	devClosing bool
 }
 
 // New loads the data dir; Run starts everything.
@@ -188,7 +203,7 @@ func New(cfg Config) (*Node, error) {
 		kick: make(chan struct{}, 1), pskKick: make(chan struct{}, 1), rotateKick: make(chan struct{}, 1),
 		relayKick: make(chan struct{}, 1), relayEchoes: make(chan string, 4), initiations: make(chan struct{}, 1), ready: make(chan struct{}),
 		peers: cache.Peers, beats: cache.Beats, beatsAt: cache.SavedAt, source: "cache",
-		applied: make(map[Key]string), names: make(map[Key]string), member: true,
+		applied: make(map[Key]string), names: make(map[Key]string), switched: make(map[Key]bool), member: true,
 		psks: make(map[string]Key), pskReady: cache.PSKReady,
 		paths: map[string]*pathChoice{}, seen: map[Key]pathSeen{}, forceEndpoint: map[string]bool{},
 	}
@@ -249,13 +264,8 @@ func (n *Node) Run(ctx context.Context) error {
 		return err
 	}
 	n.dev = dev
-	defer dev.close()
-	dev.demux.OnInitiation(func() {
-		select {
-		case n.initiations <- struct{}{}:
-		default:
-		}
-	})
+	defer n.closeDevice(dev)
+	dev.demux.OnInitiation(func(pkt []byte) func() { return n.awaitSwitch(ctx, pkt) })
 	dev.demux.OnRelayProbe(func(pkt []byte) {
 		select {
 		case n.relayEchoes <- string(pkt):
@@ -300,6 +310,16 @@ func (n *Node) Run(ctx context.Context) error {
 	wg.Wait()
 	n.log.Info("mesh device down", zap.String("interface", dev.iface))
 	return nil
+}
+
+// closeDevice closes dev once no work runs on its receive path: wireguard-go
+// holds its bind lock while it waits for the receive path to return, and a
+// UAPI call there would wait for that lock.
+func (n *Node) closeDevice(dev *wg) {
+	n.devMu.Lock()
+	n.devClosing = true
+	n.devMu.Unlock()
+	dev.close()
 }
 
 // Shutdown stops Run.
@@ -395,6 +415,8 @@ func (n *Node) reconcileLoop(ctx context.Context) {
 // drift. With report it publishes a drift report (an observation).
 // It returns the desired set it applied (empty when it could not).
 func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
+	n.applyMu.Lock()
+	defer n.applyMu.Unlock()
 	actual, err := n.dev.peers()
 	if err != nil {
 		n.log.Error("reading device peers", zap.Error(err))
@@ -409,7 +431,13 @@ func (n *Node) reconcile(ctx context.Context, report bool) desiredSet {
 	}
 	clear(n.forceEndpoint)
 	ds := computeDesired(desiredInputs{self: n.st.Machine, peers: n.peers, beats: n.beats, beatsAt: n.beatsAt,
-		myReflexive: n.nat.Endpoint, psk: n.pskOf, actual: actual, now: now, endpoint: n.endpointFor})
+		myReflexive: n.nat.Endpoint, psk: n.pskOf, actual: actual, switched: n.switched, now: now, endpoint: n.endpointFor})
+	n.awaiting = ds.Awaiting
+	for k := range n.switched {
+		if _, ok := ds.Peers[k]; !ok {
+			delete(n.switched, k)
+		}
+	}
 	applied := make(map[Key]string, len(n.applied))
 	for k, v := range n.applied {
 		applied[k] = v

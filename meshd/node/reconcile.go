@@ -33,6 +33,10 @@ type desiredSet struct {
 	// Rotating: a peer's new key has not shaken hands yet, so its mesh IP
 	// is still on the old one (reconcile soon to move it).
 	Rotating bool
+	// Awaiting holds those new keys, each with the key it replaces: a
+	// handshake initiation under one moves the mesh IP before WireGuard
+	// answers it (see awaitSwitch).
+	Awaiting map[Key]Key
 	// Expires is the earliest end of a peer's key overlap (zero: none),
 	// when the old key must go.
 	Expires time.Time
@@ -48,9 +52,12 @@ type desiredInputs struct {
 	myReflexive string
 	psk         func(machine string) Key
 	// actual is the device as it is: a rotating peer's mesh IP moves to
-	// its new key once the device has shaken hands under it.
-	actual map[Key]*devPeer
-	now    time.Time
+	// its new key once the device has shaken hands under it, or once
+	// switched holds the key (an initiation under it arrived, which
+	// WireGuard may not have counted yet).
+	actual   map[Key]*devPeer
+	switched map[Key]bool
+	now      time.Time
 	// endpoint, when set, picks the endpoint for machine given the direct
 	// one chooseEndpoint found (the relay, or a probed candidate).
 	endpoint func(machine, direct string) string
@@ -105,9 +112,13 @@ func computeDesired(in desiredInputs) desiredSet {
 		}
 		old := d
 		old.PublicKey, old.Previous = prev, true
-		if a := in.actual[key]; a == nil || !a.heardFrom() {
+		if a := in.actual[key]; (a == nil || !a.heardFrom()) && !in.switched[key] {
 			old.AllowedIPs, d.AllowedIPs = d.AllowedIPs, nil
 			ds.Peers[key] = d
+			if ds.Awaiting == nil {
+				ds.Awaiting = make(map[Key]Key)
+			}
+			ds.Awaiting[key] = prev
 			if in.now.Before(rec.KeyAge().Add(rotateFastWindow)) {
 				ds.Rotating = true
 			}

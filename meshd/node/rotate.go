@@ -164,3 +164,64 @@ func adoptNextKey(dir string, key Key, self store.MeshPeerRecord) (Key, error) {
 	}
 	return next, os.Remove(filepath.Join(dir, nextKeyFile))
 }
+
+// awaitSwitch is the device's initiation hook, run on the receive path
+// before WireGuard sees pkt. A handshake initiation under a rotating peer's
+// new key means the peer has switched, and its data follows WireGuard's
+// answer by one round trip. Moved any later (polling the device for the
+// handshake, as reconcileLoop does), that data meets a key the mesh IP is
+// not on and WireGuard drops it; moved at once, the old key's last packets,
+// read with the initiation or still being decrypted, are dropped instead.
+// A TCP stream that loses a window at once over netstack recovers a segment
+// or two per retransmission timeout and stalls for seconds
+// (TestKeyRotationKeepsTunnels under load). So the move runs between the
+// two: after this read (see wgbind.Demux.OnInitiation) and the old key's
+// packets, before the next read.
+func (n *Node) awaitSwitch(ctx context.Context, pkt []byte) (then func()) {
+	n.mu.Lock()
+	awaiting, priv := n.awaiting, n.key
+	n.mu.Unlock()
+	from, ok := Key{}, false
+	if len(awaiting) > 0 {
+		from, ok = initiator(pkt, priv, awaiting)
+	}
+	if !ok {
+		// Another peer's, or one meshd could not place (it is not in
+		// the device yet): reconcileLoop looks at the device.
+		select {
+		case n.initiations <- struct{}{}:
+		default:
+		}
+		return nil
+	}
+	return func() {
+		n.devMu.RLock()
+		defer n.devMu.RUnlock()
+		if n.devClosing {
+			return
+		}
+		n.drained(awaiting[from])
+		n.mu.Lock()
+		n.switched[from] = true
+		n.mu.Unlock()
+		n.reconcile(ctx, false)
+	}
+}
+
+// drained waits, briefly, until the old key's packets read so far have been
+// through WireGuard: it checks their source against the mesh IP only after
+// decrypting them. The receive path is held meanwhile (the caller runs on
+// it), so nothing new joins them.
+func (n *Node) drained(old Key) {
+	const step, most = time.Millisecond, 20 * time.Millisecond
+	last := uint64(0)
+	for waited := time.Duration(0); waited < most; waited += step {
+		peers, err := n.dev.peers()
+		p := peers[old]
+		if err != nil || p == nil || (waited > 0 && p.RxBytes == last) {
+			return
+		}
+		last = p.RxBytes
+		time.Sleep(step)
+	}
+}

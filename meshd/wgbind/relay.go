@@ -123,7 +123,9 @@ func (d *Demux) Close() error {
 // receiveRelay reads one datagram at a time from whatever relay is
 // installed, waiting while there is none.
 func (d *Demux) receiveRelay(done <-chan struct{}) conn.ReceiveFunc {
+	var then []func() // as in wrap
 	return func(packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
+		runThen(&then)
 		for {
 			pc, wake := d.relay.current()
 			select {
@@ -152,7 +154,7 @@ func (d *Demux) receiveRelay(done <-chan struct{}) conn.ReceiveFunc {
 					continue
 				}
 				sizes[0], eps[0] = n, RelayEndpoint{ap}
-				d.sawInitiation(packets[0][:n])
+				d.sawInitiation(packets[0][:n], &then)
 				return 1, nil
 			}
 			// SetRelay and Close wake the read with a past deadline, and

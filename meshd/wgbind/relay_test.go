@@ -305,7 +305,7 @@ func TestWireGuardThroughRelay(t *testing.T) {
 	// The initiation hook (meshd's cue during a peer's key rotation) sees
 	// handshakes that arrive through the relay too.
 	var initiations atomic.Int64
-	b.demux.OnInitiation(func() { initiations.Add(1) })
+	b.demux.OnInitiation(func([]byte) func() { initiations.Add(1); return nil })
 	a.addPeer(t, b, wgbind.RelayPrefix+allocB.RelayedAddr().String())
 	b.addPeer(t, a, wgbind.RelayPrefix+allocA.RelayedAddr().String())
 	for _, n := range []*wgNode{a, b} {

@@ -39,7 +39,7 @@ type Demux struct {
 	handler atomic.Pointer[STUNHandler]
 	// STUNPackets counts packets diverted to the handler.
 	STUNPackets  atomic.Uint64
-	onInitiation atomic.Pointer[func()]
+	onInitiation atomic.Pointer[func([]byte) func()]
 	onRelayProbe atomic.Pointer[func([]byte)]
 	relay        relayState
 }
@@ -47,11 +47,14 @@ type Demux struct {
 // initiationSize is the size of a WireGuard handshake initiation (type 1).
 const initiationSize = device.MessageInitiationSize
 
-// OnInitiation installs f (nil: none), called on the receive path, before
-// WireGuard sees it, for each packet that looks like a handshake initiation:
-// meshd reacts to a peer that switched keys before its data follows. f must
-// not block.
-func (d *Demux) OnInitiation(f func()) {
+// OnInitiation installs f (nil: none), called on the receive path with the
+// packet, before WireGuard sees it, for each packet that looks like a
+// handshake initiation: meshd reacts to a peer that switched keys before its
+// data follows. f must not keep pkt or block. The then it returns (nil:
+// none) runs on the same receive path before it reads again: WireGuard has
+// the initiation and every packet read with it by then, and has answered
+// none of the peer's data that the answer brings (it is not read yet).
+func (d *Demux) OnInitiation(f func(pkt []byte) (then func())) {
 	if f == nil {
 		d.onInitiation.Store(nil)
 		return
@@ -60,15 +63,25 @@ func (d *Demux) OnInitiation(f func()) {
 }
 
 // sawInitiation calls the OnInitiation hook if pkt looks like a handshake
-// initiation, and says whether it did.
-func (d *Demux) sawInitiation(pkt []byte) bool {
+// initiation, adds what it returned to then, and says whether pkt was one.
+func (d *Demux) sawInitiation(pkt []byte, then *[]func()) bool {
 	if len(pkt) != initiationSize || pkt[0] != 1 {
 		return false
 	}
 	if f := d.onInitiation.Load(); f != nil {
-		(*f)()
+		if t := (*f)(pkt); t != nil {
+			*then = append(*then, t)
+		}
 	}
 	return true
+}
+
+// runThen runs and clears what initiation hooks left for the next read.
+func runThen(then *[]func()) {
+	for _, t := range *then {
+		t()
+	}
+	*then = (*then)[:0]
 }
 
 // NewDemux wraps inner.
@@ -98,10 +111,13 @@ func (d *Demux) Open(port uint16) ([]conn.ReceiveFunc, uint16, error) {
 }
 
 func (d *Demux) wrap(fn conn.ReceiveFunc) conn.ReceiveFunc {
+	// then is only touched by the one goroutine WireGuard reads fn on.
+	var then []func()
 	return func(packets [][]byte, sizes []int, eps []conn.Endpoint) (int, error) {
+		runThen(&then)
 		n, err := fn(packets, sizes, eps)
 		for i := 0; i < n; i++ {
-			if d.sawInitiation(packets[i][:sizes[i]]) {
+			if d.sawInitiation(packets[i][:sizes[i]], &then) {
 				continue
 			}
 			if sizes[i] < 20 || !IsSTUN(packets[i][:sizes[i]]) {
