@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -80,20 +79,6 @@ func (s *Store) RevokeUser(ctx context.Context, rev *Revocation) error {
 	}
 	_, err := PutJSON(ctx, s.revocations, rev.User, rev)
 	return err
-}
-
-// Revoked reports whether user (a public key) is on the revocation list.
-// A failure to read it is returned as nats.go gave it, for the caller to
-// classify.
-func (s *Store) Revoked(ctx context.Context, user string) (bool, error) {
-	_, err := s.revocations.Get(ctx, user)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return false, nil
-	}
-	return false, err
 }
 
 // WatchRevocations hands the revocations bucket to apply (public key to the

@@ -472,9 +472,5 @@ func controlCredsRevoked(ctx context.Context, s *store.Store, file string) (bool
 	if err != nil {
 		return false, err
 	}
-	revoked, err := s.Revoked(ctx, who.User)
-	if err != nil {
-		return false, store.Classify(fmt.Errorf("reading the revocations: %w", err))
-	}
-	return revoked, nil
+	return s.UserRevoked(ctx, who.User)
 }
