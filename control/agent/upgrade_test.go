@@ -5,9 +5,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,6 +65,14 @@ func TestUpgradeRefusals(t *testing.T) {
 	// running a binary named as the gateway's is (the agent signals no
 	// other).
 	trapped := gwPidfile + ".trapped"
+	// A shell cannot trap a signal ignored when it started, and a child
+	// inherits an ignored signal: run under nohup (as CI may be), the
+	// stand-in never heard the SIGHUP and the swap was "not reported".
+	// While this process handles SIGHUP itself, its children start with
+	// the default, which the shell's trap replaces.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	t.Cleanup(func() { signal.Stop(hup) })
 	gw := exec.Command(binaryNamed(t, "/bin/sh", "caddy"), "-c", `trap 'echo "failed new: the new gateway exited before it served" > `+gwPidfile+`.swap' HUP; touch `+trapped+`; while :; do sleep 0.1; done`)
 	if err := gw.Start(); err != nil {
 		t.Fatal(err)
