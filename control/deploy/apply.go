@@ -73,11 +73,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 		return nil, err
 	}
 	r.lease = lease
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = lease.Release(rctx)
-	}()
+	defer d.releaseLease(lease)
 	d.step(StepLease, "holding %s (token %d)", lease.Key(), lease.Token())
 	failpoint.Hit("after_lease")
 	// Read the state again (it may have moved between the preview and the

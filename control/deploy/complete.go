@@ -430,10 +430,20 @@ func (d *Deployer) tryFinish(ctx context.Context, ns string) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = lease.Release(rctx)
-	}()
+	defer d.releaseLease(lease)
 	return d.FinishNamespace(ctx, ns, lease)
+}
+
+// releaseLease gives back a deploy lease, waiting out a storage leader
+// election for as long as the lease could otherwise block the next apply:
+// given up after a fixed 5 s (an election after a storage node was
+// killed can take longer), a release left the lease held until its TTL,
+// and every apply started meanwhile failed busy at once.
+func (d *Deployer) releaseLease(lease *store.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(5*time.Second, lease.TTL()))
+	defer cancel()
+	if err := lease.Release(ctx); err != nil {
+		fmt.Fprintf(d.opts.Out, "the deploy lease %s was not given back (%v): it is held until it expires, within %s\n",
+			lease.Key(), err, lease.TTL())
+	}
 }
