@@ -13,7 +13,6 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
-	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // An agent on its own machine's credentials, which may publish no routing
@@ -85,17 +84,8 @@ func TestAgentAsksForARepublish(t *testing.T) {
 	if err := cs.CreateMachine(ctx, &store.MachineRecord{Version: store.RecordVersion, ID: "m1", State: store.MachineActive, Address: "127.0.0.1"}); err != nil {
 		t.Fatal(err)
 	}
-	seq, err := as.RequestRepublish(ctx, "m1", "shop", "web")
-	if err != nil {
-		t.Fatalf("agent m1 asking to republish shop/web: %v", err)
-	}
-	msg, err := storetest.Stream(t, cs, cs.Names.RoutingEventsStream()).GetMsg(ctx, seq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ev store.RoutingEvent
-	if err := store.Decode("routing event", msg.Data, &ev); err != nil || len(ev.Endpoints) != 1 || ev.Endpoints[0].InstanceID != "w1" {
-		t.Fatalf("republished shop/web: %+v %v", ev, err)
+	if ev := republished(t, as, cs, "m1", "shop", "web"); len(ev.Endpoints) != 1 || ev.Endpoints[0].InstanceID != "w1" {
+		t.Fatalf("republished shop/web: %+v", ev)
 	}
 	if _, err := as.RequestRepublish(ctx, "m1", "shop", "api"); !store.HasCode(err, store.CodeNotFound) {
 		t.Fatalf("republishing a service m1 runs nothing of: want not_found, got %v", err)

@@ -74,7 +74,6 @@ func TestRepublishTakesTheAdmittedAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	events := storetest.Stream(t, s, s.Names.RoutingEventsStream())
 	key := store.InstanceKey("shop", "m1", "w1")
 	for _, addr := range []string{"127.0.0.1", "169.254.169.254", "10.100.0.2"} {
 		rec, _, err := s.GetInstance(ctx, key)
@@ -85,18 +84,7 @@ func TestRepublishTakesTheAdmittedAddress(t *testing.T) {
 		if _, err := s.PutInstance(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
-		seq, err := s.RequestRepublish(ctx, "m1", "shop", "web")
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg, err := events.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ev store.RoutingEvent
-		if err := store.Decode("routing event", msg.Data, &ev); err != nil {
-			t.Fatal(err)
-		}
+		ev := republished(t, s, s, "m1", "shop", "web")
 		got := map[string]string{}
 		for _, ep := range ev.Endpoints {
 			got[ep.InstanceID] = ep.Address

@@ -89,11 +89,22 @@ func TestRepublishRequests(t *testing.T) {
 		t.Fatalf("refused requests published %d events", got-before)
 	}
 
-	seq, err := s.RequestRepublish(ctx, "m1", "shop", "web")
-	if err != nil {
-		t.Fatal(err)
+	ev := republished(t, s, s, "m1", "shop", "web")
+	if ev.DeployID != "d1" || len(ev.Endpoints) != 1 || ev.Endpoints[0].InstanceID != "w1" || ev.Endpoints[0].Port != 8080 {
+		t.Fatalf("republished event: %+v", ev)
 	}
-	msg, err := events.GetMsg(ctx, seq)
+}
+
+// republished has asker ask, as machine, for a republish of ns/svc and
+// reads the event it published from reader's view of the routing stream.
+func republished(t *testing.T, asker, reader *store.Store, machine, ns, svc string) store.RoutingEvent {
+	t.Helper()
+	ctx := context.Background()
+	seq, err := asker.RequestRepublish(ctx, machine, ns, svc)
+	if err != nil {
+		t.Fatalf("machine %s asking to republish %s/%s: %v", machine, ns, svc, err)
+	}
+	msg, err := storetest.Stream(t, reader, reader.Names.RoutingEventsStream()).GetMsg(ctx, seq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,9 +112,7 @@ func TestRepublishRequests(t *testing.T) {
 	if err := store.Decode("routing event", msg.Data, &ev); err != nil {
 		t.Fatal(err)
 	}
-	if ev.DeployID != "d1" || len(ev.Endpoints) != 1 || ev.Endpoints[0].InstanceID != "w1" || ev.Endpoints[0].Port != 8080 {
-		t.Fatalf("republished event: %+v", ev)
-	}
+	return ev
 }
 
 // checkReplyCode checks that a raw RPC reply carries an error with code.
