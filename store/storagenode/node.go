@@ -62,6 +62,12 @@ type Config struct {
 	// TLSConfig when Auth holds a fleet CA (the credentials it issues
 	// carry the CA, so their holders speak TLS), none otherwise.
 	TLS *TLSConfig
+	// SyncInterval, if set, lets the store acknowledge a write before it
+	// reaches the disk and syncs every SyncInterval instead (nats-server's
+	// own default is 2 minutes): a power cut then loses what was
+	// acknowledged since the last sync. Zero, the default, syncs every
+	// write before it is acknowledged (nats-server's SyncAlways).
+	SyncInterval time.Duration
 	// ReadyTimeout bounds the wait for the server to accept connections,
 	// which includes recovering its JetStream store; default
 	// DefaultReadyTimeout.
@@ -109,6 +115,11 @@ func Start(cfg Config) (*server.Server, error) {
 		// Routing projections and certificate records can exceed the 1 MiB
 		// default payload limit in large installations.
 		MaxPayload: 8 << 20,
+	}
+	if cfg.SyncInterval > 0 {
+		opts.SyncInterval = cfg.SyncInterval
+	} else {
+		opts.SyncAlways = true
 	}
 	if cfg.StoreKey != "" {
 		opts.JetStreamKey, opts.JetStreamCipher = cfg.StoreKey, server.ChaCha
