@@ -205,9 +205,12 @@ func switchTo(ctx context.Context, s *Store, h *credsHolder, pub, old string) er
 	svs := servedBy(s.NC)
 	stopBridge := bridge(ctx, s, h, svs)
 	defer stopBridge()
+	var draining []*nats.Subscription
 	if len(svs) > 0 {
 		for _, sv := range svs {
-			sv.pause()
+			if sub := sv.pause(); sub != nil {
+				draining = append(draining, sub)
+			}
 		}
 		defer func() {
 			for _, sv := range svs {
@@ -221,7 +224,7 @@ func switchTo(ctx context.Context, s *Store, h *credsHolder, pub, old string) er
 		_ = s.NC.FlushWithContext(fctx)
 		cancel()
 	}
-	for deadline := time.Now().Add(10 * time.Second); busy(svs) && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(10 * time.Second); (busy(svs) || anyValid(draining)) && time.Now().Before(deadline); {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -303,11 +306,7 @@ func bridge(ctx context.Context, s *Store, h *credsHolder, svs []*served) func()
 			_ = sub.Drain()
 		}
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			valid := false
-			for _, sub := range subs {
-				valid = valid || sub.IsValid()
-			}
-			if !valid {
+			if !anyValid(subs) {
 				break
 			}
 		}
@@ -319,6 +318,16 @@ func bridge(ctx context.Context, s *Store, h *credsHolder, svs []*served) func()
 		}
 		nc.Close()
 	}
+}
+
+// anyValid reports whether one of subs is still draining.
+func anyValid(subs []*nats.Subscription) bool {
+	for _, sub := range subs {
+		if sub.IsValid() {
+			return true
+		}
+	}
+	return false
 }
 
 // busy reports whether one of svs is answering a request.

@@ -28,37 +28,45 @@ type rpcReply struct {
 // an order signed by s's signer, and without one is refused here with
 // CodeSigningKeyRequired. No responder, a timeout or a transport failure
 // becomes an *RPCFailure; an error the machine returned comes back as its
-// *Error.
+// *Error. A call whose ask or answer the storage node lost is asked again
+// (see request).
 func (s *Store) Call(ctx context.Context, machine, command string, req, resp any) error {
 	subject := s.Names.RPCSubject(machine, command)
 	if !IsOrder(command) {
-		return Call(ctx, s.NC, subject, machine, command, req, resp)
+		data, err := json.Marshal(req)
+		if err != nil {
+			return fmt.Errorf("encoding %s request: %w", command, err)
+		}
+		return call(ctx, s.NC, &nats.Msg{Subject: subject, Data: data}, machine, command, resp, true)
 	}
 	data, h, err := s.signOrder(machine, command, req)
 	if err != nil {
 		return err
 	}
-	return call(ctx, s.NC, &nats.Msg{Subject: subject, Header: h, Data: data}, machine, command, resp)
+	return call(ctx, s.NC, &nats.Msg{Subject: subject, Header: h, Data: data}, machine, command, resp, true)
 }
 
 // Call is Store.Call on an explicit connection and subject, unsigned: for
 // services other than the agents' (registrar, admission), and for tests
-// that send what a caller without a signing key could.
+// that send what a caller without a signing key could. It asks once: those
+// services run in queue groups of several control servers, and an ask
+// again could reach another, which would run the command a second time.
 func Call(ctx context.Context, nc *nats.Conn, subject, machine, command string, req, resp any) error {
 	data, err := json.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("encoding %s request: %w", command, err)
 	}
-	return call(ctx, nc, &nats.Msg{Subject: subject, Data: data}, machine, command, resp)
+	return call(ctx, nc, &nats.Msg{Subject: subject, Data: data}, machine, command, resp, false)
 }
 
-func call(ctx context.Context, nc *nats.Conn, req *nats.Msg, machine, command string, resp any) error {
+// call asks req and decodes its answer; askAgain: see request.
+func call(ctx context.Context, nc *nats.Conn, req *nats.Msg, machine, command string, resp any, askAgain bool) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultRPCTimeout)
 		defer cancel()
 	}
-	msg, err := nc.RequestMsgWithContext(ctx, req)
+	msg, err := request(ctx, nc, req, askAgain)
 	if err != nil {
 		f := &RPCFailure{Machine: machine, Command: command, Cause: CauseTransport, Detail: err.Error()}
 		switch {
@@ -130,6 +138,7 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 	sem := make(chan struct{}, 64)
 	var wg sync.WaitGroup
 	sv := &served{subject: subject, queue: queue}
+	var calls callLog
 	// handle answers m; done is called once the answer is sent.
 	handle := func(m *nats.Msg, done func()) {
 		sv.inflight.Add(1)
@@ -138,6 +147,11 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 		if !ReplyOK(m.Reply) {
 			// Answering would publish, with this responder's permissions,
 			// wherever the requester chose: into a stream or a lock key.
+			done()
+			return
+		}
+		id := m.Header.Get(CallIDHeader)
+		if id != "" && calls.ask(id, m) {
 			done()
 			return
 		}
@@ -165,7 +179,11 @@ func Serve(ctx context.Context, nc *nats.Conn, subject, queue, prefixToken strin
 				}
 			}
 			out, _ := json.Marshal(rep)
-			_ = m.Respond(out)
+			if id != "" {
+				calls.answer(id, out)
+			} else {
+				_ = m.Respond(out)
+			}
 		}()
 	}
 	sv.handle, sv.nc = handle, nc
@@ -227,13 +245,22 @@ func (sv *served) subscribe() error {
 }
 
 // pause stops taking requests on the connection (a bridge takes them).
-func (sv *served) pause() {
+// The subscription is drained, not dropped: the server may have handed it
+// requests before it learned of the change, and an unsubscribed client
+// discards those unanswered. It returns the draining subscription (nil if
+// there was none), invalid once every request it took was handed to
+// handle.
+func (sv *served) pause() *nats.Subscription {
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
-	if sv.sub != nil {
-		_ = sv.sub.Unsubscribe()
+	sub := sv.sub
+	if sub != nil {
+		if err := sub.Drain(); err != nil {
+			_ = sub.Unsubscribe()
+		}
 		sv.sub = nil
 	}
+	return sub
 }
 
 func (sv *served) stop() {

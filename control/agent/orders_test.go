@@ -162,8 +162,20 @@ func TestAgentActsOnlyOnSignedOrders(t *testing.T) {
 	}
 	want++
 
-	// Replayed: the copy taken off the wire, and the order just run.
-	refused("a replayed start", send(startSubject, copied.Data, copied.Header), store.OrderReplayed, "")
+	// Replayed: the copy taken off the wire carries the genuine call's
+	// ID, so it is an ask of that call (a caller asks again when an answer
+	// is lost): answered as the call was, and run no more (the count
+	// below). Without the call ID, and the order just run: refused.
+	if err := send(startSubject, copied.Data, copied.Header); err != nil {
+		t.Fatalf("the copy off the wire, an ask of the genuine call: %v", err)
+	}
+	stripped := nats.Header{}
+	for k, v := range copied.Header {
+		if k != store.CallIDHeader {
+			stripped[k] = v
+		}
+	}
+	refused("a replayed start", send(startSubject, copied.Data, stripped), store.OrderReplayed, "")
 	refused("a replayed start", send(startSubject, body, h), store.OrderReplayed, "")
 
 	// Stop, drain and upgrade (a downgrade) without a signature: the
