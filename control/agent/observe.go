@@ -61,6 +61,12 @@ func (a *Agent) observe(ctx context.Context) {
 		defer cancel()
 		note(a.cfg.Store.PutMachineBeat(wctx, a.cfg.Machine.ID, a.cfg.BeatInterval))
 	}
+	// After a reconnect the store may be an older one (it went back in
+	// time): the state and observations are written again whatever this
+	// agent last wrote, and its instances' records are checked.
+	// The first beat checks too: a restarted agent adopted what it ran.
+	reconnects := a.cfg.Store.NC.Stats().Reconnects
+	var checked time.Time
 	beat()
 	writeState()
 	writeObservations(true)
@@ -72,6 +78,17 @@ func (a *Agent) observe(ctx context.Context) {
 			return
 		case <-t.C:
 			beat()
+			if r := a.cfg.Store.NC.Stats().Reconnects; r != reconnects || time.Since(checked) >= recordCheckInterval {
+				again := r != reconnects
+				if again {
+					written = nil
+				}
+				a.checkRecords(ctx)
+				reconnects, checked = r, time.Now()
+				writeState()
+				writeObservations(again)
+				continue
+			}
 			writeState()
 			writeObservations(false)
 		case <-a.stateKick:
@@ -93,7 +110,8 @@ func (a *Agent) machineState(started time.Time) *store.MachineState {
 	defer a.mu.Unlock()
 	st := &store.MachineState{Machine: a.cfg.Machine.ID, Instances: len(a.instances), ByState: map[string]int{},
 		Capacity: a.cfg.MaxInstances, Free: max(0, a.cfg.MaxInstances-len(a.instances)), Drivers: a.drivers(),
-		Restarts: a.restarts.Load(), StartedAt: started, Release: version.Version, Arch: version.Arch(), Upgrade: a.upgradeStatus.Load()}
+		Restarts: a.restarts.Load(), StartedAt: started, Release: version.Version, Arch: version.Arch(), Upgrade: a.upgradeStatus.Load(),
+		Unrecorded: a.unrecordedLocked()}
 	for _, inst := range a.instances {
 		st.ByState[string(inst.Record.State)]++
 	}
@@ -102,5 +120,6 @@ func (a *Agent) machineState(started time.Time) *store.MachineState {
 
 func sameState(a, b *store.MachineState) bool {
 	return a.Instances == b.Instances && a.Free == b.Free && a.Capacity == b.Capacity && a.Restarts == b.Restarts &&
-		maps.Equal(a.ByState, b.ByState) && slices.Equal(a.Drivers, b.Drivers) && a.Upgrade == b.Upgrade
+		maps.Equal(a.ByState, b.ByState) && slices.Equal(a.Drivers, b.Drivers) && a.Upgrade == b.Upgrade &&
+		slices.Equal(a.Unrecorded, b.Unrecorded)
 }
