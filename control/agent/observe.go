@@ -14,8 +14,9 @@ import (
 
 // observe writes the machine's heartbeat every BeatInterval, its state
 // (what it runs and can take) whenever that changed, and its instance
-// observations again after a write of them failed, until the agent stops.
-// The control plane reads these instead of asking every machine.
+// observations again after a write of them failed, and all three at once
+// after a reconnect, until the agent stops. The control plane reads these
+// instead of asking every machine.
 func (a *Agent) observe(ctx context.Context) {
 	t := time.NewTicker(a.cfg.BeatInterval)
 	defer t.Stop()
@@ -62,11 +63,25 @@ func (a *Agent) observe(ctx context.Context) {
 		note(a.cfg.Store.PutMachineBeat(wctx, a.cfg.Machine.ID, a.cfg.BeatInterval))
 	}
 	// After a reconnect the store may be an older one (it went back in
-	// time): the state and observations are written again whatever this
-	// agent last wrote, and its instances' records are checked.
-	// The first beat checks too: a restarted agent adopted what it ran.
+	// time): at once, the beat, state and observations are written again
+	// whatever this agent last wrote (a rewound beat would keep the
+	// machine out of deploys until the next), and its instances' records
+	// are checked. The first beat checks too: a restarted agent adopted
+	// what it ran.
 	reconnects := a.cfg.Store.NC.Stats().Reconnects
 	var checked time.Time
+	recheck := false
+	check := func(again bool) {
+		if again {
+			written = nil
+		}
+		recheck = a.checkRecords(ctx)
+		checked = time.Now()
+		writeState()
+		writeObservations(again)
+	}
+	rt := time.NewTicker(reconnectPoll)
+	defer rt.Stop()
 	beat()
 	writeState()
 	writeObservations(true)
@@ -76,17 +91,16 @@ func (a *Agent) observe(ctx context.Context) {
 			return
 		case <-a.quit:
 			return
+		case <-rt.C:
+			if r := a.cfg.Store.NC.Stats().Reconnects; r != reconnects {
+				reconnects = r
+				beat()
+				check(true)
+			}
 		case <-t.C:
 			beat()
-			if r := a.cfg.Store.NC.Stats().Reconnects; r != reconnects || time.Since(checked) >= recordCheckInterval {
-				again := r != reconnects
-				if again {
-					written = nil
-				}
-				a.checkRecords(ctx)
-				reconnects, checked = r, time.Now()
-				writeState()
-				writeObservations(again)
+			if recheck || time.Since(checked) >= recordCheckInterval {
+				check(false)
 				continue
 			}
 			writeState()
@@ -96,6 +110,9 @@ func (a *Agent) observe(ctx context.Context) {
 		}
 	}
 }
+
+// reconnectPoll is how often observe looks for a reconnect to the store.
+const reconnectPoll = 250 * time.Millisecond
 
 // kickState asks observe to write the machine state now.
 func (a *Agent) kickState() {

@@ -35,19 +35,23 @@ const recordCheckInterval = 5 * time.Minute
 var recordGrace = 10 * time.Second
 
 // findUnrecorded returns, sorted, the instances the agent runs whose record
-// the store does not hold. A record it could not read stops the check: the
-// caller keeps what it knew and asks again later.
-func (a *Agent) findUnrecorded(ctx context.Context) ([]string, error) {
+// the store does not hold, and how many it spared for their youth. A record
+// it could not read stops the check: the caller keeps what it knew and asks
+// again later.
+func (a *Agent) findUnrecorded(ctx context.Context) (ids []string, spared int, err error) {
 	var recs []store.InstanceRecord
 	now := time.Now()
 	a.locked(func() {
 		for _, inst := range a.instances {
-			if !inst.stopping && now.Sub(inst.Record.CreatedAt) >= recordGrace {
+			switch {
+			case inst.stopping:
+			case now.Sub(inst.Record.CreatedAt) < recordGrace:
+				spared++
+			default:
 				recs = append(recs, inst.Record)
 			}
 		}
 	})
-	var out []string
 	for _, rec := range recs {
 		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, _, err := a.cfg.Store.GetInstance(gctx, rec.Key())
@@ -56,30 +60,33 @@ func (a *Agent) findUnrecorded(ctx context.Context) ([]string, error) {
 		case store.HasCode(err, store.CodeNotFound):
 			// Still ours? An instance stopped meanwhile is not news.
 			if _, ok := a.lookup(rec.ID); ok {
-				out = append(out, rec.ID)
+				ids = append(ids, rec.ID)
 			}
 		case err != nil:
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(ids)
+	return ids, spared, nil
 }
 
 // checkRecords updates the unrecorded instances the machine state reports,
-// and says so when they change. It reports whether they did.
-func (a *Agent) checkRecords(ctx context.Context) bool {
-	ids, err := a.findUnrecorded(ctx)
+// and says so when they change. It returns whether the check must be done
+// again at the next beat: it failed, or spared instances for their youth
+// (started just before a rewind, they would be missed until the next
+// periodic check).
+func (a *Agent) checkRecords(ctx context.Context) (again bool) {
+	ids, spared, err := a.findUnrecorded(ctx)
 	if err != nil {
 		a.log.Debug("checking the store's instance records", zap.Error(err))
-		return false
+		return true
 	}
 	var was []string
 	if p := a.unrecorded.Load(); p != nil {
 		was = *p
 	}
 	if slices.Equal(was, ids) {
-		return false
+		return spared > 0
 	}
 	a.unrecorded.Store(&ids)
 	if len(ids) > 0 {
@@ -90,7 +97,7 @@ func (a *Agent) checkRecords(ctx context.Context) bool {
 	} else if len(was) > 0 {
 		a.log.Info("every instance this machine runs has a record in the store again")
 	}
-	return true
+	return spared > 0
 }
 
 // unrecordedLocked is what the machine state reports: of the instances the
