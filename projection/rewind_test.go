@@ -2,6 +2,7 @@ package projection_test
 
 import (
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/edgeplane/edgeplane/projection"
@@ -21,6 +22,13 @@ type rewindFixture struct {
 
 func newRewindFixture(t *testing.T) *rewindFixture {
 	t.Helper()
+	return newRewindFixtureSnap(t, "")
+}
+
+// newRewindFixtureSnap is newRewindFixture with the projection writing
+// its snapshot to snapshotPath.
+func newRewindFixtureSnap(t *testing.T, snapshotPath string) *rewindFixture {
+	t.Helper()
 	f := &rewindFixture{dir: t.TempDir(), old: t.TempDir() + "/old", addr: storetest.FreeAddr(t)}
 	ctx := ctxT(t)
 	srv := storetest.StartIn(t, f.dir, f.addr)
@@ -35,7 +43,7 @@ func newRewindFixture(t *testing.T) *rewindFixture {
 		t.Fatalf("copying the store: %v: %s", err, out)
 	}
 	srv = storetest.StartIn(t, f.dir, f.addr)
-	f.p = start(t, projection.Config{Connect: connectTo(t, srv.URL)})
+	f.p = start(t, projection.Config{Connect: connectTo(t, srv.URL), SnapshotPath: snapshotPath})
 	for i, id := range []string{"w2", "w3"} {
 		_, seq, err := storetest.Deploy(ctx, srv.Store, "shop", map[string]storetest.Service{"web": web("127.0.0.1", 9002+i, id)})
 		if err != nil {
@@ -114,5 +122,22 @@ func TestRewoundStoreWithNewEventsRebuilds(t *testing.T) {
 	})
 	if got := f.serves(); got != "w4" {
 		t.Errorf("after the rewind the gateway serves %q, want the new deploy w4 (w2, w3 were rewound away)", got)
+	}
+}
+
+// A gateway restarted against a store that went back in time serves its
+// snapshot (further along) only until it reaches the store: then the
+// store's older state, said loudly, and never the snapshot's.
+func TestRestartOnRewoundStoreServesTheStore(t *testing.T) {
+	snap := filepath.Join(t.TempDir(), "routing.json")
+	f := newRewindFixtureSnap(t, snap)
+	f.p.stop() // writes its last snapshot, at w3
+	storetest.StartIn(t, f.old, f.addr)
+	f.p = start(t, projection.Config{Connect: connectTo(t, "nats://"+f.addr), SnapshotPath: snap})
+	storetest.Eventually(t, wait, "load from the rewound store", func() bool {
+		return f.p.Status().Loads >= 1 && f.p.Status().Connected
+	})
+	if st := f.p.Status(); f.serves() != "w1" || st.Rewinds != 1 || st.AppliedSeq >= f.applied {
+		t.Errorf("restarted on the rewound store: serves %q, %d rewinds, sequence %d (snapshot's %d)", f.serves(), st.Rewinds, st.AppliedSeq, f.applied)
 	}
 }
