@@ -5,9 +5,11 @@
 // A Projection loads the stored routing state (store.LoadRouting), then
 // consumes the ordered routing events stream from the sequence the load saw.
 // Whenever it cannot prove that it has seen every event since (a sequence
-// gap, a stream recreated or purged past its position, a reconnect), it
-// rebuilds a fresh View from stored state beside the old one and swaps it
-// in, so serving never pauses. The last good View is persisted to a local
+// gap, a stream recreated or purged past its position, a reconnect to a
+// store that went back in time and reuses sequences it applied: rewind.go),
+// it rebuilds a fresh View from stored state beside the old one and swaps
+// it in, so serving never pauses; the store is the truth, even when it is
+// older than what was served. The last good View is persisted to a local
 // snapshot and loaded, marked stale, when the gateway starts while NATS is
 // unreachable.
 //
@@ -95,10 +97,17 @@ type Projection struct {
 	skipVerify bool
 	// seal is the verified routing seal that vouches for the events
 	// after the applied sequence, if any; the session goroutine's own.
-	seal      *store.Seal
-	loads     atomic.Uint64
-	head      atomic.Uint64
-	connected atomic.Bool
+	seal *store.Seal
+	// mark is the message the view's sequence stands for, checked after
+	// a reconnect to tell a rewound store (rewind.go); the session
+	// goroutine's own, as is rewindNoted (a rewind was said for the
+	// rebuild under way).
+	mark        appliedMark
+	rewindNoted bool
+	rewinds     atomic.Uint64
+	loads       atomic.Uint64
+	head        atomic.Uint64
+	connected   atomic.Bool
 	// downLogged is the reason last logged for the loss of the store, so
 	// that an outage is one log line per reason, not one per reconnect
 	// attempt; nil while connected.
@@ -229,8 +238,12 @@ type Status struct {
 	Signatures SignatureStatus `json:"signatures"`
 	// Loads counts full loads from the store; Rebuilds those after the
 	// first (freshness became uncertain, or NATS came back).
-	Loads    uint64    `json:"loads"`
-	Rebuilds uint64    `json:"rebuilds"`
+	Loads    uint64 `json:"loads"`
+	Rebuilds uint64 `json:"rebuilds"`
+	// Rewinds counts the times the store's routing stream was found to
+	// have gone back in time (or to be another stream): each rebuilt the
+	// view from what the store held then.
+	Rewinds  uint64    `json:"rewinds,omitempty"`
 	Services int       `json:"services"`
 	Routable int       `json:"routable_instances"`
 	Machines int       `json:"machines"`
@@ -295,6 +308,7 @@ func (p *Projection) Status() Status {
 		EventsApplied: p.eventsApplied.Load(),
 		BadEvents:     p.badEvents.Load(),
 		Loads:         p.loads.Load(),
+		Rewinds:       p.rewinds.Load(),
 		BuiltAt:       v.BuiltAt,
 		MachinesDown:  v.down,
 	}
@@ -374,6 +388,9 @@ func (p *Projection) Run(ctx context.Context) error {
 		case ctx.Err() != nil:
 		case errors.Is(err, errUncertain):
 			// Rebuild at once: the old view serves meanwhile.
+			if errors.Is(err, errRewound) {
+				p.noteRewind(err)
+			}
 			backoff.reset()
 		default:
 			// A reconnect the connection's own TLS refused says more

@@ -85,7 +85,10 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 	needCatchUp, needVerify := true, false
 
 	for {
-		if needCatchUp && nc.IsConnected() {
+		// Nothing is read from a stream not yet proven the one followed
+		// (a reconnect, or a verify that failed): it may have been
+		// rewound.
+		if needCatchUp && !needVerify && nc.IsConnected() && nc.Stats().Reconnects == reconnects {
 			switch err := p.catchUp(ctx, st, created); {
 			case errors.Is(err, errUncertain):
 				return err
@@ -121,8 +124,9 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 			}
 			if r := nc.Stats().Reconnects; r != reconnects || needVerify {
 				// A reconnect is continuous only if the stream is the same
-				// one and still holds everything after our position.
-				if err := p.verify(ctx, st, created); err != nil {
+				// one, still holds everything after our position, and was
+				// not rewound under it.
+				if err := p.verify(ctx, st, created, true); err != nil {
 					if errors.Is(err, errUncertain) {
 						return err
 					}
@@ -148,7 +152,7 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 			if nc.Status() != nats.CONNECTED {
 				continue
 			}
-			if err := p.verify(ctx, st, created); err != nil {
+			if err := p.verify(ctx, st, created, false); err != nil {
 				if errors.Is(err, errUncertain) {
 					return err
 				}
@@ -284,6 +288,15 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	for _, m := range rs.Machines {
 		b.upsertMachine(m)
 	}
+	p.markStreamHead(lctx, st, rs.Seq)
+	// A snapshot (or the view before a rebuild) further along the same
+	// stream than the store: the store went back in time. The store is
+	// the truth; say so once per rebuild.
+	if old.Seq > rs.Seq && !old.StreamCreated.IsZero() && !p.rewindNoted {
+		p.noteRewind(fmt.Errorf("%w: the store's routing ends at %d, this gateway served %d (stream created %s, the store's %s)",
+			errRewound, rs.Seq, old.Seq, old.StreamCreated, info.Created))
+	}
+	p.rewindNoted = false
 	v := b.finish(rs.Seq, false)
 	p.refuseEndpoints(b.refused)
 	v.BuiltAt = time.Now()
@@ -302,9 +315,10 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 }
 
 // verify checks that the routing stream is the one we loaded from and still
-// holds every event after our position. A mismatch is errUncertain; failing
-// to ask is an ordinary error.
-func (p *Projection) verify(ctx context.Context, st *store.Store, created time.Time) error {
+// holds every event after our position; with mark, that the message last
+// applied is still the one at our position (rewind.go). A mismatch is
+// errUncertain (errRewound); failing to ask is an ordinary error.
+func (p *Projection) verify(ctx context.Context, st *store.Store, created time.Time, mark bool) error {
 	vctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	info, err := st.RoutingInfo(vctx)
@@ -314,9 +328,14 @@ func (p *Projection) verify(ctx context.Context, st *store.Store, created time.T
 	applied := p.View().Seq
 	switch {
 	case !info.Created.Equal(created):
-		return uncertain("routing stream was recreated (created %s, loaded from one created %s)", info.Created, created)
+		return rewound("routing stream was recreated (created %s, loaded from one created %s)", info.Created, created)
 	case info.State.LastSeq < applied:
-		return uncertain("routing stream ends at %d, before the applied sequence %d", info.State.LastSeq, applied)
+		return rewound("routing stream ends at %d, before the applied sequence %d", info.State.LastSeq, applied)
+	}
+	if mark {
+		if err := p.checkMark(ctx, st); err != nil {
+			return err
+		}
 	}
 	p.noteHead(info.State.LastSeq, applied)
 	return nil
@@ -383,6 +402,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 			nEvents++
 		}
 		seq = m.Seq
+		p.mark = markOf(m.Seq, m.Subject, m.Data)
 		head = max(head, m.Seq+m.Pending)
 		lastTS = m.Time
 		n++

@@ -32,10 +32,14 @@ type MachineState struct {
 	StartedAt time.Time `json:"started_at"`
 	// Release is the agent's version (control version), Arch its
 	// GOOS/GOARCH; Upgrade its latest upgrade, if any.
-	Release   string         `json:"release,omitempty"`
-	Arch      string         `json:"arch,omitempty"`
-	Upgrade   *UpgradeStatus `json:"upgrade,omitempty"`
-	UpdatedAt time.Time      `json:"updated_at"`
+	Release string         `json:"release,omitempty"`
+	Arch    string         `json:"arch,omitempty"`
+	Upgrade *UpgradeStatus `json:"upgrade,omitempty"`
+	// Unrecorded are the instances the agent runs that the store has no
+	// record of: the store went back in time (a restored backup, a power
+	// cut) or lost them. Nothing routes them; they run until stopped.
+	Unrecorded []string  `json:"unrecorded,omitempty"`
+	UpdatedAt  time.Time `json:"updated_at"`
 }
 
 func (r *MachineState) version() int { return r.Version }

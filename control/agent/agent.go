@@ -10,7 +10,9 @@
 // those that end on their own, adopt.go persists instance state and adopts
 // it at start, leased.go runs leased commands, republish.go keeps the
 // routing republishes the control plane has not taken yet, observe.go
-// writes the machine's heartbeat and state, logs.go serves instance output.
+// writes the machine's heartbeat and state, unrecorded.go finds the
+// instances the store has no record of (it went back in time), logs.go
+// serves instance output.
 package agent
 
 import (
@@ -139,6 +141,9 @@ type Agent struct {
 
 	// observed is set once a heartbeat and machine state were written.
 	observed atomic.Bool
+	// unrecorded are the instances it runs that the store has no record
+	// of (unrecorded.go), reported in the machine state.
+	unrecorded atomic.Pointer[[]string]
 	// upgradeStatus is the latest upgrade, reported in the machine state.
 	upgradeStatus atomic.Pointer[store.UpgradeStatus]
 	// upgradeMu makes one upgrade at a time.

@@ -14,8 +14,9 @@ import (
 
 // observe writes the machine's heartbeat every BeatInterval, its state
 // (what it runs and can take) whenever that changed, and its instance
-// observations again after a write of them failed, until the agent stops.
-// The control plane reads these instead of asking every machine.
+// observations again after a write of them failed, and all three at once
+// after a reconnect, until the agent stops. The control plane reads these
+// instead of asking every machine.
 func (a *Agent) observe(ctx context.Context) {
 	t := time.NewTicker(a.cfg.BeatInterval)
 	defer t.Stop()
@@ -61,6 +62,26 @@ func (a *Agent) observe(ctx context.Context) {
 		defer cancel()
 		note(a.cfg.Store.PutMachineBeat(wctx, a.cfg.Machine.ID, a.cfg.BeatInterval))
 	}
+	// After a reconnect the store may be an older one (it went back in
+	// time): at once, the beat, state and observations are written again
+	// whatever this agent last wrote (a rewound beat would keep the
+	// machine out of deploys until the next), and its instances' records
+	// are checked. The first beat checks too: a restarted agent adopted
+	// what it ran.
+	reconnects := a.cfg.Store.NC.Stats().Reconnects
+	var checked time.Time
+	recheck := false
+	check := func(again bool) {
+		if again {
+			written = nil
+		}
+		recheck = a.checkRecords(ctx)
+		checked = time.Now()
+		writeState()
+		writeObservations(again)
+	}
+	rt := time.NewTicker(reconnectPoll)
+	defer rt.Stop()
 	beat()
 	writeState()
 	writeObservations(true)
@@ -70,8 +91,18 @@ func (a *Agent) observe(ctx context.Context) {
 			return
 		case <-a.quit:
 			return
+		case <-rt.C:
+			if r := a.cfg.Store.NC.Stats().Reconnects; r != reconnects {
+				reconnects = r
+				beat()
+				check(true)
+			}
 		case <-t.C:
 			beat()
+			if recheck || time.Since(checked) >= recordCheckInterval {
+				check(false)
+				continue
+			}
 			writeState()
 			writeObservations(false)
 		case <-a.stateKick:
@@ -79,6 +110,9 @@ func (a *Agent) observe(ctx context.Context) {
 		}
 	}
 }
+
+// reconnectPoll is how often observe looks for a reconnect to the store.
+const reconnectPoll = 250 * time.Millisecond
 
 // kickState asks observe to write the machine state now.
 func (a *Agent) kickState() {
@@ -93,7 +127,8 @@ func (a *Agent) machineState(started time.Time) *store.MachineState {
 	defer a.mu.Unlock()
 	st := &store.MachineState{Machine: a.cfg.Machine.ID, Instances: len(a.instances), ByState: map[string]int{},
 		Capacity: a.cfg.MaxInstances, Free: max(0, a.cfg.MaxInstances-len(a.instances)), Drivers: a.drivers(),
-		Restarts: a.restarts.Load(), StartedAt: started, Release: version.Version, Arch: version.Arch(), Upgrade: a.upgradeStatus.Load()}
+		Restarts: a.restarts.Load(), StartedAt: started, Release: version.Version, Arch: version.Arch(), Upgrade: a.upgradeStatus.Load(),
+		Unrecorded: a.unrecordedLocked()}
 	for _, inst := range a.instances {
 		st.ByState[string(inst.Record.State)]++
 	}
@@ -102,5 +137,6 @@ func (a *Agent) machineState(started time.Time) *store.MachineState {
 
 func sameState(a, b *store.MachineState) bool {
 	return a.Instances == b.Instances && a.Free == b.Free && a.Capacity == b.Capacity && a.Restarts == b.Restarts &&
-		maps.Equal(a.ByState, b.ByState) && slices.Equal(a.Drivers, b.Drivers) && a.Upgrade == b.Upgrade
+		maps.Equal(a.ByState, b.ByState) && slices.Equal(a.Drivers, b.Drivers) && a.Upgrade == b.Upgrade &&
+		slices.Equal(a.Unrecorded, b.Unrecorded)
 }

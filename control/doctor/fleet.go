@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/edgeplane/edgeplane/certs"
 	"github.com/edgeplane/edgeplane/store"
@@ -47,6 +48,7 @@ func (d *doctor) checkMachines(ctx context.Context) error {
 		recs := byMachine[id]
 		subj := "machine " + id
 		if errs[i] != nil {
+			d.lastReportedUnrecorded(ctx, id)
 			if len(recs) > 0 {
 				d.add(LayerMachines, Problem, subj, "does not answer (%v) and %d instances are recorded on it; if it is gone: control machine rm --force %s",
 					store.AsError(errs[i]).Message, len(recs), id)
@@ -74,19 +76,44 @@ func (d *doctor) checkMachines(ctx context.Context) error {
 			}
 			delete(running, rec.ID)
 		}
-		var strays []string
+		var strays []store.InventoryItem
 		for _, it := range running {
 			if it.Running {
-				strays = append(strays, fmt.Sprintf("%s (%s/%s)", it.ID, it.Namespace, it.Service))
+				strays = append(strays, it)
 			}
 		}
-		sort.Strings(strays)
-		for _, s := range strays {
-			d.add(LayerMachines, Problem, subj, "runs instance %s that has no record: a stray nobody routes or stops", s)
+		sort.Slice(strays, func(i, j int) bool { return strays[i].ID < strays[j].ID })
+		for _, it := range strays {
+			d.add(LayerMachines, Problem, subj, "%s", strayMessage(id, it))
 		}
 	}
 	d.checked(LayerMachines, len(ids))
 	return nil
+}
+
+// strayMessage says what an instance machine runs with no record is and
+// what to do about it. One its agent runs (not a container the agent does
+// not know) was most likely started before the store went back in time.
+func strayMessage(machine string, it store.InventoryItem) string {
+	msg := fmt.Sprintf("runs instance %s (%s/%s) that has no record: a stray nobody routes or stops", it.ID, it.Namespace, it.Service)
+	if it.Unknown {
+		return msg
+	}
+	return msg + fmt.Sprintf("; the store does not know it: the store may have gone back in time (a restored backup, a power cut) "+
+		"and forgotten the deploy that started it. If the store is right, stop it: control instance stop %s --machine %s; "+
+		"if a newer backup exists, restore that instead", it.ID, machine)
+}
+
+// lastReportedUnrecorded names the unrecorded instances machine id's agent
+// last reported in its machine state, for a machine that does not answer.
+func (d *doctor) lastReportedUnrecorded(ctx context.Context, id string) {
+	st, err := d.s.MachineStateOf(ctx, id)
+	if err != nil || len(st.Unrecorded) == 0 {
+		return
+	}
+	d.add(LayerMachines, Problem, "machine "+id, "its agent last reported (%s) running instances the store does not know: %s; "+
+		"the store may have gone back in time (a restored backup, a power cut)",
+		st.UpdatedAt.UTC().Format(time.RFC3339), strings.Join(st.Unrecorded, ", "))
 }
 
 // checkMesh compares the mesh peer records with the machines.
