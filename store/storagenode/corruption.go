@@ -181,6 +181,17 @@ func (sc streamCheck) checkBlock(file string, index uint32, last bool) (int64, s
 			stream.XORKeyStream(buf, buf)
 		}
 	}
+	// A compressed block (a stream with compression: none of the store's
+	// own) carries a header and S2 below it, as filestore's decode reads.
+	var meta server.CompressionInfo
+	if n, err := meta.UnmarshalMetadata(buf); err != nil || n > 0 {
+		if err == nil {
+			buf, err = meta.Algorithm.Decompress(buf[n:])
+		}
+		if err != nil {
+			return 0, "a compressed block that does not decompress", nil
+		}
+	}
 	key := sha256.Sum256([]byte(fmt.Sprintf("%s-%d", sc.stream, index)))
 	hh, err := highwayhash.New64(key[:])
 	if err != nil {

@@ -30,7 +30,7 @@ var testKey = strings.Repeat("k", 32)
 
 // fillStream creates the test stream with replicas on ns and publishes
 // testMsgs messages, each naming its sequence.
-func fillStream(t *testing.T, ns *server.Server, replicas int) {
+func fillStream(t *testing.T, ns *server.Server, replicas int, compression ...jetstream.StoreCompression) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -47,7 +47,11 @@ func fillStream(t *testing.T, ns *server.Server, replicas int) {
 	storetest.Eventually(t, 20*time.Second, "the test stream created", func() bool {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		_, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: testStream, Subjects: []string{"t.>"}, MaxBytes: testMaxBytes, Replicas: replicas})
+		cfg := jetstream.StreamConfig{Name: testStream, Subjects: []string{"t.>"}, MaxBytes: testMaxBytes, Replicas: replicas}
+		if len(compression) > 0 {
+			cfg.Compression = compression[0]
+		}
+		_, err := js.CreateStream(cctx, cfg)
 		return err == nil
 	})
 	pad := strings.Repeat("x", 380)
@@ -121,15 +125,17 @@ func truncateTo(t *testing.T, file string, part float64) string {
 // encrypted at rest and not.
 func TestSingleBoxWithDamagedBlockRefusesToStart(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		key    string
-		damage func(*testing.T, []string) string
+		name       string
+		key        string
+		damage     func(*testing.T, []string) string
+		compressed bool
 	}{
-		{"flipped bit, encrypted", testKey, flipBit},
-		{"flipped bit, plaintext", "", flipBit},
-		{"truncated block, encrypted", testKey, truncateFirst},
-		{"truncated last block, encrypted", testKey, truncateLast},
-		{"truncated last block, plaintext", "", truncateLast},
+		{"flipped bit, encrypted", testKey, flipBit, false},
+		{"flipped bit, plaintext", "", flipBit, false},
+		{"flipped bit, compressed", "", flipBit, true},
+		{"truncated block, encrypted", testKey, truncateFirst, false},
+		{"truncated last block, encrypted", testKey, truncateLast, false},
+		{"truncated last block, plaintext", "", truncateLast, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -138,9 +144,16 @@ func TestSingleBoxWithDamagedBlockRefusesToStart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fillStream(t, ns, 1)
+			if tc.compressed {
+				fillStream(t, ns, 1, jetstream.S2Compression)
+			} else {
+				fillStream(t, ns, 1)
+			}
 			ns.Shutdown()
 			ns.WaitForShutdown()
+			if b, _ := os.ReadFile(blocks(t, dir)[0]); tc.compressed && !strings.HasPrefix(string(b), "cmp") {
+				t.Fatal("block 1 is not compressed")
+			}
 			// A clean store starts again: the check finds nothing in a
 			// healthy one.
 			if ns, err = storagenode.Start(cfg); err != nil {
