@@ -338,3 +338,47 @@ func TestDamagedReplicaRebuiltFromPeers(t *testing.T) {
 		})
 	}
 }
+
+// `control server` on a single box (Boot, with credentials and its
+// encrypted store) refuses to start over a damaged block with the
+// structured refusal, and lets go of the data dir so a restore can take
+// it.
+func TestBootRefusesDamagedStore(t *testing.T) {
+	dataDir := t.TempDir()
+	cfg := storagenode.BootConfig{DataDir: dataDir, Listen: "127.0.0.1:0", Auth: storagenode.AuthOn, AuthDir: t.TempDir()}
+	n := boot(t, cfg)
+	for i := range 20 {
+		putSecretN(t, n, i)
+	}
+	n.Close()
+	files, _ := filepath.Glob(filepath.Join(dataDir, "jetstream", "jetstream", "*", "streams", "*", "msgs", "*.blk"))
+	var damaged string
+	var size int64
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil && fi.Size() > size {
+			damaged, size = f, fi.Size()
+		}
+	}
+	b, _ := os.ReadFile(damaged)
+	b[len(b)/2] ^= 0x04
+	if err := os.WriteFile(damaged, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := storagenode.Boot(t.Context(), cfg)
+	if se := store.AsError(err); se.Code != store.CodeStoreDamaged || se.Detail["file"] != damaged {
+		t.Fatalf("boot over %s: %v", damaged, err)
+	}
+	release, err := storagenode.LockDataDir(dataDir)
+	if err != nil {
+		t.Fatalf("the refused start kept the data dir: %v", err)
+	}
+	release()
+}
+
+func putSecretN(t *testing.T, n *storagenode.Node, i int) {
+	t.Helper()
+	b := storetest.Bucket(t, n.Store, n.Store.Names.CertsBucket())
+	if _, err := b.Put(context.Background(), fmt.Sprintf("certificates/%d.example.com.key", i), []byte(secret)); err != nil {
+		t.Fatal(err)
+	}
+}
