@@ -20,7 +20,8 @@ const (
 	VerdictOK Verdict = "ok"
 	// VerdictLost: the copy is missing messages: its server found them
 	// unreadable, or it holds fewer than the leader's copy at the same
-	// last sequence (a hole the server did not report).
+	// last sequence (a hole the server did not report); or every copy of
+	// the stream was rebuilt, so none may have been intact.
 	VerdictLost Verdict = "lost"
 	// VerdictRebuilt: the node found its copy damaged as it started, set
 	// it aside and rebuilt it from its peers; it now matches the leader's.
@@ -116,8 +117,20 @@ func Check(v *View) *CheckReport {
 				leader = &copies[i].r
 			}
 		}
+		// Each node rebuilds from the others: when every copy was
+		// rebuilt, none may have been left intact to rebuild from.
+		allRebuilt := rep.Clustered
 		for _, c := range copies {
-			rep.Copies = append(rep.Copies, judge(name, c.node, c.r, leader, rep.Clustered))
+			allRebuilt = allRebuilt && c.r.Rebuilt != nil
+		}
+		for _, c := range copies {
+			cc := judge(name, c.node, c.r, leader, rep.Clustered)
+			if allRebuilt {
+				cc.Verdict = VerdictLost
+				cc.Detail = "every copy of this stream was rebuilt from the others, so none may have been left intact (" + cc.Detail +
+					"). Compare it with your latest backup; once it is right, delete the quarantines on the storage nodes"
+			}
+			rep.Copies = append(rep.Copies, cc)
 		}
 	}
 	sort.Slice(rep.Copies, func(i, j int) bool {

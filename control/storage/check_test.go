@@ -92,6 +92,13 @@ func TestCheckVerdicts(t *testing.T) {
 	if quiet.Healthy() || strings.Join(quiet.Unanswered, ",") != "s2,s3" || !store.HasCode(quiet.Err(), store.CodeUnavailable) {
 		t.Fatalf("unanswered: %+v %v", quiet, quiet.Err())
 	}
+	// Every copy rebuilt: none may have been intact to rebuild from.
+	all := Check(&View{Nodes: []NodeView{{Name: "s1"}, {Name: "s2"}}, Answers: []store.StorageNodeStatus{
+		nodeAnswer("s1", rebuilt), nodeAnswer("s2", rebuilt),
+	}})
+	if all.Healthy() || len(all.Copies) != 2 || all.Copies[0].Verdict != VerdictLost || !strings.HasPrefix(all.Copies[1].Detail, "every copy of this stream was rebuilt") {
+		t.Fatalf("every copy rebuilt: %+v", all.Copies)
+	}
 	healthy := Check(&View{Nodes: []NodeView{{Name: "s1"}}, Answers: v.Answers[:1]})
 	if !healthy.Healthy() || healthy.Err() != nil {
 		t.Fatalf("healthy: %+v", healthy)
