@@ -10,6 +10,7 @@ require (
 	github.com/docker/go-units v0.5.0
 	github.com/goreleaser/nfpm/v2 v2.45.2
 	github.com/miekg/dns v1.1.73
+	github.com/minio/highwayhash v1.0.4
 	github.com/moby/moby/api v1.56.1
 	github.com/moby/moby/client v0.6.2
 	github.com/nats-io/jwt/v2 v2.8.2
@@ -124,7 +125,6 @@ require (
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/mgutz/ansi v0.0.0-20200706080929-d51e80ef957d // indirect
 	github.com/mholt/acmez/v3 v3.1.7 // indirect
-	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/mitchellh/copystructure v1.2.0 // indirect
 	github.com/mitchellh/go-ps v1.0.0 // indirect
 	github.com/mitchellh/reflectwalk v1.0.2 // indirect

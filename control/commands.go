@@ -72,6 +72,8 @@ var commands = []command{
 
 	{name: "storage ls", aliases: []string{"storage list"}, summary: "storage nodes, write quorum, meta leader and replica placement",
 		client: reads, setup: setupStorageList},
+	{name: "storage check", summary: "every stream's copy on every storage node: ok, lost N messages, or rebuilt from its peers",
+		client: reads, setup: setupStorageCheck},
 	{name: "storage add", synopsis: "NODE", summary: "grow replicas onto a caught-up storage node",
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupStorageAdd},
 	{name: "storage remove", synopsis: "NODE", summary: "move replicas and leaders off a storage node",

@@ -136,6 +136,19 @@ func setupStorageList(fs *flag.FlagSet) func(*call) error {
 	}
 }
 
+func setupStorageCheck(fs *flag.FlagSet) func(*call) error {
+	f := addStorageFlags(fs, false)
+	return func(c *call) error {
+		return f.withView(c, false, func(_ *store.Store, view *storage.View) error {
+			rep := storage.Check(view)
+			if err := c.out.emit(rep, func(w io.Writer) { printers.StorageCheck(w, rep) }); err != nil {
+				return err
+			}
+			return rep.Err()
+		})
+	}
+}
+
 func setupStorageAdd(fs *flag.FlagSet) func(*call) error {
 	f := addStorageFlags(fs, true)
 	maxR := fs.Int("max-replicas", 5, "the replica count never grows beyond this")

@@ -66,6 +66,15 @@ type StreamReplica struct {
 	Bytes    uint64 `json:"bytes"`
 	FirstSeq uint64 `json:"first_seq"`
 	LastSeq  uint64 `json:"last_seq"`
+	// Lost counts the messages (LostBytes their bytes) the node's server
+	// found it could not read back from its copy since it started.
+	Lost      uint64 `json:"lost,omitempty"`
+	LostBytes uint64 `json:"lost_bytes,omitempty"`
+	// Rebuilt is when the node found its copy damaged as it started and
+	// set it aside to be rebuilt from its peers; Damage is what it found.
+	// Unset when it never did (or an operator cleared the record).
+	Rebuilt *time.Time `json:"rebuilt,omitempty"`
+	Damage  string     `json:"damage,omitempty"`
 }
 
 // StorageNodeStatus is a storage node's own live view: an observation,

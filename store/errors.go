@@ -44,6 +44,10 @@ const (
 	// CodePlaintextRefused refuses to send credentials in plaintext to a
 	// server that is not on this box: give the fleet CA and use TLS.
 	CodePlaintextRefused = "plaintext_refused"
+	// CodeStoreDamaged refuses to start a storage node whose store has a
+	// damaged file no other node holds a copy of: it names the file, and
+	// the way back is a backup.
+	CodeStoreDamaged = "store_damaged"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and

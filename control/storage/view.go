@@ -1,11 +1,12 @@
 // Package storage is the logic of `control storage ls|add|remove|forget|
-// import`: reading the storage nodes' views and the replica placement
+// import|check`: reading the storage nodes' views and the replica placement
 // (Read), planning what adding or removing a storage node does to the
 // replica count (PlanAdd, PlanRemove: pure functions of a View that refuse
 // with a structured error when the cluster could not take it), carrying a
 // plan out while writes go on (Add, Remove), taking a stopped node out of
-// the JetStream meta group (Forget) and copying a single box's store into a
-// cluster (Import).
+// the JetStream meta group (Forget), copying a single box's store into a
+// cluster (Import) and judging every stream's copy on every node (Check:
+// ok, lost N messages, rebuilt from its peers).
 //
 // Nothing here prints a result: progress lines go to the io.Writer a caller
 // passes, and the caller renders what the functions return.

@@ -168,11 +168,24 @@ func LocalStatus(ns *server.Server) (*store.StorageNodeStatus, error) {
 		st.Peers = []store.StoragePeer{{Name: ns.Name(), Current: true}}
 	}
 	sort.Slice(st.Peers, func(i, j int) bool { return st.Peers[i].Name < st.Peers[j].Name })
+	rebuilt, err := RebuiltStreams(dataDirOf(ns))
+	if err != nil {
+		return nil, err
+	}
 	for _, acc := range jsz.AccountDetails {
 		for _, sd := range acc.Streams {
 			r := store.StreamReplica{Name: sd.Name, Msgs: sd.State.Msgs, Bytes: sd.State.Bytes, FirstSeq: sd.State.FirstSeq, LastSeq: sd.State.LastSeq}
 			if sd.Cluster != nil {
 				r.Leader = sd.Cluster.Leader
+			}
+			if l := sd.State.Lost; l != nil {
+				r.Lost, r.LostBytes = uint64(len(l.Msgs)), l.Bytes
+			}
+			for _, rb := range rebuilt {
+				if rb.Stream == sd.Name {
+					at := rb.At
+					r.Rebuilt, r.Damage = &at, rb.Damage
+				}
 			}
 			st.Streams = append(st.Streams, r)
 		}

@@ -9,6 +9,13 @@
 // is the bare server beneath it, for tests and the import's private
 // server. Attach binds a process to storage nodes it does not run.
 //
+// Start reads every message block of the store before the server opens
+// it (CheckStore), because the server itself would start over a damaged
+// block with a silent hole: a single box with a damaged block refuses to
+// start, naming the file and the backup to restore; a node of a cluster
+// sets the damaged stream's copy aside (QuarantineDir) and RAFT rebuilds
+// it from the stream's leader, and its status says so (RebuiltStreams).
+//
 // Only `control server` and the storage commands of `control` run a storage
 // node, so only they link nats-server: the gateway, edgeplane-dns and meshd
 // are clients of package store alone.
@@ -152,6 +159,11 @@ func Start(cfg Config) (*server.Server, error) {
 		if err := cfg.Configure(opts); err != nil {
 			return nil, fmt.Errorf("starting embedded nats: %w", err)
 		}
+	}
+	// Before the server opens the store: it would truncate a damaged block
+	// and start with the hole (corruption.go).
+	if err := guardStore(cfg); err != nil {
+		return nil, err
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
