@@ -37,13 +37,13 @@ func (s *Store) Call(ctx context.Context, machine, command string, req, resp any
 		if err != nil {
 			return fmt.Errorf("encoding %s request: %w", command, err)
 		}
-		return call(ctx, s.NC, &nats.Msg{Subject: subject, Data: data}, machine, command, resp, true)
+		return call(ctx, s.NC, &nats.Msg{Subject: subject, Data: data}, machine, command, resp, s.Names.RPCSubject(machine, ""))
 	}
 	data, h, err := s.signOrder(machine, command, req)
 	if err != nil {
 		return err
 	}
-	return call(ctx, s.NC, &nats.Msg{Subject: subject, Header: h, Data: data}, machine, command, resp, true)
+	return call(ctx, s.NC, &nats.Msg{Subject: subject, Header: h, Data: data}, machine, command, resp, s.Names.RPCSubject(machine, ""))
 }
 
 // Call is Store.Call on an explicit connection and subject, unsigned: for
@@ -56,17 +56,17 @@ func Call(ctx context.Context, nc *nats.Conn, subject, machine, command string, 
 	if err != nil {
 		return fmt.Errorf("encoding %s request: %w", command, err)
 	}
-	return call(ctx, nc, &nats.Msg{Subject: subject, Data: data}, machine, command, resp, false)
+	return call(ctx, nc, &nats.Msg{Subject: subject, Data: data}, machine, command, resp, "")
 }
 
-// call asks req and decodes its answer; askAgain: see request.
-func call(ctx context.Context, nc *nats.Conn, req *nats.Msg, machine, command string, resp any, askAgain bool) error {
+// call asks req and decodes its answer; responder: see request.
+func call(ctx context.Context, nc *nats.Conn, req *nats.Msg, machine, command string, resp any, responder string) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultRPCTimeout)
 		defer cancel()
 	}
-	msg, err := request(ctx, nc, req, askAgain)
+	msg, err := request(ctx, nc, req, responder)
 	if err != nil {
 		f := &RPCFailure{Machine: machine, Command: command, Cause: CauseTransport, Detail: err.Error()}
 		switch {

@@ -35,7 +35,10 @@ const (
 // first ask (a lost request costs that much), then less often.
 var askAgainAfter = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
 
-// callsOnce holds the subjects whose responder said CallsOnceHeader.
+// callsOnce holds the responders (an agent's subject space) that said
+// CallsOnceHeader: a machine's agent answers all its commands alike, so
+// what the first answer (a deploy's capacity probe) said holds for the
+// calls after it.
 var callsOnce sync.Map
 
 // callMux takes the answers to a connection's calls on one wildcard
@@ -88,13 +91,15 @@ func muxOf(nc *nats.Conn) (*callMux, error) {
 	return x, nil
 }
 
-// request sends req and waits for its answer until ctx ends; with
-// askAgain, under a call ID, asked again while not answered once its
-// responder said it answers a call once (see the comment above). Only an
-// agent's RPC is asked again: one agent answers a machine's subject, where
-// the control plane's services are queue groups of several servers that
-// do not share what they answered.
-func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, askAgain bool) (*nats.Msg, error) {
+// request sends req and waits for its answer until ctx ends. With a
+// responder (an agent's subject space), the call goes under a call ID and
+// is asked again while not answered, once that responder said it answers
+// a call once (see the comment above). Only an agent's RPC is asked again:
+// one agent answers a machine's subjects, where the control plane's
+// services are queue groups of several servers that do not share what
+// they answered.
+func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, responder string) (*nats.Msg, error) {
+	askAgain := responder != ""
 	x, err := muxOf(nc)
 	if err != nil {
 		return nil, err
@@ -122,7 +127,9 @@ func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, askAgain bool) (
 	for asked := 0; ; {
 		var again <-chan time.Time
 		var timer *time.Timer
-		if _, ok := callsOnce.Load(req.Subject); ok && askAgain {
+		if askAgain {
+			// Also while the responder is not known to answer once: a
+			// call made before the first answer said so learns it here.
 			timer = time.NewTimer(askAgainAfter[min(asked, len(askAgainAfter)-1)])
 			again = timer.C
 		}
@@ -140,10 +147,12 @@ func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, askAgain bool) (
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
 		default:
-			if err := nc.PublishMsg(ask); err != nil {
-				return nil, err
+			if _, once := callsOnce.Load(responder); once {
+				if err := nc.PublishMsg(ask); err != nil {
+					return nil, err
+				}
+				asked++
 			}
-			asked++
 			continue
 		}
 		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
@@ -154,8 +163,8 @@ func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, askAgain bool) (
 			}
 			return nil, nats.ErrNoResponders
 		}
-		if m.Header.Get(CallsOnceHeader) != "" {
-			callsOnce.Store(req.Subject, true)
+		if askAgain && m.Header.Get(CallsOnceHeader) != "" {
+			callsOnce.Store(responder, true)
 		}
 		return m, nil
 	}
