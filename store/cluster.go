@@ -559,6 +559,10 @@ func (s *Store) streamAPI(ctx context.Context, subject string, req []byte, what 
 // only at creation, and afterwards changes only through `control storage
 // add|remove`. Otherwise a storage node restarting with the default layout
 // would silently undo a removal.
+//
+// It keeps its persist mode too: JetStream refuses to change it, and a store
+// created before its streams had durabilities (or on another layout) keeps
+// every stream synced, the safe side of the choice.
 func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	old, err := js.Stream(ctx, cfg.Name)
 	switch {
@@ -573,5 +577,6 @@ func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetst
 		return nil, err
 	}
 	cfg.Replicas = old.CachedInfo().Config.Replicas
+	cfg.PersistMode = old.CachedInfo().Config.PersistMode
 	return js.UpdateStream(ctx, cfg)
 }

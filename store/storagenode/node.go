@@ -23,6 +23,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // DefaultListen is where an embedded server listens unless told otherwise.
@@ -72,6 +74,25 @@ type Config struct {
 	// which includes recovering its JetStream store; default
 	// DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+}
+
+// SyncAlways is the sync policy that syncs every write before the store
+// acknowledges it (a SyncInterval of zero), as a flag spells it.
+const SyncAlways = "always"
+
+// ParseSync reads a sync policy as `control server --sync` takes it:
+// SyncAlways, or the interval JetStream syncs at instead (a duration), and
+// returns the SyncInterval it is.
+func ParseSync(s string) (time.Duration, error) {
+	if s == SyncAlways || s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, store.Errorf(store.CodeInvalid, "--sync %q: want %q (every write synced before it is acknowledged) or a positive interval such as 2m", s, SyncAlways).
+			With("sync", s)
+	}
+	return d, nil
 }
 
 // DefaultReadyTimeout is how long a storage node may take to accept
