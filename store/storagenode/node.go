@@ -68,7 +68,12 @@ type Config struct {
 	// reaches the disk and syncs every SyncInterval instead (nats-server's
 	// own default is 2 minutes): a power cut then loses what was
 	// acknowledged since the last sync. Zero, the default, syncs every
-	// write before it is acknowledged (nats-server's SyncAlways).
+	// write before it is acknowledged (nats-server's SyncAlways): in a
+	// replicated stream, every node syncs the write to its RAFT log before
+	// it counts towards the quorum the acknowledgement waits for. The
+	// streams provisioned with async persistence (store.DurabilityRewritten
+	// on a single node) sync every SyncInterval, or every 2 minutes with
+	// the default.
 	SyncInterval time.Duration
 	// ReadyTimeout bounds the wait for the server to accept connections,
 	// which includes recovering its JetStream store; default
