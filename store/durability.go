@@ -1,6 +1,12 @@
 package store
 
-import "github.com/nats-io/nats.go/jetstream"
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
 
 // Durability is what a power cut of a storage node may cost a stream or
 // bucket: the decision, made per stream and bucket of the layout, of whether
@@ -72,4 +78,27 @@ func (s *Store) Durabilities() map[string]Durability {
 		out["KV_"+b.cfg.Bucket] = s.durabilityOf(b.dst)
 	}
 	return out
+}
+
+// recreateUnsynced replaces old, a synced stream, with one like cfg that is
+// not (async persist mode): JetStream cannot change a stream's persist mode,
+// and a store provisioned before the durabilities had every stream synced.
+// Only rewritten observations are ever unsynced, so what the old stream
+// held is dropped and written again by the next round of its writers. The
+// new stream goes on at the sequence after the old one's last, so a
+// watcher resuming after its last message misses nothing written later.
+func recreateUnsynced(ctx context.Context, js jetstream.JetStream, old jetstream.Stream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
+	info, err := old.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s before making it unsynced: %w", cfg.Name, err)
+	}
+	if err := js.DeleteStream(ctx, cfg.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("making %s unsynced: deleting the synced stream: %w", cfg.Name, err)
+	}
+	cfg.FirstSeq = info.State.LastSeq + 1
+	str, err := js.CreateStream(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("making %s unsynced: recreating it: %w", cfg.Name, err)
+	}
+	return str, nil
 }

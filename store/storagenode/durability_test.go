@@ -45,11 +45,59 @@ func TestParseSync(t *testing.T) {
 }
 
 // A single box provisions each stream and bucket with the persist mode its
-// durability asks: the rewritten observations async, every other synced. A
-// store that had a rewritten bucket synced already (created before the
-// durabilities) keeps it so and still provisions: JetStream cannot change a
-// stream's persist mode.
+// durability asks: the rewritten observations async, every other synced.
 func TestProvisionedPersistModes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ns, err := storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	s, err := store.Provision(ctx, nc, testNames(t), store.Layout{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewritten := 0
+	for name, d := range s.Durabilities() {
+		str, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := jetstream.DefaultPersistMode
+		if d == store.DurabilityRewritten {
+			want = jetstream.AsyncPersistMode
+			rewritten++
+		}
+		if got := str.CachedInfo().Config.PersistMode; got != want {
+			t.Errorf("%s (%s): persist mode %v, want %v", name, d, got, want)
+		}
+	}
+	if rewritten == 0 {
+		t.Fatal("no rewritten bucket provisioned async")
+	}
+	// Provisioning again (every start) changes nothing and fails nothing.
+	if _, err := store.Provision(ctx, nc, testNames(t), store.Layout{}); err != nil {
+		t.Fatalf("provisioning again: %v", err)
+	}
+}
+
+// A store provisioned before the durabilities had every stream synced, and
+// JetStream cannot change a stream's persist mode: an upgraded single box
+// recreates its rewritten buckets unsynced at the sequence after their last,
+// so that a process watching one across the upgrade, which resumes after the
+// last sequence it saw, misses nothing written after (nats.go's ordered
+// consumer notices the new stream by its missed heartbeats, some 20 s on).
+func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ns, err := storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
@@ -67,36 +115,53 @@ func TestProvisionedPersistModes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An older store's machine beats, synced as every stream was.
-	old := "KV_" + names.MachineBeatsBucket()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: old, Subjects: []string{"$KV." + names.MachineBeatsBucket() + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
+	// The store as an older release left it: every bucket synced, the
+	// machine beats holding a few.
 	s, err := store.Provision(ctx, nc, names, store.Layout{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rewritten := 0
-	for name, d := range s.Durabilities() {
-		str, err := js.Stream(ctx, name)
-		if err != nil {
+	beats := "KV_" + names.MachineBeatsBucket()
+	str, err := js.Stream(ctx, beats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := str.CachedInfo().Config
+	cfg.PersistMode = jetstream.DefaultPersistMode
+	if _, err := js.UpdateStream(ctx, cfg); err == nil {
+		t.Fatal("JetStream changed a stream's persist mode: recreating it is no longer needed")
+	}
+	if err := js.DeleteStream(ctx, beats); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := s.PutMachineBeat(ctx, fmt.Sprintf("m%d", i), time.Second); err != nil {
 			t.Fatal(err)
 		}
-		want := jetstream.DefaultPersistMode
-		if d == store.DurabilityRewritten && name != old {
-			want = jetstream.AsyncPersistMode
-			rewritten++
-		}
-		if got := str.CachedInfo().Config.PersistMode; got != want {
-			t.Errorf("%s (%s): persist mode %v, want %v", name, d, got, want)
-		}
 	}
-	if rewritten == 0 {
-		t.Fatal("no rewritten bucket provisioned async")
-	}
-	// Provisioning again (every start) changes nothing and fails nothing.
+	lastSeq := uint64(3)
 	if _, err := store.Provision(ctx, nc, names, store.Layout{}); err != nil {
-		t.Fatalf("provisioning again: %v", err)
+		t.Fatalf("provisioning the upgraded store: %v", err)
+	}
+	info, err := js.Stream(ctx, beats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.CachedInfo().Config.PersistMode; got != jetstream.AsyncPersistMode {
+		t.Fatalf("upgraded %s: persist mode %v, want async", beats, got)
+	}
+	if first := info.CachedInfo().State.FirstSeq; first != lastSeq+1 {
+		t.Errorf("upgraded %s starts at sequence %d, want %d (after the old one's last)", beats, first, lastSeq+1)
+	}
+	// Writers go on: a put lands in the new stream, after the old ones.
+	if err := s.PutMachineBeat(ctx, "m9", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := s.MachineBeatOf(ctx, "m9"); err != nil || b == nil {
+		t.Fatalf("a beat written after the upgrade: %v, %v", b, err)
 	}
 }
 
