@@ -5,7 +5,9 @@
 // box's store into a cluster.
 //
 // Boot starts a whole storage node as `control server` runs it (data dir
-// lock, credentials, clustering, provisioning, status, revocations); Start
+// lock, credentials, clustering, provisioning, status, revocations), syncing
+// every write before it is acknowledged unless told an interval
+// (Config.SyncInterval, `--sync`); Start
 // is the bare server beneath it, for tests and the import's private
 // server. Attach binds a process to storage nodes it does not run.
 //
