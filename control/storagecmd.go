@@ -27,6 +27,7 @@ type clusterFlags struct {
 	tlsMode, tlsNames, tlsCert, tlsKey       string
 	certTTL                                  time.Duration
 	encrypt, storeKey                        string
+	sync                                     string
 }
 
 func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
@@ -46,13 +47,21 @@ func addClusterFlags(fs *flag.FlagSet) *clusterFlags {
 	fs.DurationVar(&c.certTTL, "cert-ttl", pki.ServerTTL, "life of the certificate this node issues itself; renewed in place at two thirds of it")
 	fs.StringVar(&c.encrypt, "encrypt", "auto", "with credentials, encrypt the JetStream store at rest with the store key: on, off, or auto (on when there is a key)")
 	fs.StringVar(&c.storeKey, "store-key", "", "`FILE` of the key the store is encrypted with at rest (default: systemd's credential jetstream.key, else AUTH/jetstream.key if there is one, else DATA-keys/jetstream.key, outside the data dir)")
+	fs.StringVar(&c.sync, "sync", storagenode.SyncAlways, "when the store syncs a write to disk: always (before acknowledging it), or an interval such as 2m (faster; a power cut loses what was acknowledged since the last sync)")
 	return c
 }
 
 // start brings up this box's side of the store: an embedded storage node
 // (alone or clustered), or a client of external/other storage nodes.
 func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.Logger, data, listen, external, creds, caFile string, natsLogger *zap.Logger, names store.Names) (*storagenode.Node, error) {
+	syncInterval, err := storagenode.ParseSync(c.sync)
+	if err != nil {
+		return nil, usagef("--sync %q: want always (every write synced before it is acknowledged) or a positive interval such as 2m", c.sync)
+	}
 	if external != "" {
+		if syncInterval != 0 {
+			return nil, usagef("--sync applies to the storage node this server runs; with --nats the storage nodes' own --sync decides")
+		}
 		return storagenode.Attach(ctx, storagenode.AttachConfig{URL: external, CredsFile: creds, CAFile: caFile, Names: names,
 			Provision: c.storage, Replicas: c.replicas, Progress: stdout})
 	}
@@ -79,7 +88,7 @@ func (c *clusterFlags) start(ctx context.Context, stdout io.Writer, logger *zap.
 		ClusterListen: c.clusterListen, ClusterName: c.clusterName, Routes: splitList(c.routes),
 		Auth: mode, AuthDir: c.authDir,
 		TLS: tlsMode, TLSNames: splitList(c.tlsNames), TLSCertFile: c.tlsCert, TLSKeyFile: c.tlsKey, CertTTL: c.certTTL, Encrypt: encrypt, StoreKeyFile: c.storeKey,
-		Names: names, Replicas: c.replicas,
+		Names: names, Replicas: c.replicas, SyncInterval: syncInterval,
 		Progress: stdout, Logger: logger, NATSLogger: natsLogger,
 	})
 }

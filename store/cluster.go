@@ -568,6 +568,10 @@ func (s *Store) streamAPI(ctx context.Context, subject string, req []byte, what 
 // only at creation, and afterwards changes only through `control storage
 // add|remove`. Otherwise a storage node restarting with the default layout
 // would silently undo a removal.
+//
+// It keeps its persist mode too, which JetStream refuses to change, except
+// for a synced stream the layout now wants unsynced: that one is recreated
+// (recreateUnsynced).
 func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	old, err := js.Stream(ctx, cfg.Name)
 	switch {
@@ -582,5 +586,11 @@ func createOrUpdateStream(ctx context.Context, js jetstream.JetStream, cfg jetst
 		return nil, err
 	}
 	cfg.Replicas = old.CachedInfo().Config.Replicas
+	if mode := old.CachedInfo().Config.PersistMode; mode != cfg.PersistMode {
+		if mode == jetstream.DefaultPersistMode && cfg.PersistMode == jetstream.AsyncPersistMode && cfg.Replicas == 1 {
+			return recreateUnsynced(ctx, js, old, cfg)
+		}
+		cfg.PersistMode = mode
+	}
 	return js.UpdateStream(ctx, cfg)
 }

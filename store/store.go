@@ -445,7 +445,12 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 	}
 	streams, buckets := s.layout()
 	for _, st := range streams {
+		d := s.durabilityOf(st.dst)
+		if d == "" {
+			return nil, fmt.Errorf("provisioning stream %s: its durability is not classified (store/durability.go)", st.cfg.Name)
+		}
 		st.cfg.Replicas = r
+		st.cfg.PersistMode = persistMode(d, s.clustered, r)
 		str, err := createOrUpdateStream(ctx, s.JS, st.cfg)
 		if err != nil {
 			return nil, classify(fmt.Errorf("provisioning stream %s: %w", st.cfg.Name, err))
@@ -456,8 +461,14 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 		return nil, classify(fmt.Errorf("provisioning the renewal consumer: %w", err))
 	}
 	for _, b := range buckets {
+		d := s.durabilityOf(b.dst)
+		if d == "" {
+			return nil, fmt.Errorf("provisioning bucket %s: its durability is not classified (store/durability.go)", b.cfg.Bucket)
+		}
 		b.cfg.Replicas = r
-		if _, err := createOrUpdateStream(ctx, s.JS, bucketStream(b.cfg, b.keyTTLs)); err != nil {
+		sc := bucketStream(b.cfg, b.keyTTLs)
+		sc.PersistMode = persistMode(d, s.clustered, r)
+		if _, err := createOrUpdateStream(ctx, s.JS, sc); err != nil {
 			return nil, classify(fmt.Errorf("provisioning bucket %s: %w", b.cfg.Bucket, err))
 		}
 		kv, err := s.JS.KeyValue(ctx, b.cfg.Bucket)

@@ -76,6 +76,10 @@ type BootConfig struct {
 	// default as TLSConfig.RenewCheck.
 	CertRenewCheck time.Duration
 
+	// SyncInterval is Config.SyncInterval: zero, the default, syncs every
+	// write before it is acknowledged.
+	SyncInterval time.Duration
+
 	// Names scope every stream and bucket; an empty field is its default
 	// (store.NewNames).
 	Names store.Names
@@ -204,7 +208,7 @@ func Boot(ctx context.Context, cfg BootConfig) (_ *Node, err error) {
 			return nil, err
 		}
 	}
-	sc := Config{DataDir: cfg.DataDir, Listen: listen, Logger: cfg.NATSLogger, ServerName: cfg.Name}
+	sc := Config{DataDir: cfg.DataDir, Listen: listen, Logger: cfg.NATSLogger, ServerName: cfg.Name, SyncInterval: cfg.SyncInterval}
 	if mode.Required(listen, cfg.ClusterListen) {
 		keyPlace := LocateStoreKey(cfg.DataDir, authDir, cfg.StoreKeyFile)
 		newAuth := !exists(filepath.Join(authDir, authAccountSeed))

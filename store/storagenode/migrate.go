@@ -160,6 +160,10 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 	}
 	cfg := *snap.Config
 	cfg.Replicas = replicas
+	// A single box may keep its observations unsynced (async persist
+	// mode); JetStream refuses that on a replicated stream, and a cluster's
+	// streams must be free to gain replicas: the copy is synced.
+	cfg.PersistMode = server.DefaultPersistMode
 	var rest server.JSApiStreamRestoreResponse
 	if err := jsAPI(ctx, dst, fmt.Sprintf(server.JSApiStreamRestoreT, stream),
 		server.JSApiStreamRestoreRequest{Config: cfg, State: *snap.State}, &rest, &rest.ApiResponse); err != nil {

@@ -66,6 +66,11 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	if _, err := bsGateways.Put(ctx, "gw1", []byte(`{"version":1}`)); err != nil {
 		t.Fatal(err)
 	}
+	// A rewritten observation, unsynced on the box (async persist mode),
+	// which JetStream refuses on a replicated stream.
+	if err := bs.PutMachineBeat(ctx, "m1", time.Second); err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]jetstream.StreamState{}
 	for _, name := range bs.StreamNames() {
 		st, err := bs.JS.Stream(ctx, name)
@@ -125,7 +130,8 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 	}
 	// The signers bucket goes too: the cluster, which has none of its own
 	// here, then verifies the box's commits under the box's trust root.
-	for _, name := range []string{names.DeployCommitsStream(), "KV_" + names.CertsBucket(), "KV_" + names.InvitesBucket(), "KV_" + names.SignersBucket()} {
+	for _, name := range []string{names.DeployCommitsStream(), "KV_" + names.CertsBucket(), "KV_" + names.InvitesBucket(), "KV_" + names.SignersBucket(),
+		"KV_" + names.MachineBeatsBucket()} {
 		var imp *storagenode.StreamImport
 		storetest.Eventually(t, 30*time.Second, "importing "+name, func() bool {
 			imp, err = storagenode.ImportStream(ctx, snc, cnc, name, 3)
@@ -137,6 +143,13 @@ func TestImportSingleBoxIntoCluster(t *testing.T) {
 		w := want[name]
 		if imp.Messages != w.Msgs || imp.LastSeq != w.LastSeq || imp.FirstSeq != w.FirstSeq || imp.Replicas != 3 {
 			t.Fatalf("%s: imported %+v, the box had %+v", name, imp, w)
+		}
+		cjs, err := jetstream.New(cnc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if str, err := cjs.Stream(ctx, name); err != nil || str.CachedInfo().Config.PersistMode != jetstream.DefaultPersistMode {
+			t.Fatalf("%s imported into the cluster: %v; want it synced", name, err)
 		}
 	}
 	// Importing onto an existing stream is refused and changes nothing.

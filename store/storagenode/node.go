@@ -5,7 +5,9 @@
 // box's store into a cluster.
 //
 // Boot starts a whole storage node as `control server` runs it (data dir
-// lock, credentials, clustering, provisioning, status, revocations); Start
+// lock, credentials, clustering, provisioning, status, revocations), syncing
+// every write before it is acknowledged unless told an interval
+// (Config.SyncInterval, `--sync`); Start
 // is the bare server beneath it, for tests and the import's private
 // server. Attach binds a process to storage nodes it does not run.
 //
@@ -30,6 +32,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // DefaultListen is where an embedded server listens unless told otherwise.
@@ -73,12 +77,36 @@ type Config struct {
 	// reaches the disk and syncs every SyncInterval instead (nats-server's
 	// own default is 2 minutes): a power cut then loses what was
 	// acknowledged since the last sync. Zero, the default, syncs every
-	// write before it is acknowledged (nats-server's SyncAlways).
+	// write before it is acknowledged (nats-server's SyncAlways): in a
+	// replicated stream, every node syncs the write to its RAFT log before
+	// it counts towards the quorum the acknowledgement waits for. The
+	// streams provisioned with async persistence (store.DurabilityRewritten
+	// on a single node) sync every SyncInterval, or every 2 minutes with
+	// the default.
 	SyncInterval time.Duration
 	// ReadyTimeout bounds the wait for the server to accept connections,
 	// which includes recovering its JetStream store; default
 	// DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+}
+
+// SyncAlways is the sync policy that syncs every write before the store
+// acknowledges it (a SyncInterval of zero), as a flag spells it.
+const SyncAlways = "always"
+
+// ParseSync reads a sync policy as `control server --sync` takes it:
+// SyncAlways, or the interval JetStream syncs at instead (a duration), and
+// returns the SyncInterval it is.
+func ParseSync(s string) (time.Duration, error) {
+	if s == SyncAlways || s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, store.Errorf(store.CodeInvalid, "--sync %q: want %q (every write synced before it is acknowledged) or a positive interval such as 2m", s, SyncAlways).
+			With("sync", s)
+	}
+	return d, nil
 }
 
 // DefaultReadyTimeout is how long a storage node may take to accept

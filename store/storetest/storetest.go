@@ -44,11 +44,21 @@ func Start(t testing.TB) *Server {
 	return StartIn(t, t.TempDir(), "127.0.0.1:0")
 }
 
+// SyncEnv, if set, is the sync policy (`control server --sync`: always or
+// an interval) of the servers Start starts, so that one test binary
+// measures what the policy costs a benchmark, run under each in turn.
+// Unset, they have the storage node's default.
+const SyncEnv = "EDGEPLANE_STORETEST_SYNC"
+
 // StartIn starts a server with its store in dir, listening on listen (use a
 // fixed port to restart a server at the same address).
 func StartIn(t testing.TB, dir, listen string) *Server {
 	t.Helper()
-	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: listen})
+	sync, err := storagenode.ParseSync(os.Getenv(SyncEnv))
+	if err != nil {
+		t.Fatalf("%s: %v", SyncEnv, err)
+	}
+	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: listen, SyncInterval: sync})
 	if err != nil {
 		t.Fatalf("starting nats: %v", err)
 	}

@@ -5,7 +5,7 @@
 # and fleetsim, whose agents and gateways each connect with their own
 # role's credentials. The processes' memory is read from /proc at the end.
 #
-#   control/fleetsim/bench/bench.sh [--nodes 3] [--tls on|off] [fleetsim flags...]
+#   control/fleetsim/bench/bench.sh [--nodes 3] [--tls on|off] [--sync always|DURATION] [fleetsim flags...]
 #
 # Defaults are the goals table's: 10,000 machines, 1,000 deployments,
 # 10,000 writes/s for 60 s, 100 gateways, 5 applies before and 5 during.
@@ -13,14 +13,17 @@
 # and the one leading the instances bucket, which the writes go to, is
 # killed (SIGKILL) halfway through the writes. With
 # --tls off the auth dir holds no fleet CA, so every connection and route
-# is plaintext (the baseline of what TLS costs; default on).
+# is plaintext (the baseline of what TLS costs; default on). --sync is the
+# storage nodes' sync policy (`control server --sync`; default always): an
+# interval such as 2m is the baseline of what syncing every write costs.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-nodes=1 tls=on
+nodes=1 tls=on sync=always
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--nodes) nodes=$2; shift 2 ;;
 	--tls) tls=$2; shift 2 ;;
+	--sync) sync=$2; shift 2 ;;
 	*) break ;;
 	esac
 done
@@ -54,7 +57,7 @@ start_node() {
 		args=(--name "s$i" --cluster-name edge --cluster-listen "${routes[$((i - 1))]}" --routes "$(IFS=,; echo "${routes[*]}")")
 	fi
 	"$work/control" server --data "$work/s$i" --listen "${urls[$((i - 1))]#nats://}" --auth on --auth-dir "$work/auth" \
-		--tls "$tls" --stun-listen "" --status-flush 0 --log-level warn "${args[@]}" >"$work/s$i.out" 2>&1 &
+		--tls "$tls" --sync "$sync" --stun-listen "" --status-flush 0 --log-level warn "${args[@]}" >"$work/s$i.out" 2>&1 &
 	pids+=($!)
 	node_pids+=($!)
 }
