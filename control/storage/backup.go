@@ -79,6 +79,10 @@ type StreamBackup struct {
 	Size     int64  `json:"size"`
 }
 
+// streamTimeout bounds one stream's snapshot or restore: a server that
+// stops sending or answering fails the command rather than hanging it.
+const streamTimeout = 5 * time.Minute
+
 // BackupStreams are the streams a backup of s holds: every stream and
 // bucket of its layout, and the release binaries' object store.
 func BackupStreams(s *store.Store) []string {
@@ -131,7 +135,9 @@ func Backup(ctx context.Context, s *store.Store, cfg BackupConfig) (*BackupRepor
 		h := sha256.New()
 		cw := &countingWriter{}
 		t0 := time.Now()
-		snap, err := storagenode.SnapshotStream(ctx, s.NC, name, io.MultiWriter(sw, h, cw))
+		sctx, cancel := context.WithTimeout(ctx, streamTimeout)
+		snap, err := storagenode.SnapshotStream(sctx, s.NC, name, io.MultiWriter(sw, h, cw))
+		cancel()
 		if err != nil {
 			return nil, store.Classify(fmt.Errorf("backup: %w", err))
 		}

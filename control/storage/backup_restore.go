@@ -252,7 +252,7 @@ func Restore(ctx context.Context, s *store.Store, cfg RestoreConfig) (*RestoreRe
 				return nil, store.Classify(fmt.Errorf("restore: replacing %s: %w", st.Name, err))
 			}
 		}
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		rctx, cancel := context.WithTimeout(ctx, streamTimeout)
 		imp, err := storagenode.RestoreStream(rctx, s.NC, st.Snapshot, data, p.replicas, map[string]string{RestoredFromMetadata: hdr.ID})
 		cancel()
 		if err != nil {
