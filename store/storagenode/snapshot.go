@@ -68,6 +68,10 @@ func SnapshotStream(ctx context.Context, nc *nats.Conn, stream string, w io.Writ
 	}
 }
 
+// placementWait bounds how long a restore waits for a cluster to find
+// peers with room for the stream.
+const placementWait = 30 * time.Second
+
 // RestoreStream creates snap's stream on the server behind nc from the
 // snapshot data r holds, with replicas replicas and metadata added to its
 // configuration's, and returns once the stream holds what the snapshot
@@ -85,9 +89,25 @@ func RestoreStream(ctx context.Context, nc *nats.Conn, snap Snapshot, r io.Reade
 		maps.Copy(cfg.Metadata, metadata)
 	}
 	var rest server.JSApiStreamRestoreResponse
-	if err := jsAPI(ctx, nc, fmt.Sprintf(server.JSApiStreamRestoreT, stream),
-		server.JSApiStreamRestoreRequest{Config: cfg, State: snap.State}, &rest, &rest.ApiResponse); err != nil {
-		return nil, fmt.Errorf("restore %s: %w", stream, err)
+	for placed := time.Now().Add(placementWait); ; {
+		rest = server.JSApiStreamRestoreResponse{}
+		err := jsAPI(ctx, nc, fmt.Sprintf(server.JSApiStreamRestoreT, stream),
+			server.JSApiStreamRestoreRequest{Config: cfg, State: snap.State}, &rest, &rest.ApiResponse)
+		if err == nil {
+			break
+		}
+		// In a cluster, the storage a stream deleted just before held is
+		// counted free again when its peers next report their usage to
+		// the meta leader: until then, no peer has room.
+		var apiErr *server.ApiError
+		if !errors.As(err, &apiErr) || apiErr.ErrCode != uint16(server.JSClusterNoPeersErrF) || time.Now().After(placed) {
+			return nil, fmt.Errorf("restore %s: %w", stream, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("restore %s: %w", stream, err)
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 	buf := make([]byte, snapshotChunk)
 	for {
