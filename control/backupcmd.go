@@ -58,6 +58,7 @@ func (k *storeKeyFlags) key() (string, error) {
 
 func setupStorageBackup(fs *flag.FlagSet) func(*call) error {
 	k := addStoreKeyFlags(fs)
+	plaintext := fs.Bool("plaintext", false, "write the backup in the clear although the store is encrypted at rest (default: refused without its store key)")
 	return func(c *call) error {
 		key, err := k.key()
 		if err != nil {
@@ -68,14 +69,14 @@ func setupStorageBackup(fs *flag.FlagSet) func(*call) error {
 			progress = io.Discard
 		}
 		return c.withStore(func(s *store.Store) error {
-			rep, err := storage.Backup(c.ctx, s, storage.BackupConfig{File: c.args[0], StoreKey: key, Progress: progress})
+			rep, err := storage.Backup(c.ctx, s, storage.BackupConfig{File: c.args[0], StoreKey: key, Plaintext: *plaintext, Progress: progress})
 			if err != nil {
 				return err
 			}
 			return c.out.emit(rep, func(w io.Writer) {
 				how := "encrypted with a key derived from the store key: keep the key apart from the backups"
 				if !rep.Encrypted {
-					how = "NOT encrypted (no store key given: --store-key FILE or --data DIR seal it): it holds the store's secrets in the clear"
+					how = "NOT encrypted (no store key given: --store-key FILE or --data DIR seal it): it holds the store's secrets, certificates' private keys among them, in the clear"
 				}
 				fmt.Fprintf(w, "backup %s: %d streams and buckets, %d bytes, %s; %s\n", rep.File, len(rep.Streams), rep.Bytes, rep.Took.Round(time.Millisecond), how)
 				if len(rep.Missing) > 0 {

@@ -53,9 +53,11 @@ type BackupStream struct {
 type BackupConfig struct {
 	// File is written whole or not at all (FILE.partial, renamed).
 	File string
-	// StoreKey, when set, seals the backup: set it when the store is
-	// encrypted at rest, or a stolen backup reads as the store would not.
-	StoreKey string
+	// StoreKey, when set, seals the backup. A store encrypted at rest
+	// (a storage node says so) is not backed up without it, unless
+	// Plaintext: a stolen backup would read as the store does not.
+	StoreKey  string
+	Plaintext bool
 	// Progress receives a line per stream; nil discards them.
 	Progress io.Writer
 }
@@ -99,6 +101,11 @@ func Backup(ctx context.Context, s *store.Store, cfg BackupConfig) (*BackupRepor
 	progress := cfg.Progress
 	if progress == nil {
 		progress = io.Discard
+	}
+	if cfg.StoreKey == "" && !cfg.Plaintext {
+		if err := refusePlaintext(ctx, s); err != nil {
+			return nil, err
+		}
 	}
 	hdr := BackupHeader{Format: backupFormat, Installation: s.Names.Installation, Authority: s.Names.Authority,
 		Taken: start.UTC(), Encrypted: cfg.StoreKey != ""}
@@ -163,6 +170,22 @@ func Backup(ctx context.Context, s *store.Store, cfg BackupConfig) (*BackupRepor
 	}
 	rep.Bytes, rep.Took = n, time.Since(start)
 	return rep, nil
+}
+
+// refusePlaintext refuses a backup in the clear of a store a storage node
+// says is encrypted at rest.
+func refusePlaintext(ctx context.Context, s *store.Store) error {
+	answers, err := store.GatherStorageStatus(ctx, s.NC, s.Names, time.Second)
+	if err != nil {
+		return err
+	}
+	for _, a := range answers {
+		if a.EncryptedAtRest {
+			return store.Errorf(store.CodeInvalid, "the store is encrypted at rest (storage node %s): give its store key (--store-key FILE, or --data DIR on a storage node) "+
+				"so that the backup is sealed too, or --plaintext to write it in the clear", a.Server).With("node", a.Server)
+		}
+	}
+	return nil
 }
 
 // writeBackupFile writes hdr and the snapshots content holds to file,

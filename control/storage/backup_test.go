@@ -288,3 +288,34 @@ func TestCorruptOrTruncatedBackupIsRefused(t *testing.T) {
 	}
 	sameStates(t, "after refused restores", before, states(t, ctx, dst.Store))
 }
+
+// A store encrypted at rest is not backed up in the clear by mistake: the
+// storage node says it is encrypted, and a backup without its key is
+// refused unless asked for in the clear.
+func TestEncryptedStoreIsNotBackedUpInTheClear(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "jetstream.key")
+	if err := os.WriteFile(keyFile, []byte(testStoreKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	box := bootEncryptedBox(t, filepath.Join(dir, "box"), filepath.Join(dir, "auth"), keyFile)
+	file := filepath.Join(dir, "store.backup")
+	_, err := Backup(ctx, box.Store, BackupConfig{File: file})
+	if se := store.AsError(err); se.Code != store.CodeInvalid || !strings.Contains(se.Message, "encrypted at rest (storage node edgeplane)") {
+		t.Fatalf("a backup in the clear of an encrypted store: %v", err)
+	}
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Fatalf("the refused backup left %s: %v", file, err)
+	}
+	if rep, err := Backup(ctx, box.Store, BackupConfig{File: file, Plaintext: true}); err != nil || rep.Encrypted {
+		t.Fatalf("--plaintext: %+v, %v", rep, err)
+	}
+	if rep, err := Backup(ctx, box.Store, BackupConfig{File: file, StoreKey: testStoreKey}); err != nil || !rep.Encrypted {
+		t.Fatalf("with the key: %+v, %v", rep, err)
+	}
+	if _, err := VerifyBackup(file, testStoreKey); err != nil {
+		t.Fatal(err)
+	}
+}
