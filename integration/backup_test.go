@@ -173,7 +173,8 @@ func TestBackupDestroyRestoreServesTheSameRouting(t *testing.T) {
 	if after := servedRoutes(t, gw2, "shop"); !reflect.DeepEqual(after, before) {
 		t.Fatalf("shop's routing after the restore:\n%+v\nbefore the backup:\n%+v", after, before)
 	}
-	// The restored store takes deploys again.
+	// The restored store takes deploys again, once m1's agent is back.
+	c.waitReachable("m1")
 	c.mustControl(applyArgs(c.manifest("shop2.yaml", helloV2), "--gateway-wait", "10s")...)
 }
 
