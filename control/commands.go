@@ -84,6 +84,10 @@ var commands = []command{
 		setup: setupStorageEncrypt},
 	{name: "storage import", synopsis: "--from DIR", summary: "copy a stopped single box's store into the cluster",
 		client: writes, setup: setupStorageImport},
+	{name: "storage backup", synopsis: "FILE [--store-key FILE | --data DIR | --plaintext]", summary: "an online backup of every stream and bucket into one file, sealed with the store key when given",
+		client: reads, minArgs: 1, maxArgs: 1, setup: setupStorageBackup},
+	{name: "storage restore", synopsis: "FILE [--store-key FILE | --data DIR] [--replace]", summary: "bring a backup back into a fresh store, after verifying the whole file",
+		client: reads, minArgs: 1, maxArgs: 1, setup: setupStorageRestore},
 
 	{name: "signing ls", aliases: []string{"signing list"}, summary: "the trust root and the signers it certified, active and retired",
 		client: reads, setup: setupSigningList},

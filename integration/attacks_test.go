@@ -70,6 +70,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"18_forged_canary_cookies", attackForgedCanaryCookies},
 		{"19_dashboard_dns_rebinding", attackDashboardRebinding},
 		{"20_plaintext_credentials", attackPlaintextCredentials},
+		{"21_snapshots_and_restores", attackBackups},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)

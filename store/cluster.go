@@ -88,7 +88,10 @@ type StorageNodeStatus struct {
 	QuorumNeeded int             `json:"quorum_needed"`
 	Peers        []StoragePeer   `json:"peers,omitempty"`
 	Streams      []StreamReplica `json:"streams,omitempty"`
-	At           time.Time       `json:"at"`
+	// EncryptedAtRest is set when the node's store is encrypted with a
+	// store key: a backup of it must be sealed too.
+	EncryptedAtRest bool      `json:"encrypted_at_rest,omitempty"`
+	At              time.Time `json:"at"`
 }
 
 func (r *StorageNodeStatus) version() int { return r.Version }

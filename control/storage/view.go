@@ -1,12 +1,17 @@
 // Package storage is the logic of `control storage ls|add|remove|forget|
-// import|check`: reading the storage nodes' views and the replica placement
-// (Read), planning what adding or removing a storage node does to the
-// replica count (PlanAdd, PlanRemove: pure functions of a View that refuse
-// with a structured error when the cluster could not take it), carrying a
-// plan out while writes go on (Add, Remove), taking a stopped node out of
-// the JetStream meta group (Forget), copying a single box's store into a
-// cluster (Import) and judging every stream's copy on every node (Check:
-// ok, lost N messages, rebuilt from its peers).
+// import|check|backup|restore`: reading the storage nodes' views and the
+// replica placement (Read), planning what adding or removing a storage node
+// does to the replica count (PlanAdd, PlanRemove: pure functions of a View
+// that refuse with a structured error when the cluster could not take it),
+// carrying a plan out while writes go on (Add, Remove), taking a stopped
+// node out of the JetStream meta group (Forget), copying a single box's
+// store into a cluster (Import), judging every stream's copy on every node
+// (Check: ok, lost N messages, rebuilt from its peers), and backups: one
+// file of every stream's snapshot, sealed under the store key (Backup,
+// backup_file.go says the format), verified whole before a restore writes
+// anything, and restored into a fresh store only unless told to replace
+// (Restore). A restore skips the live observations and leases, whose
+// writers rebuild them.
 //
 // Nothing here prints a result: progress lines go to the io.Writer a caller
 // passes, and the caller renders what the functions return.

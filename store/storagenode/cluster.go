@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -142,6 +143,13 @@ func checkListeners(listen string, c *ClusterConfig, a *Auth) error {
 // stream replicas.
 func LocalStatus(ns *server.Server) (*store.StorageNodeStatus, error) {
 	st := &store.StorageNodeStatus{Version: store.RecordVersion, Server: ns.Name(), Cluster: ns.ClusterName(), At: time.Now().UTC()}
+	if cfg := ns.JetStreamConfig(); cfg != nil {
+		// The server keeps its files in DATA/jetstream/jetstream (Start
+		// gives it DATA/jetstream); the layout is read from DATA.
+		if l, err := ReadStoreLayout(filepath.Dir(filepath.Dir(cfg.StoreDir))); err == nil {
+			st.EncryptedAtRest = l.Encrypted
+		}
+	}
 	jsz, err := ns.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
 	if err != nil {
 		return nil, fmt.Errorf("reading jetstream status of %s: %w", ns.Name(), err)
