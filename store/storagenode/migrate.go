@@ -164,9 +164,8 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 	// mode); JetStream refuses that on a replicated stream, and a cluster's
 	// streams must be free to gain replicas: the copy is synced.
 	cfg.PersistMode = server.DefaultPersistMode
-	var rest server.JSApiStreamRestoreResponse
-	if err := jsAPI(ctx, dst, fmt.Sprintf(server.JSApiStreamRestoreT, stream),
-		server.JSApiStreamRestoreRequest{Config: cfg, State: *snap.State}, &rest, &rest.ApiResponse); err != nil {
+	rest, err := startRestore(ctx, dst, server.JSApiStreamRestoreRequest{Config: cfg, State: *snap.State})
+	if err != nil {
 		return nil, fmt.Errorf("import %s: restore: %w", stream, err)
 	}
 	for {

@@ -72,6 +72,31 @@ func SnapshotStream(ctx context.Context, nc *nats.Conn, stream string, w io.Writ
 // peers with room for the stream.
 const placementWait = 30 * time.Second
 
+// startRestore asks the server to restore req's stream, and returns where
+// the data goes. In a cluster, no peer has room for it until the peers
+// told the meta leader their usage: just after they started, or just
+// after a stream they held was deleted (its storage is counted free again
+// at their next report); so "no suitable peers" is asked again, for up to
+// placementWait.
+func startRestore(ctx context.Context, nc *nats.Conn, req server.JSApiStreamRestoreRequest) (*server.JSApiStreamRestoreResponse, error) {
+	for placed := time.Now().Add(placementWait); ; {
+		var rest server.JSApiStreamRestoreResponse
+		err := jsAPI(ctx, nc, fmt.Sprintf(server.JSApiStreamRestoreT, req.Config.Name), req, &rest, &rest.ApiResponse)
+		if err == nil {
+			return &rest, nil
+		}
+		var apiErr *server.ApiError
+		if !errors.As(err, &apiErr) || apiErr.ErrCode != uint16(server.JSClusterNoPeersErrF) || time.Now().After(placed) {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
 // RestoreStream creates snap's stream on the server behind nc from the
 // snapshot data r holds, with replicas replicas and metadata added to its
 // configuration's, and returns once the stream holds what the snapshot
@@ -88,26 +113,9 @@ func RestoreStream(ctx context.Context, nc *nats.Conn, snap Snapshot, r io.Reade
 		}
 		maps.Copy(cfg.Metadata, metadata)
 	}
-	var rest server.JSApiStreamRestoreResponse
-	for placed := time.Now().Add(placementWait); ; {
-		rest = server.JSApiStreamRestoreResponse{}
-		err := jsAPI(ctx, nc, fmt.Sprintf(server.JSApiStreamRestoreT, stream),
-			server.JSApiStreamRestoreRequest{Config: cfg, State: snap.State}, &rest, &rest.ApiResponse)
-		if err == nil {
-			break
-		}
-		// In a cluster, the storage a stream deleted just before held is
-		// counted free again when its peers next report their usage to
-		// the meta leader: until then, no peer has room.
-		var apiErr *server.ApiError
-		if !errors.As(err, &apiErr) || apiErr.ErrCode != uint16(server.JSClusterNoPeersErrF) || time.Now().After(placed) {
-			return nil, fmt.Errorf("restore %s: %w", stream, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("restore %s: %w", stream, err)
-		case <-time.After(500 * time.Millisecond):
-		}
+	rest, err := startRestore(ctx, nc, server.JSApiStreamRestoreRequest{Config: cfg, State: snap.State})
+	if err != nil {
+		return nil, fmt.Errorf("restore %s: %w", stream, err)
 	}
 	buf := make([]byte, snapshotChunk)
 	for {
