@@ -182,15 +182,8 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 		}
 		// Each chunk goes to the restore and is acknowledged by it before
 		// the snapshot gets its flow-control ack: nothing piles up here.
-		rep, err := restoreRequest(ctx, dst, rest.DeliverSubject, m.Data)
-		if err != nil {
-			return nil, fmt.Errorf("import %s: sending snapshot data: %w", stream, err)
-		}
-		if len(rep.Data) > 0 {
-			var r server.ApiResponse
-			if json.Unmarshal(rep.Data, &r) == nil && r.Error != nil {
-				return nil, fmt.Errorf("import %s: restore refused data: %w", stream, r.Error)
-			}
+		if err := restoreChunk(ctx, dst, rest.DeliverSubject, m.Data); err != nil {
+			return nil, fmt.Errorf("import %s: restore: %w", stream, err)
 		}
 		if m.Reply != "" {
 			if err := m.Respond(nil); err != nil {
@@ -198,45 +191,17 @@ func ImportStream(ctx context.Context, src, dst *nats.Conn, stream string, repli
 			}
 		}
 	}
-	// An empty message ends the restore; the answer is the new stream.
-	var done server.JSApiStreamCreateResponse
-	rep, err := restoreRequest(ctx, dst, rest.DeliverSubject, nil)
-	if err != nil {
-		return nil, fmt.Errorf("import %s: finishing restore: %w", stream, err)
-	}
-	if err := json.Unmarshal(rep.Data, &done); err != nil {
-		return nil, fmt.Errorf("import %s: undecodable restore answer: %w", stream, err)
-	}
-	if done.Error != nil {
-		return nil, fmt.Errorf("import %s: restore: %w", stream, done.Error)
-	}
-	if done.StreamInfo == nil {
-		return nil, fmt.Errorf("import %s: restore answer without stream info", stream)
-	}
-	st := done.StreamInfo.State
-	if st.Msgs != snap.State.Msgs || st.LastSeq != snap.State.LastSeq {
-		return nil, fmt.Errorf("import %s: restored %d messages up to sequence %d, the source had %d up to %d",
-			stream, st.Msgs, st.LastSeq, snap.State.Msgs, snap.State.LastSeq)
-	}
-	// Restored is not yet usable: a replicated stream elects its leader
-	// after the restore answers, and a read before that fails.
-	js, err := jetstream.New(dst)
-	if err != nil {
-		return nil, fmt.Errorf("import %s: %w", stream, err)
-	}
-	for {
-		info, err := js.Stream(ctx, stream)
-		if err == nil && settled(info.CachedInfo().Cluster, replicas) {
-			break
+	imp, err := endRestore(ctx, dst, stream, rest.DeliverSubject, replicas, start, func(st server.StreamState) error {
+		if st.Msgs != snap.State.Msgs || st.LastSeq != snap.State.LastSeq {
+			return fmt.Errorf("restored %d messages up to sequence %d, the source had %d up to %d",
+				st.Msgs, st.LastSeq, snap.State.Msgs, snap.State.LastSeq)
 		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("import %s: restored, but no leader before the deadline: %w", stream, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("import %s: restore: %w", stream, err)
 	}
-	return &StreamImport{Stream: stream, Messages: st.Msgs, Bytes: st.Bytes, FirstSeq: st.FirstSeq, LastSeq: st.LastSeq,
-		Replicas: done.StreamInfo.Config.Replicas, Took: time.Since(start)}, nil
+	return imp, nil
 }
 
 // settled reports whether a stream has a leader and every other replica is

@@ -121,16 +121,8 @@ func RestoreStream(ctx context.Context, nc *nats.Conn, snap Snapshot, r io.Reade
 	for {
 		n, rerr := io.ReadFull(r, buf)
 		if n > 0 {
-			// Each chunk is acknowledged by the restore before the next.
-			rep, err := restoreRequest(ctx, nc, rest.DeliverSubject, buf[:n])
-			if err != nil {
-				return nil, fmt.Errorf("restore %s: sending data: %w", stream, err)
-			}
-			if len(rep.Data) > 0 {
-				var r server.ApiResponse
-				if json.Unmarshal(rep.Data, &r) == nil && r.Error != nil {
-					return nil, fmt.Errorf("restore %s: refused data: %w", stream, r.Error)
-				}
+			if err := restoreChunk(ctx, nc, rest.DeliverSubject, buf[:n]); err != nil {
+				return nil, fmt.Errorf("restore %s: %w", stream, err)
 			}
 		}
 		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
@@ -142,33 +134,62 @@ func RestoreStream(ctx context.Context, nc *nats.Conn, snap Snapshot, r io.Reade
 			return nil, fmt.Errorf("restore %s: reading data: %w", stream, rerr)
 		}
 	}
-	// An empty message ends the restore; the answer is the new stream.
-	var done server.JSApiStreamCreateResponse
-	rep, err := restoreRequest(ctx, nc, rest.DeliverSubject, nil)
-	if err != nil {
-		return nil, fmt.Errorf("restore %s: finishing: %w", stream, err)
-	}
-	if err := json.Unmarshal(rep.Data, &done); err != nil {
-		return nil, fmt.Errorf("restore %s: undecodable answer: %w", stream, err)
-	}
-	if done.Error != nil {
-		return nil, fmt.Errorf("restore %s: %w", stream, done.Error)
-	}
-	if done.StreamInfo == nil {
-		return nil, fmt.Errorf("restore %s: answer without stream info", stream)
-	}
 	// The snapshot's state was read as it began, and its files block by
 	// block after: writes in between may be in the data (never fewer).
-	st := done.StreamInfo.State
-	if st.LastSeq < snap.State.LastSeq {
-		return nil, fmt.Errorf("restore %s: restored up to sequence %d, the snapshot began at %d",
-			stream, st.LastSeq, snap.State.LastSeq)
-	}
-	// A replicated stream elects its leader after the restore answers,
-	// and a read before that fails.
-	js, err := jetstream.New(nc)
+	imp, err := endRestore(ctx, nc, stream, rest.DeliverSubject, replicas, start, func(st server.StreamState) error {
+		if st.LastSeq < snap.State.LastSeq {
+			return fmt.Errorf("restored up to sequence %d, the snapshot began at %d", st.LastSeq, snap.State.LastSeq)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("restore %s: %w", stream, err)
+	}
+	return imp, nil
+}
+
+// restoreChunk sends one chunk of snapshot data to the restore taking it
+// at deliver, which acknowledges it before the next.
+func restoreChunk(ctx context.Context, nc *nats.Conn, deliver string, data []byte) error {
+	rep, err := restoreRequest(ctx, nc, deliver, data)
+	if err != nil {
+		return fmt.Errorf("sending data: %w", err)
+	}
+	if len(rep.Data) > 0 {
+		var r server.ApiResponse
+		if json.Unmarshal(rep.Data, &r) == nil && r.Error != nil {
+			return fmt.Errorf("refused data: %w", r.Error)
+		}
+	}
+	return nil
+}
+
+// endRestore ends the restore taking data at deliver (an empty message;
+// the answer is the new stream), checks the restored state with check, and
+// waits until the stream can be used: a replicated stream elects its
+// leader after the restore answers, and a read before that fails.
+func endRestore(ctx context.Context, nc *nats.Conn, stream, deliver string, replicas int, start time.Time, check func(server.StreamState) error) (*StreamImport, error) {
+	var done server.JSApiStreamCreateResponse
+	rep, err := restoreRequest(ctx, nc, deliver, nil)
+	if err != nil {
+		return nil, fmt.Errorf("finishing: %w", err)
+	}
+	if err := json.Unmarshal(rep.Data, &done); err != nil {
+		return nil, fmt.Errorf("undecodable answer: %w", err)
+	}
+	if done.Error != nil {
+		return nil, done.Error
+	}
+	if done.StreamInfo == nil {
+		return nil, errors.New("answer without stream info")
+	}
+	st := done.StreamInfo.State
+	if err := check(st); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
 	}
 	for {
 		info, err := js.Stream(ctx, stream)
@@ -177,7 +198,7 @@ func RestoreStream(ctx context.Context, nc *nats.Conn, snap Snapshot, r io.Reade
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("restore %s: restored, but no leader before the deadline: %w", stream, ctx.Err())
+			return nil, fmt.Errorf("restored, but no leader before the deadline: %w", ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
