@@ -56,17 +56,26 @@ func (k *storeKeyFlags) key() (string, error) {
 	return key, nil
 }
 
+// keyAndProgress is what a backup and a restore start with: the store key
+// the flags name, and where progress lines go (nowhere under --json).
+func (k *storeKeyFlags) keyAndProgress(c *call) (string, io.Writer, error) {
+	key, err := k.key()
+	if err != nil {
+		return "", nil, err
+	}
+	if c.out.json {
+		return key, io.Discard, nil
+	}
+	return key, c.out.w, nil
+}
+
 func setupStorageBackup(fs *flag.FlagSet) func(*call) error {
 	k := addStoreKeyFlags(fs)
 	plaintext := fs.Bool("plaintext", false, "write the backup in the clear although the store is encrypted at rest (default: refused without its store key)")
 	return func(c *call) error {
-		key, err := k.key()
+		key, progress, err := k.keyAndProgress(c)
 		if err != nil {
 			return err
-		}
-		progress := c.out.w
-		if c.out.json {
-			progress = io.Discard
 		}
 		return c.withStore(func(s *store.Store) error {
 			rep, err := storage.Backup(c.ctx, s, storage.BackupConfig{File: c.args[0], StoreKey: key, Plaintext: *plaintext, Progress: progress})
@@ -91,13 +100,9 @@ func setupStorageRestore(fs *flag.FlagSet) func(*call) error {
 	k := addStoreKeyFlags(fs)
 	replace := fs.Bool("replace", false, "delete streams and buckets that hold data of their own and put the backup's in their place (default: refuse, writing nothing)")
 	return func(c *call) error {
-		key, err := k.key()
+		key, progress, err := k.keyAndProgress(c)
 		if err != nil {
 			return err
-		}
-		progress := c.out.w
-		if c.out.json {
-			progress = io.Discard
 		}
 		return c.withStore(func(s *store.Store) error {
 			rep, err := storage.Restore(c.ctx, s, storage.RestoreConfig{File: c.args[0], StoreKey: key, Replace: *replace, Progress: progress})
