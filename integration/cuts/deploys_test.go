@@ -100,7 +100,9 @@ func (l *deployLedger) check(ctx context.Context, t *testing.T, s *store.Store, 
 	d := deploy.New(s, applyOptions("control server"))
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- d.RunCompleter(cctx, deploy.CompleterOptions{Interval: 50 * time.Millisecond, RetryInterval: 200 * time.Millisecond}) }()
+	go func() {
+		done <- d.RunCompleter(cctx, deploy.CompleterOptions{Interval: 50 * time.Millisecond, RetryInterval: 200 * time.Millisecond})
+	}()
 	defer func() { cancel(); <-done }()
 	var open []string
 	deadline := time.Now().Add(30 * time.Second)
@@ -194,6 +196,6 @@ func TestCutsCanaries(t *testing.T) {
 	b := newBox(t)
 	startFleet(t, connect(t, b.url(), b.ctlDir, "fleet", 1))
 	l := &deployLedger{committed: map[string]int64{}, promoted: map[string]bool{}}
-	b.cutPower(t, scenario{cuts: 24, window: 2 * time.Second, work: l.work(600 * time.Millisecond), check: l.check})
+	b.cutPower(t, scenario{cuts: 24, window: 1500 * time.Millisecond, work: l.work(400 * time.Millisecond), check: l.check})
 	t.Logf("%d deploys reported committed, %d canary promotions acknowledged", l.applies, len(l.promoted))
 }
