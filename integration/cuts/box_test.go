@@ -189,23 +189,39 @@ func (b *box) cutPower(t *testing.T, sc scenario) {
 	rng := rand.New(rand.NewPCG(sd, 0))
 	start := time.Now()
 	s := connect(t, b.url(), b.ctlDir, "box", 1)
+	var took timings
 	for i := range sc.cuts {
-		runCut(t, sc, rng, func() { b.powerOff() }, &s, func() *store.Store {
+		took.add(runCut(t, sc, rng, func() { b.powerOff() }, &s, func() *store.Store {
 			b.boot()
 			return connect(t, b.url(), b.ctlDir, "box", 1)
-		}, fmt.Sprintf("cut %d of %d (seed %d)", i+1, sc.cuts, sd))
+		}, fmt.Sprintf("cut %d of %d (seed %d)", i+1, sc.cuts, sd)))
 		if t.Failed() {
 			return
 		}
 	}
-	t.Logf("%d cuts in %s", sc.cuts, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d cuts in %s: %s", sc.cuts, time.Since(start).Round(time.Millisecond), took)
+}
+
+// timings are where a run's time went: working until the cut, the cut
+// and reboot, the checks.
+type timings struct{ work, reboot, check time.Duration }
+
+func (a *timings) add(b timings) {
+	a.work, a.reboot, a.check = a.work+b.work, a.reboot+b.reboot, a.check+b.check
+}
+
+func (a timings) String() string {
+	r := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	return fmt.Sprintf("%s working, %s cutting and rebooting, %s checking", r(a.work), r(a.reboot), r(a.check))
 }
 
 // runCut is one round of sc: work on *s, cut with powerOff at a random
 // point, then reboot, and check on the store reboot returns (left in *s
 // for the next round).
-func runCut(t *testing.T, sc scenario, rng *rand.Rand, powerOff func(), s **store.Store, reboot func() *store.Store, name string) {
+func runCut(t *testing.T, sc scenario, rng *rand.Rand, powerOff func(), s **store.Store, reboot func() *store.Store, name string) timings {
 	t.Helper()
+	var took timings
+	began := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	var f fence
 	done := make(chan struct{})
@@ -216,12 +232,16 @@ func runCut(t *testing.T, sc scenario, rng *rand.Rand, powerOff func(), s **stor
 		sc.work(ctx, cur, workRng, f.ack)
 	}()
 	time.Sleep(time.Duration(rng.Int64N(int64(sc.window))))
+	took.work = time.Since(began)
 	f.cutting(powerOff)
 	cur.NC.Close()
 	cancel()
 	<-done
 	*s = reboot()
+	took.reboot = time.Since(began) - took.work
 	cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
 	defer ccancel()
 	sc.check(cctx, t, *s, name)
+	took.check = time.Since(began) - took.work - took.reboot
+	return took
 }
