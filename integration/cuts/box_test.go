@@ -112,10 +112,17 @@ func connect(t *testing.T, urls, ctlDir, name string, replicas int) *store.Store
 	}
 	names, _ := store.NewNames("", "")
 	var s *store.Store
-	storetest.Eventually(t, time.Minute, "provisioning the store", func() bool {
-		s, err = store.Provision(ctx, nc, names, store.Layout{Replicas: replicas})
-		return err == nil
-	})
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+		s, err = store.Provision(pctx, nc, names, store.Layout{Replicas: replicas})
+		pcancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("provisioning the store (%s) for a minute: %v", name, err)
+		}
+	}
 	if _, err := signers.Server(ctx, s, filepath.Join(ctlDir, "auth"), ctlDir, name); err != nil {
 		t.Fatalf("signing keys: %v", err)
 	}
@@ -220,6 +227,14 @@ func (a timings) String() string {
 // for the next round).
 func runCut(t *testing.T, sc scenario, rng *rand.Rand, powerOff func(), s **store.Store, reboot func() *store.Store, name string) timings {
 	t.Helper()
+	return runCutAround(t, sc, rng, nil, powerOff, func() {}, s, reboot, name)
+}
+
+// runCutAround is runCut where the cut is cut (under the fence) then
+// after (outside it: stopping what died), with before, if set, run at a
+// random point of the work before the cut.
+func runCutAround(t *testing.T, sc scenario, rng *rand.Rand, before, cut, after func(), s **store.Store, reboot func() *store.Store, name string) timings {
+	t.Helper()
 	var took timings
 	began := time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -231,9 +246,17 @@ func runCut(t *testing.T, sc scenario, rng *rand.Rand, powerOff func(), s **stor
 		defer close(done)
 		sc.work(ctx, cur, workRng, f.ack)
 	}()
-	time.Sleep(time.Duration(rng.Int64N(int64(sc.window))))
+	at := time.Duration(rng.Int64N(int64(sc.window)))
+	if before != nil {
+		early := time.Duration(rng.Int64N(int64(at) + 1))
+		time.Sleep(early)
+		before()
+		at -= early
+	}
+	time.Sleep(at)
 	took.work = time.Since(began)
-	f.cutting(powerOff)
+	f.cutting(cut)
+	after()
 	cur.NC.Close()
 	cancel()
 	<-done

@@ -2,9 +2,11 @@ package cuts_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/deploy"
 	"github.com/edgeplane/edgeplane/control/fleetsim"
 	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // deployNS is the namespace the deploy scenarios apply to.
@@ -118,7 +121,7 @@ func (l *deployLedger) check(ctx context.Context, t *testing.T, s *store.Store, 
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: deploys never reached a final state after the reboot (%v): %v", cut, err, open)
+			t.Fatalf("%s: deploys never reached a final state after the reboot (%v): %v\nhistory of their statuses:\n%s", cut, err, open, statusHistory(t, s))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -198,4 +201,30 @@ func TestCutsCanaries(t *testing.T) {
 	l := &deployLedger{committed: map[string]int64{}, promoted: map[string]bool{}}
 	b.cutPower(t, scenario{cuts: 24, window: 1500 * time.Millisecond, work: l.work(400 * time.Millisecond), check: l.check})
 	t.Logf("%d deploys reported committed, %d canary promotions acknowledged", l.applies, len(l.promoted))
+}
+
+// statusHistory is every write of the namespace's deploy statuses, in
+// order: how a status came to be what it is.
+func statusHistory(t *testing.T, s *store.Store) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv := storetest.Bucket(t, s, s.Names.DeployStatusBucket())
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for k := range keys.Keys() {
+		hist, err := kv.History(ctx, k)
+		if err != nil {
+			fmt.Fprintf(&b, "%s: %v\n", k, err)
+			continue
+		}
+		for _, e := range hist {
+			var st store.DeployStatus
+			_ = json.Unmarshal(e.Value(), &st)
+			fmt.Fprintf(&b, "%s rev %d %s: %s/%s settled=%v\n", k, e.Revision(), e.Created().Format("15:04:05.000"), st.State, st.Phase, st.Settled)
+		}
+	}
+	return b.String()
 }
