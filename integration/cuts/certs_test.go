@@ -205,7 +205,7 @@ func TestCutsCertificateIssuance(t *testing.T) {
 	var httpPort int
 	fmt.Sscan(port, &httpPort)
 	l := &certLedger{pebble: pebbletest.Start(t, httpPort), httpAddr: httpAddr, served: map[string]string{}}
-	b.cutPower(t, scenario{cuts: 24, window: 2 * time.Second, work: l.work(t), check: l.check})
+	b.cutPower(t, scenario{cuts: 20, window: 1500 * time.Millisecond, work: l.work(t), check: l.check})
 	t.Logf("%d certificates served and checked after each later cut; %d orders in all", len(l.served), l.pebble.Orders())
 }
 

@@ -321,10 +321,10 @@ func bothScenarios(t *testing.T, c *cluster) scenario {
 		}}
 }
 
-// clusterCuts is how many cuts a cluster test makes: CUTS_CLUSTER, or 6.
+// clusterCuts is how many cuts a cluster test makes: CUTS_CLUSTER, or 4.
 // A cluster's reboot is slow (every RAFT group elects its leader again,
-// 10 to 30 s on a busy box against about 0.5 s for a single box), so the
-// suite runs a few and a longer run is asked for.
+// 8 to 30 s on a busy box against about 0.4 s for a single box), so the
+// suite runs a few and a longer run is asked for (CUTS_CLUSTER=20).
 func clusterCuts(t *testing.T) int {
 	if v := os.Getenv("CUTS_CLUSTER"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -333,5 +333,5 @@ func clusterCuts(t *testing.T) int {
 		}
 		return n
 	}
-	return 6
+	return 4
 }

@@ -188,7 +188,7 @@ func TestCutsDeploys(t *testing.T) {
 	b := newBox(t)
 	startFleet(t, connect(t, b.url(), b.ctlDir, "fleet", 1))
 	l := &deployLedger{committed: map[string]int64{}, promoted: map[string]bool{}}
-	b.cutPower(t, scenario{cuts: 24, window: 600 * time.Millisecond, work: l.work(0), check: l.check})
+	b.cutPower(t, scenario{cuts: 20, window: 600 * time.Millisecond, work: l.work(0), check: l.check})
 	t.Logf("%d deploys reported committed, %d of them checked after each later cut", l.applies, len(l.committed))
 }
 
@@ -199,7 +199,7 @@ func TestCutsCanaries(t *testing.T) {
 	b := newBox(t)
 	startFleet(t, connect(t, b.url(), b.ctlDir, "fleet", 1))
 	l := &deployLedger{committed: map[string]int64{}, promoted: map[string]bool{}}
-	b.cutPower(t, scenario{cuts: 24, window: 1500 * time.Millisecond, work: l.work(400 * time.Millisecond), check: l.check})
+	b.cutPower(t, scenario{cuts: 20, window: 1500 * time.Millisecond, work: l.work(400 * time.Millisecond), check: l.check})
 	t.Logf("%d deploys reported committed, %d canary promotions acknowledged", l.applies, len(l.promoted))
 }
 

@@ -175,7 +175,7 @@ func newMachineLedger(t *testing.T) *machineLedger {
 func TestCutsMachineAdmission(t *testing.T) {
 	b := newBox(t)
 	l := newMachineLedger(t)
-	b.cutPower(t, scenario{cuts: 24, window: 300 * time.Millisecond, work: l.work(false), check: l.check})
+	b.cutPower(t, scenario{cuts: 20, window: 300 * time.Millisecond, work: l.work(false), check: l.check})
 	t.Logf("%d admissions acknowledged", len(l.admitted))
 }
 
@@ -184,7 +184,7 @@ func TestCutsMachineAdmission(t *testing.T) {
 func TestCutsMachineRemoval(t *testing.T) {
 	b := newBox(t)
 	l := newMachineLedger(t)
-	b.cutPower(t, scenario{cuts: 24, window: 500 * time.Millisecond, work: l.work(true), check: l.check})
+	b.cutPower(t, scenario{cuts: 20, window: 500 * time.Millisecond, work: l.work(true), check: l.check})
 	t.Logf("%d removals acknowledged or finished after a cut (%d machines admitted, not removed yet); %d retries of `machine rm` refused busy by a lease the cut left held",
 		len(l.removed), len(l.admitted), l.busyRetries)
 }
