@@ -203,8 +203,9 @@ func TestCutsCanaries(t *testing.T) {
 	t.Logf("%d deploys reported committed, %d canary promotions acknowledged", l.applies, len(l.promoted))
 }
 
-// statusHistory is every write of the namespace's deploy statuses, in
-// order: how a status came to be what it is.
+// statusHistory is the namespace's deploy statuses as the store holds
+// them, each with its revision and when it was written (the bucket keeps
+// the last write of each): which write left a status where it is.
 func statusHistory(t *testing.T, s *store.Store) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
