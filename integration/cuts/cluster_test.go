@@ -281,10 +281,10 @@ func (c *cluster) cutPower(t *testing.T, sc scenario, mode cutMode) {
 	t.Logf("%d cuts in %s: %s", sc.cuts, time.Since(start).Round(time.Millisecond), took)
 }
 
-// Deploys and machine admissions at once on three storage nodes whose
-// power goes at the same instant: what every node had synced is all
-// there is, and it holds every commit reported and every machine
-// admitted.
+// Deploys, machine admissions and removals at once on three storage
+// nodes whose power goes at the same instant: what every node had synced
+// is all there is, and it holds every commit reported and every machine
+// admitted or removed.
 func TestCutsClusterAllAtOnce(t *testing.T) {
 	c := newCluster(t)
 	c.cutPower(t, bothScenarios(t, c), allAtOnce)
@@ -297,17 +297,21 @@ func TestCutsClusterOneWhileOnePaused(t *testing.T) {
 	c.cutPower(t, bothScenarios(t, c), oneWhileOnePaused)
 }
 
-// bothScenarios runs the deploy and the machine admission scenarios side
-// by side, so that one cut of a cluster (slow to reboot) serves both.
+// bothScenarios runs the deploy and the machine admission and removal
+// scenarios side by side, so that one cut of a cluster (slow to reboot)
+// serves them all.
 func bothScenarios(t *testing.T, c *cluster) scenario {
 	startFleet(t, connect(t, c.urls(), c.ctlDir, "fleet", 3))
 	d := &deployLedger{committed: map[string]int64{}, promoted: map[string]bool{}}
 	m := newMachineLedger(t)
 	t.Cleanup(func() {
-		t.Logf("%d deploys reported committed, %d machine admissions acknowledged", len(d.committed), len(m.admitted))
+		t.Logf("%d deploys reported committed, %d machines admitted and removed; %d applies failed with the power on (last: %v)",
+			len(d.committed), len(m.removed), d.failed, d.lastErr)
 	})
-	deploys, admissions := d.work(0), m.work(false)
-	return scenario{cuts: clusterCuts(t), window: 1500 * time.Millisecond,
+	// Each machine admitted is removed at once: an admitted machine runs
+	// no agent here, and deploys would try to place on it.
+	deploys, admissions := d.work(0), m.work(true)
+	return scenario{cuts: clusterCuts(t), window: 3 * time.Second,
 		work: func(ctx context.Context, s *store.Store, rng *rand.Rand, ack func(func())) {
 			var wg sync.WaitGroup
 			wg.Add(1)
