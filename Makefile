@@ -57,16 +57,18 @@ RACE_PKGS ?= store projection caddymodule control/agent control/deploy control/f
              meshd/node meshd/wgbind meshd/relay meshd/registrar certs dnsproj
 
 # The integration tests (real processes, clusters in network namespaces)
-# run on their own, after the rest: beside them on two cores, a storage
-# node test's three-node cluster once took more than a minute to start.
-SOLO_PKGS ?= integration
+# and the power-cut tests (storage nodes on FUSE mounts, a cluster cut and
+# rebooted) run on their own, after the rest, one package at a time:
+# beside them on two cores, a storage node test's three-node cluster once
+# took more than a minute to start.
+SOLO_PKGS ?= integration integration/cuts
 
 test: deps-test
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l . | tee /dev/stderr)" || (echo "gofmt: files above need formatting" && exit 1)
 	$(GO) test -race -timeout $(TEST_TIMEOUT) $(addprefix ./,$(RACE_PKGS))
 	$(GO) test -timeout $(TEST_TIMEOUT) $$($(GO) list ./... | grep -v -x $(foreach p,$(RACE_PKGS) $(SOLO_PKGS),-e '$(MODULE)/$(p)'))
-	$(GO) test -timeout $(TEST_TIMEOUT) $(addprefix ./,$(SOLO_PKGS))
+	$(GO) test -p 1 -timeout $(TEST_TIMEOUT) $(addprefix ./,$(SOLO_PKGS))
 
 vet:
 	$(GO) vet ./...

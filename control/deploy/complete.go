@@ -236,7 +236,17 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 	if err := hosts.KeepOnly(ctx, d.s, ns, routed); err != nil {
 		return true, fmt.Errorf("releasing hosts %s no longer routes: %w", ns, err)
 	}
+	stale := false
 	for _, st := range open {
+		if st.State == store.DeployApplying {
+			// complete has just decided every deploy left applying, so
+			// this status was read from a replica behind that write
+			// (reads are direct gets, which any replica answers): written
+			// back settled, it would undo the decision and end as
+			// applying for good. The next attempt reads it again.
+			stale = true
+			continue
+		}
 		wasSettled := st.Settled
 		st.Settled = len(st.Cleanup) == 0
 		if st.State == store.DeployCommitted && !wasSettled {
@@ -256,7 +266,7 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 	if n := len(strays) - len(failures); n > 0 {
 		d.printf("stopped %d instances of %s the live commit does not route", n, ns)
 	}
-	return len(failures) > 0, nil
+	return len(failures) > 0 || stale, nil
 }
 
 func cleanupSummary(cs []store.CleanupFailure) string {

@@ -393,9 +393,6 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 		Machine: &store.MachineRecord{Version: store.RecordVersion, ID: id}, At: time.Now().UTC()}}); err != nil {
 		return out, err
 	}
-	if err := s.DeleteMachine(ctx, id); err != nil {
-		return out, err
-	}
 	reg, err := registrar.New(s, registrar.Config{})
 	if err != nil {
 		return out, err
@@ -417,8 +414,14 @@ func Remove(ctx context.Context, s *store.Store, id string, force bool, probeTim
 		return out, err
 	}
 	// And every key it was issued would still connect.
-	out.Credentials, err = s.RevokeMachineCredentials(ctx, id, "machine "+id+" removed")
-	return out, err
+	if out.Credentials, err = s.RevokeMachineCredentials(ctx, id, "machine "+id+" removed"); err != nil {
+		return out, err
+	}
+	// The record goes last: a removal cut short (a crash, a power cut)
+	// is finished by running it again, which starts from the record.
+	// Deleted first, it left the keys unrevoked and the invite valid with
+	// nothing to run `machine rm` on.
+	return out, s.DeleteMachine(ctx, id)
 }
 
 // checkInviteAddress refuses to admit machine id at address under inv:
