@@ -26,6 +26,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -289,15 +290,35 @@ func (a *Aggregator) observation(ent jetstream.KeyValueEntry) {
 	defer a.mu.Unlock()
 	a.obsRev = max(a.obsRev, ent.Revision())
 	m := ent.Key()
+	old := a.observed[m]
 	delete(a.observed, m)
 	var o store.MachineObserved
 	if ent.Operation() == jetstream.KeyValuePut && store.DecodeKeyed(a.s.Names.ObservedBucket(), m, ent.Value(), &o) == nil {
 		a.observed[m] = &o
+		// Agents write their observations again unchanged every minute
+		// (control/agent's RewriteEvery), so that one a power cut took
+		// does not stand: that changes no summary, and marking its
+		// namespaces would rewrite their (synced) summaries each time.
+		if old != nil && sameObservations(old.Instances, o.Instances) {
+			return
+		}
 	}
 	now := time.Now()
 	for ns := range a.onMachine[m] {
 		a.touch(ns, now)
 	}
+}
+
+// sameObservations says whether a and b observe the same of every
+// instance.
+func sameObservations(a, b map[string]store.ObservedInstance) bool {
+	return maps.EqualFunc(a, b, func(x, y store.ObservedInstance) bool {
+		if !x.LastExitAt.Equal(y.LastExitAt) || !x.NextRestart.Equal(y.NextRestart) || !x.UpdatedAt.Equal(y.UpdatedAt) {
+			return false
+		}
+		x.LastExitAt, x.NextRestart, x.UpdatedAt = y.LastExitAt, y.NextRestart, y.UpdatedAt
+		return x == y
+	})
 }
 
 // summary computes ns's summary from what the aggregator holds; a.mu is

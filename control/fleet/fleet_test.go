@@ -343,3 +343,77 @@ func TestObservationsCount(t *testing.T) {
 	}
 	summarised(store.Counts{Ready: 1, Stopped: 1, Starting: 1}, rev)
 }
+
+// An agent writes its observations again unchanged every minute: that
+// rewrites no summary (they are synced writes, one per namespace of the
+// machine), while a change does.
+func TestUnchangedObservationsRewriteNoSummary(t *testing.T) {
+	srv := storetest.Start(t)
+	s := srv.Store
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, rec := range []*store.InstanceRecord{record("shop", "m1", "shop-web-0", store.InstanceStarting),
+		record("cafe", "m2", "cafe-web-0", store.InstanceStarting)} {
+		if _, err := s.PutInstance(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startAggregator(t, s)
+	later := time.Now().Add(time.Second).UTC()
+	writer := func(m, id string, state *store.InstanceState) *agent.ObservedWriter {
+		return agent.NewObservedWriter(s, m, func() map[string]store.ObservedInstance {
+			return map[string]store.ObservedInstance{id: {Namespace: strings.Split(id, "-")[0], State: *state, UpdatedAt: later}}
+		})
+	}
+	shopState, cafeState := store.InstanceReady, store.InstanceReady
+	shop, cafe := writer("m1", "shop-web-0", &shopState), writer("m2", "cafe-web-0", &cafeState)
+	statusRev := func(ns string) uint64 {
+		t.Helper()
+		rev, err := store.GetJSON(ctx, storetest.Bucket(t, s, s.Names.FleetStatusBucket()), ns, &store.NamespaceStatus{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	// summarised waits for ns's summary to count the observation write
+	// rev: the aggregator took in every observation written before it.
+	summarised := func(ns string, rev uint64) {
+		t.Helper()
+		storetest.Eventually(t, 10*time.Second, fmt.Sprintf("%s summarised through observation %d", ns, rev), func() bool {
+			sums, err := fleet.Read(ctx, s)
+			return err == nil && sums[ns].Observed >= rev && sums[ns].Counts == store.Counts{Ready: 1}
+		})
+	}
+	flush := func(w *agent.ObservedWriter) uint64 {
+		t.Helper()
+		rev, err := w.Flush(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	summarised("shop", flush(shop))
+	summarised("cafe", flush(cafe))
+	before := statusRev("shop")
+	for range 5 {
+		flush(shop)
+	}
+	// A change on another machine, written after the rewrites and
+	// summarised: the aggregator has seen the rewrites by then.
+	cafeState = store.InstanceBackoff
+	rev := flush(cafe)
+	storetest.Eventually(t, 10*time.Second, "cafe's change summarised", func() bool {
+		sums, err := fleet.Read(ctx, s)
+		return err == nil && sums["cafe"].Observed >= rev && sums["cafe"].Counts == store.Counts{Backoff: 1}
+	})
+	if after := statusRev("shop"); after != before {
+		t.Fatalf("shop's summary was rewritten (revision %d, was %d) by observations that did not change", after, before)
+	}
+	// A change is summarised as before.
+	shopState = store.InstanceBackoff
+	rev = flush(shop)
+	storetest.Eventually(t, 10*time.Second, "shop's change summarised", func() bool {
+		sums, err := fleet.Read(ctx, s)
+		return err == nil && sums["shop"].Observed >= rev && sums["shop"].Counts == store.Counts{Backoff: 1}
+	})
+}
