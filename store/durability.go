@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -21,12 +23,13 @@ const (
 	// the fleet was told exists and nobody writes again.
 	DurabilitySynced Durability = "synced"
 	// DurabilityRewritten: a live observation its writer writes again
-	// every few seconds whether or not it changed (heartbeats, gateway
-	// reports, liveness judgements, drift reports). On a single storage
-	// node it is acknowledged before it is synced (JetStream's async
-	// persist mode): a power cut loses the last of them, and the next
-	// round replaces them. Replicated streams are always synced (JetStream
-	// refuses async persistence on them).
+	// periodically whether or not it changed (heartbeats, gateway
+	// reports, liveness judgements, drift reports, an agent's machine
+	// state and instance observations). On a single storage node it is
+	// acknowledged before it is synced (JetStream's async persist mode):
+	// a power cut loses the last of them, and the next round replaces
+	// them. Replicated streams are always synced (JetStream refuses async
+	// persistence on them).
 	DurabilityRewritten Durability = "rewritten"
 )
 
@@ -42,13 +45,20 @@ func (s *Store) durabilityOf(dst any) Durability {
 		&s.dashboardTokens, &s.dashboardSessions,
 		&s.releases, &s.rollouts, &s.canaryDecisions, &s.canaryKeys,
 		&s.revocations, &s.credentials, &s.signers, &s.hosts,
-		// Written on change only (an agent's state and observations,
-		// the aggregator's summaries): a lost write would stand until
-		// the next change.
-		&s.machineStates, &s.observed, &s.fleetStatus:
+		// Written on change only (the aggregator's dirty set): a lost
+		// summary would stand until its namespace changes again.
+		&s.fleetStatus:
 		return DurabilitySynced
 	case &s.machineBeats, &s.meshBeats, &s.meshDrift,
-		&s.gateways, &s.gatewayTraffic, &s.machineLiveness:
+		&s.gateways, &s.gatewayTraffic, &s.machineLiveness,
+		// An agent writes its machine state and instance observations
+		// on change, at once after every reconnect to the store (a cut
+		// storage node restarts, so every agent reconnects), and every
+		// minute unchanged (control/agent's RewriteEvery): a lost one
+		// stands until then, never until the next change. They are
+		// the bulk of a busy fleet's writes (one per instance state
+		// change), and synced they cost about twice the storage CPU.
+		&s.machineStates, &s.observed:
 		return DurabilityRewritten
 	}
 	return ""
@@ -83,14 +93,27 @@ func (s *Store) Durabilities() map[string]Durability {
 // recreateUnsynced replaces old, a synced stream, with one like cfg that is
 // not (async persist mode): JetStream cannot change a stream's persist mode,
 // and a store provisioned before the durabilities had every stream synced.
-// Only rewritten observations are ever unsynced, so what the old stream
-// held is dropped and written again by the next round of its writers. The
-// new stream goes on at the sequence after the old one's last, so a
-// watcher resuming after its last message misses nothing written later.
+// Only rewritten observations are ever unsynced. What the old stream held
+// (each key's last value, for a bucket) is written into the new one unless
+// a writer wrote that key anew meanwhile: its writers write it again, but
+// not at once (an agent's observations within a minute, when its reconnect
+// came before the recreate), and read empty meanwhile a machine's
+// instances would not be ready. A write to the old stream between the read
+// and the delete is lost (the older value comes back), until its writer's
+// next round. The new stream goes on at the sequence after the old one's
+// last, so a watcher resuming after its last message misses nothing
+// written later.
 func recreateUnsynced(ctx context.Context, js jetstream.JetStream, old jetstream.Stream, cfg jetstream.StreamConfig) (jetstream.Stream, error) {
 	info, err := old.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s before making it unsynced: %w", cfg.Name, err)
+	}
+	// The copy is a courtesy to readers, not a guarantee (the class
+	// allows dropping it all): a read that fails keeps none, rather than
+	// keeping the store from starting.
+	kept, err := lastOfEachSubject(ctx, old, info.State)
+	if err != nil {
+		kept = nil
 	}
 	if err := js.DeleteStream(ctx, cfg.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("making %s unsynced: deleting the synced stream: %w", cfg.Name, err)
@@ -100,5 +123,63 @@ func recreateUnsynced(ctx context.Context, js jetstream.JetStream, old jetstream
 	if err != nil {
 		return nil, fmt.Errorf("making %s unsynced: recreating it: %w", cfg.Name, err)
 	}
+	for _, m := range kept {
+		// Only where no writer wrote since the recreate (theirs is
+		// newer); one that fails is left to its writer, as above.
+		_, _ = js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(0))
+	}
 	return str, nil
+}
+
+// lastOfEachSubject reads the last message of each subject str held up to
+// st's last sequence, in stream order; delete markers (a bucket's, the
+// server's) are left out: a key without a value reads the same as a key
+// never written.
+func lastOfEachSubject(ctx context.Context, str jetstream.Stream, st jetstream.StreamState) ([]*nats.Msg, error) {
+	if st.Msgs == 0 {
+		return nil, nil
+	}
+	cons, err := str.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		return nil, err
+	}
+	last := map[string]int{}
+	var out []*nats.Msg
+	for {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		got, done := 0, false
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			done = md.Sequence.Stream >= st.LastSeq
+			msg := &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}
+			if i, ok := last[msg.Subject]; ok {
+				out[i] = nil
+			}
+			last[msg.Subject] = len(out)
+			out = append(out, msg)
+			if done {
+				break
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, err
+		}
+		if done || got == 0 {
+			break
+		}
+	}
+	kept := out[:0]
+	for _, m := range out {
+		if m != nil && m.Header.Get(kvOperationHeader) == "" && m.Header.Get(jetstream.MarkerReasonHeader) == "" {
+			kept = append(kept, m)
+		}
+	}
+	return kept, nil
 }

@@ -97,6 +97,8 @@ func TestProvisionedPersistModes(t *testing.T) {
 // so that a process watching one across the upgrade, which resumes after the
 // last sequence it saw, misses nothing written after (nats.go's ordered
 // consumer notices the new stream by its missed heartbeats, some 20 s on).
+// Each key keeps its value through it (a machine's observations must not
+// read empty until its agent writes them again); a deleted one stays so.
 func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -116,45 +118,82 @@ func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The store as an older release left it: every bucket synced, the
-	// machine beats holding a few.
+	// machine beats and observations holding a few.
 	s, err := store.Provision(ctx, nc, names, store.Layout{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	beats := "KV_" + names.MachineBeatsBucket()
-	str, err := js.Stream(ctx, beats)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := str.CachedInfo().Config
-	cfg.PersistMode = jetstream.DefaultPersistMode
-	if _, err := js.UpdateStream(ctx, cfg); err == nil {
-		t.Fatal("JetStream changed a stream's persist mode: recreating it is no longer needed")
-	}
-	if err := js.DeleteStream(ctx, beats); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
+	beats, observed := "KV_"+names.MachineBeatsBucket(), "KV_"+names.ObservedBucket()
+	for _, name := range []string{beats, observed} {
+		str, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := str.CachedInfo().Config
+		cfg.PersistMode = jetstream.DefaultPersistMode
+		if _, err := js.UpdateStream(ctx, cfg); err == nil {
+			t.Fatal("JetStream changed a stream's persist mode: recreating it is no longer needed")
+		}
+		if err := js.DeleteStream(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.CreateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for i := range 3 {
 		if err := s.PutMachineBeat(ctx, fmt.Sprintf("m%d", i), time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
-	lastSeq := uint64(3)
-	if _, err := store.Provision(ctx, nc, names, store.Layout{}); err != nil {
-		t.Fatalf("provisioning the upgraded store: %v", err)
-	}
-	info, err := js.Stream(ctx, beats)
+	beatsKV, err := js.KeyValue(ctx, names.MachineBeatsBucket())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := info.CachedInfo().Config.PersistMode; got != jetstream.AsyncPersistMode {
-		t.Fatalf("upgraded %s: persist mode %v, want async", beats, got)
+	if err := beatsKV.Delete(ctx, "m2"); err != nil {
+		t.Fatal(err)
 	}
-	if first := info.CachedInfo().State.FirstSeq; first != lastSeq+1 {
+	if err := s.PutMachineBeat(ctx, "m1", 2*time.Second); err != nil { // m1's second beat: its last is kept
+		t.Fatal(err)
+	}
+	lastSeq := uint64(5)
+	seen := &store.MachineObserved{Machine: "m1", UpdatedAt: time.Now().UTC(),
+		Instances: map[string]store.ObservedInstance{"i1": {Namespace: "shop", State: store.InstanceReady, UpdatedAt: time.Now().UTC()}}}
+	if _, err := s.PutObserved(ctx, seen); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Provision(ctx, nc, names, store.Layout{}); err != nil {
+		t.Fatalf("provisioning the upgraded store: %v", err)
+	}
+	for _, name := range []string{beats, observed} {
+		str, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := str.CachedInfo().Config.PersistMode; got != jetstream.AsyncPersistMode {
+			t.Fatalf("upgraded %s: persist mode %v, want async", name, got)
+		}
+	}
+	str, err := js.Stream(ctx, beats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first := str.CachedInfo().State.FirstSeq; first != lastSeq+1 {
 		t.Errorf("upgraded %s starts at sequence %d, want %d (after the old one's last)", beats, first, lastSeq+1)
+	}
+	// What each key held is there; the deleted one is not.
+	if b, err := s.MachineBeatOf(ctx, "m0"); err != nil || time.Duration(b.Interval) != time.Second {
+		t.Errorf("m0's beat after the upgrade: %+v, %v", b, err)
+	}
+	if b, err := s.MachineBeatOf(ctx, "m1"); err != nil || time.Duration(b.Interval) != 2*time.Second {
+		t.Errorf("m1's beat after the upgrade: %+v, %v; want its last (interval 2s)", b, err)
+	}
+	if b, err := s.MachineBeatOf(ctx, "m2"); !store.HasCode(err, store.CodeNotFound) {
+		t.Errorf("m2's beat, deleted before the upgrade, reads %+v, %v; want not found", b, err)
+	}
+	var got store.MachineObserved
+	if _, err := store.GetJSON(ctx, observedKV(ctx, t, js, names), "m1", &got); err != nil || got.Instances["i1"].State != store.InstanceReady {
+		t.Errorf("m1's observations after the upgrade: %+v, %v; want i1 ready", got, err)
 	}
 	// Writers go on: a put lands in the new stream, after the old ones.
 	if err := s.PutMachineBeat(ctx, "m9", time.Second); err != nil {
@@ -163,6 +202,15 @@ func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 	if b, err := s.MachineBeatOf(ctx, "m9"); err != nil || b == nil {
 		t.Fatalf("a beat written after the upgrade: %v, %v", b, err)
 	}
+}
+
+func observedKV(ctx context.Context, t *testing.T, js jetstream.JetStream, names store.Names) jetstream.KeyValue {
+	t.Helper()
+	kv, err := js.KeyValue(ctx, names.ObservedBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }
 
 // cutWrites are the records written before a power cut, through the store's
@@ -355,9 +403,9 @@ func TestAcknowledgedWritesSurviveAPowerCut(t *testing.T) {
 }
 
 // BenchmarkSyncedVsRewrittenWrites is what the durability of a bucket costs
-// a writer on a default single storage node: a machine state (synced before
-// it is acknowledged) against a machine beat (rewritten, unsynced), one
-// writer, each put waiting for its acknowledgement.
+// a writer on a default single storage node: an instance record (synced
+// before it is acknowledged) against a machine beat (rewritten, unsynced),
+// one writer, each put waiting for its acknowledgement.
 func BenchmarkSyncedVsRewrittenWrites(b *testing.B) {
 	ctx := context.Background()
 	ns, err := storagenode.Start(storagenode.Config{DataDir: b.TempDir(), Listen: "127.0.0.1:0"})
@@ -375,9 +423,10 @@ func BenchmarkSyncedVsRewrittenWrites(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Run("synced=machine-state", func(b *testing.B) {
+	b.Run("synced=instance-record", func(b *testing.B) {
 		for i := range b.N {
-			if err := s.PutMachineState(ctx, &store.MachineState{Machine: fmt.Sprintf("m%d", i%100), Instances: i}); err != nil {
+			if _, err := s.PutInstance(ctx, &store.InstanceRecord{ID: fmt.Sprintf("i%d", i%100), Namespace: "shop", Service: "web",
+				Machine: "m1", State: store.InstanceReady, Slot: i}); err != nil {
 				b.Fatal(err)
 			}
 		}
