@@ -24,8 +24,7 @@ const (
 	DurabilitySynced Durability = "synced"
 	// DurabilityRewritten: a live observation its writer writes again
 	// periodically whether or not it changed (heartbeats, gateway
-	// reports, liveness judgements, drift reports, an agent's machine
-	// state and instance observations). On a single storage node it is
+	// reports, liveness judgements, drift reports). On a single storage node it is
 	// acknowledged before it is synced (JetStream's async persist mode):
 	// a power cut loses the last of them, and the next round replaces
 	// them. Replicated streams are always synced (JetStream refuses async
@@ -45,20 +44,19 @@ func (s *Store) durabilityOf(dst any) Durability {
 		&s.dashboardTokens, &s.dashboardSessions,
 		&s.releases, &s.rollouts, &s.canaryDecisions, &s.canaryKeys,
 		&s.revocations, &s.credentials, &s.signers, &s.hosts,
-		// Written on change only (the aggregator's dirty set): a lost
-		// summary would stand until its namespace changes again.
-		&s.fleetStatus:
+		// Written on change only (an agent's state and observations,
+		// the aggregator's summaries): a lost write would stand until
+		// the next change. An agent writes its state and observations
+		// again after every reconnect, but a routing derivation or a
+		// deploy in the seconds before that would read a lost "ready"
+		// as not ready and leave the instance out of routing: so they
+		// are synced, although they are the bulk of a busy fleet's
+		// writes (one per instance state change) and cost about twice
+		// the storage CPU so (README "When the power goes").
+		&s.machineStates, &s.observed, &s.fleetStatus:
 		return DurabilitySynced
 	case &s.machineBeats, &s.meshBeats, &s.meshDrift,
-		&s.gateways, &s.gatewayTraffic, &s.machineLiveness,
-		// An agent writes its machine state and instance observations
-		// on change, at once after every reconnect to the store (a cut
-		// storage node restarts, so every agent reconnects), and every
-		// minute unchanged (control/agent's RewriteEvery): a lost one
-		// stands until then, never until the next change. They are
-		// the bulk of a busy fleet's writes (one per instance state
-		// change), and synced they cost about twice the storage CPU.
-		&s.machineStates, &s.observed:
+		&s.gateways, &s.gatewayTraffic, &s.machineLiveness:
 		return DurabilityRewritten
 	}
 	return ""

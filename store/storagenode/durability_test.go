@@ -118,14 +118,14 @@ func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The store as an older release left it: every bucket synced, the
-	// machine beats and observations holding a few.
+	// machine beats holding a few.
 	s, err := store.Provision(ctx, nc, names, store.Layout{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	beats, observed := "KV_"+names.MachineBeatsBucket(), "KV_"+names.ObservedBucket()
-	for _, name := range []string{beats, observed} {
-		str, err := js.Stream(ctx, name)
+	beats := "KV_" + names.MachineBeatsBucket()
+	{
+		str, err := js.Stream(ctx, beats)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +134,7 @@ func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 		if _, err := js.UpdateStream(ctx, cfg); err == nil {
 			t.Fatal("JetStream changed a stream's persist mode: recreating it is no longer needed")
 		}
-		if err := js.DeleteStream(ctx, name); err != nil {
+		if err := js.DeleteStream(ctx, beats); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := js.CreateStream(ctx, cfg); err != nil {
@@ -157,26 +157,15 @@ func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	lastSeq := uint64(5)
-	seen := &store.MachineObserved{Machine: "m1", UpdatedAt: time.Now().UTC(),
-		Instances: map[string]store.ObservedInstance{"i1": {Namespace: "shop", State: store.InstanceReady, UpdatedAt: time.Now().UTC()}}}
-	if _, err := s.PutObserved(ctx, seen); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := store.Provision(ctx, nc, names, store.Layout{}); err != nil {
 		t.Fatalf("provisioning the upgraded store: %v", err)
-	}
-	for _, name := range []string{beats, observed} {
-		str, err := js.Stream(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := str.CachedInfo().Config.PersistMode; got != jetstream.AsyncPersistMode {
-			t.Fatalf("upgraded %s: persist mode %v, want async", name, got)
-		}
 	}
 	str, err := js.Stream(ctx, beats)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := str.CachedInfo().Config.PersistMode; got != jetstream.AsyncPersistMode {
+		t.Fatalf("upgraded %s: persist mode %v, want async", beats, got)
 	}
 	if first := str.CachedInfo().State.FirstSeq; first != lastSeq+1 {
 		t.Errorf("upgraded %s starts at sequence %d, want %d (after the old one's last)", beats, first, lastSeq+1)
@@ -191,10 +180,6 @@ func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 	if b, err := s.MachineBeatOf(ctx, "m2"); !store.HasCode(err, store.CodeNotFound) {
 		t.Errorf("m2's beat, deleted before the upgrade, reads %+v, %v; want not found", b, err)
 	}
-	var got store.MachineObserved
-	if _, err := store.GetJSON(ctx, observedKV(ctx, t, js, names), "m1", &got); err != nil || got.Instances["i1"].State != store.InstanceReady {
-		t.Errorf("m1's observations after the upgrade: %+v, %v; want i1 ready", got, err)
-	}
 	// Writers go on: a put lands in the new stream, after the old ones.
 	if err := s.PutMachineBeat(ctx, "m9", time.Second); err != nil {
 		t.Fatal(err)
@@ -202,15 +187,6 @@ func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 	if b, err := s.MachineBeatOf(ctx, "m9"); err != nil || b == nil {
 		t.Fatalf("a beat written after the upgrade: %v, %v", b, err)
 	}
-}
-
-func observedKV(ctx context.Context, t *testing.T, js jetstream.JetStream, names store.Names) jetstream.KeyValue {
-	t.Helper()
-	kv, err := js.KeyValue(ctx, names.ObservedBucket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kv
 }
 
 // cutWrites are the records written before a power cut, through the store's
