@@ -35,6 +35,10 @@ const (
 // first ask (a lost request costs that much), then less often.
 var askAgainAfter = []time.Duration{time.Second, 2 * time.Second, 4 * time.Second}
 
+// noResponderPauses are the waits before asking again a responder that
+// answers once, when the storage node said no one listens.
+var noResponderPauses = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 750 * time.Millisecond}
+
 // callsOnce holds the responders (an agent's subject space) that said
 // CallsOnceHeader: a machine's agent answers all its commands alike, so
 // what the first answer (a deploy's capacity probe) said holds for the
@@ -124,7 +128,7 @@ func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, responder string
 	if err := nc.PublishMsg(ask); err != nil {
 		return nil, err
 	}
-	for asked := 0; ; {
+	for asked, quiet := 0, 0; ; {
 		var again <-chan time.Time
 		var timer *time.Timer
 		if askAgain {
@@ -156,6 +160,23 @@ func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, responder string
 			continue
 		}
 		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			if _, once := callsOnce.Load(responder); askAgain && once && quiet < len(noResponderPauses) {
+				// The storage node also answers "no responders" in the
+				// instant it rebuilds the account (see above): a
+				// responder known to be there is asked again a few
+				// times, and an agent that is gone is said so within
+				// about a second.
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(noResponderPauses[quiet]):
+				}
+				quiet++
+				if err := nc.PublishMsg(ask); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			if asked > 0 {
 				// The responder is away for a moment (reconnecting):
 				// it had the call, and is asked again in a while.

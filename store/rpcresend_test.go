@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,5 +140,34 @@ func TestCallAsksAgainUntilAnswered(t *testing.T) {
 	}
 	if n := asks.Load(); n != 2 {
 		t.Fatalf("asked %d times, want 2 (the lost ask, then the one answered)", n)
+	}
+}
+
+// "No responders" is asked again briefly for an agent known to answer
+// once (the storage node says it for an instant while it rebuilds the
+// account), and an agent that is gone is still said so, within about a
+// second.
+func TestCallToAnAgentThatLeftSaysNoResponders(t *testing.T) {
+	srv := storetest.Start(t)
+	stop, err := store.Serve(t.Context(), srv.Store.NC, srv.Store.Names.NodeListenSubject("m3"), srv.Store.Names.NodeQueueGroup("m3"), "node.m3",
+		func(ctx context.Context, command string, data []byte) (any, error) { return 1, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Store.Call(t.Context(), "m3", "capacity", struct{}{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	_ = srv.Store.NC.Flush()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	begun := time.Now()
+	err = srv.Store.Call(ctx, "m3", "capacity", struct{}{}, nil)
+	var f *store.RPCFailure
+	if !errors.As(err, &f) || f.Cause != store.CauseNoResponders {
+		t.Fatalf("a call to an agent that left: %v, want no responders", err)
+	}
+	if took := time.Since(begun); took > 3*time.Second {
+		t.Fatalf("said no responders after %s, want about a second", took)
 	}
 }
