@@ -94,9 +94,8 @@ func (s *Store) Durabilities() map[string]Durability {
 // Only rewritten observations are ever unsynced. What the old stream held
 // (each key's last value, for a bucket) is written into the new one unless
 // a writer wrote that key anew meanwhile: its writers write it again, but
-// not at once (an agent's observations within a minute, when its reconnect
-// came before the recreate), and read empty meanwhile a machine's
-// instances would not be ready. A write to the old stream between the read
+// not at once, and read empty meanwhile a machine's heartbeat says it was
+// never seen, which the aggregator never judges down. A write to the old stream between the read
 // and the delete is lost (the older value comes back), until its writer's
 // next round. The new stream goes on at the sequence after the old one's
 // last, so a watcher resuming after its last message misses nothing

@@ -44,21 +44,29 @@ func TestParseSync(t *testing.T) {
 	}
 }
 
+// singleNode starts a single storage node with the default sync policy and
+// connects to it; both end with the test.
+func singleNode(t *testing.T) *nats.Conn {
+	t.Helper()
+	ns, err := storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // A single box provisions each stream and bucket with the persist mode its
 // durability asks: the rewritten observations async, every other synced.
 func TestProvisionedPersistModes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ns, err := storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := singleNode(t)
 	s, err := store.Provision(ctx, nc, testNames(t), store.Layout{})
 	if err != nil {
 		t.Fatal(err)
@@ -97,21 +105,13 @@ func TestProvisionedPersistModes(t *testing.T) {
 // so that a process watching one across the upgrade, which resumes after the
 // last sequence it saw, misses nothing written after (nats.go's ordered
 // consumer notices the new stream by its missed heartbeats, some 20 s on).
-// Each key keeps its value through it (a machine's observations must not
-// read empty until its agent writes them again); a deleted one stays so.
+// Each key keeps its value through it (a machine's heartbeat read empty
+// says it was never seen, and is never judged down); a deleted one stays
+// so.
 func TestUpgradedStoreGetsTheSyncPolicy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ns, err := storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := singleNode(t)
 	names := testNames(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
