@@ -212,6 +212,39 @@ func startRenewing(t *testing.T, ttl time.Duration) *fixture {
 	return &fixture{node: n, srv: srv, fps: []string{pki.Fingerprint(n.Auth.TLS.CA.Cert)}}
 }
 
+// joinedBox enrolls machine m1 with an invite and opens the store as its
+// agent, over a connection with the credentials file it was given (file);
+// both end with the test.
+func (f *fixture) joinedBox(t *testing.T) (file string, s *store.Store) {
+	t.Helper()
+	files, err := enroll.Join(t.Context(), enroll.JoinRequest{Token: f.invite(t, f.fps), Machine: "m1", Addrs: []string{f.srv.Addr().String()}, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file = files[storagenode.RoleAgent]
+	nc, err := store.Connect(store.ConnectOptions{URL: f.node.Server.ClientURL(), CredsFile: file, ReconnectForever: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	s, err = store.Open(t.Context(), nc, f.node.Store.Names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return file, s
+}
+
+// renewing runs the box's renewal on s until the test ends.
+func renewing(t *testing.T, s *store.Store) {
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		store.RenewCreds(ctx, s, func(err error) { t.Logf("renewal: %v", err) })
+	}()
+	t.Cleanup(func() { stop(); <-done })
+}
+
 // A running box renews its credentials at two thirds of their lifetime
 // over its connection: a new key made on the box, the same role, machine
 // and inbox, the fleet's lifetime, recorded; the connection goes on with
@@ -219,31 +252,12 @@ func startRenewing(t *testing.T, ttl time.Duration) *fixture {
 func TestRunningBoxRenewsItsCredentials(t *testing.T) {
 	f := startRenewing(t, 6*time.Second)
 	ctx := context.Background()
-	files, err := enroll.Join(ctx, enroll.JoinRequest{Token: f.invite(t, f.fps), Machine: "m1", Addrs: []string{f.srv.Addr().String()}, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := files[storagenode.RoleAgent]
+	file, s := f.joinedBox(t)
 	before, _ := os.ReadFile(file)
 	oldKey, _ := store.UserOfCreds(before)
 	oldCopy := filepath.Join(t.TempDir(), "old.creds")
 	_ = os.WriteFile(oldCopy, before, 0o600)
-	nc, err := store.Connect(store.ConnectOptions{URL: f.node.Server.ClientURL(), CredsFile: file, ReconnectForever: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	s, err := store.Open(ctx, nc, f.node.Store.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		store.RenewCreds(rctx, s, func(err error) { t.Logf("renewal: %v", err) })
-	}()
-	defer func() { stop(); <-done }()
+	renewing(t, s)
 
 	var renewed store.IssuedCredential
 	deadline := time.Now().Add(20 * time.Second)

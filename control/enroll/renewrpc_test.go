@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -19,21 +18,9 @@ import (
 func TestRenewalAnswersEveryRequest(t *testing.T) {
 	f := startRenewing(t, 6*time.Second)
 	ctx := t.Context()
-	files, err := enroll.Join(ctx, enroll.JoinRequest{Token: f.invite(t, f.fps), Machine: "m1", Addrs: []string{f.srv.Addr().String()}, Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := store.Connect(store.ConnectOptions{URL: f.node.Server.ClientURL(), CredsFile: files[storagenode.RoleAgent], ReconnectForever: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	s, err := store.Open(ctx, nc, f.node.Store.Names)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := f.joinedBox(t)
 	names := s.Names
-	stopServe, err := store.Serve(ctx, nc, names.NodeListenSubject("m1"), names.NodeQueueGroup("m1"), "node.m1",
+	stopServe, err := store.Serve(ctx, s.NC, names.NodeListenSubject("m1"), names.NodeQueueGroup("m1"), "node.m1",
 		func(ctx context.Context, command string, data []byte) (any, error) {
 			var n int
 			err := json.Unmarshal(data, &n)
@@ -43,13 +30,7 @@ func TestRenewalAnswersEveryRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopServe()
-	rctx, stopRenew := context.WithCancel(ctx)
-	renewing := make(chan struct{})
-	go func() {
-		defer close(renewing)
-		store.RenewCreds(rctx, s, func(err error) { t.Logf("renewal: %v", err) })
-	}()
-	defer func() { stopRenew(); <-renewing }()
+	renewing(t, s)
 
 	renewals := func() int {
 		list, _ := f.node.Store.ListCredentials(ctx, "m1", storagenode.RoleAgent)
