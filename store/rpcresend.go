@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"maps"
 	"crypto/sha256"
 	"slices"
 	"sync"
@@ -119,9 +120,7 @@ func request(ctx context.Context, nc *nats.Conn, req *nats.Msg, responder string
 		x.mu.Unlock()
 	}()
 	ask := &nats.Msg{Subject: req.Subject, Reply: x.prefix + token, Data: req.Data, Header: nats.Header{}}
-	for k, v := range req.Header {
-		ask.Header[k] = v
-	}
+	maps.Copy(ask.Header, req.Header)
 	if askAgain {
 		ask.Header.Set(CallIDHeader, token)
 	}
