@@ -2,8 +2,8 @@ package store
 
 import (
 	"context"
-	"maps"
 	"crypto/sha256"
+	"maps"
 	"slices"
 	"sync"
 	"time"
