@@ -1,0 +1,186 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A previous release is built from the repository's own history, as the
+// fleets run it: its tagged commit checked out in a temporary worktree and
+// built there with `make build`'s flags. The skew tests run it beside this
+// tree's binaries.
+
+// releasesFile lists the releases (tag and commit, oldest first): the one
+// place a release's commit is written down, so that a clone without tags
+// (CI often clones without them) still finds it.
+const releasesFile = "../RELEASES"
+
+// release is one line of the releases file.
+type release struct {
+	tag, commit string
+}
+
+// version is what the release's binaries report: the tag without its v.
+func (r release) version() string { return strings.TrimPrefix(r.tag, "v") }
+
+// releaseBins are the binaries of a built release.
+type releaseBins struct {
+	release
+	control, caddy, meshd string
+	buildTime             time.Duration
+}
+
+// previous holds the previous release, built once per test run.
+var previous struct {
+	once sync.Once
+	bins releaseBins
+	err  error
+}
+
+// previousRelease builds (once) and returns the newest release before this
+// tree. It fails the test, never skips it, when the release cannot be
+// found: a skew test that quietly does not run tests nothing.
+func previousRelease(t *testing.T) releaseBins {
+	t.Helper()
+	previous.once.Do(func() {
+		previous.bins, previous.err = buildPreviousRelease(filepath.Join(bins.dir, "previous-release"))
+		if previous.err == nil {
+			// Once per run: what CI's budget pays for the old build.
+			fmt.Fprintf(os.Stderr, "built previous release %s (%s) in %s\n", previous.bins.tag, previous.bins.commit[:12], previous.bins.buildTime.Round(100*time.Millisecond))
+		}
+	})
+	if previous.err != nil {
+		t.Fatalf("previous release: %v", previous.err)
+	}
+	return previous.bins
+}
+
+func buildPreviousRelease(out string) (releaseBins, error) {
+	top, err := git("", "rev-parse", "--show-toplevel")
+	if err != nil {
+		return releaseBins{}, err
+	}
+	rel, err := previousOf(top)
+	if err != nil {
+		return releaseBins{}, err
+	}
+	start := time.Now()
+	tmp, err := os.MkdirTemp("", "edgeplane-"+rel.tag+"-")
+	if err != nil {
+		return releaseBins{}, err
+	}
+	tree := filepath.Join(tmp, "tree")
+	defer os.RemoveAll(tmp)
+	if _, err := git(top, "worktree", "add", "--detach", tree, rel.commit); err != nil {
+		return releaseBins{}, err
+	}
+	// Removed even when a build fails: the worktree is registered in the
+	// repository itself, which outlives the test.
+	defer func() { _, _ = git(top, "worktree", "remove", "--force", tree) }()
+	b := releaseBins{release: rel, control: filepath.Join(out, "control"), caddy: filepath.Join(out, "caddy"), meshd: filepath.Join(out, "meshd")}
+	ldflags := "-X github.com/edgeplane/edgeplane/internal/version.Version=" + rel.version()
+	for _, x := range []struct{ out, pkg string }{
+		{b.control, "./control"},
+		{b.caddy, "./caddymodule/cmd/caddy"},
+		{b.meshd, "./meshd"},
+	} {
+		cmd := exec.Command("go", "build", "-ldflags", ldflags, "-o", x.out, x.pkg)
+		cmd.Dir = tree
+		if o, err := cmd.CombinedOutput(); err != nil {
+			return releaseBins{}, fmt.Errorf("building %s of %s: %v\n%s", x.pkg, rel.tag, err, o)
+		}
+	}
+	b.buildTime = time.Since(start)
+	return b, nil
+}
+
+// previousOf reads the releases file and returns the newest release whose
+// code is not top's HEAD's own (the commit that records a release in the
+// file changes nothing else), resolved to a commit in this clone: by its
+// tag, else by the commit the file names.
+func previousOf(top string) (release, error) {
+	raw, err := os.ReadFile(releasesFile)
+	if err != nil {
+		return release{}, fmt.Errorf("reading the releases file: %w", err)
+	}
+	list, err := parseReleases(raw)
+	if err != nil {
+		return release{}, err
+	}
+	for i := len(list) - 1; i >= 0; i-- {
+		r := list[i]
+		byTag, tagErr := git(top, "rev-parse", "--verify", "--quiet", "refs/tags/"+r.tag+"^{commit}")
+		switch {
+		case tagErr == nil && byTag != r.commit:
+			return release{}, fmt.Errorf("tag %s names %s, the releases file %s: a release tag never moves", r.tag, byTag, r.commit)
+		case tagErr != nil:
+			if _, err := git(top, "rev-parse", "--verify", "--quiet", r.commit+"^{commit}"); err != nil {
+				return release{}, fmt.Errorf("neither tag %s nor its commit %s is in this clone (a shallow clone, or one without tags? git fetch --tags --unshallow)", r.tag, r.commit)
+			}
+		}
+		if _, err := git(top, "diff", "--quiet", r.commit, "HEAD", "--", ".", ":(exclude)RELEASES"); err == nil {
+			continue // HEAD is this release: the one before it is the previous
+		}
+		return r, nil
+	}
+	return release{}, fmt.Errorf("the releases file names no release before HEAD")
+}
+
+// parseReleases reads "TAG COMMIT" lines, skipping comments and blanks.
+func parseReleases(raw []byte) ([]release, error) {
+	var list []release
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 2 || !strings.HasPrefix(f[0], "v") || len(f[1]) != 40 {
+			return nil, fmt.Errorf("releases file line %d: want \"vX.Y.Z <40-hex commit>\", got %q", n, line)
+		}
+		list = append(list, release{tag: f[0], commit: f[1]})
+	}
+	return list, sc.Err()
+}
+
+// git runs git in dir ("" for here) and returns its trimmed output.
+func git(dir string, args ...string) (string, error) {
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// The previous release builds from the repository's history and reports
+// its own version: the ground every skew test stands on.
+func TestPreviousReleaseBuildsFromHistory(t *testing.T) {
+	old := previousRelease(t)
+	for bin, name := range map[string]string{old.control: "control", old.meshd: "meshd"} {
+		out, err := exec.Command(bin, "version").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), name+" "+old.version()+" ") {
+			t.Fatalf("%s version: %v\n%s", bin, err, out)
+		}
+	}
+	out, err := exec.Command(old.caddy, "version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("caddy version: %v\n%s", err, out)
+	}
+	if wt, _ := git("", "worktree", "list"); strings.Contains(wt, "edgeplane-"+old.tag) {
+		t.Fatalf("the release's worktree was left behind:\n%s", wt)
+	}
+	t.Logf("previous release %s (%s) built in %s", old.tag, old.commit[:12], old.buildTime.Round(100*time.Millisecond))
+}
