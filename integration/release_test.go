@@ -184,3 +184,55 @@ func TestPreviousReleaseBuildsFromHistory(t *testing.T) {
 	}
 	t.Logf("previous release %s (%s) built in %s", old.tag, old.commit[:12], old.buildTime.Round(100*time.Millisecond))
 }
+
+// The releases file finds the previous release in a clone without tags
+// (by its commit), and fails loudly, never quietly, where the commit is
+// absent too (a shallow clone) or the tag names another commit.
+func TestPreviousReleaseWithoutTagsShallowOrMoved(t *testing.T) {
+	top, err := git("", "rev-parse", "--show-toplevel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(releasesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := parseReleases(raw)
+	if err != nil || len(list) == 0 {
+		t.Fatalf("releases file: %v %v", list, err)
+	}
+	dir := t.TempDir()
+	clone := func(name string, args ...string) string {
+		t.Helper()
+		to := filepath.Join(dir, name)
+		if _, err := git("", append(append([]string{"clone", "--quiet", "--no-checkout"}, args...), "file://"+top, to)...); err != nil {
+			t.Fatal(err)
+		}
+		return to
+	}
+
+	noTags := clone("no-tags", "--no-tags")
+	if tags, _ := git(noTags, "tag", "-l"); tags != "" {
+		t.Fatalf("the clone has tags: %s", tags)
+	}
+	want, err := previousOf(top)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := previousOf(noTags); err != nil || got != want {
+		t.Fatalf("without tags: %+v %v, want %+v", got, err, want)
+	}
+
+	shallow := clone("shallow", "--no-tags", "--depth", "1")
+	if _, err := previousOf(shallow); err == nil || !strings.Contains(err.Error(), "neither tag") {
+		t.Fatalf("a shallow clone without tags: %v", err)
+	}
+
+	moved := clone("moved")
+	if _, err := git(moved, "tag", "-f", want.tag, "HEAD"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := previousOf(moved); err == nil || !strings.Contains(err.Error(), "never moves") {
+		t.Fatalf("a moved tag: %v", err)
+	}
+}
