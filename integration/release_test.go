@@ -18,10 +18,11 @@ import (
 // built there with `make build`'s flags. The skew tests run it beside this
 // tree's binaries.
 
-// releasesFile lists the releases (tag and commit, oldest first): the one
-// place a release's commit is written down, so that a clone without tags
-// (CI often clones without them) still finds it.
-const releasesFile = "../RELEASES"
+// releasesFile, at the repository's top, lists the releases (tag and
+// commit, oldest first): the one place a release's commit is written down,
+// so that a clone without tags (CI often clones without them) still finds
+// it. scripts/release-tag.sh adds to it.
+const releasesFile = "RELEASES"
 
 // release is one line of the releases file.
 type release struct {
@@ -102,12 +103,12 @@ func buildPreviousRelease(out string) (releaseBins, error) {
 	return b, nil
 }
 
-// previousOf reads the releases file and returns the newest release whose
+// previousOf reads the releases file of the repository at top and returns the newest release whose
 // code is not top's HEAD's own (the commit that records a release in the
 // file changes nothing else), resolved to a commit in this clone: by its
 // tag, else by the commit the file names.
 func previousOf(top string) (release, error) {
-	raw, err := os.ReadFile(releasesFile)
+	raw, err := os.ReadFile(filepath.Join(top, releasesFile))
 	if err != nil {
 		return release{}, fmt.Errorf("reading the releases file: %w", err)
 	}
@@ -193,7 +194,7 @@ func TestPreviousReleaseWithoutTagsShallowOrMoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(releasesFile)
+	raw, err := os.ReadFile(filepath.Join(top, releasesFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,14 +203,7 @@ func TestPreviousReleaseWithoutTagsShallowOrMoved(t *testing.T) {
 		t.Fatalf("releases file: %v %v", list, err)
 	}
 	dir := t.TempDir()
-	clone := func(name string, args ...string) string {
-		t.Helper()
-		to := filepath.Join(dir, name)
-		if _, err := git("", append(append([]string{"clone", "--quiet", "--no-checkout"}, args...), "file://"+top, to)...); err != nil {
-			t.Fatal(err)
-		}
-		return to
-	}
+	clone := func(name string, args ...string) string { return cloneRepo(t, top, filepath.Join(dir, name), args...) }
 
 	noTags := clone("no-tags", "--no-tags")
 	if tags, _ := git(noTags, "tag", "-l"); tags != "" {
@@ -234,5 +228,98 @@ func TestPreviousReleaseWithoutTagsShallowOrMoved(t *testing.T) {
 	}
 	if _, err := previousOf(moved); err == nil || !strings.Contains(err.Error(), "never moves") {
 		t.Fatalf("a moved tag: %v", err)
+	}
+}
+
+// cloneRepo clones the repository at top into to, HEAD checked out, with
+// git clone's args.
+func cloneRepo(t *testing.T, top, to string, args ...string) string {
+	t.Helper()
+	if _, err := git("", append(append([]string{"clone", "--quiet"}, args...), "file://"+top, to)...); err != nil {
+		t.Fatal(err)
+	}
+	return to
+}
+
+// make release-tag (scripts/release-tag.sh), in a clone: tags HEAD and
+// records it in a commit of its own, after which the previous release is
+// still the one before (the record changes no code); does nothing run
+// again; refuses a dirty tree, a tag that would move and an older
+// version; leaves a development build untagged.
+func TestReleaseTagScript(t *testing.T) {
+	top, err := git("", "rev-parse", "--show-toplevel")
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := cloneRepo(t, top, filepath.Join(t.TempDir(), "repo"))
+	before, err := previousOf(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tagScript := func(version string) (string, error) {
+		cmd := exec.Command(filepath.Join(repo, "scripts", "release-tag.sh"), version)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	mustGit := func(args ...string) string {
+		t.Helper()
+		out, err := git(repo, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(repo, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	write("go.mod", "dirty")
+	if out, err := tagScript("9.0.0"); err == nil || !strings.Contains(out, "uncommitted changes") {
+		t.Fatalf("a dirty tree: %v\n%s", err, out)
+	}
+	mustGit("checkout", "--", "go.mod")
+	if out, err := tagScript("0.0.1"); err == nil || !strings.Contains(out, "older than the newest release") {
+		t.Fatalf("an older version: %v\n%s", err, out)
+	}
+	if out, err := tagScript("0.0.0-dev"); err != nil || !strings.Contains(out, "not tagged") || mustGit("tag", "-l", "v0.0.0-dev") != "" {
+		t.Fatalf("a development build: %v\n%s", err, out)
+	}
+
+	released := mustGit("rev-parse", "HEAD")
+	if out, err := tagScript("9.0.0"); err != nil {
+		t.Fatalf("tagging 9.0.0: %v\n%s", err, out)
+	}
+	if typ := mustGit("cat-file", "-t", "v9.0.0"); typ != "tag" {
+		t.Fatalf("v9.0.0 is a %s, want an annotated tag", typ)
+	}
+	if at := mustGit("rev-parse", "v9.0.0^{commit}"); at != released {
+		t.Fatalf("v9.0.0 names %s, want the HEAD it was run on, %s", at, released)
+	}
+	recorded := mustGit("rev-parse", "HEAD")
+	if mustGit("rev-parse", "HEAD^") != released || mustGit("diff", "--name-only", released, "HEAD") != "RELEASES" || mustGit("status", "--porcelain") != "" {
+		t.Fatalf("the record is not one commit of RELEASES alone after the release:\n%s", mustGit("log", "--stat", "-2"))
+	}
+	if raw, _ := os.ReadFile(filepath.Join(repo, releasesFile)); !strings.HasSuffix(string(raw), "v9.0.0 "+released+"\n") {
+		t.Fatalf("RELEASES:\n%s", raw)
+	}
+	if got, err := previousOf(repo); err != nil || got != before {
+		t.Fatalf("right after tagging 9.0.0 the previous release is %+v (%v), want %+v still", got, err, before)
+	}
+	if out, err := tagScript("9.0.0"); err != nil || !strings.Contains(out, "nothing to do") || mustGit("rev-parse", "HEAD") != recorded {
+		t.Fatalf("tagging 9.0.0 again: %v\n%s", err, out)
+	}
+
+	write("go.mod", "a change after the release\n")
+	mustGit("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam", "after the release")
+	if got, err := previousOf(repo); err != nil || got != (release{tag: "v9.0.0", commit: released}) {
+		t.Fatalf("after a change the previous release is %+v (%v), want v9.0.0", got, err)
+	}
+	if out, err := tagScript("9.0.0"); err == nil || !strings.Contains(out, "never moves") {
+		t.Fatalf("9.0.0 on another commit: %v\n%s", err, out)
 	}
 }
