@@ -138,8 +138,8 @@ func routedWhyNot(c *cluster, ids []string, replicas int, gws []*gateway) string
 	return ""
 }
 
-// canaryPassed applies m as a canary and checks its one step passed on the
-// gateways' counters and the revision was committed.
+// canaryPassed applies the manifest in file, a canary, and checks that its
+// one step passed on the gateways' counters and the revision was committed.
 func canaryPassed(t *testing.T, c *cluster, file string) {
 	t.Helper()
 	out := c.mustControl(applyArgs(file)...)
@@ -150,8 +150,8 @@ func canaryPassed(t *testing.T, c *cluster, file string) {
 	}
 }
 
-// servedVersion is the VERSION every one of n requests through g gets, or
-// the test fails.
+// servedVersion fails the test unless 20 requests through g all reach
+// revision want.
 func servedVersion(t *testing.T, g *gateway, want string) {
 	t.Helper()
 	for range 20 {
