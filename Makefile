@@ -13,7 +13,7 @@ VERSION  ?= 0.0.0-dev
 LDFLAGS  := -X github.com/edgeplane/edgeplane/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
-.PHONY: up down build package image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade deps-test
+.PHONY: up down build package release-tag image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade deps-test
 
 # ENGINE builds the example image: docker if it answers, else podman.
 ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
@@ -27,9 +27,24 @@ build:
 	$(GO) build -o $(BIN)/hello ./examples/hello
 
 # Debian packages of control, the gateway and meshd, with their systemd
-# units, into $(DIST) (packaging/, README "Install on a box").
-package: build
+# units, into $(DIST) (packaging/, README "Install on a box"). A release is
+# tagged as it is packaged (see release-tag), first, so that a refused tag
+# builds nothing; TAG=no packages without tagging (tests that package a
+# throwaway version).
+TAG ?= yes
+package: $(if $(filter no,$(TAG)),,release-tag)
+	$(MAKE) --no-print-directory build
 	$(GO) run ./packaging/build --bin $(BIN) --out $(DIST) --version $(VERSION)
+
+# make release-tag VERSION=0.39.0 (make package runs it first) tags HEAD
+# v0.39.0, annotated, and records "v0.39.0 COMMIT" in RELEASES in a commit
+# of its own: the skew tests build the previous release from there, by tag
+# or by commit in a clone without tags. It refuses a dirty tree, a tag at
+# another commit and a version older than the newest recorded; run again it
+# does nothing; a development VERSION (the default 0.0.0-dev) is not tagged
+# (scripts/release-tag.sh).
+release-tag:
+	scripts/release-tag.sh $(VERSION)
 
 # The example app as an image (examples/hello-image.yaml runs it):
 # localhost/edgeplane-hello:latest, FROM scratch with a static hello.

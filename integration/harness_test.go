@@ -6,6 +6,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -174,7 +175,15 @@ type cluster struct {
 	// issueArgs are extra `control creds issue` flags for the credentials
 	// the cluster issues its clients (a --ttl).
 	issueArgs []string
+	// serverBin (the server and the CLI) and agentBin (the agents join
+	// starts) are another release's control binary in the skew tests;
+	// bins.control when empty.
+	serverBin, agentBin string
 }
+
+func (c *cluster) serverBinary() string { return cmp.Or(c.serverBin, bins.control) }
+
+func (c *cluster) agentBinary() string { return cmp.Or(c.agentBin, bins.control) }
 
 // newCluster starts `control server` (no local agent) on a free loopback
 // port and connects a store client to it.
@@ -200,9 +209,9 @@ func (c *cluster) startServer(listen string, extraEnv ...string) {
 	t := c.t
 	args := append([]string{"server", "--data", c.serverDir(), "--listen", listen, "--stun-listen", "127.0.0.1:0,127.0.0.1:0"}, c.serverArgs...)
 	if c.netns != "" {
-		c.server = start(t, "control server", extraEnv, "ip", append([]string{"netns", "exec", c.netns, bins.control}, args...)...)
+		c.server = start(t, "control server", extraEnv, "ip", append([]string{"netns", "exec", c.netns, c.serverBinary()}, args...)...)
 	} else {
-		c.server = start(t, "control server", extraEnv, bins.control, args...)
+		c.server = start(t, "control server", extraEnv, c.serverBinary(), args...)
 	}
 	// tls:// when the node speaks TLS; clients speak it from the fleet CA
 	// their credentials carry, whatever the scheme.
@@ -282,14 +291,20 @@ func (c *cluster) control(args ...string) (string, string, int) {
 // controlEnv is control with extra environment (failpoints).
 func (c *cluster) controlEnv(env []string, args ...string) (string, string, int) {
 	c.t.Helper()
-	return runControl(c.t, append(c.natsEnv(storagenode.RoleControl, ""), env...), args...)
+	return runControlBin(c.t, c.serverBinary(), append(c.natsEnv(storagenode.RoleControl, ""), env...), args...)
 }
 
 // runControl runs the control binary with env added to ours and returns
 // stdout, stderr and the exit status.
 func runControl(t *testing.T, env []string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(bins.control, args...)
+	return runControlBin(t, bins.control, env, args...)
+}
+
+// runControlBin is runControl with another control binary.
+func runControlBin(t *testing.T, bin string, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -317,7 +332,7 @@ func (c *cluster) mustControl(args ...string) string {
 func (c *cluster) join(id string, inviteArgs ...string) *proc {
 	c.t.Helper()
 	token := strings.TrimSpace(c.mustControl(append([]string{"machine", "invite"}, inviteArgs...)...))
-	p := start(c.t, "agent "+id, c.natsEnv(storagenode.RoleAgent, id), bins.control,
+	p := start(c.t, "agent "+id, c.natsEnv(storagenode.RoleAgent, id), c.agentBinary(),
 		append([]string{"agent", "--data", c.agentDir(id), "--join", token, "--machine", id, "--stop-grace", "2s"}, c.agentArgs...)...)
 	p.waitOutput(c.t, `agent serving`, 15*time.Second)
 	c.agents[id] = p

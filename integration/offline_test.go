@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -87,11 +88,16 @@ func servedCert(addr, sni string) (*x509.Certificate, time.Duration, error) {
 type meshNode struct {
 	id, dir string
 	proc    *proc
+	// bin is another release's meshd in the skew tests; extraBins.meshd
+	// when empty.
+	bin string
 }
+
+func (m *meshNode) binary() string { return cmp.Or(m.bin, extraBins.meshd) }
 
 func (m *meshNode) status(t *testing.T) *node.Status {
 	t.Helper()
-	out, err := exec.Command(extraBins.meshd, "status", "--data", m.dir, "-o", "json").CombinedOutput()
+	out, err := exec.Command(m.binary(), "status", "--data", m.dir, "-o", "json").CombinedOutput()
 	if err != nil {
 		return nil
 	}
@@ -117,11 +123,14 @@ func (m *meshNode) handshakeWith(t *testing.T, peer string, since time.Time) boo
 	return false
 }
 
-func (c *cluster) startMesh(id string) *meshNode {
+func (c *cluster) startMesh(id string) *meshNode { return c.startMeshBin("", id) }
+
+// startMeshBin is startMesh with meshd binary bin ("" for this tree's).
+func (c *cluster) startMeshBin(bin, id string) *meshNode {
 	t := c.t
-	m := &meshNode{id: id, dir: filepath.Join(c.dir, "mesh-"+id)}
+	m := &meshNode{id: id, dir: filepath.Join(c.dir, "mesh-"+id), bin: bin}
 	token := strings.TrimSpace(c.mustControl("machine", "invite"))
-	if out, err := exec.Command(extraBins.meshd, "join", "--token", token, "--data", m.dir, "--nats", c.url,
+	if out, err := exec.Command(m.binary(), "join", "--token", token, "--data", m.dir, "--nats", c.url,
 		"--machine", id, "--mode", "netstack", "--bind", "127.0.0.1", "--listen-port", "0").CombinedOutput(); err != nil {
 		t.Fatalf("meshd join %s: %v\n%s", id, err, out)
 	}
@@ -130,7 +139,7 @@ func (c *cluster) startMesh(id string) *meshNode {
 }
 
 func (m *meshNode) run(t *testing.T, name string) {
-	m.proc = start(t, name, nil, extraBins.meshd, "run", "--data", m.dir, "--heartbeat-interval", "1s", "--reconcile-interval", "1s")
+	m.proc = start(t, name, nil, m.binary(), "run", "--data", m.dir, "--heartbeat-interval", "1s", "--reconcile-interval", "1s")
 }
 
 // An edge box that reboots while the control plane is away still serves:
