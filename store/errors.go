@@ -48,6 +48,9 @@ const (
 	// damaged file no other node holds a copy of: it names the file, and
 	// the way back is a backup.
 	CodeStoreDamaged = "store_damaged"
+	// CodeTooOld refuses a process (or a CLI) of a schema generation
+	// below the store's floor: it names the release the store needs.
+	CodeTooOld = "too_old"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and
