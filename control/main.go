@@ -317,7 +317,10 @@ func addClientFlags(fs *flag.FlagSet, use clientUse) *clientFlags {
 func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 	// The timeout bounds the connect and the binding; the quorum check
 	// bounds itself (store.QuorumCheckTimeout).
-	o := store.ConnectOptions{Name: "control cli", Timeout: c.timeout, ReconnectForever: c.use == serves}
+	// The connection's name says what this CLI is, for whoever lists
+	// the storage nodes' connections (it writes no record of its own).
+	release, gen := store.Announcement()
+	o := store.ConnectOptions{Name: fmt.Sprintf("control cli %s (schema generation %d)", release, gen), Timeout: c.timeout, ReconnectForever: c.use == serves}
 	switch c.use {
 	case certifies:
 		return refuseIfTooOld(c.DialForWrites(ctx, o))
