@@ -25,7 +25,8 @@ type Release struct {
 // Versions is `control fleet versions`: the machines by the release their
 // agent runs, the release most run first, every process by the release
 // and schema generation it announces, the store's floor, and the latest
-// rollout (-o json prints it all).
+// rollout (-o json prints Releases, as before; `control status -o json`
+// has the processes and the floor).
 type Versions struct {
 	Releases []Release
 	Latest   *store.RolloutRecord
