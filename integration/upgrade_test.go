@@ -160,10 +160,10 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	installed := buildControlVersion(t, dir, "1.0.0")
 	next := buildControlVersion(t, dir, "1.1.0")
 	exits := buildControlVersion(t, dir, "1.2.0")
-	hangs := buildControlVersion(t, dir, "1.3.0")
+	hangs := buildControlVersion(t, dir, "1.2.1")
 
 	c := newCluster(t)
-	for v, bin := range map[string]string{"1.0.0": installed, "1.1.0": next, "1.2.0": exits, "1.3.0": hangs} {
+	for v, bin := range map[string]string{"1.0.0": installed, "1.1.0": next, "1.2.0": exits, "1.2.1": hangs} {
 		args := []string{"release", "push", v, "--control", bin, "--notes", "test build " + v}
 		if v == "1.1.0" {
 			// 1.1.0 carries the gateway too: the machine that runs it
@@ -174,13 +174,13 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	}
 
 	ls := c.mustControl("release", "ls")
-	for _, v := range []string{"1.0.0", "1.1.0", "1.2.0", "1.3.0"} {
+	for _, v := range []string{"1.0.0", "1.1.0", "1.2.0", "1.2.1"} {
 		if !strings.Contains(ls, v) {
 			t.Fatalf("release ls lacks %s:\n%s", v, ls)
 		}
 	}
-	// 1.2.0's agent exits at start; 1.3.0's answers no RPC.
-	env := []string{"EDGEPLANE_FAILPOINTS=agent_start@1.2.0,agent_rpc@1.3.0:pause"}
+	// 1.2.0's agent exits at start; 1.2.1's answers no RPC.
+	env := []string{"EDGEPLANE_FAILPOINTS=agent_start@1.2.0,agent_rpc@1.2.1:pause"}
 	// The gateway runs on the first machine as the package runs it:
 	// `caddy supervise`, following the link its agent swaps.
 	gwReleases := filepath.Join(dir, "gateway-releases")
@@ -303,7 +303,7 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	// bound (+10 s), the rollout stops, nobody else is touched.
 	for _, sick := range []struct{ release, why string }{
 		{"1.2.0", "ended before it passed its health gate"},
-		{"1.3.0", "does not answer its RPCs"},
+		{"1.2.1", "does not answer its RPCs"},
 	} {
 		const bound = 8 * time.Second
 		start := time.Now()

@@ -58,6 +58,11 @@ func benchApply(b *testing.B, ctr *runtime.Container, withWork func(*store.Servi
 				b.Fatal(err)
 			}
 			defer stopRepublish()
+			// As a control server of this release leaves it: the agents
+			// write instance states to their observations only.
+			if _, err := srv.Store.RaiseFloor(ctx, store.GenerationObserved, "bench"); err != nil {
+				b.Fatal(err)
+			}
 			done := make(chan struct{}, n)
 			for i := 0; i < n; i++ {
 				id := fmt.Sprintf("m%02d", i)

@@ -16,7 +16,10 @@
 //     by it, and never read the beats themselves;
 //   - each service's traffic figures, summed from the gateways' reports
 //     (traffic.go), which `control status`, the dashboard and the
-//     metrics show.
+//     metrics show;
+//   - which processes are heard from and at which schema generation
+//     (processes.go), by which a control server raises the store's floor
+//     and `control fleet versions` lists them.
 //
 // One control server writes at a time, holding the fleet status lease
 // (elected.go); read.go holds what other parts read back, metrics.go the
