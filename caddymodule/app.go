@@ -243,6 +243,9 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	traffic := func() (time.Time, []store.ServiceTraffic, []store.EndpointSetAside) {
 		return s.traffic.since, s.traffic.snapshot(store.MaxTrafficServices), s.setAside()
 	}
+	if err := checkFloor(cfg, name, logger); err != nil {
+		return nil, err
+	}
 	p, err := projection.New(projection.Config{Connect: connect, SnapshotPath: a.SnapshotPath, Name: name, Logger: logger,
 		Traffic: traffic, TrafficInterval: time.Duration(a.TrafficInterval)})
 	if err != nil {
@@ -250,6 +253,29 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	}
 	s.proj = p
 	return s, nil
+}
+
+// checkFloor refuses a gateway of a generation below the store's floor
+// (a too_old error naming the release the store needs) when the store
+// answers at start. A store that does not answer, or a floor this
+// gateway's credentials cannot read, lets it start: a gateway serves its
+// routing snapshot while the store is away.
+func checkFloor(cfg store.Config, name string, logger *zap.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := cfg.Dial(ctx, store.ConnectOptions{Name: "edgeplane-gateway " + name + " (floor)", Timeout: 2 * time.Second})
+	if err != nil {
+		logger.Warn("store not reached at start: the store's floor is not checked", zap.Error(err))
+		return nil
+	}
+	defer st.NC.Close()
+	switch err := st.CheckFloor(ctx, "gateway"); {
+	case store.HasCode(err, store.CodeTooOld):
+		return err
+	case err != nil:
+		logger.Warn("could not read the store's floor", zap.Error(err))
+	}
+	return nil
 }
 
 func (s *sharedProjection) start() {

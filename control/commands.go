@@ -51,7 +51,7 @@ var commands = []command{
 
 	{name: "fleet upgrade", synopsis: "VERSION [--canary 1] [--batch N] [--max-unavailable 1] [--health-bound 60s]", summary: "move every machine's agent to a pushed release: canaries, then batches; a machine whose new release is sick rolls back by itself and the rollout stops",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupFleetUpgrade},
-	{name: "fleet versions", summary: "machines by the release their agent runs, with upgrades that did not end confirmed",
+	{name: "fleet versions", summary: "machines by the release their agent runs, with upgrades that did not end confirmed; every process by release and schema generation; the store's floor",
 		client: reads, setup: setupFleetVersions},
 
 	{name: "status", summary: "the fleet at a glance: namespaces with their revision and instance counts, machines by liveness, gateways and their lag",

@@ -317,13 +317,19 @@ func addClientFlags(fs *flag.FlagSet, use clientUse) *clientFlags {
 func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 	// The timeout bounds the connect and the binding; the quorum check
 	// bounds itself (store.QuorumCheckTimeout).
-	o := store.ConnectOptions{Name: "control cli", Timeout: c.timeout, ReconnectForever: c.use == serves}
+	// The connection's name says what this CLI is, for whoever lists
+	// the storage nodes' connections (it writes no record of its own).
+	release, gen := store.Announcement()
+	o := store.ConnectOptions{Name: fmt.Sprintf("control cli %s (schema generation %d)", release, gen), Timeout: c.timeout, ReconnectForever: c.use == serves}
 	switch c.use {
 	case certifies:
-		return c.DialForWrites(ctx, o)
+		return refuseIfTooOld(c.DialForWrites(ctx, o))
 	case writes:
-	default:
+	case serves:
+		// The agent checks the floor itself when it starts.
 		return c.Dial(ctx, o)
+	default:
+		return refuseIfTooOld(c.Dial(ctx, o))
 	}
 	var signer *signing.KeyFile
 	if c.signingKey != "" {
@@ -332,12 +338,31 @@ func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 			return nil, &store.Error{Code: store.CodeSigningKeyRequired, Message: err.Error(), Detail: map[string]string{"signing_key": c.signingKey}}
 		}
 	}
-	s, err := c.DialForWrites(ctx, o)
+	s, err := refuseIfTooOld(c.DialForWrites(ctx, o))
 	if err != nil {
 		return nil, err
 	}
 	if signer != nil {
 		s.SignWith(signer)
+	}
+	return s, nil
+}
+
+// refuseIfTooOld closes s and refuses it, too_old, when the store's floor
+// is above this CLI's generation: a CLI of a release before the one the
+// store needs would read (and write) a layout it does not know, as the
+// control plane's readers of generation 1 read instance states from
+// records the agents no longer write. A floor that cannot be read (a
+// store provisioned before floors) refuses nothing.
+func refuseIfTooOld(s *store.Store, err error) (*store.Store, error) {
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.CheckFloor(ctx, "control cli"); store.HasCode(err, store.CodeTooOld) {
+		s.NC.Close()
+		return nil, err
 	}
 	return s, nil
 }

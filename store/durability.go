@@ -53,7 +53,12 @@ func (s *Store) durabilityOf(dst any) Durability {
 		// are synced, although they are the bulk of a busy fleet's
 		// writes (one per instance state change) and cost about twice
 		// the storage CPU so (README "When the power goes").
-		&s.machineStates, &s.observed, &s.fleetStatus:
+		&s.machineStates, &s.observed, &s.fleetStatus,
+		// The floor is written once per generation and refuses
+		// processes: a lost raise would let in what it refused. The
+		// control servers' announcements beside it are a few small
+		// writes a minute, not worth a class of their own.
+		&s.meta:
 		return DurabilitySynced
 	case &s.machineBeats, &s.meshBeats, &s.meshDrift,
 		&s.gateways, &s.gatewayTraffic, &s.machineLiveness:

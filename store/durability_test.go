@@ -45,6 +45,7 @@ func TestEveryStreamAndBucketHasADurability(t *testing.T) {
 		kv(n.MachineStatesBucket()):     DurabilitySynced,
 		kv(n.ObservedBucket()):          DurabilitySynced,
 		kv(n.FleetStatusBucket()):       DurabilitySynced,
+		kv(n.MetaBucket()):              DurabilitySynced,
 		kv(n.MachineBeatsBucket()):      DurabilityRewritten,
 		kv(n.MeshHeartbeatsBucket()):    DurabilityRewritten,
 		kv(n.MeshDriftBucket()):         DurabilityRewritten,

@@ -48,6 +48,13 @@ const (
 	// damaged file no other node holds a copy of: it names the file, and
 	// the way back is a backup.
 	CodeStoreDamaged = "store_damaged"
+	// CodeTooOld refuses a process (or a CLI) of a schema generation
+	// below the store's floor: it names the release the store needs.
+	CodeTooOld = "too_old"
+	// CodeVersionSkew refuses a fleet upgrade to a release the skew
+	// policy does not allow: ahead of the control plane, or skipping a
+	// minor release.
+	CodeVersionSkew = "version_skew"
 )
 
 // Error is a structured failure: a code to act on, a message for people, and

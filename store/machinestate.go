@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/edgeplane/edgeplane/internal/version"
 )
 
 // Machine observations, split by how often they change: the MachineRecord is the
@@ -54,8 +52,11 @@ type MachineBeat struct {
 	Machine  string    `json:"machine"`
 	At       time.Time `json:"at"`
 	Interval Duration  `json:"interval"`
-	// Release is the version of the agent that beats.
-	Release string `json:"release,omitempty"`
+	// Release is the version of the agent that beats, Generation the
+	// schema generation it reads and writes (0 from an agent before
+	// announcements: see GenerationOf).
+	Release    string `json:"release,omitempty"`
+	Generation int    `json:"generation,omitempty"`
 }
 
 func (r *MachineBeat) version() int { return r.Version }
@@ -117,7 +118,9 @@ func (s *Store) MachineBeatFromMsg(sm *StoredMsg) (*MachineBeat, error) {
 // PutMachineBeat records that machine's agent is alive now and beats every
 // interval.
 func (s *Store) PutMachineBeat(ctx context.Context, machine string, interval time.Duration) error {
-	_, err := PutJSON(ctx, s.machineBeats, machine, &MachineBeat{Version: RecordVersion, Machine: machine, At: time.Now().UTC(), Interval: Duration(interval), Release: version.Version})
+	release, gen := Announcement()
+	_, err := PutJSON(ctx, s.machineBeats, machine, &MachineBeat{Version: RecordVersion, Machine: machine, At: time.Now().UTC(), Interval: Duration(interval),
+		Release: release, Generation: gen})
 	if err != nil {
 		return fmt.Errorf("heartbeat of %s: %w", machine, err)
 	}

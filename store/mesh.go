@@ -99,6 +99,10 @@ type MeshHeartbeat struct {
 	// all. Every other active peer is reached directly.
 	Relayed      []string `json:"relayed,omitempty"`
 	PeersRelayed int      `json:"peers_relayed,omitempty"`
+	// Release and Generation are what the node's meshd runs (stamped by
+	// PutMeshBeat; empty from a meshd before announcements).
+	Release    string `json:"release,omitempty"`
+	Generation int    `json:"generation,omitempty"`
 }
 
 // MaxRelayedListed bounds the relayed peers a heartbeat names: the record

@@ -20,6 +20,7 @@ import (
 // PutMeshBeat records a node's heartbeat.
 func (s *Store) PutMeshBeat(ctx context.Context, hb MeshHeartbeat) error {
 	hb.Version = RecordVersion
+	hb.Release, hb.Generation = Announcement()
 	_, err := PutJSON(ctx, s.meshBeats, MeshBeatKey(hb.Machine), &hb)
 	return err
 }

@@ -141,6 +141,12 @@ func (n Names) CanaryDecisionsBucket() string { return "cp_canary_decisions_" + 
 // (CanaryCookieKey): written by the control plane, read by gateways.
 func (n Names) CanaryKeysBucket() string { return "cp_canary_keys_" + n.Authority }
 
+// MetaBucket holds what the store says of its readers: the floor
+// (StoreFloor, the lowest schema generation a process must be at) and
+// each control server's announcement (ServerRecord). Control servers
+// write it; every role reads the floor.
+func (n Names) MetaBucket() string { return "cp_meta_" + n.Authority }
+
 // ReleaseBinariesStore is the object store of the releases' binaries.
 func (n Names) ReleaseBinariesStore() string { return "cp_release_bins_" + n.Authority }
 

@@ -563,6 +563,10 @@ type GatewayObservation struct {
 	// Conflicts are hosts routed by more than one namespace in the
 	// gateway's view ("host: owner over others"), at most a few.
 	Conflicts []string `json:"conflicts,omitempty"`
+	// Release and Generation are what the gateway runs (stamped by
+	// PutGatewayObservation; empty from a gateway before announcements).
+	Release    string `json:"release,omitempty"`
+	Generation int    `json:"generation,omitempty"`
 }
 
 func (r *GatewayObservation) version() int { return r.Version }

@@ -43,6 +43,7 @@ func (s *Store) PutPhase(ctx context.Context, p *PhaseRecord) error {
 // PutGatewayObservation writes what gateway o.Gateway applied.
 func (s *Store) PutGatewayObservation(ctx context.Context, o *GatewayObservation) error {
 	o.Version = RecordVersion
+	o.Release, o.Generation = Announcement()
 	_, err := PutJSON(ctx, s.gateways, GatewayKey(o.Gateway), o)
 	return err
 }

@@ -233,6 +233,9 @@ type Store struct {
 	machineLiveness jetstream.KeyValue
 	// fleetStatus holds each namespace's summary (NamespaceStatus).
 	fleetStatus jetstream.KeyValue
+	// meta holds the store's floor and the control servers'
+	// announcements (generation.go).
+	meta jetstream.KeyValue
 
 	// apiPrefix is where this connection reaches the JetStream API, with
 	// its trailing dot (see EdgeAPIPrefix).
@@ -372,6 +375,7 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		bucket(&s.machineBeats, names.MachineBeatsBucket(), 1, 64*mib, 4*kib),
 		bucket(&s.machineLiveness, names.MachineLivenessBucket(), 1, 64*mib, 2*mib),
 		bucket(&s.fleetStatus, names.FleetStatusBucket(), 1, 256*mib, 256*kib),
+		bucket(&s.meta, names.MetaBucket(), 1, 16*mib, 4*kib),
 	}
 	for i := range buckets {
 		switch buckets[i].dst {

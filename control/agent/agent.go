@@ -141,6 +141,10 @@ type Agent struct {
 
 	// observed is set once a heartbeat and machine state were written.
 	observed atomic.Bool
+	// observedOnly is set once the store's floor says every reader reads
+	// observations (readers.go); until then instance states are written
+	// into the instance records too.
+	observedOnly atomic.Bool
 	// unrecorded are the instances it runs that the store has no record
 	// of (unrecorded.go), reported in the machine state.
 	unrecorded atomic.Pointer[[]string]
@@ -251,6 +255,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer orders.Close()
 	a.orders = orders
+	if err := a.checkFloor(ctx); store.HasCode(err, store.CodeTooOld) {
+		return fmt.Errorf("agent %s: %w", a.cfg.Machine.ID, err)
+	} else if err != nil {
+		a.log.Warn("could not read the store's floor: writing instance states for readers of every generation", zap.Error(err))
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	a.locked(func() { a.cancelRun = cancel })
@@ -263,10 +272,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.retryRepublish(ctx)
 	}()
 	a.adopt(ctx)
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go func() {
 		defer a.wg.Done()
 		a.sampleLogs()
+	}()
+	go func() {
+		defer a.wg.Done()
+		a.watchFloor(ctx)
 	}()
 	go func() {
 		defer a.wg.Done()
@@ -390,10 +403,14 @@ func (a *Agent) note(ctx context.Context, inst *instance, rec store.InstanceReco
 }
 
 // flushObserved returns once the machine's observations hold what the
-// agent now sees, rec (already inst's record) among it, and asks for the
-// machine state to be written again.
+// agent now sees, rec (already inst's record) among it, and rec's record
+// too while readers of instance records alone may run (readers.go), and
+// asks for the machine state to be written again.
 func (a *Agent) flushObserved(ctx context.Context, rec store.InstanceRecord) error {
 	_, err := a.observations.Flush(ctx)
+	if err == nil {
+		err = a.writeForOldReaders(ctx, &rec)
+	}
 	a.kickState()
 	if err != nil {
 		return fmt.Errorf("recording instance %s %s: %w", rec.ID, rec.State, err)

@@ -354,8 +354,13 @@ func TestAdoptAfterRestartAndGoneInstance(t *testing.T) {
 // reader sees the newer of the two.
 func TestInstanceStatesGoToObservations(t *testing.T) {
 	srv := storetest.Start(t)
-	startAgent(t, srv, t.TempDir())
 	ctx := context.Background()
+	// Every reader reads observations, as a control server of this
+	// release says once none older is heard from (readers.go).
+	if _, err := srv.Store.RaiseFloor(ctx, store.GenerationObserved, "test"); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, srv, t.TempDir())
 	ids := []string{"web-0-a", "web-0-b", "web-0-c"}
 	recs := make([]store.InstanceRecord, len(ids))
 	for i, id := range ids {

@@ -2,7 +2,8 @@
 // it is bound to: its signer, the mesh registrar with its STUN servers and
 // relay, machine admission and routing republish for agents, the completion
 // of deploys whose orchestrator stopped, the fleet status aggregator and its
-// metrics, and, when asked, this box's own agent. `control server` starts
+// metrics, the server's announcement and the store's floor (announce.go),
+// and, when asked, this box's own agent. `control server` starts
 // the store (store/storagenode) and hands it here.
 package controlplane
 
@@ -104,6 +105,11 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 		logger = zap.NewNop()
 	}
 	name := cmp.Or(cfg.Name, store.HostName("edgeplane"))
+	if err := s.CheckFloor(ctx, "control server"); store.HasCode(err, store.CodeTooOld) {
+		return err
+	} else if err != nil {
+		logger.Warn("could not read the store's floor; starting anyway", zap.Error(err))
+	}
 
 	// Intent this server writes (republished routing, completed deploys,
 	// mesh peer records) is signed; what it reads is verified.
@@ -152,6 +158,13 @@ func Run(ctx context.Context, s *store.Store, cfg Config) error {
 	defer stopRepublish()
 
 	var wg sync.WaitGroup
+	// What this server is, for readers' writers and `control fleet
+	// versions` (announce.go).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		announce(ctx, s, name, logger.Named("announce"))
+	}()
 	// Deploys whose orchestrator stopped (killed, its laptop closed) are
 	// finished here: published, drained and cleaned up once its namespace
 	// lease expires, with no further command.

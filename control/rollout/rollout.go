@@ -4,7 +4,9 @@
 // own upgrade (a leased command to its agent, control/agent and
 // internal/upgrade on the machine: verify, swap, restart, health gate,
 // rollback by itself); the rollout tells them, in order, and reads the
-// outcome each reports in its machine state.
+// outcome each reports in its machine state. Before it tells any, it
+// refuses a release the skew policy does not allow (skew.go): ahead of
+// the control plane, or skipping a minor release.
 package rollout
 
 import (
@@ -130,6 +132,8 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Result, error) {
 		Upgraded: []string{}, Current: []string{}}
 	releases := map[string]error{}
 	var targets []string
+	// from is each target's release, for the skew policy (skew.go).
+	from := map[string]string{}
 	for _, m := range list {
 		if len(only) > 0 && !only[m.ID] {
 			continue
@@ -166,12 +170,16 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Result, error) {
 			continue
 		}
 		targets = append(targets, m.ID)
+		from[m.ID] = m.Release
 	}
 	for m := range unknown {
 		return nil, store.Errorf(store.CodeNotFound, "no machine %s", m).With("machine", m)
 	}
 	if len(targets) == 0 && len(res.Current) == 0 {
 		return nil, store.Errorf(store.CodeNotFound, "no machine to upgrade to %s", o.Release)
+	}
+	if err := checkSkew(ctx, s, o.Release, from); err != nil {
+		return nil, err
 	}
 
 	rec := &recorder{s: s, rec: store.RolloutRecord{ID: res.Rollout, Release: o.Release, Holder: host, State: store.RolloutRunning,

@@ -1,7 +1,8 @@
 // Package status gathers what the operator's status commands show, each
 // from several parts of the fleet, and writes it for a person: the fleet
 // at a glance (`control status`: fleet summaries, live commits, machines'
-// liveness, gateways' lag), a namespace's deploy status (`control deploy
+// liveness, gateways' lag, the releases and schema generations processes
+// announce, the store's floor), a namespace's deploy status (`control deploy
 // status`: the latest deploy, its phases, canary verdicts and the fleet's
 // counts and traffic), the machines by release (`control fleet versions`)
 // and the instance records (`control instances`).
@@ -33,7 +34,11 @@ type Fleet struct {
 	Machines   Machines        `json:"machines"`
 	Gateways   []fleet.Gateway `json:"gateways"`
 	RoutingSeq uint64          `json:"routing_seq"`
-	At         time.Time       `json:"at"`
+	// Processes and Floor: what every process heard from runs (release
+	// and schema generation) and the store's floor.
+	Processes []fleet.Process   `json:"processes"`
+	Floor     *store.StoreFloor `json:"floor"`
+	At        time.Time         `json:"at"`
 }
 
 // Namespace is one namespace's line of the fleet at a glance.
@@ -96,6 +101,9 @@ func ReadFleet(ctx context.Context, s *store.Store) (*Fleet, error) {
 			v.Machines.NotFresh = append(v.Machines.NotFresh, what+")")
 		}
 	}
+	if v.Processes, v.Floor, err = readProcesses(ctx, s); err != nil {
+		return nil, err
+	}
 	v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, s)
 	return v, err
 }
@@ -143,6 +151,8 @@ func (v *Fleet) WriteText(w io.Writer) {
 		}
 		fmt.Fprintf(w, "  %s at %d (%s)\n", g.Gateway, g.AppliedSeq, state)
 	}
+	fmt.Fprintln(w, processesLine(v.Processes))
+	fmt.Fprintln(w, floorLine(v.Floor))
 }
 
 // writeTraffic writes every service's fleet traffic, if any gateway

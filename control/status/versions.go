@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/internal/upgrade"
@@ -22,11 +23,16 @@ type Release struct {
 }
 
 // Versions is `control fleet versions`: the machines by the release their
-// agent runs, the release most run first, and the latest rollout (-o json
-// prints Releases).
+// agent runs, the release most run first, every process by the release
+// and schema generation it announces, the store's floor, and the latest
+// rollout (-o json prints it all).
 type Versions struct {
 	Releases []Release
 	Latest   *store.RolloutRecord
+	// Processes are every process heard from, by kind, with the release
+	// and schema generation each announces; Floor is the store's.
+	Processes []fleet.Process
+	Floor     *store.StoreFloor
 }
 
 // ReadVersions groups the machines by release ("unknown" for a machine
@@ -54,6 +60,9 @@ func ReadVersions(ctx context.Context, s *store.Store) (*Versions, error) {
 		v.Releases = append(v.Releases, *g)
 	}
 	if v.Latest, err = s.LatestRollout(ctx); err != nil {
+		return nil, err
+	}
+	if v.Processes, v.Floor, err = readProcesses(ctx, s); err != nil {
 		return nil, err
 	}
 	groups := v.Releases
@@ -88,6 +97,7 @@ func (v *Versions) WriteText(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d: %s\t%s\n", g.Release, len(g.Machines), strings.Join(ids, ", "), printers.Dash(strings.Join(notes, "; ")))
 	}
 	tw.Flush()
+	writeProcesses(w, v.Processes, v.Floor)
 	if v.Latest != nil {
 		fmt.Fprintf(w, "\nlatest rollout: %s\n", rolloutLine(v.Latest))
 	}

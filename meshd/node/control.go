@@ -101,6 +101,35 @@ func (n *Node) controlLoop(ctx context.Context) {
 	}
 }
 
+// checkFloor refuses a meshd of a generation below the store's floor
+// (a too_old error naming the release the store needs) when the store
+// answers at start. A store that does not answer, or a floor these
+// credentials cannot read, lets it start: tunnels to known peers come
+// back without the control plane.
+func (n *Node) checkFloor(ctx context.Context) error {
+	names, err := store.NewNames(n.st.Installation, n.st.Authority)
+	if err != nil {
+		return nil // controlLoop reports it
+	}
+	nc, err := store.Connect(store.ConnectOptions{URL: n.st.NATSURL, CredsFile: n.st.CredsFile, CAFile: n.st.CAFile,
+		Name: "meshd " + n.st.Machine + " (floor)", Timeout: 2 * time.Second})
+	if err != nil {
+		return nil // controlLoop retries and reports
+	}
+	defer nc.Close()
+	s, err := store.Open(ctx, nc, names)
+	if err != nil {
+		return nil
+	}
+	switch err := s.CheckFloor(ctx, "meshd"); {
+	case store.HasCode(err, store.CodeTooOld):
+		return err
+	case err != nil:
+		n.log.Warn("could not read the store's floor", zap.Error(err))
+	}
+	return nil
+}
+
 func (n *Node) setConnected(v bool) {
 	n.mu.Lock()
 	n.connected = v

@@ -259,6 +259,9 @@ func (n *Node) Run(ctx context.Context) error {
 	n.stop = cancel
 	n.mu.Unlock()
 
+	if err := n.checkFloor(ctx); err != nil {
+		return err
+	}
 	dev, err := openDevice(n.st, n.key, func(f string, a ...any) { n.log.Sugar().Debugf("wireguard: "+f, a...) })
 	if err != nil {
 		return err

@@ -400,3 +400,29 @@ func TestForgedPeerRecordsAreRefused(t *testing.T) {
 		t.Errorf("metrics lack the refusals:\n%s", metrics)
 	}
 }
+
+// A meshd of a generation below the store's floor refuses to run, naming
+// the release the store needs.
+func TestNodeRefusesAStoreAboveItsGeneration(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+	tok, _, err := invites.Create(ctx, c.srv.Store, invites.Spec{Region: "test", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "m1")
+	if _, err := node.Join(ctx, node.JoinOptions{Token: tok, DataDir: dir, NATSURL: c.srv.URL, Machine: "m1",
+		ListenPort: 0, Bind: "127.0.0.1", Mode: node.ModeNetstack}); err != nil {
+		t.Fatal(err)
+	}
+	storetest.FutureFloor(t, c.srv.Store, 99, "9.0.0")
+	n, err := node.New(node.Config{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := n.Run(rctx); !store.HasCode(err, store.CodeTooOld) || !strings.Contains(err.Error(), "9.0.0") {
+		t.Fatalf("Run on a floor of generation 99: %v, want too_old naming 9.0.0", err)
+	}
+}

@@ -408,6 +408,14 @@ func (n *Node) connect(ctx context.Context, o store.ConnectOptions) error {
 // ends: in a cluster, stream placement needs enough storage nodes to have
 // joined, and provisioning is idempotent.
 func provision(ctx context.Context, nc *nats.Conn, names store.Names, layout store.Layout, progress io.Writer, bindOnly func() bool) (*store.Store, error) {
+	// A store whose floor is above this release is left as it is:
+	// provisioning would put its streams and buckets back to this
+	// release's layout under the processes that raised it.
+	if open, err := store.Open(ctx, nc, names); err == nil {
+		if err := open.CheckFloor(ctx, "control"); store.HasCode(err, store.CodeTooOld) {
+			return nil, err
+		}
+	}
 	var s *store.Store
 	last := time.Now()
 	err := retry(ctx, func() error {

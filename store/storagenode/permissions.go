@@ -65,6 +65,11 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 	// the store does when a role first uses one for more than a key's get
 	// or put.
 	p.Pub.Allow.Add(api + "STREAM.INFO.*")
+	// The store's floor, which every process checks at start (a process
+	// too old for the store refuses to run) and an agent watches (it
+	// writes instance states where old readers read them until the
+	// floor says none is left). Never written: the control plane raises it.
+	readKey(n.MetaBucket(), "floor")
 	// Answers to this user's own requests only (see InboxPrefix); the
 	// user's key is not known yet, so the prefix is added when signing.
 	p.Resp = &jwt.ResponsePermission{MaxMsgs: 1, Expires: time.Minute}

@@ -2,7 +2,9 @@ package storetest
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -29,4 +31,20 @@ func Stream(t testing.TB, st *store.Store, name string) jetstream.Stream {
 		t.Fatalf("binding stream %s: %v", name, err)
 	}
 	return str
+}
+
+// FutureFloor writes a floor of schema generation gen needing release into
+// s's store, raw, as a control server of a future release would: the
+// processes of this build are to refuse that store.
+func FutureFloor(t testing.TB, s *store.Store, gen int, release string) {
+	t.Helper()
+	f := store.StoreFloor{Version: store.RecordVersion, MinGeneration: gen, MinRelease: release,
+		SetBy: "control server future (" + release + ")", At: time.Now().UTC()}
+	data, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Bucket(t, s, s.Names.MetaBucket()).Put(context.Background(), "floor", data); err != nil {
+		t.Fatal(err)
+	}
 }
