@@ -1,12 +1,14 @@
 package integration
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
@@ -72,4 +74,80 @@ func TestSkewGeneration1ControlPlaneRefusesANewAgent(t *testing.T) {
 		t.Fatalf("the CLI is not %s: %s", gen1Release, out)
 	}
 	t.Logf("control server, CLI and gateway of %s, agent of this tree: two deploys refused under load: %s", gen1Release, report)
+}
+
+// Readers of generation 1 beside an agent of this tree on a store that has
+// the observation record: the control server and CLI of the previous
+// release (which provision and read observations but raise no floor, so
+// the floor stays unset), an agent of the previous release (m2), an agent
+// of this tree (m1), and an operator still on a v0.37.0 CLI, which lists
+// instance records and publishes routing from them (machine rm). With the
+// floor below generation 2 the agent of this tree writes ready into the
+// instance records as well as into its observations
+// (control/agent/readers.go): the v0.37.0 CLI lists m1's instance ready
+// and, removing m2, publishes shop's routing with it, under load without a
+// failed request. Without those writes it lists it starting and its
+// republish leaves it out: shop goes dark.
+func TestSkewGeneration1ReadersSeeANewAgentsInstances(t *testing.T) {
+	gen1 := buildRelease(t, gen1Release)
+	prev := previousRelease(t)
+	c := newClusterOn(t, prev.control)
+	c.agentBin = prev.control
+	c.join("m2")
+	c.agentBin = ""
+	agent := c.join("m1")
+	gw := c.startGateway("gw1")
+	gen1CLI := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := runControlBin(t, gen1.control, c.natsEnv(storagenode.RoleControl, ""), args...)
+		if code != 0 {
+			t.Fatalf("control %s (%s): exit %d\n%s\n%s", strings.Join(args, " "), gen1Release, code, out, errOut)
+		}
+		return out
+	}
+	c.mustControl(applyArgs(c.manifest("v1.yaml", gwV1))...)
+	ids := allRouted(t, c, 2, gw)
+	var onM1 []string
+	for _, in := range c.instances("shop") {
+		if in.Machine == "m1" && slices.Contains(ids, in.ID) {
+			onM1 = append(onM1, in.ID)
+		}
+	}
+	if len(onM1) != 1 {
+		t.Fatalf("want one live instance on each machine: m1 runs %v of %v", onM1, ids)
+	}
+
+	var listed []store.InstanceRecord
+	if err := json.Unmarshal([]byte(gen1CLI("instances", "--namespace", "shop", "-o", "json")), &listed); err != nil {
+		t.Fatal(err)
+	}
+	// m2's agent, of the previous release, writes ready in its
+	// observations alone: to this reader its instance stays starting (the
+	// outage issue 39 names, and proof that the reader reads records
+	// only). m1's agent writes it for such readers too.
+	for _, in := range listed {
+		want := store.InstanceReady
+		if in.Machine == "m2" {
+			want = store.InstanceStarting
+		}
+		if slices.Contains(ids, in.ID) && in.State != want {
+			t.Errorf("the %s CLI lists live instance %s on %s as %s, want %s", gen1Release, in.ID, in.Machine, in.State, want)
+		}
+	}
+
+	load := startSkewLoad(gw)
+	if out := gen1CLI("machine", "rm", "m2", "--force"); !strings.Contains(out, "shop/web") {
+		t.Fatalf("machine rm m2 (%s) republished nothing:\n%s", gen1Release, out)
+	}
+	eventually(t, 15*time.Second, "the gateway to route m1's instance alone", func() bool {
+		st, err := gw.projection()
+		return err == nil && st.Routable == 1 && servesOnly(gw, "shop.example.com", onM1, 10)
+	})
+	time.Sleep(time.Second) // load on the routing the old CLI published
+	report := load.end(t)
+
+	if strings.Contains(agent.output(), "every reader reads instance observations") {
+		t.Fatalf("the agent stopped writing for readers of generation 1:\n%s", agent.output())
+	}
+	t.Logf("control plane and m2 of %s, m1 of this tree, an operator's %s CLI listing and republishing: %s", prev.tag, gen1Release, report)
 }
