@@ -19,6 +19,13 @@ import (
 // of generation 1.
 const gen1Release = "v0.37.0"
 
+// floorlessRelease is the one release that reads instance observations
+// (generation 2) but has no floor: its control server leaves the floor
+// unset whatever runs, so agents of this tree beside it keep writing for
+// readers of generation 1. Named, not the previous release: from v0.39.0
+// on, a control server raises the floor once nothing older is heard from.
+const floorlessRelease = "v0.38.0"
+
 // A fleet on v0.37.0 whose agent box is upgraded to this tree out of order
 // (its package, say), ahead of the control plane: outside the skew policy
 // (agents never ahead of the control plane, one minor release at a time).
@@ -77,10 +84,9 @@ func TestSkewGeneration1ControlPlaneRefusesANewAgent(t *testing.T) {
 }
 
 // Readers of generation 1 beside an agent of this tree on a store that has
-// the observation record: the control server and CLI of the previous
-// release (which provision and read observations but raise no floor, so
-// the floor stays unset), an agent of the previous release (m2), an agent
-// of this tree (m1), and an operator still on a v0.37.0 CLI, which lists
+// the observation record: the control server and CLI of v0.38.0 (which
+// provision and read observations but raise no floor, so the floor stays
+// unset), an agent of v0.38.0 (m2), an agent of this tree (m1), and an operator still on a v0.37.0 CLI, which lists
 // instance records and publishes routing from them (machine rm). With the
 // floor below generation 2 the agent of this tree writes ready into the
 // instance records as well as into its observations
@@ -90,7 +96,7 @@ func TestSkewGeneration1ControlPlaneRefusesANewAgent(t *testing.T) {
 // republish leaves it out: shop goes dark.
 func TestSkewGeneration1ReadersSeeANewAgentsInstances(t *testing.T) {
 	gen1 := buildRelease(t, gen1Release)
-	prev := previousRelease(t)
+	prev := buildRelease(t, floorlessRelease)
 	c := newClusterOn(t, prev.control)
 	c.agentBin = prev.control
 	c.join("m2")
