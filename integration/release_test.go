@@ -13,10 +13,11 @@ import (
 	"time"
 )
 
-// A previous release is built from the repository's own history, as the
-// fleets run it: its tagged commit checked out in a temporary worktree and
-// built there with `make build`'s flags. The skew tests run it beside this
-// tree's binaries.
+// A release before this tree is built from the repository's own history,
+// as the fleets run it: its tagged commit checked out in a temporary
+// worktree and built there with `make build`'s flags. The skew tests run
+// it beside this tree's binaries: the previous release, or an older one by
+// name (buildRelease).
 
 // releasesFile, at the repository's top, lists the releases (tag and
 // commit, oldest first): the one place a release's commit is written down,
@@ -39,8 +40,15 @@ type releaseBins struct {
 	buildTime             time.Duration
 }
 
-// previous holds the previous release, built once per test run.
-var previous struct {
+// built holds the releases built in this run, by tag: each is built once,
+// whichever tests ask for it, into bins.dir (TestMain removes it).
+var built struct {
+	mu sync.Mutex
+	by map[string]*releaseBuild
+}
+
+// releaseBuild is one release's build, done once.
+type releaseBuild struct {
 	once sync.Once
 	bins releaseBins
 	err  error
@@ -51,25 +59,52 @@ var previous struct {
 // found: a skew test that quietly does not run tests nothing.
 func previousRelease(t *testing.T) releaseBins {
 	t.Helper()
-	previous.once.Do(func() {
-		previous.bins, previous.err = buildPreviousRelease(filepath.Join(bins.dir, "previous-release"))
-		if previous.err == nil {
-			// Once per run: what CI's budget pays for the old build.
-			fmt.Fprintf(os.Stderr, "built previous release %s (%s) in %s\n", previous.bins.tag, previous.bins.commit[:12], previous.bins.buildTime.Round(100*time.Millisecond))
-		}
-	})
-	if previous.err != nil {
-		t.Fatalf("previous release: %v", previous.err)
+	top, err := git("", "rev-parse", "--show-toplevel")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return previous.bins
+	rel, err := previousOf(top)
+	if err != nil {
+		t.Fatalf("previous release: %v", err)
+	}
+	return buildRelease(t, rel.tag)
 }
 
-func buildPreviousRelease(out string) (releaseBins, error) {
+// buildRelease builds (once per run) and returns release tag, as the
+// releases file names it. Like previousRelease it fails the test, never
+// skips it, when the release cannot be found or built.
+func buildRelease(t *testing.T, tag string) releaseBins {
+	t.Helper()
+	built.mu.Lock()
+	if built.by == nil {
+		built.by = map[string]*releaseBuild{}
+	}
+	b := built.by[tag]
+	if b == nil {
+		b = &releaseBuild{}
+		built.by[tag] = b
+	}
+	built.mu.Unlock()
+	b.once.Do(func() {
+		b.bins, b.err = buildTag(tag, filepath.Join(bins.dir, "release-"+tag))
+		if b.err == nil {
+			// Once per run: what CI's budget pays for the old build.
+			fmt.Fprintf(os.Stderr, "built release %s (%s) in %s\n", b.bins.tag, b.bins.commit[:12], b.bins.buildTime.Round(100*time.Millisecond))
+		}
+	})
+	if b.err != nil {
+		t.Fatalf("release %s: %v", tag, b.err)
+	}
+	return b.bins
+}
+
+// buildTag builds release tag's control, caddy and meshd into out.
+func buildTag(tag, out string) (releaseBins, error) {
 	top, err := git("", "rev-parse", "--show-toplevel")
 	if err != nil {
 		return releaseBins{}, err
 	}
-	rel, err := previousOf(top)
+	rel, err := releaseOf(top, tag)
 	if err != nil {
 		return releaseBins{}, err
 	}
@@ -103,29 +138,28 @@ func buildPreviousRelease(out string) (releaseBins, error) {
 	return b, nil
 }
 
+// readReleases reads the releases file of the repository at top.
+func readReleases(top string) ([]release, error) {
+	raw, err := os.ReadFile(filepath.Join(top, releasesFile))
+	if err != nil {
+		return nil, fmt.Errorf("reading the releases file: %w", err)
+	}
+	return parseReleases(raw)
+}
+
 // previousOf reads the releases file of the repository at top and returns the newest release whose
 // code is not top's HEAD's own (the commit that records a release in the
 // file changes nothing else), resolved to a commit in this clone: by its
 // tag, else by the commit the file names.
 func previousOf(top string) (release, error) {
-	raw, err := os.ReadFile(filepath.Join(top, releasesFile))
-	if err != nil {
-		return release{}, fmt.Errorf("reading the releases file: %w", err)
-	}
-	list, err := parseReleases(raw)
+	list, err := readReleases(top)
 	if err != nil {
 		return release{}, err
 	}
 	for i := len(list) - 1; i >= 0; i-- {
 		r := list[i]
-		byTag, tagErr := git(top, "rev-parse", "--verify", "--quiet", "refs/tags/"+r.tag+"^{commit}")
-		switch {
-		case tagErr == nil && byTag != r.commit:
-			return release{}, fmt.Errorf("tag %s names %s, the releases file %s: a release tag never moves", r.tag, byTag, r.commit)
-		case tagErr != nil:
-			if _, err := git(top, "rev-parse", "--verify", "--quiet", r.commit+"^{commit}"); err != nil {
-				return release{}, fmt.Errorf("neither tag %s nor its commit %s is in this clone (a shallow clone, or one without tags? git fetch --tags --unshallow)", r.tag, r.commit)
-			}
+		if err := resolvable(top, r); err != nil {
+			return release{}, err
 		}
 		if _, err := git(top, "diff", "--quiet", r.commit, "HEAD", "--", ".", ":(exclude)RELEASES"); err == nil {
 			continue // HEAD is this release: the one before it is the previous
@@ -133,6 +167,36 @@ func previousOf(top string) (release, error) {
 		return r, nil
 	}
 	return release{}, fmt.Errorf("the releases file names no release before HEAD")
+}
+
+// releaseOf returns release tag as the releases file of the repository at
+// top names it, resolvable in this clone.
+func releaseOf(top, tag string) (release, error) {
+	list, err := readReleases(top)
+	if err != nil {
+		return release{}, err
+	}
+	for _, r := range list {
+		if r.tag == tag {
+			return r, resolvable(top, r)
+		}
+	}
+	return release{}, fmt.Errorf("the releases file names no release %s", tag)
+}
+
+// resolvable checks that r's commit is in the clone at top: by its tag,
+// which must name the commit the releases file does, else by the commit.
+func resolvable(top string, r release) error {
+	byTag, tagErr := git(top, "rev-parse", "--verify", "--quiet", "refs/tags/"+r.tag+"^{commit}")
+	switch {
+	case tagErr == nil && byTag != r.commit:
+		return fmt.Errorf("tag %s names %s, the releases file %s: a release tag never moves", r.tag, byTag, r.commit)
+	case tagErr != nil:
+		if _, err := git(top, "rev-parse", "--verify", "--quiet", r.commit+"^{commit}"); err != nil {
+			return fmt.Errorf("neither tag %s nor its commit %s is in this clone (a shallow clone, or one without tags? git fetch --tags --unshallow)", r.tag, r.commit)
+		}
+	}
+	return nil
 }
 
 // parseReleases reads "TAG COMMIT" lines, skipping comments and blanks.
@@ -186,8 +250,8 @@ func TestPreviousReleaseBuildsFromHistory(t *testing.T) {
 	t.Logf("previous release %s (%s) built in %s", old.tag, old.commit[:12], old.buildTime.Round(100*time.Millisecond))
 }
 
-// The releases file finds the previous release in a clone without tags
-// (by its commit), and fails loudly, never quietly, where the commit is
+// The releases file finds the previous release, and one named, in a clone
+// without tags (by its commit), and fails loudly, never quietly, where the commit is
 // absent too (a shallow clone) or the tag names another commit.
 func TestPreviousReleaseWithoutTagsShallowOrMoved(t *testing.T) {
 	top, err := git("", "rev-parse", "--show-toplevel")
@@ -215,6 +279,15 @@ func TestPreviousReleaseWithoutTagsShallowOrMoved(t *testing.T) {
 	}
 	if got, err := previousOf(noTags); err != nil || got != want {
 		t.Fatalf("without tags: %+v %v, want %+v", got, err, want)
+	}
+
+	// A release asked for by name, the oldest listed, resolves the same
+	// way; one the file does not list is an error, not the wrong build.
+	if got, err := releaseOf(noTags, list[0].tag); err != nil || got != list[0] {
+		t.Fatalf("release %s without tags: %+v %v", list[0].tag, got, err)
+	}
+	if _, err := releaseOf(top, "v0.0.0"); err == nil || !strings.Contains(err.Error(), "names no release v0.0.0") {
+		t.Fatalf("a release the file does not list: %v", err)
 	}
 
 	shallow := clone("shallow", "--no-tags", "--depth", "1")
