@@ -495,6 +495,22 @@ func Provision(ctx context.Context, nc *nats.Conn, names Names, layout Layout) (
 	return s, nil
 }
 
+// ReservedBytes is what JetStream must let one authority's store hold for
+// Provision to create it: the size limits of its streams, buckets and
+// release object store added up (JetStream reserves each limit whole when
+// the stream is created).
+func ReservedBytes() int64 {
+	streams, buckets := (&Store{}).layout()
+	n := int64(ReleaseStoreMaxBytes)
+	for _, st := range streams {
+		n += st.cfg.MaxBytes
+	}
+	for _, b := range buckets {
+		n += b.cfg.MaxBytes
+	}
+	return n
+}
+
 // ReleaseStoreMaxBytes bounds the release object store: about forty
 // releases of three ~50 MB binaries for two architectures.
 const ReleaseStoreMaxBytes = 16 * gib

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -282,5 +283,27 @@ func TestBootThreeStorageNodes(t *testing.T) {
 	}
 	if a := statusAnswers(t, nodes[1]); len(a) != 3 {
 		t.Fatalf("status answers: %+v", a)
+	}
+}
+
+// A box whose free disk is less than the store's limits add up to (a small
+// disk, or one nearly full) still starts a storage node: JetStream reserves
+// each stream's limit whole, and without a limit of the node's own it
+// refused the store's provisioning with storage_full.
+func TestBootOnASmallDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small tmpfs needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	if store.ReservedBytes() <= 256<<20 {
+		t.Fatalf("the store's limits add up to %d bytes: this test wants a disk smaller than them", store.ReservedBytes())
+	}
+	n := boot(t, storagenode.BootConfig{DataDir: dir, Auth: storagenode.AuthOff})
+	if err := n.Store.PutMachine(context.Background(), &store.MachineRecord{ID: "m1", Address: "127.0.0.1", State: store.MachineActive}); err != nil {
+		t.Fatalf("a write on the small disk: %v", err)
 	}
 }

@@ -26,8 +26,10 @@ package storagenode
 import (
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -84,6 +86,11 @@ type Config struct {
 	// on a single node) sync every SyncInterval, or every 2 minutes with
 	// the default.
 	SyncInterval time.Duration
+	// MaxStore is how much JetStream may store on this node. Zero, the
+	// default: what nats-server derives (three quarters of the disk free
+	// at start), raised to store.ReservedBytes when that is less (see
+	// storeLimit).
+	MaxStore int64
 	// ReadyTimeout bounds the wait for the server to accept connections,
 	// which includes recovering its JetStream store; default
 	// DefaultReadyTimeout.
@@ -151,6 +158,11 @@ func Start(cfg Config) (*server.Server, error) {
 		// default payload limit in large installations.
 		MaxPayload: 8 << 20,
 	}
+	limit, err := storeLimit(cfg.MaxStore, opts.StoreDir, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("starting embedded nats: %w", err)
+	}
+	opts.JetStreamMaxStore = limit
 	if cfg.SyncInterval > 0 {
 		opts.SyncInterval = cfg.SyncInterval
 	} else {
@@ -228,3 +240,34 @@ func (l natsLogger) Tracef(format string, v ...any)  { l.s.Debugf(format, v...) 
 // Fatalf is a failure the server cannot go on from; it shuts itself down
 // after saying so, and the process decides whether to exit.
 func (l natsLogger) Fatalf(format string, v ...any) { l.s.Errorf(format, v...) }
+
+// storeLimit is the JetStream storage limit a node starts with: max if set,
+// else 0 (nats-server derives it from the free disk) unless three quarters
+// of what is free falls short of store.ReservedBytes. JetStream reserves
+// every stream's size limit whole at creation, so on a small disk (or a
+// full one) Provision would be refused (storage_full) although the store
+// holds a few megabytes: the node starts with the reservation as its limit
+// instead, and says that a disk this small fills before the store's own
+// limits are reached.
+func storeLimit(max int64, dir string, logger *zap.Logger) (int64, error) {
+	if max > 0 {
+		return max, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, fmt.Errorf("store dir: %w", err)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("free space of %s: %w", dir, err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	reserved := store.ReservedBytes()
+	if free/4*3 >= reserved {
+		return 0, nil
+	}
+	if logger != nil {
+		logger.Warn("the disk has less free space than the store's limits add up to: writes fail with the disk full before a stream's own limit refuses them",
+			zap.String("store_dir", dir), zap.Int64("free_bytes", free), zap.Int64("limits_bytes", reserved))
+	}
+	return reserved, nil
+}
