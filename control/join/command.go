@@ -16,7 +16,7 @@ import (
 // to the packages') and returns --no-start.
 func (o *Options) AddFlags(fs *flag.FlagSet) *bool {
 	o.Layout = DefaultLayout
-	fs.StringVar(&o.NATSURL, "nats", os.Getenv("EDGEPLANE_NATS"), "the storage nodes' NATS URLs, comma-separated, e.g. tls://10.0.0.1:4222 (env EDGEPLANE_NATS; required)")
+	fs.StringVar(&o.NATSURL, "nats", os.Getenv("EDGEPLANE_NATS"), "the storage nodes' NATS URLs, comma-separated, e.g. tls://10.0.0.1:4222 (env EDGEPLANE_NATS; default: the ones the invite names)")
 	fs.BoolVar(&o.Gateway, "gateway", false, "this box runs the gateway too (edgeplane-gateway)")
 	fs.BoolVar(&o.Mesh, "mesh", false, "this box runs meshd too (edgeplane-meshd); the machine is admitted at its mesh IP")
 	fs.StringVar(&o.Machine, "machine", "", "machine ID (default: the hostname)")

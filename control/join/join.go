@@ -209,7 +209,12 @@ func (o *Options) prepare() (*prepared, error) {
 		return nil, store.Errorf(store.CodeInvalid, "the invite names no fleet CA: a box joins storage nodes that speak TLS (invite from a CLI whose credentials carry the fleet CA)")
 	}
 	if o.NATSURL == "" {
-		return nil, store.Errorf(store.CodeInvalid, "no store URL: give the storage nodes with --nats tls://HOST:4222[,...]")
+		if o.NATSURL, err = invites.StoreURLs(o.Token); err != nil {
+			return nil, err
+		}
+	}
+	if o.NATSURL == "" {
+		return nil, store.Errorf(store.CodeInvalid, "the invite names no storage node: give them with --nats tls://HOST:4222[,...] (or invite with `control machine invite --store URLS`)")
 	}
 	if len(o.EnrollAddrs) == 0 {
 		o.EnrollAddrs = enroll.DefaultAddrs(o.NATSURL)
@@ -281,16 +286,23 @@ func rootOwner() owner { return owner{uid: os.Geteuid(), gid: os.Getegid()} }
 
 // redeem spends the invite for every role, making everything in stage:
 // stage/<role dir>/ mirrors the state dirs, stage/etc the configs.
-func (o *Options) redeem(ctx context.Context, p *prepared, stage string) (*Record, error) {
+func (o *Options) redeem(ctx context.Context, p *prepared, stage string) (_ *Record, failed error) {
 	creds := filepath.Join(stage, "creds")
 	files, err := enroll.Join(ctx, enroll.JoinRequest{Token: o.Token, Machine: o.Machine, Roles: p.roles, Addrs: o.EnrollAddrs, Dir: creds, Timeout: o.Timeout})
 	if err != nil {
 		return nil, err
 	}
 	// Once enrolled, the invite is bound to this machine: a failure from
-	// here on leaves it half spent, and says so.
+	// here on leaves it half spent, and says so. The keys enrolled go with
+	// the staging dir, so the credentials signed for them serve no one.
 	spent := func(step string, err error) error {
-		return fmt.Errorf("%s (the invite is spent for this machine's enrolment: leave nothing behind, and ask for a new invite after `control machine rm %s`): %w", step, o.Machine, err)
+		cause := store.AsError(err)
+		se := store.Errorf(cause.Code, "%s: %s; nothing was written on this box, but the invite is spent for machine %s: join with a new invite "+
+			"(after `control machine rm %s` if the control plane lists it)", step, cause.Message, o.Machine, o.Machine)
+		for k, v := range cause.Detail {
+			se = se.With(k, v)
+		}
+		return se
 	}
 	dirs := map[string]string{storagenode.RoleAgent: "agent", storagenode.RoleGateway: "gateway", storagenode.RoleMesh: "meshd"}
 	for _, role := range p.roles {
@@ -316,6 +328,16 @@ func (o *Options) redeem(ctx context.Context, p *prepared, stage string) (*Recor
 			return nil, err
 		}
 		rec.MeshIP = st.MeshIP
+		// A join that fails after this takes its mesh peer out again (with
+		// the mesh credentials, as `meshd leave` would), so that a new
+		// invite for this machine is not refused for a peer it left.
+		defer func() {
+			if failed != nil {
+				lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.Timeout)
+				defer cancel()
+				_, _ = node.Leave(lctx, node.LeaveOptions{DataDir: dir, CredsFile: enroll.CredsFile(dir, storagenode.RoleMesh), Timeout: o.Timeout})
+			}
+		}()
 	}
 	cfg := store.Config{NATSURL: o.NATSURL, CredsFile: enroll.CredsFile(filepath.Join(stage, "agent"), storagenode.RoleAgent)}
 	s, err := cfg.Dial(ctx, store.ConnectOptions{Name: "control join " + o.Machine, Timeout: o.Timeout})

@@ -145,6 +145,9 @@ func TestJoinRefusesBeforeWriting(t *testing.T) {
 		{"no fleet CA", Options{Token: store.InviteTokenPrefix + "c2VjcmV0", NATSURL: "tls://127.0.0.1:1"}, "names no fleet CA"},
 		{"bad CA", Options{Token: store.InviteTokenPrefix + "c2VjcmV0.xx", NATSURL: "tls://127.0.0.1:1"}, "is not a CA fingerprint"},
 		{"no store", Options{Token: good}, "--nats"},
+		{"unreadable store", Options{Token: good + ".!"}, "store URLs"},
+		// The store the invite names is the one asked: nothing answers there.
+		{"the invite's store", Options{Token: invites.WithStore(good, []string{"tls://127.0.0.1:1"})}, "enrollment at 127.0.0.1:4223"},
 		{"bad machine", Options{Token: good, NATSURL: "tls://127.0.0.1:1", Machine: "a.b"}, "machine id"},
 		{"no such user", Options{Token: good, NATSURL: "tls://127.0.0.1:1", Gateway: true, ServiceUser: "no-such-user-here"}, "service user"},
 		// Nothing answers at the enrollment address: refused, unspent.

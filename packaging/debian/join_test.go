@@ -47,8 +47,16 @@ func TestJoinOnAPackageInstall(t *testing.T) {
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", b.ns).Run() })
 	b.must("ip", "link", "set", "lo", "up")
 
-	// The storage node: its own data dir, TLS and credentials on.
-	srvDir := t.TempDir()
+	// The storage node: its own data dir, TLS and credentials on. The dir
+	// is a tmpfs of its own: JetStream sizes what it accepts from the
+	// space free where its store is, and on a disk other tests fill up the
+	// store's buckets (they reserve tens of GiB) could be refused.
+	srvRoot := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64g,mode=0700", "tmpfs", srvRoot).CombinedOutput(); err != nil {
+		t.Fatalf("tmpfs for the storage node: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", srvRoot).Run() })
+	srvDir := filepath.Join(srvRoot, "server")
 	srv := b.start("server", nil, "", "/usr/bin/control", "server", "--data", srvDir, "--auth", "on",
 		"--listen", "127.0.0.1:4222", "--enroll-listen", "127.0.0.1:4223", "--stun-listen", "127.0.0.1:0")
 	srv.wait(t, `control server ready`, 30*time.Second)
@@ -58,11 +66,13 @@ func TestJoinOnAPackageInstall(t *testing.T) {
 	}
 	const url = "tls://127.0.0.1:4222"
 	b.cli = []string{"EDGEPLANE_NATS=" + url, "EDGEPLANE_NATS_CREDS=" + creds[1], "EDGEPLANE_SIGNING_KEY=" + filepath.Join(srvDir, "signer.nk")}
-	token := strings.TrimSpace(b.must("/usr/bin/control", "machine", "invite", "--region", "eu"))
+	// The invite names the fleet's CA and the storage node: the box
+	// needs nothing else.
+	token := strings.TrimSpace(b.mustEnv(b.cli, "/usr/bin/control", "machine", "invite", "--region", "eu", "--store", url))
 
 	packaged := b.files("/etc/edgeplane", "/var/lib/edgeplane")
 	other := newLayout(t)
-	join := []string{"/usr/bin/control", "join", "--nats", url, "--gateway", "--mesh", "--machine", "box1", "--mesh-mode", "netstack", "--mesh-port", "0"}
+	join := []string{"/usr/bin/control", "join", "--gateway", "--mesh", "--machine", "box1", "--mesh-mode", "netstack", "--mesh-port", "0"}
 
 	// A wrong invite (this fleet's CA, an unknown secret): refused by the
 	// storage node, nothing written.
@@ -161,18 +171,31 @@ func TestJoinOnAPackageInstall(t *testing.T) {
 		t.Fatalf("a used invite: exit %d\n%s", code, out)
 	}
 	b.same(before, b.files(other.etc, other.state), "a used invite")
+	// An invite the admission refuses (it pins another address) after
+	// meshd registered: the mesh peer is taken out again, nothing written.
+	pinned := strings.TrimSpace(b.mustEnv(b.cli, "/usr/bin/control", "machine", "invite", "--address", "10.9.9.9", "--store", url))
+	out, code = b.run(append(join[:len(join):len(join)], "--machine", "box2", "--advertise", "10.1.1.1", "--etc", other.etc, "--state", other.state, pinned)...)
+	if code != 1 || !strings.Contains(out, "nothing was written on this box, but the invite is spent for machine box2") {
+		t.Fatalf("a refused admission: exit %d\n%s", code, out)
+	}
+	b.same(before, b.files(other.etc, other.state), "a refused admission")
+	if out, code := b.runEnv(append(b.cli, "EDGEPLANE_JOIN_PROBE=box2-gone"), os.Args[0], "-test.run", "^TestProbeStore$", "-test.v"); code != 0 || !strings.Contains(out, "--- PASS: TestProbeStore") {
+		t.Fatalf("box2's mesh peer after its join failed:\n%s", out)
+	}
 
 	// The services, from the files join wrote, as their units run them.
+	started := time.Now()
 	for _, u := range []string{"edgeplane-meshd", "edgeplane-agent", "edgeplane-gateway"} {
 		b.unit(u)
 	}
 	b.eventually("box1's heartbeat, its gateway's report and its meshd's heartbeat", 60*time.Second, func() error {
-		out, code := b.run(os.Args[0], "-test.run", "^TestProbeStore$", "-test.v")
+		out, code := b.runEnv(append(b.cli, "EDGEPLANE_JOIN_PROBE=1"), os.Args[0], "-test.run", "^TestProbeStore$", "-test.v")
 		if code != 0 || !strings.Contains(out, "--- PASS: TestProbeStore") {
 			return fmt.Errorf("%s", out)
 		}
 		return nil
 	})
+	t.Logf("agent, gateway and meshd reported %s after they started", time.Since(started).Round(time.Millisecond))
 
 	// Leave: the units would be stopped (here: the processes are), the
 	// mesh peer goes, every file join wrote goes, the packaged configs
@@ -189,6 +212,8 @@ func TestJoinOnAPackageInstall(t *testing.T) {
 			t.Errorf("leave said:\n%s\nwant %q", out, want)
 		}
 	}
+	// What leave leaves to the control plane works: the machine goes.
+	b.mustEnv(b.cli, "/usr/bin/control", "machine", "rm", "box1")
 	after := b.files("/etc/edgeplane", "/var/lib/edgeplane")
 	for _, f := range []string{"/etc/edgeplane/caddy.json", "/etc/edgeplane/agent.env"} {
 		if !sameContent(after[f], packaged[f]) {
@@ -207,7 +232,8 @@ func TestJoinOnAPackageInstall(t *testing.T) {
 
 // TestProbeStore is TestJoinOnAPackageInstall's eyes inside its network
 // namespace (run there by it, with the CLI's environment): box1's agent
-// beats, its gateway reported and its meshd beats.
+// beats, its gateway reported and its meshd beats; or, asked about box2,
+// that it left no mesh peer.
 func TestProbeStore(t *testing.T) {
 	if os.Getenv("EDGEPLANE_NATS_CREDS") == "" || os.Getenv("EDGEPLANE_JOIN_PROBE") == "" {
 		t.Skip("run by TestJoinOnAPackageInstall")
@@ -220,6 +246,12 @@ func TestProbeStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.NC.Close()
+	if os.Getenv("EDGEPLANE_JOIN_PROBE") == "box2-gone" {
+		if _, err := s.MeshPeer(ctx, "box2"); !store.HasCode(err, store.CodeNotFound) {
+			t.Fatalf("box2's mesh peer: %v, want not_found", err)
+		}
+		return
+	}
 	if beat, err := s.MachineBeatOf(ctx, "box1"); err != nil || time.Since(beat.At) > time.Minute {
 		t.Errorf("no heartbeat of box1's agent: %v", err)
 	}
@@ -241,7 +273,7 @@ func TestProbeStore(t *testing.T) {
 type box struct {
 	t     *testing.T
 	ns    string
-	cli   []string
+	cli   []string // the operator's CLI environment: store, credentials, signer
 	procs []*proc
 }
 
@@ -257,15 +289,20 @@ func (b *box) command(env []string, usr string, caps []string, argv ...string) *
 		args = append(args, "--")
 	}
 	cmd := exec.Command("ip", append(args, argv...)...)
-	cmd.Env = append(append(os.Environ(), b.cli...), env...)
-	cmd.Env = append(cmd.Env, "EDGEPLANE_JOIN_PROBE=1")
+	cmd.Env = append(os.Environ(), env...)
 	return cmd
 }
 
 // run runs argv as root to its end: its output and exit status.
 func (b *box) run(argv ...string) (string, int) {
 	b.t.Helper()
-	out, err := b.command(nil, "", nil, argv...).CombinedOutput()
+	return b.runEnv(nil, argv...)
+}
+
+// runEnv is run with env added to the test's environment.
+func (b *box) runEnv(env []string, argv ...string) (string, int) {
+	b.t.Helper()
+	out, err := b.command(env, "", nil, argv...).CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); ok {
 		return string(out), ee.ExitCode()
 	} else if err != nil {
@@ -276,7 +313,12 @@ func (b *box) run(argv ...string) (string, int) {
 
 func (b *box) must(argv ...string) string {
 	b.t.Helper()
-	out, code := b.run(argv...)
+	return b.mustEnv(nil, argv...)
+}
+
+func (b *box) mustEnv(env []string, argv ...string) string {
+	b.t.Helper()
+	out, code := b.runEnv(env, argv...)
 	if code != 0 {
 		b.t.Fatalf("%s: exit %d\n%s", strings.Join(argv, " "), code, out)
 	}
