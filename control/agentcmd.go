@@ -5,11 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -122,11 +118,7 @@ func enrollBox(c *call, token, machine, dir, addrs string) error {
 	}
 	list := splitList(addrs)
 	if len(list) == 0 {
-		for _, u := range strings.Split(c.client.NATSURL, ",") {
-			if pu, err := url.Parse(strings.TrimSpace(u)); err == nil && pu.Hostname() != "" {
-				list = append(list, net.JoinHostPort(pu.Hostname(), strconv.Itoa(enroll.DefaultPort)))
-			}
-		}
+		list = enroll.DefaultAddrs(c.client.NATSURL)
 	}
 	if machine == "" {
 		machine = store.DefaultMachineID()

@@ -9,7 +9,12 @@ var commands = []command{
 	{name: "agent", synopsis: "--data DIR [--join TOKEN]", summary: "run this machine's agent: answer the orchestrator's RPCs, run instances",
 		client: serves, setup: setupAgent},
 
-	{name: "machine invite", summary: "print an invite token for a new machine",
+	{name: "join", synopsis: "TOKEN [--gateway] [--mesh]", summary: "join this box to the fleet with one invite: credentials, configs and units of every role it runs",
+		minArgs: 1, maxArgs: 1, setup: setupJoin},
+	{name: "leave", synopsis: "[--purge]", summary: "undo `control join` on this box: stop its units, remove what join wrote, restore the packaged configs",
+		setup: setupLeave},
+
+	{name: "machine invite", synopsis: "[--store URLS]", summary: "print an invite token for a new machine",
 		client: writes, setup: setupMachineInvite},
 	{name: "machine ls", aliases: []string{"machine list"}, summary: "list machines with the liveness and state their agents last wrote (--probe: ask each now)",
 		client: reads, setup: setupMachineList},

@@ -19,6 +19,7 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 	fs.Var(labels, "label", "label k=v of the machine (repeatable)")
 	ttl := fs.Duration("ttl", invites.DefaultTTL, "how long the invite stays redeemable")
 	address := fs.String("address", "", "the only address the machine may be admitted at (needed for a loopback address on a store other boxes reach)")
+	storeURLs := fs.String("store", "", "the storage nodes' URLs a joining box reaches, comma-separated (tls://10.0.0.1:4222,...): named in the invite, `control join` needs no --nats")
 	return func(c *call) error {
 		// A joining box checks the storage node it enrolls with against
 		// the CAs this CLI verifies storage nodes against.
@@ -35,7 +36,7 @@ func setupMachineInvite(fs *flag.FlagSet) func(*call) error {
 			if err != nil {
 				return err
 			}
-			token = invites.WithCAs(token, fingerprints)
+			token = invites.WithStore(invites.WithCAs(token, fingerprints), splitList(*storeURLs))
 			return c.out.emit(map[string]any{"token": token, "expires_at": inv.ExpiresAt, "region": inv.Region, "labels": inv.Labels, "address": inv.Address},
 				func(w io.Writer) { fmt.Fprintln(w, token) })
 		})

@@ -11,9 +11,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,6 +44,18 @@ type JoinRequest struct {
 	Dir string
 	// Timeout bounds each attempt; default 10s.
 	Timeout time.Duration
+}
+
+// DefaultAddrs are the enrollment addresses of the storage nodes a NATS
+// URL list (comma-separated) names: each host at DefaultPort.
+func DefaultAddrs(natsURLs string) []string {
+	var list []string
+	for _, u := range strings.Split(natsURLs, ",") {
+		if pu, err := url.Parse(strings.TrimSpace(u)); err == nil && pu.Hostname() != "" {
+			list = append(list, net.JoinHostPort(pu.Hostname(), strconv.Itoa(DefaultPort)))
+		}
+	}
+	return list
 }
 
 // CredsFile is the credentials file of role in dir.

@@ -28,7 +28,7 @@ type Part struct {
 
 // Parts are the packages make package builds.
 var Parts = []Part{
-	{Name: "edgeplane-control", Units: []string{"edgeplane-server.service", "edgeplane-agent.service"}, State: []string{"server", "server-keys", "agent"}},
+	{Name: "edgeplane-control", Units: []string{"edgeplane-server.service", "edgeplane-agent.service"}, State: []string{"server", "server-keys", "agent", "join"}},
 	{Name: "edgeplane-gateway", Units: []string{"edgeplane-gateway.service"}, State: []string{"gateway"}},
 	{Name: "edgeplane-meshd", Units: []string{"edgeplane-meshd.service"}, State: []string{"meshd"}},
 }

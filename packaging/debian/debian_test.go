@@ -35,56 +35,8 @@ func TestBuildRefusals(t *testing.T) {
 // the README says and every unit passes systemd-analyze verify, then
 // removes them (the data and config stay) and purges them (they go).
 func TestPackagesInstallRemovePurge(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("installing packages needs root (CI runs as root)")
-	}
-	for _, tool := range []string{"dpkg", "dpkg-deb", "systemd-analyze"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found: not a Debian system with systemd tools", tool)
-		}
-	}
-	for _, p := range Parts {
-		if out, err := exec.Command("dpkg-query", "-W", "-f", "${Status}", p.Name).Output(); err == nil && strings.Contains(string(out), "installed") {
-			t.Skipf("%s is installed on this machine: not touching it", p.Name)
-		}
-	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := t.TempDir()
 	const ver = "1.2.3-test"
-	for name, pkg := range map[string]string{"control": "./control", "caddy": "./caddymodule/cmd/caddy", "meshd": "./meshd"} {
-		cmd := exec.Command("go", "build", "-ldflags", "-X github.com/edgeplane/edgeplane/internal/version.Version="+ver, "-o", filepath.Join(bin, name), pkg)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
-	debs, err := Build(Options{Root: root, Bin: bin, Out: t.TempDir(), Version: ver, Arch: runtime.GOARCH})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(debs) != len(Parts) {
-		t.Fatalf("built %d packages, want %d", len(debs), len(Parts))
-	}
-	names := make([]string, len(Parts))
-	for i, p := range Parts {
-		names[i] = p.Name
-	}
-	dpkg := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("dpkg", args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("dpkg %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
-	t.Cleanup(func() {
-		// Whatever happened above, leave the machine as it was.
-		_ = exec.Command("dpkg", append([]string{"--purge"}, names...)...).Run()
-	})
-	dpkg(append([]string{"-i"}, debs...)...)
+	names, dpkg := install(t, ver)
 
 	for _, f := range []string{
 		"/usr/bin/control", "/usr/bin/edgeplane-caddy", "/usr/bin/meshd",
@@ -171,4 +123,63 @@ func TestPackagesInstallRemovePurge(t *testing.T) {
 	if _, err := exec.Command("getent", "passwd", "edgeplane").Output(); err == nil {
 		t.Error("purge left the edgeplane user")
 	}
+}
+
+// install builds the packages from this tree (binaries reporting version
+// ver) and installs them with dpkg on this machine, purged again when t
+// ends, whatever happened. It returns the packages' names and a dpkg that
+// fails t when dpkg does. It skips t where that cannot be done: not root,
+// no dpkg or systemd tools, or the packages installed already.
+func install(t *testing.T, ver string) ([]string, func(args ...string) string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("installing packages needs root (CI runs as root)")
+	}
+	for _, tool := range []string{"dpkg", "dpkg-deb", "systemd-analyze"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found: not a Debian system with systemd tools", tool)
+		}
+	}
+	for _, p := range Parts {
+		if out, err := exec.Command("dpkg-query", "-W", "-f", "${Status}", p.Name).Output(); err == nil && strings.Contains(string(out), "installed") {
+			t.Skipf("%s is installed on this machine: not touching it", p.Name)
+		}
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	for name, pkg := range map[string]string{"control": "./control", "caddy": "./caddymodule/cmd/caddy", "meshd": "./meshd"} {
+		cmd := exec.Command("go", "build", "-ldflags", "-X github.com/edgeplane/edgeplane/internal/version.Version="+ver, "-o", filepath.Join(bin, name), pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	debs, err := Build(Options{Root: root, Bin: bin, Out: t.TempDir(), Version: ver, Arch: runtime.GOARCH})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(debs) != len(Parts) {
+		t.Fatalf("built %d packages, want %d", len(debs), len(Parts))
+	}
+	names := make([]string, len(Parts))
+	for i, p := range Parts {
+		names[i] = p.Name
+	}
+	dpkg := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("dpkg", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("dpkg %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	t.Cleanup(func() {
+		// Whatever happened above, leave the machine as it was.
+		_ = exec.Command("dpkg", append([]string{"--purge"}, names...)...).Run()
+	})
+	dpkg(append([]string{"-i"}, debs...)...)
+	return names, dpkg
 }

@@ -42,7 +42,9 @@ func key(token string) string {
 // each <ca> the base64url SHA-256 of a CA certificate a joining box
 // accepts its storage node's certificate under. The box checks the CA it
 // is handed against them before it sends anything; only the secret's hash
-// is stored.
+// is stored. A third part, "<secret>.<cas>.<store>", names the storage
+// nodes' URLs for `control join` (base64url of the comma-separated list):
+// where to go, not whom to trust, which the CAs alone say.
 
 // WithCAs returns token naming the CAs of fingerprints (hex SHA-256,
 // pki.Fingerprint) for a joining box to check.
@@ -68,6 +70,7 @@ func CAs(token string) ([]string, error) {
 	if !ok {
 		return nil, nil
 	}
+	cas, _, _ = strings.Cut(cas, ".")
 	var out []string
 	for _, c := range strings.Split(cas, ",") {
 		raw, err := base64.RawURLEncoding.DecodeString(c)
@@ -77,6 +80,29 @@ func CAs(token string) ([]string, error) {
 		out = append(out, hex.EncodeToString(raw))
 	}
 	return out, nil
+}
+
+// WithStore returns token, which names the fleet's CAs (WithCAs), naming
+// the storage nodes' URLs too.
+func WithStore(token string, urls []string) string {
+	if len(urls) == 0 || strings.Count(token, ".") != 1 {
+		return token
+	}
+	return token + "." + base64.RawURLEncoding.EncodeToString([]byte(strings.Join(urls, ",")))
+}
+
+// StoreURLs returns the storage nodes' URLs token names (WithStore), comma-
+// separated; "" when it names none.
+func StoreURLs(token string) (string, error) {
+	parts := strings.Split(token, ".")
+	if len(parts) < 3 {
+		return "", nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[2])
+	if err != nil || len(parts) > 3 {
+		return "", store.Errorf(store.CodeInvalid, "invite token: its store URLs (%q) are not readable", parts[2])
+	}
+	return string(raw), nil
 }
 
 // Spec is what an invite admits a machine with.

@@ -116,3 +116,38 @@ func TestInviteCarriesCAFingerprints(t *testing.T) {
 		t.Fatalf("the same secret without them, same machine: %v", err)
 	}
 }
+
+// A token names the fleet's CAs and, for `control join`, the storage
+// nodes' URLs; neither changes the secret it is stored under.
+func TestTokenNamesCAsAndStore(t *testing.T) {
+	fp := strings.Repeat("ab", 32)
+	tok := invites.WithStore(invites.WithCAs(store.InviteTokenPrefix+"c2VjcmV0", []string{fp}), []string{"tls://10.0.0.1:4222", "tls://10.0.0.2:4222"})
+	if cas, err := invites.CAs(tok); err != nil || len(cas) != 1 || cas[0] != fp {
+		t.Fatalf("CAs %v (%v) of %s", cas, err, tok)
+	}
+	if urls, err := invites.StoreURLs(tok); err != nil || urls != "tls://10.0.0.1:4222,tls://10.0.0.2:4222" {
+		t.Fatalf("StoreURLs %q (%v)", urls, err)
+	}
+	plain := invites.WithCAs(store.InviteTokenPrefix+"c2VjcmV0", []string{fp})
+	if urls, err := invites.StoreURLs(plain); err != nil || urls != "" {
+		t.Fatalf("a token naming no store: %q (%v)", urls, err)
+	}
+	// No CAs, no store: a box could not check the nodes it would be sent to.
+	if got := invites.WithStore(store.InviteTokenPrefix+"c2VjcmV0", []string{"tls://x:4222"}); got != store.InviteTokenPrefix+"c2VjcmV0" {
+		t.Fatalf("store named without CAs: %s", got)
+	}
+	if _, err := invites.StoreURLs(tok + "!"); !store.HasCode(err, store.CodeInvalid) {
+		t.Fatalf("an unreadable store part: %v", err)
+	}
+	// Redeemed under its secret alone.
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	raw, _, err := invites.Create(ctx, srv.Store, invites.Spec{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := invites.WithStore(invites.WithCAs(raw, []string{fp}), []string{"tls://10.0.0.1:4222"})
+	if _, err := invites.Redeem(ctx, srv.Store, full, "m1", store.InviteUseEnroll); err != nil {
+		t.Fatalf("redeeming a token that names the store: %v", err)
+	}
+}
