@@ -241,3 +241,44 @@ func setupStorageEncrypt(fs *flag.FlagSet) func(*call) error {
 		return nil
 	}
 }
+
+func setupStorageUpgrade(fs *flag.FlagSet) func(*call) error {
+	var o storage.UpgradeOptions
+	fs.DurationVar(&o.HealthBound, "health-bound", storage.DefaultNodeHealthBound, "how long each node's new release has to rejoin, see write quorum and catch up on every replica it holds, before it rolls itself back")
+	fs.DurationVar(&o.Settle, "settle", 2*time.Minute, "how long the cluster has to be healthy before each node (every node answering, no replica lagging), and its stream leaders to move off it")
+	fs.BoolVar(&o.AllowDowngrade, "allow-downgrade", false, "let storage nodes move to a release older than the one they run")
+	nodes := fs.String("nodes", "", "only these storage nodes, comma-separated (default: every node)")
+	return func(c *call) error {
+		o.Release = c.args[0]
+		o.Nodes = splitList(*nodes)
+		jsonOut := c.out.json
+		o.Progress = func(st storage.NodeStep) {
+			if jsonOut {
+				return
+			}
+			line := fmt.Sprintf("%-10s %s", st.State, st.Node)
+			if st.MetaLeader {
+				line += " (meta leader)"
+			}
+			if st.Took > 0 {
+				line += " in " + st.Took.String()
+			}
+			if st.Detail != "" {
+				line += ": " + st.Detail
+			}
+			fmt.Fprintln(c.stdout, line)
+		}
+		return c.withStore(func(s *store.Store) error {
+			res, err := storage.Upgrade(c.ctx, s, o)
+			if res != nil {
+				if perr := c.out.emit(res, func(w io.Writer) {
+					fmt.Fprintf(w, "storage upgrade to %s: %d upgraded, %d already on it, %d untouched, in %s\n",
+						res.Release, len(res.Upgraded), len(res.Current), len(res.Untouched), res.Took)
+				}); perr != nil {
+					return perr
+				}
+			}
+			return err
+		})
+	}
+}
