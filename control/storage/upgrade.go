@@ -114,6 +114,7 @@ func Upgrade(ctx context.Context, s *store.Store, o UpgradeOptions) (*UpgradeRes
 		if view == nil {
 			if view, err = waitHealthy(ctx, s, o, "before upgrading "+strings.Join(remaining, ", ")); err != nil {
 				res.Untouched = remaining
+				res.Took = time.Since(start).Round(time.Millisecond).String()
 				return res, err
 			}
 		}
@@ -278,6 +279,11 @@ func upgradeNode(ctx context.Context, s *store.Store, o UpgradeOptions, node str
 		if _, err := waitPlacement(ctx, s, o.Settle, "leaders to move off "+node, func(sp store.StreamPlacement) bool {
 			return sp.Leader != "" && (sp.Leader != node || len(sp.Peers) <= 1)
 		}); err != nil {
+			return done(rollout.StepFailed, err.Error())
+		}
+		// The new leaders have heard from every follower, so the node's
+		// restart leaves each stream a current majority.
+		if _, err := waitHealthy(ctx, s, o, "after moving the leaders off "+node); err != nil {
 			return done(rollout.StepFailed, err.Error())
 		}
 	}
