@@ -72,16 +72,11 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		defer func() { _ = logger.Sync() }()
-		ctx, stop := context.WithCancel(c.ctx)
-		defer stop()
-		var upgrades *storage.NodeUpgrades
-		if *external == "" {
-			var finish func(error) error
-			if upgrades, finish, err = launchStorageNode(ctx, stop, *data, c.stdout, logger); err != nil {
-				return err
-			}
-			defer func() { err = finish(err) }()
+		ctx, upgrades, finish, err := storage.StartNode(c.ctx, *data, *external == "", c.stdout, logger)
+		if err != nil {
+			return err
 		}
+		defer func() { err = finish(err) }() // a storage node told to go on as another release does, here
 		var natsLogger *zap.Logger
 		if *natsLogs {
 			natsLogger = logger.Named("nats")
@@ -92,14 +87,11 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 		}
 		defer sn.Close()
 		sn.Store.SetLogger(logger)
-		if upgrades != nil && sn.Server != nil {
-			upgrades.Booted(sn)
-			stopOrders, err := upgrades.Serve(ctx, sn, *data)
-			if err != nil {
-				return err
-			}
-			defer stopOrders()
+		stopOrders, err := upgrades.Serve(ctx, sn, *data)
+		if err != nil {
+			return err
 		}
+		defer stopOrders()
 		host, _, _ := net.SplitHostPort(*listen)
 		if addr := *enrollListen; sn.TLS != nil && sn.Auth != nil && addr != "off" && (addr != "" || !storagenode.IsLoopback(host)) {
 			if addr == "" {

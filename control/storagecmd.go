@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -249,34 +250,12 @@ func setupStorageUpgrade(fs *flag.FlagSet) func(*call) error {
 	fs.BoolVar(&o.AllowDowngrade, "allow-downgrade", false, "let storage nodes move to a release older than the one they run")
 	nodes := fs.String("nodes", "", "only these storage nodes, comma-separated (default: every node)")
 	return func(c *call) error {
-		o.Release = c.args[0]
-		o.Nodes = splitList(*nodes)
-		jsonOut := c.out.json
-		o.Progress = func(st storage.NodeStep) {
-			if jsonOut {
-				return
-			}
-			line := fmt.Sprintf("%-10s %s", st.State, st.Node)
-			if st.MetaLeader {
-				line += " (meta leader)"
-			}
-			if st.Took > 0 {
-				line += " in " + st.Took.String()
-			}
-			if st.Detail != "" {
-				line += ": " + st.Detail
-			}
-			fmt.Fprintln(c.stdout, line)
-		}
+		o.Release, o.Nodes = c.args[0], splitList(*nodes)
+		o.Progress = printers.StorageUpgradeProgress(c.stdout, c.out.json)
 		return c.withStore(func(s *store.Store) error {
 			res, err := storage.Upgrade(c.ctx, s, o)
 			if res != nil {
-				if perr := c.out.emit(res, func(w io.Writer) {
-					fmt.Fprintf(w, "storage upgrade to %s: %d upgraded, %d already on it, %d untouched, in %s\n",
-						res.Release, len(res.Upgraded), len(res.Current), len(res.Untouched), res.Took)
-				}); perr != nil {
-					return perr
-				}
+				err = cmp.Or(c.out.emit(res, func(w io.Writer) { printers.StorageUpgrade(w, res) }), err)
 			}
 			return err
 		})

@@ -126,10 +126,16 @@ func (u *NodeUpgrades) requestRestart(path, reason string) {
 	}
 }
 
-// Serve answers upgrade orders for storage node n until ctx ends. The
-// returned stop waits for an answer under way and flushes it, so that the
-// reply to the order that restarts the server leaves before it stops.
+// Serve tells u the storage node n (Booted) and answers its upgrade
+// orders until ctx ends; on a nil u or without a storage node of its own
+// it does nothing. The returned stop waits for an answer under way and
+// flushes it, so that the reply to the order that restarts the server
+// leaves before it stops.
 func (u *NodeUpgrades) Serve(ctx context.Context, n *storagenode.Node, data string) (func(), error) {
+	if u == nil || n.Server == nil {
+		return func() {}, nil
+	}
+	u.Booted(n)
 	book, err := store.OpenOrderBook(filepath.Join(data, "storage-orders"))
 	if err != nil {
 		return nil, err
@@ -310,4 +316,42 @@ func (u *NodeUpgrades) healthProblem(ctx context.Context) string {
 		return fmt.Sprintf("%d streams without a leader or with this node's replica catching up (%s)", len(behind), strings.Join(behind, ", "))
 	}
 	return ""
+}
+
+// StartNode is the start of `control server` as far as its release goes,
+// with a storage node of its own (node): LaunchNode (going on as another
+// binary when the release dir says so) and the health gate of a release
+// on trial. The server runs under the returned ctx: a release the node is
+// told to move to, or a rollback, ends it; finish, called with the
+// server's result once everything has stopped, then goes on as that
+// binary in this process, or returns the result as it is. Without a
+// storage node (`--nats`), the NodeUpgrades is nil and does nothing.
+func StartNode(parent context.Context, data string, node bool, progress io.Writer, logger *zap.Logger) (context.Context, *NodeUpgrades, func(error) error, error) {
+	ctx, stop := context.WithCancel(parent)
+	if !node {
+		return ctx, nil, func(err error) error { stop(); return err }, nil
+	}
+	u, err := LaunchNode(data, logger.Named("upgrade"))
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	u.Bind(stop)
+	gated := make(chan struct{})
+	go func() {
+		defer close(gated)
+		u.Gate(ctx)
+	}()
+	finish := func(err error) error {
+		stop()
+		<-gated
+		path, reason := u.Restart()
+		if path == "" {
+			return err
+		}
+		fmt.Fprintf(progress, "control server restarting as %s: %s\n", path, reason)
+		_ = logger.Sync()
+		return u.Exec()
+	}
+	return ctx, u, finish, nil
 }
