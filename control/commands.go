@@ -85,6 +85,8 @@ var commands = []command{
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupStorageRemove},
 	{name: "storage forget", synopsis: "NODE --data DIR", summary: "take a removed, stopped node out of the JetStream meta group",
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupStorageForget},
+	{name: "storage upgrade", synopsis: "VERSION [--health-bound 2m] [--nodes a,b]", summary: "move the storage nodes' control servers to a pushed release, one node at a time, quorum and catch-up checked, the meta leader last; a node whose new release is sick rolls back and the upgrade stops",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupStorageUpgrade},
 	{name: "storage encrypt", synopsis: "--data DIR", summary: "make the key that encrypts a storage node's store at rest, kept outside its data dir (on a storage node)",
 		setup: setupStorageEncrypt},
 	{name: "storage import", synopsis: "--from DIR", summary: "copy a stopped single box's store into the cluster",

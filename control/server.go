@@ -22,6 +22,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/storage"
 	"github.com/edgeplane/edgeplane/meshd/registrar"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -55,7 +56,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 	statusFlush := fs.Duration("status-flush", fleet.DefaultFlushEvery, "how often changed namespaces' fleet status is written (control status lags by up to this much), and the machines' liveness judgement gateways set aside by is looked at; 0: this server writes neither (another control server does)")
 	cf := addClusterFlags(fs)
 	lf := addLogFlags(fs)
-	return func(c *call) error {
+	return func(c *call) (err error) {
 		if *data == "" {
 			return usagef("--data is required")
 		}
@@ -71,22 +72,32 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		defer func() { _ = logger.Sync() }()
+		ctx, upgrades, finish, err := storage.StartNode(c.ctx, *data, *external == "", c.stdout, logger)
+		if err != nil {
+			return err
+		}
+		defer func() { err = finish(err) }() // a storage node told to go on as another release does, here
 		var natsLogger *zap.Logger
 		if *natsLogs {
 			natsLogger = logger.Named("nats")
 		}
-		sn, err := cf.start(c.ctx, c.stdout, logger, *data, *listen, *external, *creds, *caFile, natsLogger, names)
+		sn, err := cf.start(ctx, c.stdout, logger, *data, *listen, *external, *creds, *caFile, natsLogger, names)
 		if err != nil {
 			return err
 		}
 		defer sn.Close()
 		sn.Store.SetLogger(logger)
+		stopOrders, err := upgrades.Serve(ctx, sn, *data)
+		if err != nil {
+			return err
+		}
+		defer stopOrders()
 		host, _, _ := net.SplitHostPort(*listen)
 		if addr := *enrollListen; sn.TLS != nil && sn.Auth != nil && addr != "off" && (addr != "" || !storagenode.IsLoopback(host)) {
 			if addr == "" {
 				addr = net.JoinHostPort(host, strconv.Itoa(enroll.DefaultPort))
 			}
-			es, err := enroll.Serve(c.ctx, enroll.ServerConfig{Listen: addr, TLS: sn.TLS.ServerConfig(), Store: sn.Store, Auth: sn.Auth,
+			es, err := enroll.Serve(ctx, enroll.ServerConfig{Listen: addr, TLS: sn.TLS.ServerConfig(), Store: sn.Store, Auth: sn.Auth,
 				CredsTTL: *credsTTL, Logger: logger.Named("enroll")})
 			if err != nil {
 				return err
@@ -97,7 +108,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 		if sn.Auth != nil {
 			// Boxes renew their own credentials here, signed with the
 			// account keys only storage nodes hold.
-			stopRenewals, err := enroll.ServeRenewals(c.ctx, enroll.RenewalConfig{Store: sn.Store, Auth: sn.Auth, CredsTTL: *credsTTL,
+			stopRenewals, err := enroll.ServeRenewals(ctx, enroll.RenewalConfig{Store: sn.Store, Auth: sn.Auth, CredsTTL: *credsTTL,
 				Logger: logger.Named("creds")})
 			if err != nil {
 				return err
@@ -134,7 +145,7 @@ func setupServer(fs *flag.FlagSet) func(*call) error {
 				}, nil
 			}
 		}
-		err = controlplane.Run(c.ctx, sn.Store, cfg)
+		err = controlplane.Run(ctx, sn.Store, cfg)
 		fmt.Fprintln(c.stdout, "control server stopping (instances keep running)")
 		return err
 	}

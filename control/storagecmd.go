@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -239,5 +240,24 @@ func setupStorageEncrypt(fs *flag.FlagSet) func(*call) error {
 			"systemd's credential jetstream.key, AUTH/jetstream.key, or DATA-keys/jetstream.key). Keep the key off the data dir and its backups: "+
 			"a store encrypted with it opens with it only")
 		return nil
+	}
+}
+
+func setupStorageUpgrade(fs *flag.FlagSet) func(*call) error {
+	var o storage.UpgradeOptions
+	fs.DurationVar(&o.HealthBound, "health-bound", storage.DefaultNodeHealthBound, "how long each node's new release has to rejoin, see write quorum and catch up on every replica it holds, before it rolls itself back")
+	fs.DurationVar(&o.Settle, "settle", 2*time.Minute, "how long the cluster has to be healthy before each node (every node answering, no replica lagging), and its stream leaders to move off it")
+	fs.BoolVar(&o.AllowDowngrade, "allow-downgrade", false, "let storage nodes move to a release older than the one they run")
+	nodes := fs.String("nodes", "", "only these storage nodes, comma-separated (default: every node)")
+	return func(c *call) error {
+		o.Release, o.Nodes = c.args[0], splitList(*nodes)
+		o.Progress = printers.StorageUpgradeProgress(c.stdout, c.out.json)
+		return c.withStore(func(s *store.Store) error {
+			res, err := storage.Upgrade(c.ctx, s, o)
+			if res != nil {
+				err = cmp.Or(c.out.emit(res, func(w io.Writer) { printers.StorageUpgrade(w, res) }), err)
+			}
+			return err
+		})
 	}
 }

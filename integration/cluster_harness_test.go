@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -158,12 +159,23 @@ type storageCluster struct {
 	creds   string // control role
 	servers []*proc
 	names   store.Names
+	// bin is the control binary the nodes run (default bins.control),
+	// with env added to their environment.
+	bin string
+	env []string
 }
 
 func newStorageCluster(t *testing.T) *storageCluster {
 	t.Helper()
+	return newStorageClusterOf(t, "", nil)
+}
+
+// newStorageClusterOf is newStorageCluster with the nodes running bin
+// (default bins.control), env added to their environment.
+func newStorageClusterOf(t *testing.T, bin string, env []string) *storageCluster {
+	t.Helper()
 	lab := newNetLab(t, 3)
-	sc := &storageCluster{t: t, lab: lab, dir: t.TempDir()}
+	sc := &storageCluster{t: t, lab: lab, dir: t.TempDir(), bin: bin, env: env}
 	sc.names, _ = store.NewNames("", "")
 	var err error
 	// One auth dir, as an operator copies it to every storage node.
@@ -194,7 +206,7 @@ func (sc *storageCluster) startNodeNamed(i int, name, label string) *proc {
 	for j := 1; j <= len(sc.lab.ns); j++ {
 		routes = append(routes, sc.lab.addr(j)+":6222")
 	}
-	return start(sc.t, fmt.Sprintf("storage node %s%s", name, label), nil, "ip", "netns", "exec", sc.lab.ns[i-1], bins.control, "server",
+	return start(sc.t, fmt.Sprintf("storage node %s%s", name, label), sc.env, "ip", "netns", "exec", sc.lab.ns[i-1], cmp.Or(sc.bin, bins.control), "server",
 		"--data", filepath.Join(sc.dir, name), "--listen", sc.lab.addr(i)+":4222",
 		"--name", name, "--cluster-name", "edge", "--cluster-listen", sc.lab.addr(i)+":6222",
 		"--routes", strings.Join(routes, ","), "--auth", "on", "--auth-dir", filepath.Join(sc.dir, "auth"),

@@ -90,8 +90,13 @@ type StorageNodeStatus struct {
 	Streams      []StreamReplica `json:"streams,omitempty"`
 	// EncryptedAtRest is set when the node's store is encrypted with a
 	// store key: a backup of it must be sealed too.
-	EncryptedAtRest bool      `json:"encrypted_at_rest,omitempty"`
-	At              time.Time `json:"at"`
+	EncryptedAtRest bool `json:"encrypted_at_rest,omitempty"`
+	// Release is the release of the `control server` answering, and
+	// Upgrade the latest upgrade of it (`control storage upgrade`), if
+	// any: how a storage upgrade sees the node back on its new release.
+	Release string         `json:"release,omitempty"`
+	Upgrade *UpgradeStatus `json:"upgrade,omitempty"`
+	At      time.Time      `json:"at"`
 }
 
 func (r *StorageNodeStatus) version() int { return r.Version }

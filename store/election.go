@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 )
@@ -54,8 +55,14 @@ func (s *Store) SetLogger(l *zap.Logger) { s.log = l.Named("store") }
 func (s *Store) SetElectionWait(d time.Duration) { s.electionWait = d }
 
 // electionSymptom reports whether err is what a request to a stream or
-// bucket leader gets while there is none.
-func electionSymptom(err error) bool { return quorumSymptom(err) }
+// bucket leader gets while there is none, or while the storage node this
+// client is connected to restarts (control storage upgrade): the request
+// under way is dropped with the connection (ErrDisconnected), and the
+// client reconnects to another node within moments. Either way the write
+// may have landed, so the next attempt is uncertain.
+func electionSymptom(err error) bool {
+	return quorumSymptom(err) || errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting)
+}
 
 // ride runs op until it succeeds, fails otherwise than an election makes
 // it fail, ctx ends, or the election wait passes; each attempt gets at

@@ -10,9 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -30,12 +28,9 @@ import (
 // binary is to run (an upgrade staged, or a failed trial rolled back),
 // Launch goes on as that binary (Exec) and returns only if it cannot.
 func Launch(cfg *agent.Config) error {
-	self, err := os.Executable()
+	self, err := upgrade.Self()
 	if err != nil {
 		return fmt.Errorf("agent binary: %w", err)
-	}
-	if self, err = filepath.EvalSymlinks(self); err != nil {
-		return err
 	}
 	releases := upgrade.ForData(cfg.DataDir)
 	launched := os.Getenv(upgrade.LaunchedEnv) != ""
@@ -70,12 +65,8 @@ func Exec(path string, launched bool) error {
 		}
 		args = append(args, a)
 	}
-	env := os.Environ()
-	if launched {
-		env = append(env, upgrade.LaunchedEnv+"=1")
-	}
-	if err := syscall.Exec(path, args, env); err != nil {
-		return fmt.Errorf("restarting the agent as %s: %w", path, err)
+	if err := upgrade.Exec(path, args, launched); err != nil {
+		return fmt.Errorf("restarting the agent: %w", err)
 	}
 	return nil
 }

@@ -13,6 +13,14 @@
 // (Restore). A restore skips the live observations and leases, whose
 // writers rebuild them.
 //
+// Upgrades of the storage nodes' `control server` are here too, both
+// sides: Upgrade moves the nodes to a release one at a time (the cluster
+// Healthy before each, its stream leaders moved off, a signed order, the
+// node back on the release and caught up before the next, the meta leader
+// last), and NodeUpgrades is a node's own part (LaunchNode at its start,
+// the order it answers, the health gate that confirms the release or
+// rolls it back to the binary it ran before).
+//
 // Nothing here prints a result: progress lines go to the io.Writer a caller
 // passes, and the caller renders what the functions return.
 package storage

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/edgeplane/edgeplane/internal/upgrade"
+	"github.com/edgeplane/edgeplane/internal/version"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -142,7 +144,14 @@ func checkListeners(listen string, c *ClusterConfig, a *Auth) error {
 // LocalStatus reads ns's own view of the cluster and of its local
 // stream replicas.
 func LocalStatus(ns *server.Server) (*store.StorageNodeStatus, error) {
-	st := &store.StorageNodeStatus{Version: store.RecordVersion, Server: ns.Name(), Cluster: ns.ClusterName(), At: time.Now().UTC()}
+	st := &store.StorageNodeStatus{Version: store.RecordVersion, Server: ns.Name(), Cluster: ns.ClusterName(), Release: version.Version, At: time.Now().UTC()}
+	if data := dataDirOf(ns); data != "" {
+		// The trial a storage upgrade started, as the release dir
+		// records it: read at every answer, so a rollback reads as one.
+		if t, err := upgrade.ForData(data).Load(); err == nil && t != nil {
+			st.Upgrade = &store.UpgradeStatus{Rollout: t.Rollout, Attempt: t.Attempt, From: t.From, To: t.To, State: t.State, Reason: t.Reason, At: t.At}
+		}
+	}
 	if cfg := ns.JetStreamConfig(); cfg != nil {
 		// The server keeps its files in DATA/jetstream/jetstream (Start
 		// gives it DATA/jetstream); the layout is read from DATA.
