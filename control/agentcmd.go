@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -14,8 +13,6 @@ import (
 	"github.com/edgeplane/edgeplane/control/agentproc"
 	"github.com/edgeplane/edgeplane/control/enroll"
 	"github.com/edgeplane/edgeplane/store"
-	"github.com/edgeplane/edgeplane/store/invites"
-	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 func setupAgent(fs *flag.FlagSet) func(*call) error {
@@ -59,8 +56,12 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 			return err
 		}
 		defer func() { _ = logger.Sync() }()
-		if err := enrollBox(c, *join, *machine, *data, *enrollAt); err != nil {
-			return err
+		if c.client.CredsFile == "" {
+			creds, err := enroll.AgentCreds(c.ctx, enroll.JoinRequest{Token: *join, Machine: *machine, Addrs: splitList(*enrollAt), Dir: *data}, c.client.NATSURL, c.stdout)
+			if err != nil {
+				return err
+			}
+			c.client.CredsFile = creds
 		}
 		err = c.withStore(func(s *store.Store) error {
 			rec, err := agent.Identify(c.ctx, s, agent.JoinRequest{DataDir: *data, Token: *join, Machine: *machine, Advertise: *advertise})
@@ -98,37 +99,4 @@ func setupAgent(fs *flag.FlagSet) func(*call) error {
 		}
 		return err
 	}
-}
-
-// enrollBox, for an invite that names the fleet's CAs and a box with no
-// credentials yet, enrolls it: its keys are made here, and DIR gets one
-// credentials file per role (agent, mesh, gateway), the agent's used from
-// now on. Later starts find DIR/agent.creds and use it.
-func enrollBox(c *call, token, machine, dir, addrs string) error {
-	saved := enroll.CredsFile(dir, storagenode.RoleAgent)
-	if c.client.CredsFile == "" {
-		if _, err := os.Stat(saved); err == nil {
-			c.client.CredsFile = saved
-			return nil
-		}
-	}
-	cas, err := invites.CAs(token)
-	if err != nil || token == "" || len(cas) == 0 || c.client.CredsFile != "" {
-		return err
-	}
-	list := splitList(addrs)
-	if len(list) == 0 {
-		list = enroll.DefaultAddrs(c.client.NATSURL)
-	}
-	if machine == "" {
-		machine = store.DefaultMachineID()
-	}
-	files, err := enroll.Join(c.ctx, enroll.JoinRequest{Token: token, Machine: machine, Addrs: list, Dir: dir})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(c.stdout, "enrolled machine %s: credentials (keys made on this box) in %s, %s and %s\n", machine,
-		files[storagenode.RoleAgent], files[storagenode.RoleMesh], files[storagenode.RoleGateway])
-	c.client.CredsFile = files[storagenode.RoleAgent]
-	return nil
 }

@@ -323,13 +323,13 @@ func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 	o := store.ConnectOptions{Name: fmt.Sprintf("control cli %s (schema generation %d)", release, gen), Timeout: c.timeout, ReconnectForever: c.use == serves}
 	switch c.use {
 	case certifies:
-		return refuseIfTooOld(c.DialForWrites(ctx, o))
+		return store.RefuseTooOld(c.DialForWrites(ctx, o))
 	case writes:
 	case serves:
 		// The agent checks the floor itself when it starts.
 		return c.Dial(ctx, o)
 	default:
-		return refuseIfTooOld(c.Dial(ctx, o))
+		return store.RefuseTooOld(c.Dial(ctx, o))
 	}
 	var signer *signing.KeyFile
 	if c.signingKey != "" {
@@ -338,31 +338,12 @@ func (c *clientFlags) open(ctx context.Context) (*store.Store, error) {
 			return nil, &store.Error{Code: store.CodeSigningKeyRequired, Message: err.Error(), Detail: map[string]string{"signing_key": c.signingKey}}
 		}
 	}
-	s, err := refuseIfTooOld(c.DialForWrites(ctx, o))
+	s, err := store.RefuseTooOld(c.DialForWrites(ctx, o))
 	if err != nil {
 		return nil, err
 	}
 	if signer != nil {
 		s.SignWith(signer)
-	}
-	return s, nil
-}
-
-// refuseIfTooOld closes s and refuses it, too_old, when the store's floor
-// is above this CLI's generation: a CLI of a release before the one the
-// store needs would read (and write) a layout it does not know, as the
-// control plane's readers of generation 1 read instance states from
-// records the agents no longer write. A floor that cannot be read (a
-// store provisioned before floors) refuses nothing.
-func refuseIfTooOld(s *store.Store, err error) (*store.Store, error) {
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.CheckFloor(ctx, "control cli"); store.HasCode(err, store.CodeTooOld) {
-		s.NC.Close()
-		return nil, err
 	}
 	return s, nil
 }

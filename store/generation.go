@@ -228,3 +228,20 @@ func (s *Store) PutServerRecord(ctx context.Context, name string, started time.T
 func (s *Store) ListServerRecords(ctx context.Context, fn func(*ServerRecord) error) error {
 	return ListJSON(ctx, s, s.meta, "server.>", func(_ string, r *ServerRecord) error { return fn(r) })
 }
+
+// RefuseTooOld passes on the store a CLI connected to, or closes it and
+// refuses it, too_old, when the store's floor is above this build's
+// generation: a CLI of a release before the one the store needs would read
+// (and write) a layout it does not know, as readers of generation 1 read
+// instance states from records agents no longer write. A floor that cannot
+// be read (a store provisioned before floors) refuses nothing.
+func RefuseTooOld(s *Store, err error) (*Store, error) {
+	if err != nil {
+		return nil, err
+	}
+	if err := s.CheckFloor(context.Background(), "control cli"); HasCode(err, CodeTooOld) {
+		s.NC.Close()
+		return nil, err
+	}
+	return s, nil
+}

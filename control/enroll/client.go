@@ -26,6 +26,7 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/invites"
 	"github.com/edgeplane/edgeplane/store/pki"
+	"github.com/edgeplane/edgeplane/store/storagenode"
 )
 
 // JoinRequest is how a box enrolls.
@@ -231,3 +232,34 @@ func provenUnder(cs tls.ConnectionState, host string, cas []string) (*x509.Certi
 
 // writeFile writes data to a private file whole.
 func writeFile(path string, data []byte) error { return atomicfile.Write(path, data, 0o600) }
+
+// AgentCreds is the agent credentials file of a box whose agent was given
+// no --creds: DIR/agent.creds when an earlier start enrolled the box, else,
+// for an invite that names the fleet's CAs, the file enrolling the box now
+// writes (its keys made here, one credentials file per role in r.Dir), and
+// "" for an invite that names no CAs (a box on a store without
+// credentials). r.Addrs defaults to the storage nodes natsURLs names, and
+// r.Machine to this host's machine ID.
+func AgentCreds(ctx context.Context, r JoinRequest, natsURLs string, progress io.Writer) (string, error) {
+	saved := CredsFile(r.Dir, storagenode.RoleAgent)
+	if _, err := os.Stat(saved); err == nil {
+		return saved, nil
+	}
+	cas, err := invites.CAs(r.Token)
+	if err != nil || r.Token == "" || len(cas) == 0 {
+		return "", err
+	}
+	if len(r.Addrs) == 0 {
+		r.Addrs = DefaultAddrs(natsURLs)
+	}
+	if r.Machine == "" {
+		r.Machine = store.DefaultMachineID()
+	}
+	files, err := Join(ctx, r)
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(progress, "enrolled machine %s: credentials (keys made on this box) in %s, %s and %s\n", r.Machine,
+		files[storagenode.RoleAgent], files[storagenode.RoleMesh], files[storagenode.RoleGateway])
+	return files[storagenode.RoleAgent], nil
+}
