@@ -85,7 +85,14 @@ func AcquireLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyV
 		holder: LeaseHolder{Version: RecordVersion, Holder: o.Holder, Purpose: o.Purpose, Acquired: now, Expires: now.Add(o.TTL)},
 	}
 	data, _ := json.Marshal(l.holder)
-	rev, err := kv.Create(ctx, key, data, jetstream.KeyTTL(o.TTL))
+	var rev uint64
+	var err error
+	for attempt := 1; ; attempt++ {
+		rev, err = kv.Create(ctx, key, data, jetstream.KeyTTL(o.TTL))
+		if err == nil || attempt == staleReadTries || !createReadStale(ctx, kv, key, err) || !waitStale(ctx, attempt) {
+			break
+		}
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, busyError(ctx, kv, key)
@@ -198,6 +205,12 @@ func (l *Lease) Check(ctx context.Context) error {
 		return lost
 	}
 	ent, err := l.kv.Get(ctx, l.key)
+	// A revision below our token, or no key while our last write has not
+	// expired, can only be a replica that has not caught up yet (revisions
+	// only grow): ask again before calling the lease lost.
+	for attempt := 1; attempt < staleReadTries && l.readStale(ent, err, token) && waitStale(ctx, attempt); attempt++ {
+		ent, err = l.kv.Get(ctx, l.key)
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			return &Error{Code: CodeLeaseLost, Message: fmt.Sprintf("lease %s expired", l.key),
@@ -300,4 +313,52 @@ func (s *Store) LockHolder(ctx context.Context, key string) (*LeaseHolder, error
 // ListLockHolders calls fn with every lease held, by key (ListJSON).
 func (s *Store) ListLockHolders(ctx context.Context, fn func(key string, h *LeaseHolder) error) error {
 	return ListJSON(ctx, s, s.locks, ">", fn)
+}
+
+// Reads of the locks bucket are direct gets, which any replica answers, one
+// a moment behind included: a lease just taken, renewed or released may
+// not be there yet. staleReadTries bounds how often a read that can only be
+// stale is made again (about a second in all), before it is believed.
+const staleReadTries = 8
+
+// waitStale waits before the next of staleReadTries reads, a little longer
+// each time; false if ctx ended.
+func waitStale(ctx context.Context, attempt int) bool {
+	t := time.NewTimer(time.Duration(attempt) * 30 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// createReadStale reports whether a failed Create of key may have read a
+// replica behind the leader. nats.go's Create reads the key (a direct get)
+// after the leader refused a create at sequence 0, to take over a deleted
+// key at its revision: a stale read makes that take-over fail with "wrong
+// last sequence", and a key the leader holds but the replica does not yet
+// shows as held by nobody.
+func createReadStale(ctx context.Context, kv jetstream.KeyValue, key string, err error) bool {
+	if IsWrongLastSequence(err) {
+		return true
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return false
+	}
+	_, gerr := kv.Get(ctx, key)
+	return errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted)
+}
+
+// readStale reports whether what a Check read (ent, err) can only come from
+// a replica behind our last write of the lease, at revision token.
+func (l *Lease) readStale(ent jetstream.KeyValueEntry, err error, token uint64) bool {
+	if err == nil {
+		return ent.Revision() < token
+	}
+	l.mu.Lock()
+	expires := l.holder.Expires
+	l.mu.Unlock()
+	return errors.Is(err, jetstream.ErrKeyNotFound) && time.Now().Before(expires)
 }
