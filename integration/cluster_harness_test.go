@@ -242,7 +242,15 @@ func (sc *storageCluster) control(i int, args ...string) (string, string, int) {
 // open connects a store client to node i with creds.
 func (sc *storageCluster) open(i int, creds string) *store.Store {
 	sc.t.Helper()
-	nc, err := store.Connect(store.ConnectOptions{URL: sc.url(i), CredsFile: creds, Name: sc.t.Name()})
+	return sc.openURL(sc.url(i), creds)
+}
+
+// openURL connects a store client to the nodes url names with creds; it
+// trusts the cluster's anchor and signs as the operator's CLI does, with
+// node s1's signer.
+func (sc *storageCluster) openURL(url, creds string) *store.Store {
+	sc.t.Helper()
+	nc, err := store.Connect(store.ConnectOptions{URL: url, CredsFile: creds, Name: sc.t.Name()})
 	if err != nil {
 		sc.t.Fatal(err)
 	}
@@ -258,7 +266,6 @@ func (sc *storageCluster) open(i int, creds string) *store.Store {
 		sc.t.Fatal(err)
 	}
 	s.TrustAnchor(anchor)
-	// Writes as the operator's CLI does, with node s1's signer.
 	signer, err := signing.OpenKeyFile(filepath.Join(sc.dir, "s1", signers.SignerFile))
 	if err != nil {
 		sc.t.Fatal(err)

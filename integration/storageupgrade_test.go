@@ -42,28 +42,7 @@ func (sc *storageCluster) openAll() *store.Store {
 	for i := range sc.servers {
 		urls = append(urls, sc.url(i+1))
 	}
-	nc, err := store.Connect(store.ConnectOptions{URL: strings.Join(urls, ","), CredsFile: sc.creds, Name: sc.t.Name()})
-	if err != nil {
-		sc.t.Fatal(err)
-	}
-	sc.t.Cleanup(nc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	s, err := store.Open(ctx, nc, sc.names)
-	if err != nil {
-		sc.t.Fatal(err)
-	}
-	anchor, err := store.ResolveAnchor("", sc.creds, "")
-	if err != nil {
-		sc.t.Fatal(err)
-	}
-	s.TrustAnchor(anchor)
-	signer, err := signing.OpenKeyFile(filepath.Join(sc.dir, "s1", signers.SignerFile))
-	if err != nil {
-		sc.t.Fatal(err)
-	}
-	s.SignWith(signer)
-	return s
+	return sc.openURL(strings.Join(urls, ","), sc.creds)
 }
 
 // releases reads every answering node's release and latest upgrade.

@@ -144,40 +144,17 @@ func (a *Agent) setUpgrade(t *upgrade.Trial) {
 // there were when the upgrade began. It confirms the release, or rolls it
 // back and restarts into the previous binary, saying which check failed.
 func (a *Agent) gate(ctx context.Context, t *upgrade.Trial) {
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(time.Until(t.Deadline))
-	defer deadline.Stop()
-	failing := "not checked yet"
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-deadline.C:
-			reason := fmt.Sprintf("release %s did not pass its health gate within %s: %s", t.To, t.Deadline.Sub(t.Started).Round(time.Second), failing)
-			a.log.Error("upgrade failed: rolling back", zap.String("release", t.To), zap.String("reason", reason))
-			path, err := a.cfg.Releases.RollBack(t, reason)
-			if err != nil {
-				a.log.Error("rolling back", zap.Error(err))
-				return
-			}
-			a.setUpgrade(t)
-			a.requestRestart(path, "rollback from "+t.To)
-			return
-		case <-tick.C:
-			failing = a.healthProblem(ctx, t)
-			if failing != "" {
-				continue
-			}
-			if err := a.cfg.Releases.Confirm(t); err != nil {
-				a.log.Error("confirming the upgrade", zap.Error(err))
-				failing = err.Error()
-				continue
-			}
-			a.log.Info("upgrade confirmed", zap.String("release", t.To), zap.Duration("after", time.Since(t.Started)))
-			a.setUpgrade(t)
-			return
-		}
+	out := a.cfg.Releases.Gate(ctx, t, 200*time.Millisecond, func(ctx context.Context) string { return a.healthProblem(ctx, t) })
+	switch {
+	case out.Confirmed:
+		a.log.Info("upgrade confirmed", zap.String("release", t.To), zap.Duration("after", time.Since(t.Started)))
+		a.setUpgrade(t)
+	case out.Err != nil:
+		a.log.Error("upgrade failed: rolling back", zap.String("release", t.To), zap.String("reason", out.Reason), zap.Error(out.Err))
+	case out.RollBackTo != "":
+		a.log.Error("upgrade failed: rolling back", zap.String("release", t.To), zap.String("reason", out.Reason))
+		a.setUpgrade(t)
+		a.requestRestart(out.RollBackTo, "rollback from "+t.To)
 	}
 }
 

@@ -96,31 +96,14 @@ func replaceConfig(staged, dst, packaged string) error {
 
 // writeLike replaces path with data whole, with fi's mode and owner.
 func writeLike(path string, data []byte, fi os.FileInfo) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return err
+	uid, gid := -1, -1
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		uid, gid = int(st.Uid), int(st.Gid)
 	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), fi.Mode().Perm())
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && err == nil {
-		err = os.Lchown(f.Name(), int(st.Uid), int(st.Gid))
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
+	if err := atomicfile.WriteOwned(path, data, fi.Mode().Perm(), uid, gid); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
-	return atomicfile.SyncDir(filepath.Dir(path))
+	return nil
 }
 
 // writePrivate replaces path with data, mode 0600.

@@ -242,43 +242,22 @@ func (u *NodeUpgrades) Gate(ctx context.Context) {
 		failpoint.Hit("storage_gate@" + version.Version)
 		close(held)
 	}()
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.NewTimer(time.Until(t.Deadline))
-	defer deadline.Stop()
-	failing := "not checked yet"
-	for {
+	out := u.Releases.Gate(ctx, t, 250*time.Millisecond, func(ctx context.Context) string {
 		select {
-		case <-ctx.Done():
-			return
-		case <-deadline.C:
-			reason := fmt.Sprintf("release %s did not pass its health gate within %s: %s", t.To, t.Deadline.Sub(t.Started).Round(time.Second), failing)
-			u.Logger.Error("storage node upgrade failed: rolling back", zap.String("release", t.To), zap.String("reason", reason))
-			path, err := u.Releases.RollBack(t, reason)
-			if err != nil {
-				u.Logger.Error("rolling back", zap.Error(err))
-				return
-			}
-			u.requestRestart(path, "rollback from "+t.To)
-			return
-		case <-tick.C:
-			select {
-			case <-held:
-				failing = u.healthProblem(ctx)
-			default:
-				failing = "held at failpoint storage_gate@" + version.Version
-			}
-			if failing != "" {
-				continue
-			}
-			if err := u.Releases.Confirm(t); err != nil {
-				u.Logger.Error("confirming the storage node upgrade", zap.Error(err))
-				failing = err.Error()
-				continue
-			}
-			u.Logger.Info("storage node upgrade confirmed", zap.String("release", t.To), zap.Duration("after", time.Since(t.Started)))
-			return
+		case <-held:
+			return u.healthProblem(ctx)
+		default:
+			return "held at failpoint storage_gate@" + version.Version
 		}
+	})
+	switch {
+	case out.Confirmed:
+		u.Logger.Info("storage node upgrade confirmed", zap.String("release", t.To), zap.Duration("after", time.Since(t.Started)))
+	case out.Err != nil:
+		u.Logger.Error("storage node upgrade failed: rolling back", zap.String("release", t.To), zap.String("reason", out.Reason), zap.Error(out.Err))
+	case out.RollBackTo != "":
+		u.Logger.Error("storage node upgrade failed: rolling back", zap.String("release", t.To), zap.String("reason", out.Reason))
+		u.requestRestart(out.RollBackTo, "rollback from "+t.To)
 	}
 }
 

@@ -13,6 +13,13 @@ import (
 // synced, renamed over it, and the directory synced so the rename itself
 // survives a crash.
 func Write(path string, data []byte, mode os.FileMode) error {
+	return WriteOwned(path, data, mode, -1, -1)
+}
+
+// WriteOwned is Write with the file owned by uid and gid (-1 keeps the
+// writer's), set before the rename: the file is never there with another
+// owner.
+func WriteOwned(path string, data []byte, mode os.FileMode, uid, gid int) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
 		return err
@@ -26,6 +33,9 @@ func Write(path string, data []byte, mode os.FileMode) error {
 	}
 	if err == nil {
 		err = os.Chmod(f.Name(), mode)
+	}
+	if err == nil && (uid >= 0 || gid >= 0) {
+		err = os.Lchown(f.Name(), uid, gid)
 	}
 	if err == nil {
 		err = os.Rename(f.Name(), path)

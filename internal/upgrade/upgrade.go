@@ -25,6 +25,7 @@
 package upgrade
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -244,6 +245,50 @@ func (d Dir) RollBack(t *Trial, reason string) (string, error) {
 		return "", err
 	}
 	return t.FromPath, nil
+}
+
+// GateOutcome is how a health gate ended.
+type GateOutcome struct {
+	// Confirmed: the release on trial passed and stays.
+	Confirmed bool
+	// RollBackTo is the previous binary, to restart into, when the release
+	// failed (Reason says which check); "" if it passed or ctx ended.
+	RollBackTo string
+	Reason     string
+	// Err is a rollback that could not be written.
+	Err error
+}
+
+// Gate is the health gate of release t on trial: every `every` it asks
+// problem what keeps the release from passing, and confirms it as soon as
+// nothing does; at t's deadline it rolls it back, saying the last problem.
+// A confirmation that cannot be saved counts as a problem. It returns when
+// it decided or ctx ended (a zero outcome).
+func (d Dir) Gate(ctx context.Context, t *Trial, every time.Duration, problem func(context.Context) string) GateOutcome {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	deadline := time.NewTimer(time.Until(t.Deadline))
+	defer deadline.Stop()
+	failing := "not checked yet"
+	for {
+		select {
+		case <-ctx.Done():
+			return GateOutcome{}
+		case <-deadline.C:
+			reason := fmt.Sprintf("release %s did not pass its health gate within %s: %s", t.To, t.Deadline.Sub(t.Started).Round(time.Second), failing)
+			path, err := d.RollBack(t, reason)
+			return GateOutcome{RollBackTo: path, Reason: reason, Err: err}
+		case <-tick.C:
+			if failing = problem(ctx); failing != "" {
+				continue
+			}
+			if err := d.Confirm(t); err != nil {
+				failing = "confirming the release: " + err.Error()
+				continue
+			}
+			return GateOutcome{Confirmed: true}
+		}
+	}
 }
 
 // Launch decides what binary this start of the agent runs. self is this
