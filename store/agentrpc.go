@@ -1,6 +1,10 @@
 package store
 
-import "time"
+import (
+	"time"
+
+	"github.com/edgeplane/edgeplane/internal/version"
+)
 
 // Agent RPC commands, the <command> tail of Names.RPCSubject.
 const (
@@ -185,6 +189,26 @@ type UpgradeRequest struct {
 	// AllowDowngrade lets Release be older than what runs.
 	AllowDowngrade bool     `json:"allow_downgrade,omitempty"`
 	HealthBound    Duration `json:"health_bound"`
+}
+
+// Against checks the request on a process (who: "machine m1", "storage
+// node s1") that runs release cur: an error for a malformed release or a
+// downgrade nobody asked for, else the reply, which says so when cur is
+// the release already (done: nothing to do).
+func (r *UpgradeRequest) Against(cur, who string) (rep *UpgradeReply, done bool, err error) {
+	if _, err := version.Parse(r.Release); err != nil {
+		return nil, false, Errorf(CodeInvalid, "%v", err)
+	}
+	rep = &UpgradeReply{Attempt: r.Attempt, From: cur, To: r.Release}
+	if r.Release == cur {
+		rep.Detail = "already running " + cur
+		return rep, true, nil
+	}
+	if version.Older(r.Release, cur) && !r.AllowDowngrade {
+		return nil, false, Errorf(CodeConflict, "release %s is older than %s, which %s runs; going back needs the operator to say so (--allow-downgrade)",
+			r.Release, cur, who).With("reason", "downgrade").With("running", cur).With("release", r.Release)
+	}
+	return rep, false, nil
 }
 
 // UpgradeReply says what the agent did: Restarting when it is about to

@@ -56,17 +56,9 @@ func (a *Agent) upgradeTo(ctx context.Context, req store.UpgradeRequest) (*store
 		return nil, store.Errorf(store.CodeStale, "upgrade attempt %d is older than attempt %d", req.Attempt, last)
 	}
 	cur := version.Version
-	rep := &store.UpgradeReply{Attempt: req.Attempt, From: cur, To: req.Release}
-	if _, err := version.Parse(req.Release); err != nil {
-		return nil, store.Errorf(store.CodeInvalid, "%v", err)
-	}
-	if req.Release == cur {
-		rep.Detail = "already running " + cur
-		return rep, nil
-	}
-	if version.Older(req.Release, cur) && !req.AllowDowngrade {
-		return nil, store.Errorf(store.CodeConflict, "release %s is older than %s, which machine %s runs; going back needs the operator to say so (--allow-downgrade)",
-			req.Release, cur, a.cfg.Machine.ID).With("reason", "downgrade").With("running", cur).With("release", req.Release)
+	rep, done, err := req.Against(cur, "machine "+a.cfg.Machine.ID)
+	if err != nil || done {
+		return rep, err
 	}
 	if a.cfg.Releases == "" {
 		return nil, store.Errorf(store.CodeInvalid, "machine %s's agent has no release dir: it cannot upgrade itself", a.cfg.Machine.ID)

@@ -172,17 +172,9 @@ func (u *NodeUpgrades) Serve(ctx context.Context, n *storagenode.Node, data stri
 // its trial and asks the server to restart into it after answering.
 func (u *NodeUpgrades) upgradeTo(ctx context.Context, n *storagenode.Node, name string, req store.UpgradeRequest) (*store.UpgradeReply, error) {
 	cur := version.Version
-	rep := &store.UpgradeReply{Attempt: req.Attempt, From: cur, To: req.Release}
-	if _, err := version.Parse(req.Release); err != nil {
-		return nil, store.Errorf(store.CodeInvalid, "%v", err)
-	}
-	if req.Release == cur {
-		rep.Detail = "already running " + cur
-		return rep, nil
-	}
-	if version.Older(req.Release, cur) && !req.AllowDowngrade {
-		return nil, store.Errorf(store.CodeConflict, "release %s is older than %s, which storage node %s runs; going back needs the operator to say so (--allow-downgrade)",
-			req.Release, cur, name).With("reason", "downgrade").With("node", name).With("running", cur).With("release", req.Release)
+	rep, done, err := req.Against(cur, "storage node "+name)
+	if err != nil || done {
+		return rep, err
 	}
 	if !u.busy.TryLock() {
 		return nil, store.Errorf(store.CodeBusy, "storage node %s is upgrading already", name).With("node", name)
