@@ -21,6 +21,17 @@ import (
 func (c *cluster) startAuthGateway(name string) *gateway {
 	t := c.t
 	g, path, env := c.gatewayConfig(name, map[string]any{"handler": "edgeplane", "load_balancing": map[string]any{"retries": 2}})
+	c.gatewayCreds(path, name)
+	g.proc = start(t, "caddy "+name, env, bins.caddy, "run", "--config", path)
+	g.waitConnected(t, name)
+	return g
+}
+
+// gatewayCreds gives the gateway config at path credentials of gateway
+// name.
+func (c *cluster) gatewayCreds(path, name string) {
+	t := c.t
+	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -34,9 +45,6 @@ func (c *cluster) startAuthGateway(name string) *gateway {
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g.proc = start(t, "caddy "+name, env, bins.caddy, "run", "--config", path)
-	g.waitConnected(t, name)
-	return g
 }
 
 // lyingGateway reports, as gateway "liar" with its own credentials, a

@@ -179,6 +179,14 @@ type cluster struct {
 	// starts) are another release's control binary in the skew tests;
 	// bins.control when empty.
 	serverBin, agentBin string
+	// issue and signer, when set, stand in for the server's auth dir and
+	// signer key: the control plane is a storage cluster's nodes
+	// (storageCluster.fleet), not one server of the test's own.
+	issue  func(role, machine string) string
+	signer string
+	// inviteArgs are extra `control machine invite` flags for the boxes
+	// the shared helpers join (an --address on a store others reach).
+	inviteArgs []string
 }
 
 func (c *cluster) serverBinary() string { return cmp.Or(c.serverBin, bins.control) }
@@ -247,7 +255,9 @@ func (c *cluster) startServer(listen string, extraEnv ...string) {
 }
 
 // signerFile is the server's signer key, which the CLI signs with too.
-func (c *cluster) signerFile() string { return filepath.Join(c.serverDir(), signers.SignerFile) }
+func (c *cluster) signerFile() string {
+	return cmp.Or(c.signer, filepath.Join(c.serverDir(), signers.SignerFile))
+}
 
 func (c *cluster) serverDir() string { return filepath.Join(c.dir, "server") }
 
@@ -255,6 +265,9 @@ func (c *cluster) serverDir() string { return filepath.Join(c.dir, "server") }
 // `control creds issue` on the server's auth dir and returns the file.
 func (c *cluster) issueCreds(role, machine string) string {
 	c.t.Helper()
+	if c.issue != nil {
+		return c.issue(role, machine)
+	}
 	file := filepath.Join(c.dir, role+"-"+machine+".creds")
 	args := append([]string{"creds", "issue", "--role", role, "--data", c.serverDir(), "-o", file}, c.issueArgs...)
 	if machine != "" {
@@ -326,6 +339,12 @@ func (c *cluster) mustControl(args ...string) string {
 		c.t.Fatalf("control %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errOut)
 	}
 	return out
+}
+
+// invite is a fresh `control machine invite` token with c.inviteArgs.
+func (c *cluster) invite() string {
+	c.t.Helper()
+	return strings.TrimSpace(c.mustControl(append([]string{"machine", "invite"}, c.inviteArgs...)...))
 }
 
 // join invites and starts an agent for machine id.

@@ -26,11 +26,7 @@ import (
 // storage node (it moves to another while one restarts), with node s1's
 // signer.
 func (sc *storageCluster) cliEnv() []string {
-	var urls []string
-	for i := range sc.servers {
-		urls = append(urls, sc.url(i+1))
-	}
-	return []string{"EDGEPLANE_NATS=" + strings.Join(urls, ","), "EDGEPLANE_NATS_CREDS=" + sc.creds,
+	return []string{"EDGEPLANE_NATS=" + sc.urls(), "EDGEPLANE_NATS_CREDS=" + sc.creds,
 		"EDGEPLANE_SIGNING_KEY=" + filepath.Join(sc.dir, "s1", signers.SignerFile)}
 }
 
@@ -38,11 +34,35 @@ func (sc *storageCluster) cliEnv() []string {
 // the restart of any one.
 func (sc *storageCluster) openAll() *store.Store {
 	sc.t.Helper()
+	return sc.openURL(sc.urls(), sc.creds)
+}
+
+// urls is every node's URL, as a client that outlives the restart of
+// any one is given them.
+func (sc *storageCluster) urls() string {
 	var urls []string
 	for i := range sc.servers {
 		urls = append(urls, sc.url(i+1))
 	}
-	return sc.openURL(strings.Join(urls, ","), sc.creds)
+	return strings.Join(urls, ",")
+}
+
+// fleet is a cluster whose control plane is sc's nodes: the CLI, the
+// test's store client and the boxes the shared helpers start (agents,
+// gateways, meshd) reach every node, with credentials sc issues. Agents
+// join at 127.0.0.1, which their invites must admit on a store other
+// boxes reach.
+func (sc *storageCluster) fleet() *cluster {
+	t := sc.t
+	t.Helper()
+	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, url: sc.urls(), creds: sc.creds,
+		signer: filepath.Join(sc.dir, "s1", signers.SignerFile), store: sc.openAll(),
+		inviteArgs: []string{"--address", "127.0.0.1"}}
+	c.issue = func(role, machine string) string {
+		return sc.issue(storagenode.CredsRequest{Role: role, Machine: machine})
+	}
+	t.Cleanup(c.killInstances)
+	return c
 }
 
 // releases reads every answering node's release and latest upgrade.
@@ -246,9 +266,8 @@ func orderTimes(t *testing.T, sc *storageCluster) map[string]time.Time {
 // leader goes last, and every node is the same process as before (exec
 // in place) running the staged binary.
 func TestStorageUpgradeNodeByNodeUnderLoad(t *testing.T) {
-	dir := t.TempDir()
-	v1 := buildControlVersion(t, dir, "1.0.0")
-	v2 := buildControlVersion(t, dir, "1.1.0")
+	v1 := buildControlVersion(t, "1.0.0")
+	v2 := buildControlVersion(t, "1.1.0")
 	sc := newStorageClusterOf(t, v1, nil)
 	env := sc.cliEnv()
 	if out, errOut, code := runControl(t, env, "release", "push", "1.1.0", "--control", v2); code != 0 {
@@ -382,9 +401,8 @@ func TestStorageUpgradeNodeByNodeUnderLoad(t *testing.T) {
 // order's subject is out of reach of agent and gateway credentials, and
 // control credentials without a signing key are refused.
 func TestStorageUpgradeSickReleaseRollsBack(t *testing.T) {
-	dir := t.TempDir()
-	v1 := buildControlVersion(t, dir, "1.0.0")
-	sick := buildControlVersion(t, dir, "1.2.0")
+	v1 := buildControlVersion(t, "1.0.0")
+	sick := buildControlVersion(t, "1.2.0")
 	sc := newStorageClusterOf(t, v1, []string{"EDGEPLANE_FAILPOINTS=storage_gate@1.2.0:pause"})
 	env := sc.cliEnv()
 	if out, errOut, code := runControl(t, env, "release", "push", "1.2.0", "--control", sick); code != 0 {

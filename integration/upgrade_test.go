@@ -21,15 +21,32 @@ import (
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
+// controlVersions are the control binaries buildControlVersion built,
+// by version: one build per test run, shared by every test that runs it
+// (the same tree and flags make the same binary).
+var controlVersions struct {
+	mu    sync.Mutex
+	built map[string]string
+}
+
 // buildControlVersion builds the control binary (with failpoints, like
-// bins.control) reporting version v.
-func buildControlVersion(t *testing.T, dir, v string) string {
+// bins.control) reporting version v, once per test run.
+func buildControlVersion(t *testing.T, v string) string {
 	t.Helper()
-	out := filepath.Join(dir, "control-"+v)
+	controlVersions.mu.Lock()
+	defer controlVersions.mu.Unlock()
+	if out, ok := controlVersions.built[v]; ok {
+		return out
+	}
+	out := filepath.Join(bins.dir, "control-"+v)
 	cmd := exec.Command("go", "build", "-tags", "failpoints", "-ldflags", "-X github.com/edgeplane/edgeplane/internal/version.Version="+v, "-o", out, "../control")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building control %s: %v\n%s", v, err, b)
 	}
+	if controlVersions.built == nil {
+		controlVersions.built = map[string]string{}
+	}
+	controlVersions.built[v] = out
 	return out
 }
 
@@ -112,6 +129,43 @@ func (p *supervised) pids() int {
 	return p.runs
 }
 
+// joinAgent joins machine id as the package's first start does: the
+// installed binary bin, --join-only. Before its meshd registers, so that
+// the agent is admitted at 127.0.0.1 (a netstack mesh IP is out of the
+// gateways' reach).
+func (c *cluster) joinAgent(bin, id string) {
+	t := c.t
+	t.Helper()
+	join := exec.Command(bin, "agent", "--data", c.agentDir(id), "--join", c.invite(), "--join-only", "--machine", id)
+	join.Env = append(os.Environ(), c.natsEnv(storagenode.RoleAgent, id)...)
+	if out, err := join.CombinedOutput(); err != nil || !strings.Contains(string(out), "joined") {
+		t.Fatalf("join %s: %v\n%s", id, err, out)
+	}
+}
+
+// superviseAgent runs the agent of machine id (joined by joinAgent) as
+// its unit runs it, heartbeating every second, with env and args added.
+func (c *cluster) superviseAgent(bin, id string, env []string, args ...string) *supervised {
+	c.t.Helper()
+	args = append([]string{"agent", "--data", c.agentDir(id), "--heartbeat", "1s", "--stop-grace", "2s"}, args...)
+	return supervise(c.t, "agent "+id, append(c.natsEnv(storagenode.RoleAgent, id), env...), bin, args...)
+}
+
+// startSupervisedGateway runs gateway name as the package runs it:
+// `caddy supervise`, following the link in releases that the agent
+// started with --gateway-releases releases --gateway-pidfile pidfile
+// swaps; with gateway credentials when the store requires them.
+func (c *cluster) startSupervisedGateway(name, releases, pidfile string) *gateway {
+	g, config, env := c.gatewayConfig(name, map[string]any{"handler": "edgeplane", "load_balancing": map[string]any{"retries": 2}})
+	if c.creds != "" {
+		c.gatewayCreds(config, name)
+	}
+	g.proc = start(c.t, "caddy supervise "+name, env, bins.caddy, "supervise", "--config", config,
+		"--binary", filepath.Join(releases, "current"), "--pidfile", pidfile, "--drain", "1s")
+	g.waitConnected(c.t, name)
+	return g
+}
+
 // fleetVersions reads `control fleet versions -o json` as machine →
 // listing.
 func (c *cluster) fleetVersions() map[string]machines.Listed {
@@ -157,10 +211,10 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	}
 	buildExtra(t)
 	dir := t.TempDir()
-	installed := buildControlVersion(t, dir, "1.0.0")
-	next := buildControlVersion(t, dir, "1.1.0")
-	exits := buildControlVersion(t, dir, "1.2.0")
-	hangs := buildControlVersion(t, dir, "1.2.1")
+	installed := buildControlVersion(t, "1.0.0")
+	next := buildControlVersion(t, "1.1.0")
+	exits := buildControlVersion(t, "1.2.0")
+	hangs := buildControlVersion(t, "1.2.1")
 
 	c := newCluster(t)
 	for v, bin := range map[string]string{"1.0.0": installed, "1.1.0": next, "1.2.0": exits, "1.2.1": hangs} {
@@ -191,31 +245,22 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	for i := 1; i <= n; i++ {
 		id := fmt.Sprintf("u%02d", i)
 		ids = append(ids, id)
-		token := strings.TrimSpace(c.mustControl("machine", "invite"))
-		data := c.agentDir(id)
-		join := exec.Command(installed, "agent", "--data", data, "--join", token, "--join-only", "--machine", id)
-		join.Env = append(os.Environ(), c.natsEnv(storagenode.RoleAgent, id)...)
-		if out, err := join.CombinedOutput(); err != nil || !strings.Contains(string(out), "joined") {
-			t.Fatalf("join %s: %v\n%s", id, err, out)
-		}
-		args := []string{"agent", "--data", data, "--heartbeat", "1s", "--stop-grace", "2s"}
+		c.joinAgent(installed, id)
+		var args []string
 		if i == 1 {
 			args = append(args, "--gateway-releases", gwReleases, "--gateway-pidfile", gwPidfile)
 		}
 		if i <= 2 {
 			m := c.startSupervisedMesh(id)
 			meshes = append(meshes, m)
-			args = append(args, "--meshd-releases", filepath.Join(m.dir, "releases"), "--meshd-pidfile", m.pidfile)
+			args = append(args, m.agentArgs()...)
 		}
-		agents[id] = supervise(t, "agent "+id, append(c.natsEnv(storagenode.RoleAgent, id), env...), installed, args...)
+		agents[id] = c.superviseAgent(installed, id, env, args...)
 	}
 	for _, id := range ids {
 		agents[id].waitOutput(t, `agent serving`, 30*time.Second)
 	}
-	gw, gwConfig, gwEnv := c.gatewayConfig("gw1", map[string]any{"handler": "edgeplane", "load_balancing": map[string]any{"retries": 2}})
-	gw.proc = start(t, "caddy supervise", gwEnv, bins.caddy, "supervise", "--config", gwConfig,
-		"--binary", filepath.Join(gwReleases, "current"), "--pidfile", gwPidfile, "--drain", "1s")
-	gw.waitConnected(t, "gw1")
+	gw := c.startSupervisedGateway("gw1", gwReleases, gwPidfile)
 	c.mustControl("deploy", "apply", "-f", c.manifest("app.yaml", strings.ReplaceAll(upgradeApp, "@N@", strconv.Itoa(n))), "--drain-grace", "200ms")
 	before := map[string]bool{}
 	for _, in := range c.instances("shop") {
@@ -376,9 +421,12 @@ func (c *cluster) startSupervisedMesh(id string) *supervisedMesh {
 	t := c.t
 	m := &supervisedMesh{meshNode: meshNode{id: id, dir: filepath.Join(c.dir, "mesh-"+id)}}
 	m.pidfile = filepath.Join(c.dir, "meshd-"+id+".pid")
-	token := strings.TrimSpace(c.mustControl("machine", "invite"))
-	if out, err := exec.Command(extraBins.meshd, "join", "--token", token, "--data", m.dir, "--nats", c.url,
-		"--machine", id, "--mode", "netstack", "--bind", "127.0.0.1", "--listen-port", "0").CombinedOutput(); err != nil {
+	args := []string{"join", "--token", c.invite(), "--data", m.dir, "--nats", c.url,
+		"--machine", id, "--mode", "netstack", "--bind", "127.0.0.1", "--listen-port", "0"}
+	if c.creds != "" {
+		args = append(args, "--creds", c.issueCreds(storagenode.RoleMesh, id))
+	}
+	if out, err := exec.Command(extraBins.meshd, args...).CombinedOutput(); err != nil {
 		t.Fatalf("meshd join %s: %v\n%s", id, err, out)
 	}
 	m.proc = supervise(t, "meshd "+id, nil, extraBins.meshd, "run", "--data", m.dir, "--pidfile", m.pidfile,
@@ -388,6 +436,12 @@ func (c *cluster) startSupervisedMesh(id string) *supervisedMesh {
 		return err == nil
 	})
 	return m
+}
+
+// agentArgs are the flags of the agent beside m that moves it in a fleet
+// upgrade.
+func (m *supervisedMesh) agentArgs() []string {
+	return []string{"--meshd-releases", filepath.Join(m.dir, "releases"), "--meshd-pidfile", m.pidfile}
 }
 
 // mustPidExe is the binary of the process a pidfile names.
