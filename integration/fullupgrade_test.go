@@ -56,32 +56,16 @@ func TestFullFleetUpgradeUnderLoad(t *testing.T) {
 	// Gateways beside the first and the last machine (the canary's and
 	// the last batch's), meshd beside the first two.
 	gwOn := map[string]bool{"u01": true, fmt.Sprintf("u%02d", n): true}
-	agents := map[string]*supervised{}
-	var ids []string
-	var meshes []*supervisedMesh
-	for i := 1; i <= n; i++ {
-		id := fmt.Sprintf("u%02d", i)
-		ids = append(ids, id)
-		c.joinAgent(a, id)
-		var args []string
-		if gwOn[id] {
-			args = append(args, "--gateway-releases", filepath.Join(c.dir, "gw-releases-"+id), "--gateway-pidfile", filepath.Join(c.dir, "gw-"+id+".pid"))
-		}
-		if i <= 2 {
-			m := c.startSupervisedMesh(id)
-			meshes = append(meshes, m)
-			args = append(args, m.agentArgs()...)
-		}
-		agents[id] = c.superviseAgent(a, id, nil, args...)
+	gwDirs := func(id string) (string, string) {
+		return filepath.Join(c.dir, "gw-releases-"+id), filepath.Join(c.dir, "gw-"+id+".pid")
 	}
-	for _, id := range ids {
-		agents[id].waitOutput(t, `agent serving`, 30*time.Second)
-	}
+	ids, agents, meshes := c.upgradableFleet(a, n, nil, func(id string) bool { return gwOn[id] }, gwDirs)
 	var gws []*gateway
 	var gwIDs []string
 	for _, id := range ids {
 		if gwOn[id] {
-			gws = append(gws, c.startSupervisedGateway("gw-"+id, filepath.Join(c.dir, "gw-releases-"+id), filepath.Join(c.dir, "gw-"+id+".pid")))
+			releases, pidfile := gwDirs(id)
+			gws = append(gws, c.startSupervisedGateway("gw-"+id, releases, pidfile))
 			gwIDs = append(gwIDs, id)
 		}
 	}

@@ -239,27 +239,8 @@ func TestFleetUpgradeCanaryBatchesAndRollback(t *testing.T) {
 	// `caddy supervise`, following the link its agent swaps.
 	gwReleases := filepath.Join(dir, "gateway-releases")
 	gwPidfile := filepath.Join(dir, "gateway.pid")
-	agents := map[string]*supervised{}
-	var meshes []*supervisedMesh
-	var ids []string
-	for i := 1; i <= n; i++ {
-		id := fmt.Sprintf("u%02d", i)
-		ids = append(ids, id)
-		c.joinAgent(installed, id)
-		var args []string
-		if i == 1 {
-			args = append(args, "--gateway-releases", gwReleases, "--gateway-pidfile", gwPidfile)
-		}
-		if i <= 2 {
-			m := c.startSupervisedMesh(id)
-			meshes = append(meshes, m)
-			args = append(args, m.agentArgs()...)
-		}
-		agents[id] = c.superviseAgent(installed, id, env, args...)
-	}
-	for _, id := range ids {
-		agents[id].waitOutput(t, `agent serving`, 30*time.Second)
-	}
+	ids, agents, meshes := c.upgradableFleet(installed, n, env, func(id string) bool { return id == "u01" },
+		func(string) (string, string) { return gwReleases, gwPidfile })
 	gw := c.startSupervisedGateway("gw1", gwReleases, gwPidfile)
 	c.mustControl("deploy", "apply", "-f", c.manifest("app.yaml", strings.ReplaceAll(upgradeApp, "@N@", strconv.Itoa(n))), "--drain-grace", "200ms")
 	before := map[string]bool{}
@@ -456,4 +437,33 @@ func mustPidExe(t *testing.T, pidfile string) string {
 		t.Fatal(err)
 	}
 	return exe
+}
+
+// upgradableFleet joins machines u01..uN whose agents run bin, supervised
+// as systemd would run them, with env: meshd beside u01 and u02, and a
+// gateway's release dir and pidfile (gwDirs) beside each machine gw
+// names, for fleet upgrades to move. It returns once every agent serves.
+func (c *cluster) upgradableFleet(bin string, n int, env []string, gw func(id string) bool, gwDirs func(id string) (releases, pidfile string)) (ids []string, agents map[string]*supervised, meshes []*supervisedMesh) {
+	c.t.Helper()
+	agents = map[string]*supervised{}
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("u%02d", i)
+		ids = append(ids, id)
+		c.joinAgent(bin, id)
+		var args []string
+		if gw(id) {
+			releases, pidfile := gwDirs(id)
+			args = append(args, "--gateway-releases", releases, "--gateway-pidfile", pidfile)
+		}
+		if i <= 2 {
+			m := c.startSupervisedMesh(id)
+			meshes = append(meshes, m)
+			args = append(args, m.agentArgs()...)
+		}
+		agents[id] = c.superviseAgent(bin, id, env, args...)
+	}
+	for _, id := range ids {
+		agents[id].waitOutput(c.t, `agent serving`, 30*time.Second)
+	}
+	return ids, agents, meshes
 }
