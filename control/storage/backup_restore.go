@@ -270,7 +270,10 @@ func Restore(ctx context.Context, s *store.Store, cfg RestoreConfig) (*RestoreRe
 // restored, recording in rep the ones skipped and already restored. It
 // refuses when a stream holds data of its own and replace is false.
 func planRestore(ctx context.Context, s *store.Store, hdr *BackupHeader, replace bool, rep *RestoreReport) ([]streamRestore, error) {
-	live := map[string]bool{"KV_" + s.Names.LocksBucket(): true}
+	// Leases, the control servers' announcements and the store's floor
+	// are live: their writers (the target's control servers) write them
+	// again, the floor once every process they hear from is at it.
+	live := map[string]bool{"KV_" + s.Names.LocksBucket(): true, "KV_" + s.Names.MetaBucket(): true}
 	for _, b := range s.Names.ObservationBuckets() {
 		live["KV_"+b] = true
 	}

@@ -212,6 +212,10 @@ func planImport(ctx context.Context, s *store.Store, boxJS jetstream.JetStream, 
 	// processes, the cluster's control servers, which take the fleet
 	// status lease as they start) take them again.
 	observation["KV_"+s.Names.LocksBucket()] = true
+	// So are the control servers' announcements and the store's floor:
+	// the cluster's servers announce themselves as they start, and raise
+	// the floor again once every process they hear from is at it.
+	observation["KV_"+s.Names.MetaBucket()] = true
 	// The cluster keeps its own trust root and signers; the box's are
 	// carried over by certificate (signers.Adopt), not copied.
 	signersStream := "KV_" + s.Names.SignersBucket()
