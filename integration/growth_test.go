@@ -106,9 +106,9 @@ func growOneBox(t *testing.T, box *cluster) {
 	if err != nil || len(rs.Refused) > 0 || len(rs.Services) == 0 {
 		t.Fatalf("routing in the cluster: %v; refused %v", err, rs.Refused)
 	}
-	// Observations and leases are not carried over; the cluster keeps its
-	// own signers.
-	skipped := map[string]bool{"KV_" + cs.Names.SignersBucket(): true, "KV_" + cs.Names.LocksBucket(): true}
+	// Observations, leases, the servers' announcements and the floor are
+	// not carried over; the cluster keeps its own signers.
+	skipped := map[string]bool{"KV_" + cs.Names.SignersBucket(): true, "KV_" + cs.Names.LocksBucket(): true, "KV_" + cs.Names.MetaBucket(): true}
 	for _, b := range cs.Names.ObservationBuckets() {
 		skipped["KV_"+b] = true
 	}
