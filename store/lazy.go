@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -36,12 +37,29 @@ func (b *binding[T]) get(ctx context.Context, what string, open func(context.Con
 	defer b.mu.Unlock()
 	if !b.bound {
 		v, err := open(ctx)
+		// The info request is asked again when it went unanswered while
+		// the caller still waits: a storage node drops the requests under
+		// way as it applies an account update (every revocation), and a
+		// command's first use of a bucket failed with nothing else wrong.
+		for attempt := 1; err != nil && attempt < bindTries && ctx.Err() == nil && unanswered(err); attempt++ {
+			v, err = open(ctx)
+		}
 		if err != nil {
 			return v, classify(fmt.Errorf("opening %s (has `control server` provisioned this authority?): %w", what, err))
 		}
 		b.v, b.bound = v, true
 	}
 	return b.v, nil
+}
+
+// bindTries bounds how often a bucket's or stream's info is asked for
+// when it goes unanswered (each ask waits out JetStream's request timeout,
+// 5 s, unless the caller's context ends first).
+const bindTries = 3
+
+// unanswered reports whether err is a JetStream request that got no answer.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 // lazyKV is a bucket bound on first use.

@@ -282,6 +282,11 @@ func planRestore(ctx context.Context, s *store.Store, hdr *BackupHeader, replace
 	// fresh store's own; each server certifies its signer again as it
 	// starts on the restored store.
 	bootstrap := map[string]bool{"KV_" + s.Names.SignersBucket(): true, "KV_" + s.Names.CanaryKeysBucket(): true}
+	// The agents' observations of their instances: an agent writes its
+	// record again as soon as it reconnects, so records the target holds
+	// already are newer than the backup's, and stay; a target without any
+	// gets the backup's.
+	observed := "KV_" + s.Names.ObservedBucket()
 	// A stream the target does not have yet takes the replica count the
 	// installation's commits have there.
 	defReplicas := 1
@@ -314,6 +319,9 @@ func planRestore(ctx context.Context, s *store.Store, hdr *BackupHeader, replace
 			rep.Already = append(rep.Already, st.Name)
 			plan[i].restore = false
 		case have.LastSeq == 0 || bootstrap[st.Name]:
+		case st.Name == observed:
+			rep.Skipped = append(rep.Skipped, st.Name)
+			plan[i].restore = false
 		case replace:
 			rep.Replaced = append(rep.Replaced, st.Name)
 		default:
