@@ -172,6 +172,16 @@ func TestRoleScopedCredentials(t *testing.T) {
 			return err
 		})
 	}
+	// Nor the store's floor (it would let processes too old for the store
+	// run, or refuse every one) or a control server's announcement: agents
+	// read the floor only.
+	asMeta := storetest.Bucket(t, as, as.Names.MetaBucket())
+	for _, key := range []string{"floor", store.ServerKey("s1")} {
+		refusedWrite("write "+key+" in the meta bucket", key, func(c context.Context) error {
+			_, err := asMeta.Put(c, key, []byte(`{"version":1,"min_generation":1}`))
+			return err
+		})
+	}
 	// Nor another machine's instance records, nor keys outside the
 	// layout, nor a delete of one (a delete is a write with a header).
 	m2Key := store.InstanceKey("shop", "m2", "i2")
@@ -349,6 +359,11 @@ func TestRoleScopedCredentials(t *testing.T) {
 	if _, err := gwNC.SubscribeSync(names.MachineLivenessRepublishedWildcard()); err != nil {
 		t.Fatal(err)
 	}
+	gsMeta := storetest.Bucket(t, gs, gs.Names.MetaBucket())
+	refusedOn(gwViolations, "write the store's floor", "floor", func(c context.Context) error {
+		_, err := gsMeta.Put(c, "floor", []byte(`{"version":1,"min_generation":1}`))
+		return err
+	})
 	refusedOn(gwViolations, "write the liveness judgement", store.LivenessKey, func(c context.Context) error {
 		return gs.PutLiveness(c, &store.LivenessRecord{At: time.Now(), Down: map[string]store.MachineDown{"m1": {Liveness: store.MachineOffline}}})
 	})
