@@ -79,6 +79,11 @@ func (b *builder) apply(ev *store.RoutingEvent) error {
 			return fmt.Errorf("machine removal without a machine")
 		}
 		b.removeMachine(ev.Machine.ID)
+	case store.EventRegionUpsert:
+		if ev.Region == nil || ev.Region.Name == "" {
+			return fmt.Errorf("region upsert without a region")
+		}
+		b.upsertRegion(*ev.Region)
 	default:
 		return fmt.Errorf("unknown routing event kind %q", ev.Kind)
 	}
@@ -89,6 +94,7 @@ func (b *builder) upsertService(ev *store.RoutingEvent) {
 	s := &Service{
 		Namespace: ev.Namespace, Name: ev.Service, DeployID: ev.DeployID, Revision: ev.Revision,
 		Routes: ev.Routes, signed: ev.Endpoints, HealthPath: ev.HealthPath, Split: ev.Split,
+		Locality: ev.Locality, SlowStart: time.Duration(ev.SlowStart),
 	}
 	key := s.Key()
 	b.removeService(key)
@@ -197,6 +203,20 @@ func (b *builder) upsertMachine(m store.MachineRecord) {
 		b.moved = addTo(b.moved, m.ID)
 	}
 	cowShard(&b.v.machines, &b.ownMachs, m.ID)[m.ID] = m
+	b.changed = true
+}
+
+// upsertRegion sets a region's state. Regions are few: the map is
+// copied on every change, never changed in place once in a view.
+func (b *builder) upsertRegion(r store.RegionRecord) {
+	if old, ok := b.v.regions[r.Name]; ok && old == r {
+		return
+	}
+	b.v.regions = maps.Clone(b.v.regions)
+	if b.v.regions == nil {
+		b.v.regions = map[string]store.RegionRecord{}
+	}
+	b.v.regions[r.Name] = r
 	b.changed = true
 }
 
@@ -325,6 +345,9 @@ func FromState(rs *store.RoutingState) (*View, []error) {
 	}
 	for _, m := range rs.Machines {
 		b.upsertMachine(m)
+	}
+	for _, r := range rs.Regions {
+		b.upsertRegion(r)
 	}
 	v := b.finish(rs.Seq, false)
 	return v, append(errs, b.refused...)

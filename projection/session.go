@@ -266,6 +266,12 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	// served for it (its last good state), if anything.
 	for _, r := range rs.Refused {
 		p.refuse(r.Seq, r.Subject, r.Err)
+		if region, ok := st.Names.RoutingRegionOf(r.Subject); ok {
+			if rr, ok := old.RegionRecord(region); ok {
+				b.upsertRegion(rr)
+			}
+			continue
+		}
 		ns, name, ok := st.Names.RoutingSubjectOf(r.Subject)
 		switch {
 		case !ok:
@@ -287,6 +293,9 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	}
 	for _, m := range rs.Machines {
 		b.upsertMachine(m)
+	}
+	for _, r := range rs.Regions {
+		b.upsertRegion(r)
 	}
 	p.markStreamHead(lctx, st, rs.Seq)
 	// A snapshot (or the view before a rebuild) further along the same

@@ -24,6 +24,7 @@ type snapshotFile struct {
 	SavedAt       time.Time             `json:"saved_at"`
 	Services      []store.RoutingEvent  `json:"services"`
 	Machines      []store.MachineRecord `json:"machines"`
+	Regions       []store.RegionRecord  `json:"regions,omitempty"`
 }
 
 // writeSnapshot persists v to path atomically: a temp file in the same
@@ -36,6 +37,7 @@ func writeSnapshot(path string, v *View) error {
 		f.Services = append(f.Services, *s.event())
 	}
 	f.Machines = v.Machines()
+	f.Regions = v.RegionRecords()
 	data, err := json.Marshal(&f)
 	if err != nil {
 		return fmt.Errorf("encoding routing snapshot: %w", err)
@@ -95,6 +97,12 @@ func loadSnapshot(path string) (*View, error) {
 			return nil, fmt.Errorf("reading routing snapshot %s: a machine without an ID", path)
 		}
 		b.upsertMachine(m)
+	}
+	for _, r := range f.Regions {
+		if r.Name == "" {
+			return nil, fmt.Errorf("reading routing snapshot %s: a region without a name", path)
+		}
+		b.upsertRegion(r)
 	}
 	v := b.finish(f.Seq, true)
 	v.BuiltAt = f.BuiltAt

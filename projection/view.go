@@ -63,6 +63,10 @@ type Service struct {
 	// Split, during a canary, divides the traffic between the endpoints
 	// of Split.Revision and the others.
 	Split *store.Split
+	// Locality is the service's locality policy (nil: prefer), and
+	// SlowStart the window over which a new endpoint's share ramps up.
+	Locality  *store.Locality
+	SlowStart time.Duration
 
 	memo sync.Map
 	// digest is serviceDigest(s), computed on first use.
@@ -72,7 +76,8 @@ type Service struct {
 // event is the upsert that makes s again.
 func (s *Service) event() *store.RoutingEvent {
 	return &store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: s.Namespace,
-		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.signed, HealthPath: s.HealthPath, Split: s.Split}
+		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.signed, HealthPath: s.HealthPath, Split: s.Split,
+		Locality: s.Locality, SlowStart: store.Duration(s.SlowStart)}
 }
 
 // Key is "<namespace>/<name>".
@@ -117,6 +122,9 @@ type View struct {
 	// Routes are ordered longest prefix first.
 	exact, wild shards[[]hostRoute]
 	machines    shards[store.MachineRecord]
+	// regions are the states set for regions by name; replaced, never
+	// changed, once in a view.
+	regions map[string]store.RegionRecord
 
 	numServices, numEndpoints, numMachines int
 	// numSetAside counts the endpoints of signed upserts that no
@@ -395,6 +403,14 @@ func serviceDigest(s *Service) [2]uint64 {
 			str(m.Value)
 		}
 	}
+	if l := s.Locality; l != nil {
+		str(l.Policy)
+		num(int64(len(l.Order)))
+		for _, r := range l.Order {
+			str(r)
+		}
+	}
+	num(int64(s.SlowStart))
 	num(int64(len(s.Endpoints)))
 	for _, ep := range s.Endpoints {
 		str(ep.InstanceID)

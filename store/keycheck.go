@@ -55,6 +55,11 @@ func (r *RoutingEvent) SubjectOK(n Names, subject string) error {
 			return fmt.Errorf("%s event without a machine", r.Kind)
 		}
 		want = n.RoutingMachineSubject(r.Machine.ID)
+	case EventRegionUpsert:
+		if err := r.regionOK(); err != nil {
+			return err
+		}
+		want = n.RoutingRegionSubject(r.Region.Name)
 	default:
 		return fmt.Errorf("unknown routing event kind %q", r.Kind)
 	}

@@ -180,6 +180,19 @@ func (n Names) RoutingMachineSubject(machine string) string {
 	return n.subjectPrefix() + ".routing.machine." + machine
 }
 
+// RoutingRegionSubject is the subject of routing events for one region's
+// state.
+func (n Names) RoutingRegionSubject(region string) string {
+	return n.subjectPrefix() + ".routing.region." + region
+}
+
+// RoutingRegionOf says which region a routing event subject is of, if it
+// is a region's.
+func (n Names) RoutingRegionOf(subject string) (string, bool) {
+	r, ok := strings.CutPrefix(subject, n.subjectPrefix()+".routing.region.")
+	return r, ok && ValidToken(r)
+}
+
 // RoutingSealSubject is where the control plane files the seal that
 // vouches for the batch of routing events right after it (seal.go). It is
 // in the routing stream, under RoutingWildcard, but no service's or

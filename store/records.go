@@ -105,6 +105,12 @@ type ServiceSpec struct {
 	// Restart is what the agent does when an instance ends on its own:
 	// RestartAlways (the default, ""), RestartOnFailure or RestartNever.
 	Restart string `json:"restart,omitempty" yaml:"restart,omitempty"`
+	// Locality is which region's instances a gateway serves from
+	// (regions.go); nil is LocalityPrefer.
+	Locality *Locality `json:"locality,omitempty" yaml:"locality,omitempty"`
+	// SlowStart is the window over which a newly routable instance's
+	// share of the traffic ramps up to a full one; zero is none.
+	SlowStart Duration `json:"slow_start,omitempty" yaml:"slow_start,omitempty"`
 }
 
 // Resources limit a container: CPUs (0.5 is half a core) and Memory
@@ -496,6 +502,8 @@ const (
 	EventServiceRemove = "service.remove"
 	EventMachineUpsert = "machine.upsert"
 	EventMachineRemove = "machine.remove"
+	// EventRegionUpsert sets a region's state (RegionRecord).
+	EventRegionUpsert = "region.upsert"
 )
 
 // Endpoint is one routable instance of a service.
@@ -526,9 +534,13 @@ type RoutingEvent struct {
 	// connect.
 	HealthPath string `json:"health_path,omitempty"`
 	// Split divides the service's traffic during a canary.
-	Split   *Split         `json:"split,omitempty"`
-	Machine *MachineRecord `json:"machine,omitempty"`
-	At      time.Time      `json:"at"`
+	Split *Split `json:"split,omitempty"`
+	// Locality and SlowStart are the service's (ServiceSpec).
+	Locality  *Locality      `json:"locality,omitempty"`
+	SlowStart Duration       `json:"slow_start,omitempty"`
+	Machine   *MachineRecord `json:"machine,omitempty"`
+	Region    *RegionRecord  `json:"region,omitempty"`
+	At        time.Time      `json:"at"`
 	// Seq is the stream sequence, filled in when read; not stored.
 	Seq uint64 `json:"-"`
 }
@@ -543,6 +555,11 @@ func (r *RoutingEvent) Identity() string {
 			return "machine/" + r.Machine.ID
 		}
 		return "machine/"
+	case EventRegionUpsert:
+		if r.Region != nil {
+			return "region/" + r.Region.Name
+		}
+		return "region/"
 	default:
 		return "service/" + r.Namespace + "/" + r.Service
 	}
@@ -551,8 +568,10 @@ func (r *RoutingEvent) Identity() string {
 // GatewayObservation is what one gateway reports of itself: the last routing
 // sequence it applied. An observation, never truth; it ages out of its bucket.
 type GatewayObservation struct {
-	Version    int       `json:"version"`
-	Gateway    string    `json:"gateway"`
+	Version int    `json:"version"`
+	Gateway string `json:"gateway"`
+	// Region is the gateway's own region ("" for none).
+	Region     string    `json:"region,omitempty"`
 	AppliedSeq uint64    `json:"applied_seq"`
 	Stale      bool      `json:"stale"`
 	At         time.Time `json:"at"`

@@ -229,6 +229,11 @@ func (s *Store) encodeRouting(msgID string, events []RoutingEvent) ([]routingMsg
 				return nil, fmt.Errorf("publishing %s: no machine", ev.Kind)
 			}
 			subj = s.Names.RoutingMachineSubject(ev.Machine.ID)
+		case EventRegionUpsert:
+			if err := ev.regionOK(); err != nil {
+				return nil, fmt.Errorf("publishing %w", err)
+			}
+			subj = s.Names.RoutingRegionSubject(ev.Region.Name)
 		default:
 			return nil, fmt.Errorf("publishing routing event: unknown kind %q", ev.Kind)
 		}
@@ -266,6 +271,8 @@ type RoutingState struct {
 	Seq      uint64
 	Services []RoutingEvent
 	Machines []MachineRecord
+	// Regions are the regions a state was set for, by name.
+	Regions []RegionRecord
 	// Skipped says why each record the load could not use was left out
 	// (a signer certificate or an event that does not verify, an event
 	// that cannot be decoded or is filed on another's subject).

@@ -65,10 +65,13 @@ func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 			st.Services = append(st.Services, *ev)
 		case EventMachineUpsert:
 			st.Machines = append(st.Machines, *ev.Machine)
+		case EventRegionUpsert:
+			st.Regions = append(st.Regions, *ev.Region)
 		}
 	}
 	sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Identity() < st.Services[j].Identity() })
 	sort.Slice(st.Machines, func(i, j int) bool { return st.Machines[i].ID < st.Machines[j].ID })
+	sort.Slice(st.Regions, func(i, j int) bool { return st.Regions[i].Name < st.Regions[j].Name })
 	return st, nil
 }
 

@@ -37,6 +37,9 @@ type ServiceTraffic struct {
 	// Canary splits the service's requests by side while a canary routes
 	// it (Split).
 	Canary *CanaryTraffic `json:"canary,omitempty"`
+	// ByRegion counts the requests proxied to the service's instances by
+	// the region of the instance's machine ("" for none), cumulative.
+	ByRegion map[string]uint64 `json:"by_region,omitempty"`
 }
 
 // Requests is every response counted.
@@ -53,6 +56,8 @@ func (t *ServiceTraffic) Requests() uint64 {
 type GatewayTraffic struct {
 	Version int    `json:"version"`
 	Gateway string `json:"gateway"`
+	// Region is the gateway's own region ("" for none).
+	Region string `json:"region,omitempty"`
 	// Since is when the gateway's counters started: a reader seeing it
 	// change knows the counters restarted from zero.
 	Since    time.Time        `json:"since"`

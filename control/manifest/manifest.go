@@ -436,9 +436,9 @@ func NormalizeHost(h string) (string, error) {
 // whose hash is unchanged keep their instances across deploys. The replica
 // count and the routes are left out: they say how many instances there are
 // and how traffic reaches them, not what one runs, so scaling a service or
-// giving it a host restarts nothing.
+// giving it a host restarts nothing; so are its locality and slow start.
 func SpecHash(s store.ServiceSpec) string {
-	s.Replicas, s.Routes = nil, nil
+	s.Replicas, s.Routes, s.Locality, s.SlowStart = nil, nil, nil, 0
 	b, _ := json.Marshal(s) // maps marshal with sorted keys
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])

@@ -1,0 +1,112 @@
+package store
+
+import (
+	"fmt"
+	"time"
+)
+
+// Regions. A machine's region comes from its invite; gateways and DNS
+// servers have one of their own. Routing prefers a service's instances in
+// the reader's region (Locality), and each region has a state the operator
+// sets (`control region`), published as a routing event so that every
+// gateway and DNS server applies it with the routing change that carries
+// it.
+
+// Region states. A region no record names is active.
+const (
+	// RegionActive serves and takes new instances.
+	RegionActive = "active"
+	// RegionDraining keeps its instances but serves only when no other
+	// region can, and takes no new instances.
+	RegionDraining = "draining"
+	// RegionDisabled is out of routing and placement.
+	RegionDisabled = "disabled"
+)
+
+// ValidRegionState reports whether s is a region state.
+func ValidRegionState(s string) bool {
+	return s == RegionActive || s == RegionDraining || s == RegionDisabled
+}
+
+// RegionRecord is the state an operator set for one region, carried by a
+// region.upsert routing event on RoutingRegionSubject(Name).
+type RegionRecord struct {
+	Name  string `json:"name"`
+	State string `json:"state"`
+	// By is who set the state (the CLI's user), for `control region ls`.
+	By        string    `json:"by,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Locality policies: which of a service's instances a gateway in region R
+// (and a DNS server there) serves from.
+const (
+	// LocalityPrefer serves R's instances while any can serve, else the
+	// nearest other region's, else any region's. The default.
+	LocalityPrefer = "prefer"
+	// LocalityStrict serves R's instances only: none is a 503 that says
+	// so.
+	LocalityStrict = "strict"
+	// LocalityAny serves every region's instances alike.
+	LocalityAny = "any"
+)
+
+// Locality is a service's locality policy. Order, when set, is the order
+// in which a reader falls back to other regions when its own cannot
+// serve (regions it does not name come after, nearest first); without it
+// the reader measures which is nearest.
+type Locality struct {
+	Policy string   `json:"policy,omitempty" yaml:"policy,omitempty"`
+	Order  []string `json:"order,omitempty" yaml:"order,omitempty"`
+}
+
+// PolicyOrDefault is l's policy with the default applied; a nil Locality
+// is LocalityPrefer.
+func (l *Locality) PolicyOrDefault() string {
+	if l == nil || l.Policy == "" {
+		return LocalityPrefer
+	}
+	return l.Policy
+}
+
+// ValidLocalityPolicy reports whether p is a locality policy ("" is the
+// default).
+func ValidLocalityPolicy(p string) bool {
+	return p == "" || p == LocalityPrefer || p == LocalityStrict || p == LocalityAny
+}
+
+// ErrUnknownRegion is the error for a region no machine is in and no
+// record names; it lists the regions that are known.
+func ErrUnknownRegion(region string, known []string) *Error {
+	return Errorf(CodeInvalid, "unknown region %q (known regions: %s)", region, regionList(known)).
+		With("region", region)
+}
+
+func regionList(known []string) string {
+	if len(known) == 0 {
+		return "none: no machine has a region"
+	}
+	out := ""
+	for i, r := range known {
+		if i > 0 {
+			out += ", "
+		}
+		out += r
+	}
+	return out
+}
+
+// regionSubjectOK checks a region event's body.
+func (r *RoutingEvent) regionOK() error {
+	if r.Region == nil || r.Region.Name == "" {
+		return fmt.Errorf("%s event without a region", r.Kind)
+	}
+	if !ValidToken(r.Region.Name) {
+		return fmt.Errorf("%s event for region %q, not a valid name", r.Kind, r.Region.Name)
+	}
+	if r.Kind == EventRegionUpsert && !ValidRegionState(r.Region.State) {
+		return fmt.Errorf("%s event for region %s with state %q (want %s, %s or %s)", r.Kind, r.Region.Name, r.Region.State,
+			RegionActive, RegionDraining, RegionDisabled)
+	}
+	return nil
+}
