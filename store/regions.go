@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -109,4 +110,41 @@ func (r *RoutingEvent) regionOK() error {
 			RegionActive, RegionDraining, RegionDisabled)
 	}
 	return nil
+}
+
+// RegionRecords reads the state set for each region, by name, each event
+// verified under s's trust; one that does not verify is an error, as a
+// state the reader cannot trust must not be taken for active.
+func (s *Store) RegionRecords(ctx context.Context) (map[string]RegionRecord, error) {
+	stream := s.Names.RoutingEventsStream()
+	subjects, err := s.SubjectsOf(ctx, stream, s.Names.RoutingRegionSubject("*"))
+	if err != nil {
+		return nil, fmt.Errorf("reading region states: %w", err)
+	}
+	out := make(map[string]RegionRecord, len(subjects))
+	err = s.LastOf(ctx, stream, subjects, func(m *StoredMsg) error {
+		var ev RoutingEvent
+		if err := s.VerifyEvent(ctx, m, &ev); err != nil {
+			return err
+		}
+		if ev.Kind != EventRegionUpsert || ev.Region == nil {
+			return Errorf(CodeInvalid, "routing event %d on %s is a %s, not a region state", m.Seq, m.Subject, ev.Kind)
+		}
+		out[ev.Region.Name] = *ev.Region
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading region states: %w", err)
+	}
+	return out, nil
+}
+
+// SetRegionState publishes r as its region's state, signed with s's
+// signer key (the control plane's): every gateway and DNS server applies
+// it with this routing event. It returns the event's sequence.
+func (s *Store) SetRegionState(ctx context.Context, r RegionRecord) (uint64, error) {
+	if r.UpdatedAt.IsZero() {
+		r.UpdatedAt = time.Now().UTC()
+	}
+	return s.PublishRouting(ctx, "", []RoutingEvent{{Kind: EventRegionUpsert, Region: &r, At: r.UpdatedAt}})
 }
