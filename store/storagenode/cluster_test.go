@@ -2,6 +2,7 @@ package storagenode_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -46,30 +47,82 @@ type testNode struct {
 // answering the storage status subject as `control server` does.
 func startCluster(t *testing.T, auth *storagenode.Auth) []*testNode {
 	t.Helper()
-	ports := freePorts(t, 3)
-	var routes []string
-	for _, p := range ports {
-		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", p))
-	}
 	secret := ""
 	if auth != nil {
 		secret = auth.ClusterSecret
 	}
-	nodes := make([]*testNode, 3)
-	for i := range nodes {
-		name := fmt.Sprintf("s%d", i+1)
-		dir := t.TempDir()
-		ns, err := storagenode.Start(storagenode.Config{
-			DataDir: dir, Listen: "127.0.0.1:0", ServerName: name, Auth: auth,
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	servers := startOnFreePorts(t, func(i int, routes []string) storagenode.Config {
+		return storagenode.Config{
+			DataDir: dirs[i], Listen: "127.0.0.1:0", ServerName: fmt.Sprintf("s%d", i+1), Auth: auth,
 			Cluster: &storagenode.ClusterConfig{Name: "edge", Listen: routes[i], Routes: routes, Secret: secret},
-		})
-		if err != nil {
-			t.Fatal(err)
 		}
-		t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-		nodes[i] = &testNode{name: name, dir: dir, ns: ns}
+	})
+	nodes := make([]*testNode, 3)
+	for i, ns := range servers {
+		nodes[i] = &testNode{name: fmt.Sprintf("s%d", i+1), dir: dirs[i], ns: ns}
 	}
 	return nodes
+}
+
+// startOnFreePorts starts three clustered nodes, configured by cfg from
+// their index and the route addresses of all three, shut down when the
+// test ends. The ports were free when picked, but another process may
+// take one before its node listens: the node then fails to start
+// (storagenode.ErrCannotStart), and all three start again on new ports.
+func startOnFreePorts(t *testing.T, cfg func(i int, routes []string) storagenode.Config) []*server.Server {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		var routes []string
+		for _, p := range freePorts(t, 3) {
+			routes = append(routes, fmt.Sprintf("127.0.0.1:%d", p))
+		}
+		nodes := make([]*server.Server, 0, 3)
+		var err error
+		for i := range 3 {
+			var ns *server.Server
+			if ns, err = storagenode.Start(cfg(i, routes)); err != nil {
+				break
+			}
+			nodes = append(nodes, ns)
+		}
+		if err == nil {
+			t.Cleanup(func() {
+				for _, ns := range nodes {
+					ns.Shutdown()
+					ns.WaitForShutdown()
+				}
+			})
+			return nodes
+		}
+		for _, ns := range nodes {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}
+		if !errors.Is(err, storagenode.ErrCannotStart) || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("attempt %d: %v; again on other ports", attempt, err)
+	}
+}
+
+// A node whose route port is taken fails to start at once, saying why,
+// rather than waiting out its ready timeout.
+func TestTakenRoutePortFailsAtOnce(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	start := time.Now()
+	_, err = storagenode.Start(storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", ServerName: "s1",
+		Cluster: &storagenode.ClusterConfig{Name: "edge", Listen: l.Addr().String(), Routes: []string{l.Addr().String()}}})
+	if !errors.Is(err, storagenode.ErrCannotStart) || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("Start on a taken route port: %v", err)
+	}
+	if took := time.Since(start); took > storagenode.DefaultReadyTimeout/2 {
+		t.Errorf("failing took %s", took)
+	}
 }
 
 func TestClusterQuorumLossNamesMissingNodes(t *testing.T) {

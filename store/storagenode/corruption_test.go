@@ -250,27 +250,11 @@ func TestDamagedReplicaRebuiltFromPeers(t *testing.T) {
 		{"truncated block", truncateFirst},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ports := freePorts(t, 3)
-			var routes []string
-			for _, p := range ports {
-				routes = append(routes, fmt.Sprintf("127.0.0.1:%d", p))
-			}
 			cfgs := make([]storagenode.Config, 3)
-			nodes := make([]*server.Server, 3)
-			for i := range nodes {
+			nodes := startOnFreePorts(t, func(i int, routes []string) storagenode.Config {
 				cfgs[i] = storagenode.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", ServerName: fmt.Sprintf("s%d", i+1), StoreKey: testKey,
 					Cluster: &storagenode.ClusterConfig{Name: "edge", Listen: routes[i], Routes: routes}}
-				ns, err := storagenode.Start(cfgs[i])
-				if err != nil {
-					t.Fatal(err)
-				}
-				nodes[i] = ns
-			}
-			t.Cleanup(func() {
-				for _, ns := range nodes {
-					ns.Shutdown()
-					ns.WaitForShutdown()
-				}
+				return cfgs[i]
 			})
 			fillStream(t, nodes[0], 3)
 			s3 := nodes[2]

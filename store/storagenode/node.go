@@ -24,6 +24,7 @@
 package storagenode
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -209,17 +210,31 @@ func Start(cfg Config) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting embedded nats: %w", err)
 	}
-	if cfg.Logger != nil {
-		ns.SetLogger(natsLogger{cfg.Logger.WithOptions(zap.AddCallerSkip(1)).Sugar()}, false, false)
+	// The server reports a listener it cannot open (a port taken) only
+	// through its logger's Fatalf, and then never becomes ready: the
+	// logger is always set, so that Start fails at once and says why.
+	logger := cfg.Logger
+	if logger == nil {
+		logger = zap.NewNop()
 	}
+	nl := natsLogger{s: logger.WithOptions(zap.AddCallerSkip(1)).Sugar(), fatal: make(chan string, 1)}
+	ns.SetLogger(nl, false, false)
 	go ns.Start()
 	wait := cfg.ReadyTimeout
 	if wait <= 0 {
 		wait = DefaultReadyTimeout
 	}
-	if !ns.ReadyForConnections(wait) {
-		ns.Shutdown()
-		return nil, fmt.Errorf("starting embedded nats on %s: not ready after %s", listen, wait)
+	for deadline := time.Now().Add(wait); !ns.ReadyForConnections(readyPoll); {
+		select {
+		case msg := <-nl.fatal:
+			ns.Shutdown()
+			return nil, fmt.Errorf("starting embedded nats on %s: %w: %s", listen, ErrCannotStart, msg)
+		default:
+		}
+		if time.Now().After(deadline) {
+			ns.Shutdown()
+			return nil, fmt.Errorf("starting embedded nats on %s: not ready after %s", listen, wait)
+		}
 	}
 	if cfg.TLS != nil {
 		cfg.TLS.renewWhile(ns)
@@ -227,9 +242,22 @@ func Start(cfg Config) (*server.Server, error) {
 	return ns, nil
 }
 
+// ErrCannotStart is the error of a storage node whose server gave up
+// starting (a listener it could not open): retrying on other ports may
+// succeed, retrying as it is will not.
+var ErrCannotStart = errors.New("the server cannot start")
+
+// readyPoll is how often Start looks for a failure while it waits for
+// the server to become ready.
+const readyPoll = 100 * time.Millisecond
+
 // natsLogger is nats-server's logger interface over zap, so a storage node
-// logs through its process's one logger.
-type natsLogger struct{ s *zap.SugaredLogger }
+// logs through its process's one logger. fatal gets the first fatal
+// message.
+type natsLogger struct {
+	s     *zap.SugaredLogger
+	fatal chan string
+}
 
 func (l natsLogger) Noticef(format string, v ...any) { l.s.Infof(format, v...) }
 func (l natsLogger) Warnf(format string, v ...any)   { l.s.Warnf(format, v...) }
@@ -239,7 +267,13 @@ func (l natsLogger) Tracef(format string, v ...any)  { l.s.Debugf(format, v...) 
 
 // Fatalf is a failure the server cannot go on from; it shuts itself down
 // after saying so, and the process decides whether to exit.
-func (l natsLogger) Fatalf(format string, v ...any) { l.s.Errorf(format, v...) }
+func (l natsLogger) Fatalf(format string, v ...any) {
+	l.s.Errorf(format, v...)
+	select {
+	case l.fatal <- fmt.Sprintf(format, v...):
+	default:
+	}
+}
 
 // storeLimit is the JetStream storage limit a node starts with: max if set,
 // else 0 (nats-server derives it from the free disk) unless three quarters
