@@ -95,6 +95,19 @@ func TestRegionCommands(t *testing.T) {
 	if recs, err := s.RegionRecords(ctx); err != nil || recs["fra"].State != store.RegionActive {
 		t.Fatalf("region records after enable: %v %v", recs, err)
 	}
+	// --wait: the one gateway has not applied the change (it reports
+	// sequence 0), then one that has.
+	code, out, _ = cli("region", "disable", "ams", "--wait", "300ms", "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(out), &ch) != nil || ch.Gateways != "0/1" || strings.Join(ch.Laggards, ",") != "gw-fra" {
+		t.Fatalf("disable ams --wait with a gateway behind: exit %d, %q", code, out)
+	}
+	if err := s.PutGatewayObservation(ctx, &store.GatewayObservation{Gateway: "gw-fra", Region: "fra", AppliedSeq: 1 << 40, At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = cli("region", "enable", "ams", "--wait", "5s")
+	if code != 0 || !strings.Contains(out, "1/1 gateways applied it") || strings.Contains(out, "warning") {
+		t.Fatalf("enable ams --wait with the gateway caught up: exit %d, %q", code, out)
+	}
 	// A CLI without a signer key cannot publish a region state.
 	code, _, errOut = runCLI(t, "region", "disable", "ams", "--nats", srv.URL)
 	if code != 1 || !strings.Contains(errOut, "signing_key_required") {
