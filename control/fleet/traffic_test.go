@@ -116,3 +116,81 @@ func TestAggregatorSumsGatewayTraffic(t *testing.T) {
 		return len(l) == 1 && l[0] == aside
 	})
 }
+
+// Traffic by region: requests are served in the region of the instance's
+// machine and arrive in the gateway's; those whose two regions differ
+// crossed. Rates come from each gateway's last interval, and a gateway
+// that restarted is not differenced against its old counters.
+func TestAggregatorSumsTrafficByRegion(t *testing.T) {
+	srv := storetest.Start(t)
+	s := srv.Store
+	ctx := context.Background()
+	if _, err := store.PutJSON(ctx, storetest.Bucket(t, s, s.Names.InstancesBucket()), "shop.m1.w1", record("shop", "m1", "w1", store.InstanceReady)); err != nil {
+		t.Fatal(err)
+	}
+	startAggregator(t, s)
+	since := time.Now().UTC().Add(-time.Minute)
+	at := time.Now().UTC().Add(-2 * time.Second)
+	put := func(gw, region string, at, since time.Time, n uint64, byRegion map[string]uint64) {
+		t.Helper()
+		c := counters("shop", "web", n, 0, 2)
+		c.ByRegion = byRegion
+		if err := s.PutGatewayTraffic(ctx, &store.GatewayTraffic{Gateway: gw, Region: region, Since: since, At: at, Services: []store.ServiceTraffic{c}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got map[string]store.RegionTraffic
+	var fleetWide map[string]store.RegionTraffic
+	arrivedIs := func(region string, n uint64) func() bool {
+		return func() bool {
+			sums, err := fleet.Read(ctx, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, fleetWide = sums["shop"].Traffic["web"].Regions, fleet.RegionTotals(sums)
+			return got[region].Arrived == n
+		}
+	}
+	// fra's gateway: 100 then 300 requests in 2 s, all served in fra;
+	// tyo's gateway: 100 then 300, 80 then 200 served in tyo and the
+	// rest in fra (20 then 100: 40 req/s crossed); a gateway without a
+	// region: 10 then 30, all in tyo.
+	put("gw-fra", "fra", at, since, 100, map[string]uint64{"fra": 100})
+	put("gw-tyo", "tyo", at, since, 100, map[string]uint64{"tyo": 80, "fra": 20})
+	put("gw-none", "", at, since, 10, map[string]uint64{"tyo": 10})
+	storetest.Eventually(t, 10*time.Second, "the first reports by region", arrivedIs("tyo", 100))
+	put("gw-fra", "fra", at.Add(2*time.Second), since, 300, map[string]uint64{"fra": 300})
+	put("gw-tyo", "tyo", at.Add(2*time.Second), since, 300, map[string]uint64{"tyo": 200, "fra": 100})
+	put("gw-none", "", at.Add(2*time.Second), since, 30, map[string]uint64{"tyo": 30})
+	storetest.Eventually(t, 10*time.Second, "the second reports by region", arrivedIs("tyo", 300))
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-6*math.Max(1, want) {
+			t.Errorf("%s = %v, want %v", what, got, want)
+		}
+	}
+	fra, tyo := got["fra"], got["tyo"]
+	if fra.Served != 400 || tyo.Served != 230 || fra.Arrived != 300 || fra.Crossed != 0 || tyo.Crossed != 100 {
+		t.Fatalf("counts by region: fra %+v, tyo %+v", fra, tyo)
+	}
+	near("fra served rate", fra.ServedRate, 100+40) // 200 from fra's gateway, 80 from tyo's, in 2 s
+	near("tyo served rate", tyo.ServedRate, 60+10)  // 120 from tyo's gateway, 20 from the one without a region
+	near("tyo arrived rate", tyo.ArrivedRate, 100)  // 200 in 2 s
+	near("tyo crossed rate", tyo.CrossedRate, 40)   // 80 of them went to fra
+	near("tyo cross share", tyo.CrossShare(), 0.4)
+	near("fra cross share", fra.CrossShare(), 0)
+	if _, ok := got[""]; ok {
+		t.Errorf("a gateway without a region counted as arriving in region \"\": %+v", got[""])
+	}
+	if fleetWide["tyo"] != tyo || fleetWide["fra"] != fra {
+		t.Errorf("fleet-wide totals of one service: %+v, want %+v", fleetWide, got)
+	}
+
+	// tyo's gateway restarts: its counters begin again, no negative
+	// interval, and its rates wait for a second report.
+	put("gw-tyo", "tyo", at.Add(3*time.Second), time.Now().UTC(), 5, map[string]uint64{"tyo": 5})
+	storetest.Eventually(t, 10*time.Second, "tyo's gateway's restart", arrivedIs("tyo", 5))
+	if tyo := got["tyo"]; tyo.ArrivedRate != 0 || tyo.CrossedRate != 0 || tyo.Crossed != 0 || tyo.Served != 35 {
+		t.Errorf("tyo after its gateway restarted: %+v", tyo)
+	}
+}
