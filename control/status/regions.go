@@ -37,12 +37,13 @@ type Region struct {
 	CrossShare float64 `json:"cross_share"`
 }
 
-// readRegions gathers every known region: those of machines, of gateways,
-// of the traffic reported and those a state was set for. A fleet where
+// ReadRegions gathers every known region, those of machines (list), of
+// gateways reporting (gws), of the traffic in the fleet summaries (sums)
+// and those a state was set for, with what runs there. A fleet where
 // nothing has a region has none. A region state that cannot be read (an
 // event that does not verify) is said in unreadable, not fatal: the rest
 // of the status still shows.
-func readRegions(ctx context.Context, s *store.Store, list []machines.Listed, gws []fleet.Gateway, sums map[string]store.NamespaceStatus) (regions []Region, unreadable string) {
+func ReadRegions(ctx context.Context, s *store.Store, list []machines.Listed, gws []fleet.Gateway, sums map[string]store.NamespaceStatus) (regions []Region, unreadable string) {
 	byName := map[string]*Region{}
 	region := func(name string) *Region {
 		r := byName[name]

@@ -112,7 +112,7 @@ func ReadFleet(ctx context.Context, s *store.Store) (*Fleet, error) {
 	if v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, s); err != nil {
 		return nil, err
 	}
-	v.Regions, v.RegionsUnreadable = readRegions(ctx, s, list, v.Gateways, sums)
+	v.Regions, v.RegionsUnreadable = ReadRegions(ctx, s, list, v.Gateways, sums)
 	return v, nil
 }
 
