@@ -326,6 +326,9 @@ var (
 	trafficLatencyDesc = prometheus.NewDesc("edgeplane_fleet_service_latency_seconds",
 		"Latency quantiles (to response headers) of a service over the gateways' last intervals, from their merged histograms.",
 		[]string{"namespace", "service", "quantile"}, nil)
+	trafficRegionRateDesc = prometheus.NewDesc("edgeplane_fleet_region_requests_per_second",
+		"Requests per second in a region over the gateways' last intervals, fleet-wide: served by its instances, arriving at its gateways, "+
+			"and crossed (arriving there, served in another region).", []string{"region", "kind"}, nil)
 )
 
 // collectTraffic sends the flushed traffic figures; a.mu is held.
@@ -339,5 +342,10 @@ func (a *Aggregator) collectTraffic(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P50, ns, svc, "0.5")
 			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P99, ns, svc, "0.99")
 		}
+	}
+	for r, t := range RegionTotals(a.flushed) {
+		ch <- prometheus.MustNewConstMetric(trafficRegionRateDesc, prometheus.GaugeValue, t.ServedRate, r, "served")
+		ch <- prometheus.MustNewConstMetric(trafficRegionRateDesc, prometheus.GaugeValue, t.ArrivedRate, r, "arrived")
+		ch <- prometheus.MustNewConstMetric(trafficRegionRateDesc, prometheus.GaugeValue, t.CrossedRate, r, "crossed")
 	}
 }

@@ -2,9 +2,12 @@ package fleet_test
 
 import (
 	"context"
+	"maps"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/store"
@@ -128,7 +131,7 @@ func TestAggregatorSumsTrafficByRegion(t *testing.T) {
 	if _, err := store.PutJSON(ctx, storetest.Bucket(t, s, s.Names.InstancesBucket()), "shop.m1.w1", record("shop", "m1", "w1", store.InstanceReady)); err != nil {
 		t.Fatal(err)
 	}
-	startAggregator(t, s)
+	a := startAggregator(t, s)
 	since := time.Now().UTC().Add(-time.Minute)
 	at := time.Now().UTC().Add(-2 * time.Second)
 	put := func(gw, region string, at, since time.Time, n uint64, byRegion map[string]uint64) {
@@ -185,6 +188,31 @@ func TestAggregatorSumsTrafficByRegion(t *testing.T) {
 	if fleetWide["tyo"] != tyo || fleetWide["fra"] != fra {
 		t.Errorf("fleet-wide totals of one service: %+v, want %+v", fleetWide, got)
 	}
+	// The same figures as metrics, once flushed.
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(a)
+	wantMetrics := map[string]float64{"fra served": 140, "fra arrived": 100, "fra crossed": 0, "tyo served": 70, "tyo arrived": 100, "tyo crossed": 40}
+	var gotMetrics map[string]float64
+	storetest.Eventually(t, 10*time.Second, "the figures by region as metrics", func() bool {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotMetrics = map[string]float64{}
+		for _, mf := range mfs {
+			if mf.GetName() != "edgeplane_fleet_region_requests_per_second" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				gotMetrics[labels["region"]+" "+labels["kind"]] = m.GetGauge().GetValue()
+			}
+		}
+		return maps.Equal(gotMetrics, wantMetrics)
+	})
 
 	// tyo's gateway restarts: its counters begin again, no negative
 	// interval, and its rates wait for a second report.
