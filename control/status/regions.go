@@ -27,9 +27,13 @@ type Region struct {
 	Machines int    `json:"machines"`
 	Gateways int    `json:"gateways"`
 	// Instances counts the instances on the region's machines, Ready the
-	// ready ones (from the fleet summaries).
-	Instances int `json:"instances"`
-	Ready     int `json:"ready"`
+	// ready ones (from the fleet summaries). Partial is set when a
+	// summary lists only its machines with instances not ready (a
+	// namespace on very many machines): ready instances of that namespace
+	// are then not counted here.
+	Instances int  `json:"instances"`
+	Ready     int  `json:"ready"`
+	Partial   bool `json:"partial,omitempty"`
 	// Traffic is the fleet's traffic in the region, over every service.
 	Traffic store.RegionTraffic `json:"traffic"`
 	// CrossShare is the share of the requests arriving at the region's
@@ -72,7 +76,9 @@ func ReadRegions(ctx context.Context, s *store.Store, list []machines.Listed, gw
 	for _, g := range gws {
 		region(g.Region).Gateways++
 	}
+	partial := false
 	for _, sum := range sums {
+		partial = partial || sum.MachinesTrimmed
 		for m, c := range sum.Machines {
 			r := region(machineRegion[m])
 			r.Instances += c.Total()
@@ -87,6 +93,7 @@ func ReadRegions(ctx context.Context, s *store.Store, list []machines.Listed, gw
 		return nil, unreadable // no region anywhere: nothing to show
 	}
 	for _, r := range byName {
+		r.Partial = partial
 		regions = append(regions, *r)
 	}
 	// The regionless last: they are what is left over.
@@ -122,8 +129,12 @@ func writeRegions(w io.Writer, regions []Region, unreadable string) {
 		if r.By != "" {
 			state += " (by " + r.By + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d ready\t%.1f\t%.1f\t%.1f%%\n", name, state, r.Machines, r.Gateways,
-			r.Ready, r.Instances, r.Traffic.ServedRate, r.Traffic.ArrivedRate, 100*r.CrossShare)
+		partial := ""
+		if r.Partial {
+			partial = " (partial)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d/%d ready%s\t%.1f\t%.1f\t%.1f%%\n", name, state, r.Machines, r.Gateways,
+			r.Ready, r.Instances, partial, r.Traffic.ServedRate, r.Traffic.ArrivedRate, 100*r.CrossShare)
 	}
 	tw.Flush()
 }

@@ -101,4 +101,19 @@ func TestStatusShowsRegions(t *testing.T) {
 		len(f.Regions) != 3 {
 		t.Errorf("an unverifiable region event: %q, %+v\n%s", f.RegionsUnreadable, f.Regions, b.String())
 	}
+
+	// A namespace on very many machines lists only those with instances
+	// not ready: the ready counts by region are partial, and say so.
+	if err := s.PutNamespaceStatus(ctx, &store.NamespaceStatus{Namespace: "big", Counts: store.Counts{Ready: 1000, Failed: 1},
+		Machines: map[string]store.Counts{"m3": {Failed: 1}}, MachinesTrimmed: true, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if f, err = status.ReadFleet(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	f.WriteText(&b)
+	if !strings.Contains(b.String(), "1/3 ready (partial)") || !f.Regions[0].Partial {
+		t.Errorf("a trimmed summary's regions:\n%s", b.String())
+	}
 }
