@@ -23,7 +23,8 @@ import (
 // By region: a request is served in the region of the instance's machine
 // (the gateway counts them per region, ServiceTraffic.ByRegion) and
 // arrives in the gateway's region; it crossed when the two differ. A
-// gateway without a region crosses nothing: it has no home to leave.
+// gateway without a region (its requests arrive in region "") crosses
+// nothing: it has no home to leave.
 
 // byService is one namespace's counters in a report, by service.
 type byService map[string]store.ServiceTraffic
@@ -265,14 +266,12 @@ func addRegions(regions map[string]store.RegionTraffic, home string, cur, prev s
 			crossedIv += d
 		}
 	}
-	if home != "" {
-		t := regions[home]
-		t.Arrived += cur.Requests()
-		t.ArrivedRate += rate(iv.total)
-		t.Crossed += crossed
-		t.CrossedRate += rate(crossedIv)
-		regions[home] = t
-	}
+	t := regions[home]
+	t.Arrived += cur.Requests()
+	t.ArrivedRate += rate(iv.total)
+	t.Crossed += crossed
+	t.CrossedRate += rate(crossedIv)
+	regions[home] = t
 	return regions
 }
 

@@ -182,16 +182,20 @@ func TestAggregatorSumsTrafficByRegion(t *testing.T) {
 	near("tyo crossed rate", tyo.CrossedRate, 40)   // 80 of them went to fra
 	near("tyo cross share", tyo.CrossShare(), 0.4)
 	near("fra cross share", fra.CrossShare(), 0)
-	if _, ok := got[""]; ok {
-		t.Errorf("a gateway without a region counted as arriving in region \"\": %+v", got[""])
+	// What arrives at a gateway without a region arrives in region "",
+	// and crosses nothing.
+	if none := got[""]; none.Arrived != 30 || none.Crossed != 0 || none.Served != 0 {
+		t.Errorf("the gateway without a region: %+v", none)
 	}
-	if fleetWide["tyo"] != tyo || fleetWide["fra"] != fra {
+	near("arrived rate without a region", got[""].ArrivedRate, 10)
+	if fleetWide["tyo"] != tyo || fleetWide["fra"] != fra || fleetWide[""] != got[""] {
 		t.Errorf("fleet-wide totals of one service: %+v, want %+v", fleetWide, got)
 	}
 	// The same figures as metrics, once flushed.
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(a)
-	wantMetrics := map[string]float64{"fra served": 140, "fra arrived": 100, "fra crossed": 0, "tyo served": 70, "tyo arrived": 100, "tyo crossed": 40}
+	wantMetrics := map[string]float64{"fra served": 140, "fra arrived": 100, "fra crossed": 0, "tyo served": 70, "tyo arrived": 100, "tyo crossed": 40,
+		" served": 0, " arrived": 10, " crossed": 0}
 	var gotMetrics map[string]float64
 	storetest.Eventually(t, 10*time.Second, "the figures by region as metrics", func() bool {
 		mfs, err := reg.Gather()
