@@ -129,6 +129,49 @@ type TrafficFigures struct {
 type ServiceTrafficStatus struct {
 	TrafficFigures
 	Gateways map[string]TrafficFigures `json:"gateways,omitempty"`
+	// Regions is the service's traffic by region ("" for machines and
+	// gateways without one), when gateways report regions.
+	Regions map[string]RegionTraffic `json:"regions,omitempty"`
+}
+
+// RegionTraffic is traffic in one region: counts are since each reporting
+// gateway started, rates over their last intervals (as TrafficFigures).
+type RegionTraffic struct {
+	// Served counts the requests proxied to instances on the region's
+	// machines, by any gateway.
+	Served     uint64  `json:"served"`
+	ServedRate float64 `json:"served_rate"`
+	// Arrived counts the requests the region's gateways answered.
+	Arrived     uint64  `json:"arrived"`
+	ArrivedRate float64 `json:"arrived_rate"`
+	// Crossed counts the requests the region's gateways proxied to an
+	// instance in another region (or in none); a gateway without a region
+	// crosses nothing.
+	Crossed     uint64  `json:"crossed"`
+	CrossedRate float64 `json:"crossed_rate"`
+}
+
+// Add adds o's counts and rates to t.
+func (t *RegionTraffic) Add(o RegionTraffic) {
+	t.Served += o.Served
+	t.ServedRate += o.ServedRate
+	t.Arrived += o.Arrived
+	t.ArrivedRate += o.ArrivedRate
+	t.Crossed += o.Crossed
+	t.CrossedRate += o.CrossedRate
+}
+
+// CrossShare is the share of the requests arriving at the region's
+// gateways that crossed to another region: over the last intervals when
+// they carried any, else since the gateways started.
+func (t RegionTraffic) CrossShare() float64 {
+	if t.ArrivedRate > 0 {
+		return min(1, t.CrossedRate/t.ArrivedRate)
+	}
+	if t.Arrived > 0 {
+		return min(1, float64(t.Crossed)/float64(t.Arrived))
+	}
+	return 0
 }
 
 // LatencyQuantile estimates quantile q (0..1) of the latencies counted in

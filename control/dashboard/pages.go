@@ -20,6 +20,7 @@ import (
 	"github.com/edgeplane/edgeplane/control/doctor"
 	"github.com/edgeplane/edgeplane/control/fleet"
 	"github.com/edgeplane/edgeplane/control/machines"
+	"github.com/edgeplane/edgeplane/control/status"
 	"github.com/edgeplane/edgeplane/internal/upgrade"
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -186,6 +187,11 @@ type overviewData struct {
 	RoutingSeq uint64
 	Certs      []certs.Status
 	Doctor     *doctor.Report
+	// Regions are the fleet's regions, their states and traffic (none
+	// when nothing has a region); RegionsUnreadable says why their states
+	// could not be read.
+	Regions           []status.Region
+	RegionsUnreadable string
 }
 
 // releaseCount is how many machines run a release.
@@ -261,6 +267,7 @@ func (d *Server) overview(r *http.Request) (any, error) {
 	if v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, d.s); err != nil {
 		return nil, err
 	}
+	v.Regions, v.RegionsUnreadable = status.ReadRegions(ctx, d.s, list, v.Gateways, sums)
 	cs, err := certs.ListStatus(ctx, d.s)
 	if err != nil {
 		return nil, err

@@ -2,8 +2,9 @@
 // disagree: the live commits (intent) against the instance records, the
 // records against what each agent runs, the routing the store derives
 // against what each gateway serves and each DNS server answers, machines
-// against mesh peers, routed hosts against their owners and certificates,
-// and leases against their holders. It writes nothing: it is what an
+// against mesh peers, regions against the gateways that serve them,
+// routed hosts against their owners and certificates, and leases against
+// their holders. It writes nothing: it is what an
 // operator runs first when something looks wrong, and what a test runs to
 // prove the fleet is coherent.
 package doctor
@@ -21,10 +22,12 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// Severities of a finding. Problems make the report incoherent; notes are
-// said but change nothing.
+// Severities of a finding. Problems make the report incoherent; warnings
+// and notes are said but change nothing: a warning is a setting that
+// serves otherwise than an operator likely meant, a note is worth knowing.
 const (
 	Problem = "problem"
+	Warning = "warning"
 	Note    = "note"
 )
 
@@ -40,6 +43,7 @@ const (
 	LayerMesh      = "mesh"
 	LayerCerts     = "certs"
 	LayerLeases    = "leases"
+	LayerRegions   = "regions"
 )
 
 // Finding is one disagreement between layers (or one thing worth saying).
@@ -138,7 +142,7 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Report, error) {
 	}
 	steps := []func(context.Context) error{
 		d.checkDeploys, d.checkInstances, d.checkMachines, d.checkRouting, d.checkHosts,
-		d.checkGateways, d.checkDNS, d.checkMesh, d.checkCerts, d.checkLeases,
+		d.checkGateways, d.checkDNS, d.checkMesh, d.checkCerts, d.checkLeases, d.checkRegions,
 	}
 	// The layers are independent reads; the slow ones (agents, gateways,
 	// DNS) wait on the network, so they run side by side.
@@ -162,7 +166,7 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Report, error) {
 	sort.SliceStable(r.Findings, func(i, j int) bool {
 		a, b := r.Findings[i], r.Findings[j]
 		if a.Severity != b.Severity {
-			return a.Severity == Problem
+			return severityRank(a.Severity) < severityRank(b.Severity)
 		}
 		if a.Layer != b.Layer {
 			return a.Layer < b.Layer
@@ -171,6 +175,17 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Report, error) {
 	})
 	r.Coherent = r.Problems() == 0
 	return r, nil
+}
+
+// severityRank orders findings: problems first, then warnings, then notes.
+func severityRank(s string) int {
+	switch s {
+	case Problem:
+		return 0
+	case Warning:
+		return 1
+	}
+	return 2
 }
 
 func (d *doctor) add(layer, severity, subject, format string, args ...any) {
@@ -199,6 +214,9 @@ func (d *doctor) readIntent(ctx context.Context) error {
 		d.add(LayerRouting, Problem, "routing stream", "a stored routing event cannot be applied: %v", e)
 	}
 	for _, r := range d.rs.Refused {
+		if d.refusedRegion(r) {
+			continue
+		}
 		d.add(LayerRouting, Problem, r.Subject, "the last routing event (sequence %d) does not verify: %v; gateways keep serving what they had", r.Seq, r.Err)
 	}
 	info, err := d.s.RoutingInfo(ctx)

@@ -18,7 +18,7 @@ func (a *Aggregator) Describe(ch chan<- *prometheus.Desc) {
 	ch <- instancesDesc
 	ch <- lagDesc
 	ch <- leaderDesc
-	for _, d := range []*prometheus.Desc{trafficRateDesc, trafficTotalDesc, trafficErrorRatioDesc, trafficLatencyDesc} {
+	for _, d := range []*prometheus.Desc{trafficRateDesc, trafficTotalDesc, trafficErrorRatioDesc, trafficLatencyDesc, trafficRegionRateDesc} {
 		ch <- d
 	}
 }

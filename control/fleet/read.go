@@ -67,7 +67,9 @@ func Read(ctx context.Context, s *store.Store) (map[string]store.NamespaceStatus
 // how far behind the routing stream's head that is, and whether it serves
 // a view it knows may be behind.
 type Gateway struct {
-	Gateway    string `json:"gateway"`
+	Gateway string `json:"gateway"`
+	// Region is the gateway's own ("" for none).
+	Region     string `json:"region,omitempty"`
 	AppliedSeq uint64 `json:"applied_seq"`
 	Lag        uint64 `json:"lag"`
 	Stale      bool   `json:"stale,omitempty"`
@@ -89,7 +91,7 @@ func Gateways(ctx context.Context, s *store.Store) (head uint64, gws []Gateway, 
 		if age >= store.GatewayObservationTTL {
 			return nil
 		}
-		gw := Gateway{Gateway: g.Gateway, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age}
+		gw := Gateway{Gateway: g.Gateway, Region: g.Region, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age}
 		if head > g.AppliedSeq {
 			gw.Lag = head - g.AppliedSeq
 		}

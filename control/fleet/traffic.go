@@ -19,6 +19,12 @@ import (
 // fleet's. Quantiles come from the merged histograms, never from averaging
 // the gateways' quantiles. A gateway whose report stops coming is dropped
 // once its report is older than the bucket's TTL.
+//
+// By region: a request is served in the region of the instance's machine
+// (the gateway counts them per region, ServiceTraffic.ByRegion) and
+// arrives in the gateway's region; it crossed when the two differ. A
+// gateway without a region (its requests arrive in region "") crosses
+// nothing: it has no home to leave.
 
 // byService is one namespace's counters in a report, by service.
 type byService map[string]store.ServiceTraffic
@@ -26,6 +32,8 @@ type byService map[string]store.ServiceTraffic
 // gatewayReports are one gateway's last two reports, indexed by
 // namespace so that a namespace's summary costs its own services.
 type gatewayReports struct {
+	// region is the gateway's own ("" for none).
+	region     string
 	since      time.Time
 	at, prevAt time.Time
 	cur, prev  map[string]byService
@@ -55,7 +63,7 @@ func (a *Aggregator) trafficReport(ent jetstream.KeyValueEntry) {
 		a.dropGateway(key, now)
 		return
 	}
-	g := &gatewayReports{since: rep.Since, at: rep.At, cur: map[string]byService{}, aside: map[string][]store.EndpointSetAside{}}
+	g := &gatewayReports{region: rep.Region, since: rep.Since, at: rep.At, cur: map[string]byService{}, aside: map[string][]store.EndpointSetAside{}}
 	for _, s := range rep.Services {
 		if len(s.Latency) != len(store.TrafficLatencyBounds)+1 {
 			continue // another histogram layout: not comparable
@@ -157,6 +165,7 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 		open             int64
 		sum              interval
 		gateways         map[string]store.TrafficFigures
+		regions          map[string]store.RegionTraffic
 	}
 	services := map[string]*acc{}
 	for gw, g := range a.traffic {
@@ -185,6 +194,11 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 			}
 			s.sum.window = max(s.sum.window, iv.window)
 			s.gateways[gw] = figures(cur.Requests(), cur.Classes[4], cur.Open, iv)
+			var prev store.ServiceTraffic
+			if g.prev != nil {
+				prev = g.prev[ns][svc]
+			}
+			s.regions = addRegions(s.regions, g.region, cur, prev, iv)
 		}
 	}
 	if len(services) == 0 {
@@ -201,7 +215,7 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 			fleet.BytesInRate += f.BytesInRate
 			fleet.BytesOutRate += f.BytesOutRate
 		}
-		st := store.ServiceTrafficStatus{TrafficFigures: fleet, Gateways: s.gateways}
+		st := store.ServiceTrafficStatus{TrafficFigures: fleet, Gateways: s.gateways, Regions: s.regions}
 		if len(st.Gateways) > maxGatewaysListed {
 			names := make([]string, 0, len(st.Gateways))
 			for gw := range st.Gateways {
@@ -215,6 +229,64 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 			}
 		}
 		out[svc] = st
+	}
+	return out
+}
+
+// addRegions adds one gateway's traffic to one service, in region home,
+// to the service's figures by region (made when the first figure comes);
+// prev is the gateway's previous counters (zero when it has none) and iv
+// its interval.
+func addRegions(regions map[string]store.RegionTraffic, home string, cur, prev store.ServiceTraffic, iv interval) map[string]store.RegionTraffic {
+	if home == "" && len(cur.ByRegion) == 0 {
+		return regions
+	}
+	if regions == nil {
+		regions = map[string]store.RegionTraffic{}
+	}
+	rate := func(n uint64) float64 {
+		if iv.window <= 0 {
+			return 0
+		}
+		return float64(n) / iv.window.Seconds()
+	}
+	var crossed, crossedIv uint64
+	for r, n := range cur.ByRegion {
+		// A counter that went backwards restarted from zero.
+		d := n
+		if p := prev.ByRegion[r]; p <= n {
+			d = n - p
+		}
+		t := regions[r]
+		t.Served += n
+		t.ServedRate += rate(d)
+		regions[r] = t
+		if home != "" && r != home {
+			crossed += n
+			crossedIv += d
+		}
+	}
+	t := regions[home]
+	t.Arrived += cur.Requests()
+	t.ArrivedRate += rate(iv.total)
+	t.Crossed += crossed
+	t.CrossedRate += rate(crossedIv)
+	regions[home] = t
+	return regions
+}
+
+// RegionTotals sums every service's traffic by region over the summaries:
+// the fleet's traffic in each region.
+func RegionTotals(sums map[string]store.NamespaceStatus) map[string]store.RegionTraffic {
+	out := map[string]store.RegionTraffic{}
+	for _, st := range sums {
+		for _, svc := range st.Traffic {
+			for r, t := range svc.Regions {
+				sum := out[r]
+				sum.Add(t)
+				out[r] = sum
+			}
+		}
 	}
 	return out
 }
@@ -253,6 +325,9 @@ var (
 	trafficLatencyDesc = prometheus.NewDesc("edgeplane_fleet_service_latency_seconds",
 		"Latency quantiles (to response headers) of a service over the gateways' last intervals, from their merged histograms.",
 		[]string{"namespace", "service", "quantile"}, nil)
+	trafficRegionRateDesc = prometheus.NewDesc("edgeplane_fleet_region_requests_per_second",
+		"Requests per second in a region over the gateways' last intervals, fleet-wide: served by its instances, arriving at its gateways, "+
+			"and crossed (arriving there, served in another region).", []string{"region", "kind"}, nil)
 )
 
 // collectTraffic sends the flushed traffic figures; a.mu is held.
@@ -266,5 +341,10 @@ func (a *Aggregator) collectTraffic(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P50, ns, svc, "0.5")
 			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P99, ns, svc, "0.99")
 		}
+	}
+	for r, t := range RegionTotals(a.flushed) {
+		ch <- prometheus.MustNewConstMetric(trafficRegionRateDesc, prometheus.GaugeValue, t.ServedRate, r, "served")
+		ch <- prometheus.MustNewConstMetric(trafficRegionRateDesc, prometheus.GaugeValue, t.ArrivedRate, r, "arrived")
+		ch <- prometheus.MustNewConstMetric(trafficRegionRateDesc, prometheus.GaugeValue, t.CrossedRate, r, "crossed")
 	}
 }

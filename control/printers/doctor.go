@@ -24,7 +24,7 @@ func Doctor(w io.Writer, rep *doctor.Report) {
 	}
 	fmt.Fprintf(w, "%s (routing sequence %d; checked", verdict, rep.RoutingSeq)
 	for _, l := range []string{doctor.LayerDeploys, doctor.LayerInstances, doctor.LayerMachines, doctor.LayerRouting, doctor.LayerHosts,
-		doctor.LayerGateways, doctor.LayerDNS, doctor.LayerMesh, doctor.LayerCerts, doctor.LayerLeases} {
+		doctor.LayerGateways, doctor.LayerDNS, doctor.LayerMesh, doctor.LayerCerts, doctor.LayerLeases, doctor.LayerRegions} {
 		fmt.Fprintf(w, " %s %d", l, rep.Checked[l])
 	}
 	fmt.Fprintln(w, ")")

@@ -1,7 +1,7 @@
 // Package status gathers what the operator's status commands show, each
 // from several parts of the fleet, and writes it for a person: the fleet
 // at a glance (`control status`: fleet summaries, live commits, machines'
-// liveness, gateways' lag, the releases and schema generations processes
+// liveness, gateways' lag, regions (states and traffic), the releases and schema generations processes
 // announce, the store's floor), a namespace's deploy status (`control deploy
 // status`: the latest deploy, its phases, canary verdicts and the fleet's
 // counts and traffic), the machines by release (`control fleet versions`)
@@ -34,6 +34,11 @@ type Fleet struct {
 	Machines   Machines        `json:"machines"`
 	Gateways   []fleet.Gateway `json:"gateways"`
 	RoutingSeq uint64          `json:"routing_seq"`
+	// Regions are the fleet's regions (none when nothing has a region);
+	// RegionsUnreadable says why the states set for them could not be
+	// read, when they could not.
+	Regions           []Region `json:"regions,omitempty"`
+	RegionsUnreadable string   `json:"regions_unreadable,omitempty"`
 	// Processes and Floor: what every process heard from runs (release
 	// and schema generation) and the store's floor.
 	Processes []fleet.Process   `json:"processes"`
@@ -104,8 +109,11 @@ func ReadFleet(ctx context.Context, s *store.Store) (*Fleet, error) {
 	if v.Processes, v.Floor, err = readProcesses(ctx, s); err != nil {
 		return nil, err
 	}
-	v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, s)
-	return v, err
+	if v.RoutingSeq, v.Gateways, err = fleet.Gateways(ctx, s); err != nil {
+		return nil, err
+	}
+	v.Regions, v.RegionsUnreadable = ReadRegions(ctx, s, list, v.Gateways, sums)
+	return v, nil
 }
 
 // maxShown bounds the machines a text view names one by one.
@@ -130,6 +138,7 @@ func (v *Fleet) WriteText(w io.Writer) {
 		}
 	}
 	writeTraffic(w, v.Namespaces)
+	writeRegions(w, v.Regions, v.RegionsUnreadable)
 	l := v.Machines.Liveness
 	fmt.Fprintf(w, "machines: %d (%d fresh, %d stale, %d offline, %d never seen)\n", v.Machines.Total,
 		l[store.MachineFresh], l[store.MachineStale], l[store.MachineOffline], l[store.MachineNeverSeen])
@@ -149,7 +158,11 @@ func (v *Fleet) WriteText(w io.Writer) {
 		if g.Stale {
 			state += ", stale view"
 		}
-		fmt.Fprintf(w, "  %s at %d (%s)\n", g.Gateway, g.AppliedSeq, state)
+		in := ""
+		if g.Region != "" {
+			in = " in " + g.Region
+		}
+		fmt.Fprintf(w, "  %s%s at %d (%s)\n", g.Gateway, in, g.AppliedSeq, state)
 	}
 	fmt.Fprintln(w, processesLine(v.Processes))
 	fmt.Fprintln(w, floorLine(v.Floor))
