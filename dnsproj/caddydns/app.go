@@ -34,6 +34,12 @@ type App struct {
 	// Zone is the cluster zone answered from the projection. Default:
 	// "edgeplane.internal.".
 	Zone string `json:"zone,omitempty"`
+	// Region is this server's region: a service's name is answered with
+	// its instances in this region first, then the other regions' in the
+	// service's locality order (only this region's under a strict
+	// policy). It must be one DNS label. Default: the edgeplane app's
+	// region when it has one, else none (every active region alike).
+	Region string `json:"region,omitempty"`
 	// TTL of the zone's records and its negative-caching TTL. Default: 5s.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 	// NSAddresses are published as the addresses of ns.<zone>. Default:
@@ -52,6 +58,7 @@ type App struct {
 	MaxQuerySize int `json:"max_query_size,omitempty"`
 
 	srv    *dnsproj.Server
+	region string // effective: Region, else the gateway's
 	addrs  []caddy.NetworkAddress
 	held   []caddy.NetworkAddress // sockets acquired by Start
 	logger *zap.Logger
@@ -98,6 +105,12 @@ type projectionProvider interface {
 	Projection() *projection.Projection
 }
 
+// regionProvider is the gateway app's region, when it offers one: DNS
+// beside a gateway answers as the gateway routes.
+type regionProvider interface {
+	Region() string
+}
+
 // Provision sets defaults, finds the gateway's projection and builds the
 // server; it opens no sockets.
 func (a *App) Provision(ctx caddy.Context) error {
@@ -125,6 +138,14 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("app %s (%T) does not provide a routing projection", GatewayAppID, gw)
 	}
+	if rp, ok := gw.(regionProvider); ok && cfg.Region == "" {
+		if cfg.Region = rp.Region(); cfg.Region != "" {
+			if err := dnsproj.ValidRegion(cfg.Region); err != nil {
+				return fmt.Errorf("taking the %s app's region: %w (set region in edgeplane_dns)", GatewayAppID, err)
+			}
+		}
+	}
+	a.region = cfg.Region
 	a.srv, err = dnsproj.New(cfg, dnsproj.ProjectionSource(pp.Projection()))
 	if err != nil {
 		return fmt.Errorf("provisioning dns server: %w", err)
@@ -135,7 +156,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 // config translates the JSON config to the core's.
 func (a *App) config(addrs []caddy.NetworkAddress) (dnsproj.Config, error) {
 	cfg := dnsproj.Config{
-		Zone: a.Zone, TTL: time.Duration(a.TTL),
+		Zone: a.Zone, Region: a.Region, TTL: time.Duration(a.TTL),
 		MaxUDPSize: a.MaxUDPSize, MaxQuerySize: a.MaxQuerySize,
 	}
 	hosts := make([]string, len(addrs))
@@ -216,7 +237,8 @@ func (a *App) Start() error {
 			ln.Close()
 			return fmt.Errorf("serving dns on %s: %w", na, err)
 		}
-		a.logger.Info("serving dns", zap.String("address", na.JoinHostPort(0)), zap.String("zone", a.srv.Zone()))
+		a.logger.Info("serving dns", zap.String("address", na.JoinHostPort(0)), zap.String("zone", a.srv.Zone()),
+			zap.String("region", a.region))
 	}
 	return nil
 }

@@ -171,6 +171,7 @@ func TestAppConfigErrors(t *testing.T) {
 		{App{Listen: []string{"unix//tmp/dns.sock"}}, "UDP and TCP"},
 		{App{NSAddresses: []string{"ns.example"}}, "ns address"},
 		{App{Zone: "."}, "root zone"},
+		{App{Region: "eu west"}, `region "eu west": not a DNS label`},
 		{App{TTL: caddy.Duration(time.Millisecond)}, "ttl"},
 		{App{Forward: &Forward{To: []string{"resolver.example"}}}, "must be an IP address"},
 		{App{Forward: &Forward{To: []string{"1.1.1.1"}, Policy: "fastest"}}, "policy"},
