@@ -2,6 +2,7 @@ package dnsproj
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 
 	"github.com/edgeplane/edgeplane/projection"
@@ -79,12 +80,15 @@ func sortedBySlot(eps []store.Endpoint) []store.Endpoint {
 	return out
 }
 
-// ValidRegion checks a server's region: it must be one DNS label of
-// letters, digits, '-' and '_' (what the zone allows in its names and the
-// store in a region's), as machines' regions are.
+// regionLabelRe is a region as a server's config may name it: one DNS
+// label, lower case (caddymodule's rule for the gateway's region).
+var regionLabelRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ValidRegion checks a server's region: one DNS label of lower-case
+// letters, digits and '-', as the gateway's region is.
 func ValidRegion(region string) error {
-	if _, ok := dnsLabel(region); !ok {
-		return fmt.Errorf("region %q: not a DNS label (1 to 63 letters, digits, '-' or '_')", region)
+	if !regionLabelRe.MatchString(region) {
+		return fmt.Errorf("region %q: not a DNS label (lower-case letters, digits and '-', up to 63)", region)
 	}
 	return nil
 }

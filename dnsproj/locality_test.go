@@ -47,8 +47,14 @@ func spread(name string, loc *store.Locality) store.RoutingEvent {
 // region states given.
 func regionView(t testing.TB, seq uint64, states map[string]string, services ...store.RoutingEvent) *projection.View {
 	t.Helper()
+	return machinesView(t, seq, regionMachines, states, services...)
+}
+
+// machinesView is the real view of services over machines.
+func machinesView(t testing.TB, seq uint64, machines []store.MachineRecord, states map[string]string, services ...store.RoutingEvent) *projection.View {
+	t.Helper()
 	rs := &store.RoutingState{Seq: seq, Services: services}
-	for _, m := range regionMachines {
+	for _, m := range machines {
 		m.Version, m.State = store.RecordVersion, store.MachineActive
 		rs.Machines = append(rs.Machines, m)
 	}
@@ -230,13 +236,41 @@ func TestLocalityRegionStateSwapsAnswers(t *testing.T) {
 
 // TestRegionNotADNSLabel: a server's region must be a DNS label.
 func TestRegionNotADNSLabel(t *testing.T) {
-	for _, bad := range []string{"eu west", "eu.west", strings.Repeat("a", 64), "tōkyō"} {
+	for _, bad := range []string{"eu west", "eu.west", "EU", "eu_west", "-eu", strings.Repeat("a", 64), "tōkyō"} {
 		_, err := New(Config{Region: bad}, &memSource{v: &memView{}})
 		if err == nil || !strings.Contains(err.Error(), "not a DNS label") || !strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
 			t.Errorf("region %q: %v", bad, err)
 		}
 	}
-	if _, err := New(Config{Region: "eu-west_1"}, &memSource{v: &memView{}}); err != nil {
-		t.Errorf("region eu-west_1: %v", err)
+	if _, err := New(Config{Region: "eu-west-1"}, &memSource{v: &memView{}}); err != nil {
+		t.Errorf("region eu-west-1: %v", err)
+	}
+}
+
+// TestRegionForFollowsTheView: a server given RegionFor (beside a gateway
+// whose region follows its machine's record) answers each view as a
+// reader in the region RegionFor names for it; a configured Region wins.
+func TestRegionForFollowsTheView(t *testing.T) {
+	machineRegion := func(v View) string {
+		m, _ := v.(*projection.View).Machine("fra-1")
+		return m.Region
+	}
+	src := &swapSource{}
+	src.v.Store(regionView(t, 1, nil, spread("web", nil)))
+	_, addr := startServer(t, Config{RegionFor: machineRegion}, src)
+	_, fixed := startServer(t, Config{Region: "nyc", RegionFor: machineRegion}, src)
+	const web = "web.shop.edgeplane.internal."
+	if got := aSummary(ask(t, "udp", addr, query(web, dns.TypeA)).Answer); !slices.Equal(got, []string{"10.2.0.1", "10.2.0.2"}) {
+		t.Errorf("fra-1 in fra: A %v", got)
+	}
+	// fra-1's record moves it to tyo: the next view is answered from tyo.
+	moved := slices.Clone(regionMachines)
+	moved[2].Region = "tyo"
+	src.v.Store(machinesView(t, 2, moved, nil, spread("web", nil)))
+	if got := aSummary(ask(t, "udp", addr, query(web, dns.TypeA)).Answer); !slices.Equal(got, []string{"10.1.0.1", "10.1.0.2", "10.2.0.1"}) {
+		t.Errorf("fra-1 in tyo: A %v", got)
+	}
+	if got := aSummary(ask(t, "udp", fixed, query(web, dns.TypeA)).Answer); !slices.Equal(got, []string{"10.3.0.1", "10.3.0.2"}) {
+		t.Errorf("configured nyc: A %v", got)
 	}
 }

@@ -40,6 +40,11 @@ type Config struct {
 	// serves every active region alike, draining ones only when no
 	// active one can.
 	Region string
+	// RegionFor, when set and Region is not, is the server's region under
+	// each view, asked once per view: a server beside a gateway answers
+	// as the gateway routes, and the gateway's region may follow its
+	// machine's record in the view.
+	RegionFor func(v View) string
 	// NSAddrs are the addresses published for ns.<zone>, the zone's name
 	// server; none means ns.<zone> exists without address records.
 	NSAddrs []netip.Addr
@@ -135,7 +140,7 @@ func New(cfg Config, src Source) (*Server, error) {
 	s := &Server{zone: zone, maxUDP: cfg.MaxUDPSize, maxQuery: cfg.MaxQuerySize, log: log, m: m}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	z := newZone(zone, cfg.Region, cfg.TTL, cfg.NSAddrs, src, log, m)
+	z := newZone(zone, cfg.Region, cfg.RegionFor, cfg.TTL, cfg.NSAddrs, src, log, m)
 	plugins := []Plugin{z.plugin}
 	var last Handler = Refused{}
 	if len(cfg.Forward.Upstreams) > 0 {

@@ -32,24 +32,26 @@ import (
 type zone struct {
 	origin    string // lower case, trailing dot
 	dotOrigin string // "." + origin
-	// region is the server's: the index of a view answers as a reader
-	// there, so it is fixed for the zone's life and the index stays
-	// keyed on the view alone.
-	region  string
-	ttl     uint32
-	nsAddrs []netip.Addr
-	src     Source
-	next    Handler
-	log     *zap.Logger
-	m       *metrics
+	// region is the server's, else regionFor(view) is: the index of a
+	// view answers as a reader there, and the region is fixed for the
+	// zone's life or a function of the view, so the index stays keyed on
+	// the view alone.
+	region    string
+	regionFor func(View) string
+	ttl       uint32
+	nsAddrs   []netip.Addr
+	src       Source
+	next      Handler
+	log       *zap.Logger
+	m         *metrics
 
 	mu  sync.Mutex // serialises rebuilds
 	idx atomic.Pointer[zoneIndex]
 }
 
-func newZone(origin, region string, ttl time.Duration, nsAddrs []netip.Addr, src Source, log *zap.Logger, m *metrics) *zone {
+func newZone(origin, region string, regionFor func(View) string, ttl time.Duration, nsAddrs []netip.Addr, src Source, log *zap.Logger, m *metrics) *zone {
 	return &zone{
-		origin: origin, dotOrigin: "." + origin, region: region, ttl: uint32(ttl / time.Second),
+		origin: origin, dotOrigin: "." + origin, region: region, regionFor: regionFor, ttl: uint32(ttl / time.Second),
 		nsAddrs: nsAddrs, src: src, log: log, m: m,
 	}
 }
@@ -78,7 +80,11 @@ func (z *zone) index() *zoneIndex {
 	if idx := z.idx.Load(); idx != nil && idx.view == v && idx.seq == seq && idx.stale == stale {
 		return idx
 	}
-	idx := buildIndex(z.origin, z.region, z.ttl, z.nsAddrs, v, seq, stale, z.log)
+	region := z.region
+	if region == "" && z.regionFor != nil && v != nil {
+		region = z.regionFor(v)
+	}
+	idx := buildIndex(z.origin, region, z.ttl, z.nsAddrs, v, seq, stale, z.log)
 	z.idx.Store(idx)
 	z.m.viewSeq.Set(float64(seq))
 	if stale {

@@ -37,8 +37,9 @@ type App struct {
 	// Region is this server's region: a service's name is answered with
 	// its instances in this region first, then the other regions' in the
 	// service's locality order (only this region's under a strict
-	// policy). It must be one DNS label. Default: the edgeplane app's
-	// region when it has one, else none (every active region alike).
+	// policy). One DNS label (lower-case letters, digits, '-'). Default:
+	// the edgeplane app's region, as it follows its machine's, when that
+	// app offers it; else none (every active region alike).
 	Region string `json:"region,omitempty"`
 	// TTL of the zone's records and its negative-caching TTL. Default: 5s.
 	TTL caddy.Duration `json:"ttl,omitempty"`
@@ -57,11 +58,11 @@ type App struct {
 	// MaxQuerySize drops larger queries. Default: 1232.
 	MaxQuerySize int `json:"max_query_size,omitempty"`
 
-	srv    *dnsproj.Server
-	region string // effective: Region, else the gateway's
-	addrs  []caddy.NetworkAddress
-	held   []caddy.NetworkAddress // sockets acquired by Start
-	logger *zap.Logger
+	srv        *dnsproj.Server
+	regionFrom string // "edgeplane" when the region is the gateway's
+	addrs      []caddy.NetworkAddress
+	held       []caddy.NetworkAddress // sockets acquired by Start
+	logger     *zap.Logger
 }
 
 // Forward configures the upstream resolvers.
@@ -105,10 +106,11 @@ type projectionProvider interface {
 	Projection() *projection.Projection
 }
 
-// regionProvider is the gateway app's region, when it offers one: DNS
+// regionProvider is the gateway app's region under a view, when it offers
+// one (its configured region, else its machine's as the view has it): DNS
 // beside a gateway answers as the gateway routes.
 type regionProvider interface {
-	Region() string
+	RegionFor(v *projection.View) string
 }
 
 // Provision sets defaults, finds the gateway's projection and builds the
@@ -139,13 +141,15 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("app %s (%T) does not provide a routing projection", GatewayAppID, gw)
 	}
 	if rp, ok := gw.(regionProvider); ok && cfg.Region == "" {
-		if cfg.Region = rp.Region(); cfg.Region != "" {
-			if err := dnsproj.ValidRegion(cfg.Region); err != nil {
-				return fmt.Errorf("taking the %s app's region: %w (set region in edgeplane_dns)", GatewayAppID, err)
+		cfg.RegionFor = func(v dnsproj.View) string {
+			pv, _ := v.(*projection.View) // what ProjectionSource hands out
+			if pv == nil {
+				return ""
 			}
+			return rp.RegionFor(pv)
 		}
+		a.regionFrom = GatewayAppID
 	}
-	a.region = cfg.Region
 	a.srv, err = dnsproj.New(cfg, dnsproj.ProjectionSource(pp.Projection()))
 	if err != nil {
 		return fmt.Errorf("provisioning dns server: %w", err)
@@ -238,7 +242,7 @@ func (a *App) Start() error {
 			return fmt.Errorf("serving dns on %s: %w", na, err)
 		}
 		a.logger.Info("serving dns", zap.String("address", na.JoinHostPort(0)), zap.String("zone", a.srv.Zone()),
-			zap.String("region", a.region))
+			zap.String("region", a.Region), zap.String("region_from", a.regionFrom))
 	}
 	return nil
 }
