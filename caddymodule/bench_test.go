@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -310,4 +312,92 @@ func BenchmarkRoutePolicy(b *testing.B) {
 	b.ReportMetric(plainRPS/rounds, "plain-req/s")
 	b.ReportMetric(policyRPS/rounds, "policy-req/s")
 	b.ReportMetric((ratios[(rounds-1)/2]+ratios[rounds/2])/2, "rps-ratio(policy/plain)")
+}
+
+// BenchmarkLocality compares, in one process against the same backends,
+// the gateway serving with locality on (its region set, another region's
+// instances in the view) and off (the same view, the gateway without a
+// region), in alternating rounds of identical load, the config reloaded
+// between them (the projection is kept), and reports the req/s ratio
+// (goal >= 0.98): for a service whose every endpoint is at home (the
+// fast path), and for one with an endpoint in another region too (the
+// tiers path: home's two endpoints chosen per request). Run with
+// -benchtime=1x.
+func BenchmarkLocality(b *testing.B) {
+	f := newFixture(b)
+	b1, b2, far := newBackend(b, "b1"), newBackend(b, "b2"), newBackend(b, "far")
+	f.publishRegional("bench", "mixed", "mixed.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"), inRegion(far, "fra"))
+	seq := f.publishRegional("bench", "web", "bench.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"))
+	on := func() { f.app = map[string]any{"region": "tyo"}; f.load() }
+	off := func() { f.app = nil; f.load() }
+	on()
+	f.waitSeq(seq)
+	const workers, rounds = 16, 6
+	round := 2 * time.Second
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, MaxIdleConns: 4 * workers}}
+	defer client.CloseIdleConnections()
+	url := "http://" + f.gateway + "/"
+	run := func(config func(), host string) (rps float64, cpu time.Duration) {
+		config()
+		loadRun(b, client, url, host, workers, 200*time.Millisecond) // warm up after the reload
+		rps, _, _, cpu = loadRun(b, client, url, host, workers, round)
+		return rps, cpu
+	}
+	med := func(xs []float64) float64 {
+		sort.Float64s(xs)
+		return (xs[(len(xs)-1)/2] + xs[len(xs)/2]) / 2
+	}
+	b.ResetTimer()
+	for _, host := range []string{"bench.test", "mixed.test"} {
+		var ratios, cpuRatios []float64
+		var onRPS, offRPS float64
+		for i := 0; i < rounds; i++ {
+			var or, fr float64
+			var oc, fc time.Duration
+			alternate(i, func() { or, oc = run(on, host) }, func() { fr, fc = run(off, host) })
+			onRPS, offRPS = onRPS+or, offRPS+fr
+			ratios = append(ratios, or/fr)
+			cpuRatios = append(cpuRatios, float64(oc)/float64(fc))
+		}
+		name := strings.TrimSuffix(host, ".test")
+		b.ReportMetric(onRPS/rounds, name+"-on-req/s")
+		b.ReportMetric(offRPS/rounds, name+"-off-req/s")
+		b.ReportMetric(med(ratios), name+"-rps-ratio(on/off)")
+		b.ReportMetric(med(cpuRatios), name+"-cpu-per-req-ratio(on/off)")
+	}
+}
+
+// BenchmarkUpstreamsByLocality is the upstream source's own cost per
+// request (no network), with the gateway's region set (on) and not
+// (off), for a service whose endpoints are all in the gateway's region
+// (web) and for one with an endpoint in another region too (mixed).
+func BenchmarkUpstreamsByLocality(b *testing.B) {
+	f := newFixture(b)
+	b1, b2, far := newBackend(b, "b1"), newBackend(b, "b2"), newBackend(b, "far")
+	f.publishRegional("bench", "mixed", "mixed.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"), inRegion(far, "fra"))
+	seq := f.publishRegional("bench", "web", "web.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"))
+	for _, mode := range []struct {
+		name string
+		app  map[string]any
+		want map[string]int
+	}{
+		{"on", map[string]any{"region": "tyo"}, map[string]int{"web": 2, "mixed": 2}},
+		{"off", nil, map[string]int{"web": 2, "mixed": 3}},
+	} {
+		f.app = mode.app
+		f.load()
+		f.waitSeq(seq)
+		u := &Upstreams{app: current.Load()}
+		for _, svc := range []string{"web", "mixed"} {
+			b.Run(mode.name+"/"+svc, func(b *testing.B) {
+				r := httptest.NewRequest(http.MethodGet, "http://"+svc+".test/", nil)
+				b.ReportAllocs()
+				for b.Loop() {
+					if ups, _ := u.GetUpstreams(r); len(ups) != mode.want[svc] {
+						b.Fatalf("%d upstreams, want %d", len(ups), mode.want[svc])
+					}
+				}
+			})
+		}
+	}
 }

@@ -2,9 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -59,11 +57,10 @@ func (u *Upstreams) Validate() error {
 	return nil
 }
 
-type dialsMemo struct{}
-
 // GetUpstreams returns fresh Upstream values for the service's routable
 // instances (the reverse proxy writes into them, so they are never shared
-// between requests). No service means no upstreams.
+// between requests): those of the tier the gateway serves the service
+// from. No service, or no tier, means no upstreams.
 func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, error) {
 	v := u.app.Projection().View()
 	var svc *projection.Service
@@ -76,23 +73,37 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 	if !ok {
 		return nil, nil
 	}
-	dials := svc.Memo(dialsMemo{}, func(s *projection.Service) any {
-		out := make([]string, len(s.Endpoints))
-		for i, e := range s.Endpoints {
-			out[i] = net.JoinHostPort(e.Address, strconv.Itoa(e.Port))
-		}
-		return out
-	}).([]string)
-	// A split service's request gets the side the handler picked for it.
-	if side, ok := caddyhttp.GetVar(r.Context(), varSide).(int); ok && side != unsplit && svc.Split != nil {
-		sd := svc.Memo(sidesMemo{}, func(s *projection.Service) any { return splitDials(s, dials) }).(*[2]sideDials)[side]
-		// A side none of whose endpoints can serve leaves the request to
-		// the whole service rather than failing it open.
-		if u.anyServing(v, sd.dials, sd.eps) {
-			return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
+	side, split := caddyhttp.GetVar(r.Context(), varSide).(int)
+	if !split {
+		side = unsplit
+	}
+	if h := u.app.home(v); h.regional {
+		if p := u.app.plan(v, h, svc); !p.whole {
+			t := u.app.tierFor(v, p)
+			if t == nil {
+				return nil, nil
+			}
+			// A side with nothing serving in the tier leaves the request
+			// to the whole tier.
+			if t.sides != nil && side != unsplit {
+				if sd := &t.sides[side]; u.app.anyServing(v, sd.dials, sd.eps) {
+					return u.upstreams(v, svc, sd.dials, sd.eps), nil
+				}
+			}
+			return u.upstreams(v, svc, t.dials, t.eps), nil
 		}
 	}
-	return u.upstreams(v, svc.Key(), dials, svc.Endpoints), nil
+	dials := dialsOf(svc)
+	// A split service's request gets the side the handler picked for it.
+	if side != unsplit && svc.Split != nil {
+		sd := svc.Memo(sidesMemo{}, func(s *projection.Service) any { return splitDials(s, dialsOf(s)) }).(*[2]sideDials)[side]
+		// A side none of whose endpoints can serve leaves the request to
+		// the whole service rather than failing it open.
+		if u.app.anyServing(v, sd.dials, sd.eps) {
+			return u.upstreams(v, svc, sd.dials, sd.eps), nil
+		}
+	}
+	return u.upstreams(v, svc, dials, svc.Endpoints), nil
 }
 
 type sidesMemo struct{}
@@ -120,12 +131,12 @@ func splitDials(s *projection.Service, dials []string) *[2]sideDials {
 
 // anyServing reports whether one of dials (of eps) is on a live machine
 // and passing its health check.
-func (u *Upstreams) anyServing(v *projection.View, dials []string, eps []store.Endpoint) bool {
+func (a *App) anyServing(v *projection.View, dials []string, eps []store.Endpoint) bool {
 	for i, d := range dials {
 		if _, down := v.Down(eps[i].Machine); down {
 			continue
 		}
-		if u.app.health == nil || !u.app.health.isDown(d) {
+		if a.health == nil || !a.health.isDown(d) {
 			return true
 		}
 	}
@@ -135,8 +146,8 @@ func (u *Upstreams) anyServing(v *projection.View, dials []string, eps []store.E
 // upstreams gives dials (of eps) as fresh Upstream values: instances of
 // machines whose heartbeats stopped are set aside while the service has
 // others (fail open), then those failing their health checks among what
-// is left.
-func (u *Upstreams) upstreams(v *projection.View, key string, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
+// is left, then the endpoints ramping up thinned (slowStart).
+func (u *Upstreams) upstreams(v *projection.View, svc *projection.Service, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
 	if v.AnyDown() {
 		live := make([]string, 0, len(dials))
 		for i, d := range dials {
@@ -149,8 +160,9 @@ func (u *Upstreams) upstreams(v *projection.View, key string, dials []string, ep
 		}
 	}
 	if u.app.health != nil {
-		dials = u.app.health.healthy(key, dials)
+		dials = u.app.health.healthy(svc.Key(), dials)
 	}
+	dials = u.app.thinRamping(svc, dials)
 	vals := make([]reverseproxy.Upstream, len(dials))
 	ups := make([]*reverseproxy.Upstream, len(dials))
 	for i, d := range dials {
