@@ -144,7 +144,7 @@ func (a *App) Validate() error {
 	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
 		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
 	}
-	if a.Region != "" && !regionLabelRe.MatchString(a.Region) {
+	if a.Region != "" && !store.ValidRegion(a.Region) {
 		return fmt.Errorf("edgeplane app: region %q is not a DNS label (lower-case letters, digits and '-', up to 63)", a.Region)
 	}
 	return nil

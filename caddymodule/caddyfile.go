@@ -6,6 +6,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 func init() {
@@ -103,7 +105,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if d.NextArg() {
 			return d.ArgErr()
 		}
-		if sub == "region" && !regionLabelRe.MatchString(a.Region) {
+		if sub == "region" && !store.ValidRegion(a.Region) {
 			return d.Errf("edgeplane option region: %q is not a DNS label", a.Region)
 		}
 	}

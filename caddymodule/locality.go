@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,9 +41,6 @@ const (
 	regionFromNone    = "none"
 )
 
-// regionLabelRe is a DNS label, as the manifest and invites spell regions.
-var regionLabelRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
 // homeOf is the gateway's region for view v and where it came from.
 type homeOf struct {
 	view *projection.View
@@ -74,6 +70,11 @@ func (a *App) home(v *projection.View) *homeOf {
 	a.shared.home.Store(h)
 	return h
 }
+
+// RegionFor is the gateway's region under view v: its configured region,
+// else its machine's as v has it. A DNS server beside the gateway
+// (edgeplane_dns) answers from the same region.
+func (a *App) RegionFor(v *projection.View) string { return a.home(v).region }
 
 // nearestRegions is the order of the regions other than home by the
 // round trip this gateway measured to them, nearest first, and a version

@@ -2,7 +2,6 @@ package dnsproj
 
 import (
 	"fmt"
-	"regexp"
 	"sort"
 
 	"github.com/edgeplane/edgeplane/projection"
@@ -80,14 +79,10 @@ func sortedBySlot(eps []store.Endpoint) []store.Endpoint {
 	return out
 }
 
-// regionLabelRe is a region as a server's config may name it: one DNS
-// label, lower case (caddymodule's rule for the gateway's region).
-var regionLabelRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
 // ValidRegion checks a server's region: one DNS label of lower-case
 // letters, digits and '-', as the gateway's region is.
 func ValidRegion(region string) error {
-	if !regionLabelRe.MatchString(region) {
+	if !store.ValidRegion(region) {
 		return fmt.Errorf("region %q: not a DNS label (lower-case letters, digits and '-', up to 63)", region)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -26,6 +27,14 @@ const (
 	// RegionDisabled is out of routing and placement.
 	RegionDisabled = "disabled"
 )
+
+// regionRe is a region's name: one lower-case DNS label, as invites,
+// manifests, gateways and DNS servers spell it.
+var regionRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ValidRegion reports whether name is a region's name: one lower-case
+// DNS label.
+func ValidRegion(name string) bool { return regionRe.MatchString(name) }
 
 // ValidRegionState reports whether s is a region state.
 func ValidRegionState(s string) bool {
@@ -135,7 +144,7 @@ func (r *RoutingEvent) regionOK() error {
 	if r.Region == nil || r.Region.Name == "" {
 		return fmt.Errorf("%s event without a region", r.Kind)
 	}
-	if !ValidToken(r.Region.Name) {
+	if !ValidRegion(r.Region.Name) {
 		return fmt.Errorf("%s event for region %q, not a valid name", r.Kind, r.Region.Name)
 	}
 	if r.Kind == EventRegionUpsert && !ValidRegionState(r.Region.State) {

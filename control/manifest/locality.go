@@ -35,7 +35,7 @@ func validateLocality(p string, s store.ServiceSpec, add func(path, format strin
 	seen := map[string]int{}
 	for i, r := range l.Order {
 		rp := fmt.Sprintf("%s.locality.order[%d]", p, i)
-		if !labelRe.MatchString(r) {
+		if !store.ValidRegion(r) {
 			add(rp, "region %q is not a DNS label", r)
 			continue
 		}

@@ -242,7 +242,7 @@ func Validate(m *store.Manifest) error {
 			add(p+".restart", "must be always, on-failure or never")
 		}
 		for _, reg := range s.Placement.Regions {
-			if !labelRe.MatchString(reg) {
+			if !store.ValidRegion(reg) {
 				add(p+".placement.regions", "region %q is not a DNS label", reg)
 			}
 		}

@@ -123,6 +123,9 @@ func Create(ctx context.Context, s *store.Store, spec Spec) (string, *store.Invi
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
+	if spec.Region != "" && !store.ValidRegion(spec.Region) {
+		return "", nil, store.Errorf(store.CodeInvalid, "invite region %q is not a region name: one lower-case DNS label", spec.Region).With("region", spec.Region)
+	}
 	if spec.Address != "" && net.ParseIP(spec.Address) == nil {
 		return "", nil, store.Errorf(store.CodeInvalid, "invite address %q is not an IP address", spec.Address).With("address", spec.Address)
 	}
