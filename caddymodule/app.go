@@ -229,6 +229,10 @@ type sharedProjection struct {
 	proj    *projection.Projection
 	logger  *zap.Logger
 	traffic *trafficTable
+	// slow tracks newly routable endpoints for slow start (slowstart.go);
+	// it lives with the projection, so a config reload neither ends a
+	// ramp nor starts one.
+	slow *slowStart
 	// app is the app serving now, whose health checks the set-aside
 	// report reads.
 	app atomic.Pointer[App]
@@ -250,7 +254,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	// The process-wide logger, not this config's: the projection outlives
 	// the config that created it.
 	logger := caddy.Log().Named("edgeplane.projection")
-	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable()}
+	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable(), slow: newSlowStart()}
 	cfg, name := a.Config, a.GatewayName
 	connect := func(ctx context.Context) (*store.Store, error) {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -318,7 +322,7 @@ func (s *sharedProjection) start() {
 	s.startOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
-		drained, keyed := make(chan struct{}), make(chan struct{})
+		drained, keyed, ramped := make(chan struct{}), make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(drained)
 			watchDrain(ctx)
@@ -328,10 +332,15 @@ func (s *sharedProjection) start() {
 			s.canaryKeyLoop(ctx)
 		}()
 		go func() {
+			defer close(ramped)
+			s.slow.run(ctx, s.proj.View, s.proj.Changed)
+		}()
+		go func() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
 			<-drained
 			<-keyed
+			<-ramped
 		}()
 	})
 }

@@ -89,10 +89,10 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		// A side none of whose endpoints can serve leaves the request to
 		// the whole service rather than failing it open.
 		if u.anyServing(v, sd.dials, sd.eps) {
-			return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
+			return u.upstreams(v, svc, sd.dials, sd.eps), nil
 		}
 	}
-	return u.upstreams(v, svc.Key(), dials, svc.Endpoints), nil
+	return u.upstreams(v, svc, dials, svc.Endpoints), nil
 }
 
 type sidesMemo struct{}
@@ -135,8 +135,8 @@ func (u *Upstreams) anyServing(v *projection.View, dials []string, eps []store.E
 // upstreams gives dials (of eps) as fresh Upstream values: instances of
 // machines whose heartbeats stopped are set aside while the service has
 // others (fail open), then those failing their health checks among what
-// is left.
-func (u *Upstreams) upstreams(v *projection.View, key string, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
+// is left; then endpoints in slow start are thinned (slowstart.go).
+func (u *Upstreams) upstreams(v *projection.View, svc *projection.Service, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
 	if v.AnyDown() {
 		live := make([]string, 0, len(dials))
 		for i, d := range dials {
@@ -149,8 +149,9 @@ func (u *Upstreams) upstreams(v *projection.View, key string, dials []string, ep
 		}
 	}
 	if u.app.health != nil {
-		dials = u.app.health.healthy(key, dials)
+		dials = u.app.health.healthy(svc.Key(), dials)
 	}
+	dials = u.app.shared.slow.thin(svc, dials)
 	vals := make([]reverseproxy.Upstream, len(dials))
 	ups := make([]*reverseproxy.Upstream, len(dials))
 	for i, d := range dials {
