@@ -159,8 +159,11 @@ func (a *App) Validate() error {
 	if a.shared == nil {
 		return fmt.Errorf("edgeplane app not provisioned")
 	}
-	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 || a.RegionProbeInterval != nil && *a.RegionProbeInterval < 0 {
-		return fmt.Errorf("edgeplane app: health_interval, health_timeout, traffic_interval and region_probe_interval must not be negative")
+	if a.RegionProbeInterval != nil && *a.RegionProbeInterval < 0 {
+		return fmt.Errorf("edgeplane app: region_probe_interval must not be negative")
+	}
+	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
+		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
 	}
 	return nil
 }
@@ -254,7 +257,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	// The process-wide logger, not this config's: the projection outlives
 	// the config that created it.
 	logger := caddy.Log().Named("edgeplane.projection")
-	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable(), slow: newSlowStart()}
+	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable()}
 	cfg, name := a.Config, a.GatewayName
 	connect := func(ctx context.Context) (*store.Store, error) {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -292,6 +295,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		return nil, err
 	}
 	s.proj = p
+	s.slow = newSlowStart()
 	return s, nil
 }
 

@@ -131,6 +131,11 @@ func (n *regionRTT) nearest() (order []string, version uint64) {
 	return o.regions, o.version
 }
 
+// nearestRegions is the order of the regions other than home by the
+// round trip this gateway measured to them, nearest first, and a version
+// that changes when the order does (regionRTT.nearest).
+func (a *App) nearestRegions() ([]string, uint64) { return a.rtt.nearest() }
+
 // snapshot returns each measured region's round trip (the median of its
 // last samples), for the admin API and metrics; nil when n is nil.
 func (n *regionRTT) snapshot() map[string]time.Duration {

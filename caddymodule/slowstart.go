@@ -232,6 +232,12 @@ func (s *slowStart) thin(svc *projection.Service, dials []string) []string {
 	return out
 }
 
+// thinRamping drops, from a request's final dial list, endpoints still
+// ramping up by their share (slowStart.thin).
+func (a *App) thinRamping(svc *projection.Service, dials []string) []string {
+	return a.shared.slow.thin(svc, dials)
+}
+
 // rampingNow maps the dial address of each endpoint ramping now to its
 // share of a full share, for the admin API; nil when none is.
 func (s *slowStart) rampingNow() map[string]float64 {

@@ -135,7 +135,7 @@ func (u *Upstreams) anyServing(v *projection.View, dials []string, eps []store.E
 // upstreams gives dials (of eps) as fresh Upstream values: instances of
 // machines whose heartbeats stopped are set aside while the service has
 // others (fail open), then those failing their health checks among what
-// is left; then endpoints in slow start are thinned (slowstart.go).
+// is left, then the endpoints ramping up thinned (slowStart).
 func (u *Upstreams) upstreams(v *projection.View, svc *projection.Service, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
 	if v.AnyDown() {
 		live := make([]string, 0, len(dials))
@@ -151,7 +151,7 @@ func (u *Upstreams) upstreams(v *projection.View, svc *projection.Service, dials
 	if u.app.health != nil {
 		dials = u.app.health.healthy(svc.Key(), dials)
 	}
-	dials = u.app.shared.slow.thin(svc, dials)
+	dials = u.app.thinRamping(svc, dials)
 	vals := make([]reverseproxy.Upstream, len(dials))
 	ups := make([]*reverseproxy.Upstream, len(dials))
 	for i, d := range dials {
