@@ -62,6 +62,9 @@ type RouteInfo struct {
 	// now; Unavailable says why it has none.
 	Serving     *ServingInfo `json:"serving,omitempty"`
 	Unavailable string       `json:"unavailable,omitempty"`
+	// SlowStart maps each instance ramping up (slow start) to the share
+	// of a full share it gets now.
+	SlowStart map[string]float64 `json:"slow_start,omitempty"`
 }
 
 // ServingInfo is the tier of a service's endpoints the gateway serves
@@ -83,6 +86,9 @@ type GatewayStatus struct {
 	// "none".
 	Region       string `json:"region,omitempty"`
 	RegionSource string `json:"region_source"`
+	// RegionRTTMillis is the round trip to each other region the gateway
+	// measured (the median of its last connects), in milliseconds.
+	RegionRTTMillis map[string]float64 `json:"region_rtt_ms,omitempty"`
 }
 
 // SetAsideInfo is one endpoint the gateway sends no new requests to.
@@ -122,6 +128,16 @@ func routeInfo(app *App, v *projection.View, s *projection.Service) RouteInfo {
 		}
 	}
 	ri.FailOpen = len(eps) > 0 && len(ri.SetAside) == len(eps)
+	if ramping := app.shared.slow.rampingNow(); ramping != nil {
+		for _, e := range eps {
+			if f, ok := ramping[net.JoinHostPort(e.Address, strconv.Itoa(e.Port))]; ok {
+				if ri.SlowStart == nil {
+					ri.SlowStart = map[string]float64{}
+				}
+				ri.SlowStart[e.InstanceID] = f
+			}
+		}
+	}
 	if h := app.home(v); h.regional {
 		p := app.plan(v, h, s)
 		ri.Unavailable = strings.TrimSuffix(p.unavailable, "\n")
@@ -149,7 +165,7 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case path == "projection":
 		h := app.home(p.View())
-		body = GatewayStatus{Status: p.Status(), Region: h.region, RegionSource: h.source}
+		body = GatewayStatus{Status: p.Status(), Region: h.region, RegionSource: h.source, RegionRTTMillis: rttMillis(app.rtt.snapshot())}
 	case path == "routes":
 		v := p.View()
 		svcs := v.Services()

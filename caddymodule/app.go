@@ -64,6 +64,12 @@ type App struct {
 	// traffic counters to the store, for the control plane to sum.
 	// Default: 5s.
 	TrafficInterval caddy.Duration `json:"traffic_interval,omitempty"`
+	// RegionProbeInterval is how often the gateway measures the round
+	// trip to each other region (a TCP connect to one of its endpoints),
+	// to fail over to the nearest first. Default: 10s; 0 turns measuring
+	// off (regions a service's locality order does not name are then
+	// tried by name).
+	RegionProbeInterval *caddy.Duration `json:"region_probe_interval,omitempty"`
 
 	key    string
 	shared *sharedProjection
@@ -72,6 +78,12 @@ type App struct {
 	health     *healthChecker
 	stopHealth context.CancelFunc
 	healthDone chan struct{}
+
+	// rtt measures the other regions' round trips (nearest.go); nil when
+	// measuring is off.
+	rtt     *regionRTT
+	stopRTT context.CancelFunc
+	rttDone chan struct{}
 }
 
 // CaddyModule returns the Caddy module information.
@@ -133,6 +145,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 		timeout := cmp.Or(time.Duration(a.HealthTimeout), DefaultHealthTimeout)
 		a.health = newHealthChecker(interval, timeout, func() *projection.View { return a.shared.proj.View() }, a.logger.Named("health"))
 	}
+	probe := DefaultRegionProbeInterval
+	if a.RegionProbeInterval != nil {
+		probe = time.Duration(*a.RegionProbeInterval)
+	}
+	if probe > 0 {
+		a.rtt = newRegionRTT(probe, a.shared.proj.View, a.shared.proj.Changed, func() string { return a.home(a.shared.proj.View()).region }, a.logger.Named("rtt"))
+		if reg := ctx.GetMetricsRegistry(); reg != nil {
+			if err := reg.Register(regionRTTCollector{a.rtt}); err != nil {
+				return fmt.Errorf("provisioning edgeplane app: registering region round trip metrics: %w", err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -140,6 +164,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 func (a *App) Validate() error {
 	if a.shared == nil {
 		return fmt.Errorf("edgeplane app not provisioned")
+	}
+	if a.RegionProbeInterval != nil && *a.RegionProbeInterval < 0 {
+		return fmt.Errorf("edgeplane app: region_probe_interval must not be negative")
 	}
 	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
 		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
@@ -161,6 +188,14 @@ func (a *App) Start() error {
 			a.health.run(ctx)
 		}()
 	}
+	if a.rtt != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		a.stopRTT, a.rttDone = cancel, make(chan struct{})
+		go func() {
+			defer close(a.rttDone)
+			a.rtt.run(ctx)
+		}()
+	}
 	current.Store(a)
 	a.shared.app.Store(a)
 	a.logger.Info("edgeplane gateway projection running",
@@ -176,6 +211,10 @@ func (a *App) Stop() error {
 	if a.stopHealth != nil {
 		a.stopHealth()
 		<-a.healthDone
+	}
+	if a.stopRTT != nil {
+		a.stopRTT()
+		<-a.rttDone
 	}
 	return nil
 }
@@ -202,6 +241,10 @@ type sharedProjection struct {
 	proj    *projection.Projection
 	logger  *zap.Logger
 	traffic *trafficTable
+	// slow tracks newly routable endpoints for slow start (slowstart.go);
+	// it lives with the projection, so a config reload neither ends a
+	// ramp nor starts one.
+	slow *slowStart
 	// app is the app serving now, whose health checks the set-aside
 	// report reads.
 	app atomic.Pointer[App]
@@ -266,6 +309,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		return nil, err
 	}
 	s.proj = p
+	s.slow = newSlowStart()
 	return s, nil
 }
 
@@ -296,7 +340,7 @@ func (s *sharedProjection) start() {
 	s.startOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
-		drained, keyed := make(chan struct{}), make(chan struct{})
+		drained, keyed, ramped := make(chan struct{}), make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(drained)
 			watchDrain(ctx)
@@ -306,10 +350,15 @@ func (s *sharedProjection) start() {
 			s.canaryKeyLoop(ctx)
 		}()
 		go func() {
+			defer close(ramped)
+			s.slow.run(ctx, s.proj.View, s.proj.Changed)
+		}()
+		go func() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
 			<-drained
 			<-keyed
+			<-ramped
 		}()
 	})
 }
