@@ -22,7 +22,7 @@ import (
 type builder struct {
 	v                                   View
 	ownSvc, ownExact, ownWild, ownMachs [nShards]bool
-	ownAside                            bool
+	ownAside, ownMachRegions            bool
 	changed                             bool
 	// unadmitted are the services upserted here, whose endpoints finish
 	// admits; moved the known machines whose address changed here (or
@@ -202,6 +202,12 @@ func (b *builder) upsertMachine(m store.MachineRecord) {
 	case old.Address != m.Address:
 		b.moved = addTo(b.moved, m.ID)
 	}
+	if !ok || old.Region != m.Region {
+		if ok {
+			b.countRegion(old.Region, -1)
+		}
+		b.countRegion(m.Region, 1)
+	}
 	cowShard(&b.v.machines, &b.ownMachs, m.ID)[m.ID] = m
 	b.changed = true
 }
@@ -220,10 +226,30 @@ func (b *builder) upsertRegion(r store.RegionRecord) {
 	b.changed = true
 }
 
-func (b *builder) removeMachine(id string) {
-	if _, ok := b.v.machines.get(id); !ok {
+// countRegion adds n to the machines counted in region: a copy of the
+// counts on the first change in this builder, as they are shared with
+// the base view.
+func (b *builder) countRegion(region string, n int) {
+	if region == "" {
 		return
 	}
+	if !b.ownMachRegions {
+		b.v.machineRegions, b.ownMachRegions = maps.Clone(b.v.machineRegions), true
+		if b.v.machineRegions == nil {
+			b.v.machineRegions = map[string]int{}
+		}
+	}
+	if b.v.machineRegions[region] += n; b.v.machineRegions[region] <= 0 {
+		delete(b.v.machineRegions, region)
+	}
+}
+
+func (b *builder) removeMachine(id string) {
+	old, ok := b.v.machines.get(id)
+	if !ok {
+		return
+	}
+	b.countRegion(old.Region, -1)
 	delete(cowShard(&b.v.machines, &b.ownMachs, id), id)
 	b.v.numMachines--
 	b.moved = addTo(b.moved, id)

@@ -48,24 +48,22 @@ func (v *View) RegionRecords() []store.RegionRecord {
 
 // KnownRegions lists every region a machine of the view is in or a state
 // was set for, sorted; "" (machines without a region) is left out.
+// The list is shared: callers must not change it.
 func (v *View) KnownRegions() []string {
-	seen := map[string]bool{}
-	for _, m := range v.machines {
-		for _, r := range m {
-			if r.Region != "" {
-				seen[r.Region] = true
+	v.lists.regionsOnce.Do(func() {
+		out := make([]string, 0, len(v.machineRegions)+len(v.regions))
+		for r := range v.machineRegions {
+			out = append(out, r)
+		}
+		for r := range v.regions {
+			if _, ok := v.machineRegions[r]; !ok {
+				out = append(out, r)
 			}
 		}
-	}
-	for name := range v.regions {
-		seen[name] = true
-	}
-	out := make([]string, 0, len(seen))
-	for r := range seen {
-		out = append(out, r)
-	}
-	sort.Strings(out)
-	return out
+		sort.Strings(out)
+		v.lists.knownRegions = out
+	})
+	return v.lists.knownRegions
 }
 
 // Tier is a group of a service's endpoints a reader serves from together:

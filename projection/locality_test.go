@@ -122,3 +122,24 @@ func TestLocal(t *testing.T) {
 		t.Error("Local of a service in tyo only")
 	}
 }
+
+// KnownRegions follows machines joining, moving region and leaving, and
+// the regions given a state.
+func TestKnownRegionsFollowMachines(t *testing.T) {
+	v, _ := regionView(t, nil, map[string]string{"syd": store.RegionDisabled})
+	if want := []string{"fra", "nyc", "syd", "tyo"}; !reflect.DeepEqual(v.KnownRegions(), want) {
+		t.Fatalf("KnownRegions() = %v, want %v", v.KnownRegions(), want)
+	}
+	b := newBuilder(v)
+	// Both nyc machines go: one leaves, the other moves to fra.
+	b.removeMachine("m2")
+	b.upsertMachine(store.MachineRecord{ID: "m5", Region: "fra", State: store.MachineActive, Address: "10.100.0.6"})
+	b.upsertMachine(store.MachineRecord{ID: "m9", Region: "ams", State: store.MachineActive, Address: "10.100.0.10"})
+	next := b.finish(v.Seq+1, false)
+	if want := []string{"ams", "fra", "syd", "tyo"}; !reflect.DeepEqual(next.KnownRegions(), want) {
+		t.Errorf("after the changes: %v, want %v", next.KnownRegions(), want)
+	}
+	if want := []string{"fra", "nyc", "syd", "tyo"}; !reflect.DeepEqual(v.KnownRegions(), want) {
+		t.Errorf("the base view changed: %v", v.KnownRegions())
+	}
+}

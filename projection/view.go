@@ -125,6 +125,9 @@ type View struct {
 	// regions are the states set for regions by name; replaced, never
 	// changed, once in a view.
 	regions map[string]store.RegionRecord
+	// machineRegions counts the machines of each region (those without
+	// one left out); replaced, never changed, once in a view.
+	machineRegions map[string]int
 
 	numServices, numEndpoints, numMachines int
 	// numSetAside counts the endpoints of signed upserts that no
@@ -149,6 +152,9 @@ type lazyLists struct {
 	// every new view's services and machines, nothing in them its hosts.
 	hostsOnce sync.Once
 	hosts     []string
+	// knownRegions is View.KnownRegions, read once per view by gateways.
+	regionsOnce  sync.Once
+	knownRegions []string
 	// The conflicts and the digest are read by reports and doctor only.
 	conflictsOnce, digestOnce sync.Once
 	conflicts                 []HostConflict
