@@ -2,8 +2,11 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 // Regions. A machine's region comes from its invite; gateways and DNS
@@ -59,6 +62,36 @@ const (
 type Locality struct {
 	Policy string   `json:"policy,omitempty" yaml:"policy,omitempty"`
 	Order  []string `json:"order,omitempty" yaml:"order,omitempty"`
+}
+
+// UnmarshalYAML takes the short form, a policy alone (`locality: strict`),
+// as well as {policy, order}; a key it does not know is refused, as the
+// manifest refuses unknown fields everywhere else.
+func (l *Locality) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*l = Locality{Policy: n.Value}
+		return nil
+	}
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if k := n.Content[i].Value; k != "policy" && k != "order" {
+				return fmt.Errorf("line %d: locality has no field %q (want policy and order)", n.Content[i].Line, k)
+			}
+		}
+	}
+	type plain Locality
+	return n.Decode((*plain)(l))
+}
+
+// UnmarshalJSON takes a policy alone as well as {policy, order}.
+func (l *Locality) UnmarshalJSON(b []byte) error {
+	var policy string
+	if json.Unmarshal(b, &policy) == nil {
+		*l = Locality{Policy: policy}
+		return nil
+	}
+	type plain Locality
+	return json.Unmarshal(b, (*plain)(l))
 }
 
 // PolicyOrDefault is l's policy with the default applied; a nil Locality

@@ -246,6 +246,7 @@ func Validate(m *store.Manifest) error {
 				add(p+".placement.regions", "region %q is not a DNS label", reg)
 			}
 		}
+		validateLocality(p, s, add)
 		for _, k := range slices.Sorted(maps.Keys(s.Placement.Labels)) {
 			if !lblKeyRe.MatchString(k) {
 				add(p+".placement.labels."+k, "not a valid label key")

@@ -22,7 +22,8 @@ func TestFixtureEventsAreTheControlPlanes(t *testing.T) {
 		Manifest: store.Manifest{Namespace: "shop", Services: map[string]store.ServiceSpec{"web": {}, "gone": {}, "old": {}}}}
 	c := &store.DeployCommit{ID: "d2", Namespace: "shop", Kind: store.CommitFinal, Revision: 2,
 		Manifest: store.Manifest{Namespace: "shop", Services: map[string]store.ServiceSpec{
-			"web": {Routes: []store.Route{{Hosts: []string{"shop.example"}}}, Readiness: store.Readiness{Path: "/ready"}},
+			"web": {Routes: []store.Route{{Hosts: []string{"shop.example"}}}, Readiness: store.Readiness{Path: "/ready"},
+				Locality: &store.Locality{Policy: store.LocalityPrefer, Order: []string{"fra", "ams"}}, SlowStart: store.Duration(30 * time.Second)},
 			"api": {},
 		}},
 		Slots: []store.SlotAssignment{

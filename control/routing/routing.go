@@ -20,6 +20,8 @@
 //     what it implies;
 //   - which agent may ask for a republish of what (ServeRepublish): only
 //     of a service its machine runs, and derived from stored state alone.
+//   - when the gateways serve a routing sequence (WaitApplied): every
+//     gateway whose report has not aged out applied it.
 package routing
 
 import (
