@@ -23,7 +23,8 @@ func init() {
 // showing the gateway's routing projection.
 //
 //	GET /edgeplane/projection   status: applied sequence, stream head, lag,
-//	                            last event age, rebuilds, connected or stale
+//	                            last event age, rebuilds, connected or stale,
+//	                            the gateway's region and where it came from
 //	GET /edgeplane/routes       every service with its routes and endpoints,
 //	                            and the endpoints set aside by health checks
 //	GET /edgeplane/hosts/<host> the routes of one host ("*.suffix" for a
@@ -56,6 +57,18 @@ type RouteInfo struct {
 	// FailOpen is set when every endpoint is set aside: they are all
 	// served anyway.
 	FailOpen bool `json:"fail_open,omitempty"`
+}
+
+// GatewayStatus is the answer of /edgeplane/projection: the projection's
+// status and the gateway's region.
+type GatewayStatus struct {
+	projection.Status
+	// Region is the region the gateway serves from first ("" for none),
+	// and RegionSource where it came from: "config" (the app's region),
+	// "machine" (the region of the machine named as the gateway) or
+	// "none".
+	Region       string `json:"region,omitempty"`
+	RegionSource string `json:"region_source"`
 }
 
 // SetAsideInfo is one endpoint the gateway sends no new requests to.
@@ -111,7 +124,8 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	var body any
 	switch {
 	case path == "projection":
-		body = p.Status()
+		h := app.home(p.View())
+		body = GatewayStatus{Status: p.Status(), Region: h.region, RegionSource: h.source}
 	case path == "routes":
 		v := p.View()
 		svcs := v.Services()

@@ -54,6 +54,12 @@ type App struct {
 	// DisableHealthChecks turns the probes off: every routable endpoint
 	// gets requests until the routing says otherwise.
 	DisableHealthChecks bool `json:"disable_health_checks,omitempty"`
+	// Region is this gateway's region: it serves each service from the
+	// instances in its region first (the service's locality policy).
+	// A DNS label. Default: the region of the machine whose ID is
+	// gateway_name (a gateway beside an agent), followed as it changes;
+	// none when there is no such machine or it has no region.
+	Region string `json:"region,omitempty"`
 	// TrafficInterval is how often the gateway writes its per-service
 	// traffic counters to the store, for the control plane to sum.
 	// Default: 5s.
@@ -138,6 +144,9 @@ func (a *App) Validate() error {
 	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
 		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
 	}
+	if a.Region != "" && !regionLabelRe.MatchString(a.Region) {
+		return fmt.Errorf("edgeplane app: region %q is not a DNS label (lower-case letters, digits and '-', up to 63)", a.Region)
+	}
 	return nil
 }
 
@@ -208,6 +217,10 @@ type sharedProjection struct {
 	// until read; keyTried is set once the first connect asked for it.
 	cookieKey atomic.Pointer[[]byte]
 	keyTried  atomic.Bool
+
+	// home is the gateway's region as derived for the latest view
+	// (App.home).
+	home atomic.Pointer[homeOf]
 }
 
 func newSharedProjection(a *App) (*sharedProjection, error) {
@@ -215,6 +228,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	// the config that created it.
 	logger := caddy.Log().Named("edgeplane.projection")
 	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable()}
+	s.traffic.home = s.region
 	cfg, name := a.Config, a.GatewayName
 	connect := func(ctx context.Context) (*store.Store, error) {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -247,7 +261,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		return nil, err
 	}
 	p, err := projection.New(projection.Config{Connect: connect, SnapshotPath: a.SnapshotPath, Name: name, Logger: logger,
-		Traffic: traffic, TrafficInterval: time.Duration(a.TrafficInterval)})
+		Traffic: traffic, TrafficInterval: time.Duration(a.TrafficInterval), Region: s.region})
 	if err != nil {
 		return nil, err
 	}
@@ -328,6 +342,15 @@ var (
 	_ caddy.CleanerUpper = (*App)(nil)
 	_ caddy.Destructor   = (*sharedProjection)(nil)
 )
+
+// region is the serving app's region now ("" before one serves).
+func (s *sharedProjection) region() string {
+	a := s.app.Load()
+	if a == nil {
+		return ""
+	}
+	return a.home(s.proj.View()).region
+}
 
 // setAside lists the endpoints the serving app sets aside now, as
 // /edgeplane/routes does.

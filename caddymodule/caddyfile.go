@@ -27,6 +27,7 @@ func init() {
 //			trust_root    <key>
 //			snapshot_path <path>
 //			gateway_name  <name>
+//			region        <name>
 //			health_interval <duration>
 //			health_timeout  <duration>
 //			disable_health_checks
@@ -86,6 +87,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			dst = &a.SnapshotPath
 		case "gateway_name":
 			dst = &a.GatewayName
+		case "region":
+			dst = &a.Region
 		}
 		if dst == nil {
 			return d.Errf("unrecognized edgeplane option %q", sub)
@@ -99,6 +102,9 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		*dst = d.Val()
 		if d.NextArg() {
 			return d.ArgErr()
+		}
+		if sub == "region" && !regionLabelRe.MatchString(a.Region) {
+			return d.Errf("edgeplane option region: %q is not a DNS label", a.Region)
 		}
 	}
 	return nil

@@ -28,6 +28,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		"dynamic args":   {":80 {\n\treverse_proxy {\n\t\tdynamic edgeplane onlyns\n\t}\n}\n", "dynamic edgeplane takes no arguments or <namespace> <service>, got 1"},
 		"bad interval":   {"{\n\tedgeplane {\n\t\thealth_interval soon\n\t}\n}\n:80\n", "edgeplane option health_interval"},
 		"disable arg":    {"{\n\tedgeplane {\n\t\tdisable_health_checks yes\n\t}\n}\n:80\n", "Caddyfile:3"},
+		"region label":   {"{\n\tedgeplane {\n\t\tregion Tokyo_1\n\t}\n}\n:80\n", `region: "Tokyo_1" is not a DNS label, at Caddyfile:3`},
+		"region twice":   {"{\n\tedgeplane {\n\t\tregion tyo\n\t\tregion fra\n\t}\n}\n:80\n", `option "region" given more than once`},
 		"permission arg": {"{\n\ton_demand_tls {\n\t\tpermission edgeplane extra\n\t}\n}\n:80\n", "Caddyfile:3"},
 	}
 	for name, c := range cases {

@@ -73,7 +73,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.proxyReady = true
 	if ht, ok := h.Transport.(*reverseproxy.HTTPTransport); ok {
-		h.Transport = &gatewayTransport{HTTPTransport: ht, health: app.health}
+		h.Transport = &gatewayTransport{HTTPTransport: ht, health: app.health, app: app}
 	}
 	return nil
 }
@@ -92,7 +92,8 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP routes the request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	markDraining(w)
-	m, ok := h.app.Projection().View().LookupRoute(r.Host, r.URL.Path)
+	v := h.app.Projection().View()
+	m, ok := v.LookupRoute(r.Host, r.URL.Path)
 	svc := m.Service
 	if !ok {
 		if c := h.logger.Check(zapcore.DebugLevel, "no route"); c != nil {
@@ -103,6 +104,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	p := h.policyOf(m)
 	if len(svc.Endpoints) == 0 && (p == nil || !p.redirects(r)) {
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
+	}
+	if home := h.app.home(v); home.regional {
+		if lp := h.app.plan(v, home, svc); lp.unavailable != "" && (p == nil || !p.redirects(r)) {
+			w.Header().Set("Edgeplane-Reason", lp.reason)
+			return plainError(w, http.StatusServiceUnavailable, lp.unavailable)
+		}
 	}
 	caddyhttp.SetVar(r.Context(), varService, svc)
 	counters := h.app.shared.traffic.of(svc)

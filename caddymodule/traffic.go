@@ -45,7 +45,16 @@ type serviceCounters struct {
 	// canary counts each side of the service's split while a canary
 	// routes it; nil otherwise.
 	canary atomic.Pointer[canaryCounters]
+	// byRegion counts the requests proxied to the service's instances
+	// by the region of the instance's machine, indexed as the table's
+	// regions are.
+	byRegion [maxRegions]atomic.Uint64
 }
+
+// maxRegions bounds the regions counted apart; the requests to
+// instances of regions beyond it (and to those without one) are counted
+// in the service's totals only.
+const maxRegions = 32
 
 // canaryCounters count the two sides of one canary's split.
 type canaryCounters struct {
@@ -110,8 +119,16 @@ func (c *serviceCounters) observe(status int, latency time.Duration, in, out int
 	}
 }
 
-// snapshot reads c.
-func (c *serviceCounters) snapshot() store.ServiceTraffic {
+// countRegion counts one request proxied to an instance in the region
+// at index i (traffic.regionIndex); -1 counts nothing.
+func (c *serviceCounters) countRegion(i int) {
+	if i >= 0 {
+		c.byRegion[i].Add(1)
+	}
+}
+
+// snapshot reads c; regions names the region indexes.
+func (c *serviceCounters) snapshot(regions []string) store.ServiceTraffic {
 	t := store.ServiceTraffic{Namespace: c.namespace, Service: c.service, BytesIn: c.bytesIn.Load(),
 		BytesOut: c.bytesOut.Load(), Open: c.open.Load(), Latency: make([]uint64, latencyBuckets)}
 	for i := range c.classes {
@@ -119,6 +136,14 @@ func (c *serviceCounters) snapshot() store.ServiceTraffic {
 	}
 	for i := range c.latency {
 		t.Latency[i] = c.latency[i].Load()
+	}
+	for i, r := range regions {
+		if n := c.byRegion[i].Load(); n > 0 {
+			if t.ByRegion == nil {
+				t.ByRegion = map[string]uint64{}
+			}
+			t.ByRegion[r] = n
+		}
 	}
 	if cc := c.canary.Load(); cc != nil {
 		t.Canary = &store.CanaryTraffic{Deploy: cc.split.Deploy,
@@ -132,6 +157,11 @@ type trafficTable struct {
 	since time.Time
 	mu    sync.RWMutex
 	byKey map[[2]string]*serviceCounters
+	// regions are the regions counted apart, in the order their indexes
+	// were given (regionIndex); they are only ever appended to.
+	regions []string
+	// home is the gateway's region now, for the metrics' labels.
+	home func() string
 	// counters is t.counters as a func value, made once: a closure made
 	// per request would be an allocation per request.
 	counters func(*projection.Service) any
@@ -141,6 +171,30 @@ func newTrafficTable() *trafficTable {
 	t := &trafficTable{since: time.Now().UTC(), byKey: map[[2]string]*serviceCounters{}}
 	t.counters = t.countersOf
 	return t
+}
+
+// regionIndex is region's index in every service's byRegion, given on
+// first use; -1 for no region, or one past maxRegions.
+func (t *trafficTable) regionIndex(region string) int {
+	if region == "" {
+		return -1
+	}
+	t.mu.RLock()
+	i := slices.Index(t.regions, region)
+	t.mu.RUnlock()
+	if i >= 0 {
+		return i
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i := slices.Index(t.regions, region); i >= 0 {
+		return i
+	}
+	if len(t.regions) == maxRegions {
+		return -1
+	}
+	t.regions = append(t.regions, region)
+	return len(t.regions) - 1
 }
 
 type trafficMemo struct{}
@@ -184,7 +238,7 @@ func (t *trafficTable) snapshot(max int) []store.ServiceTraffic {
 	t.mu.RLock()
 	out := make([]store.ServiceTraffic, 0, len(t.byKey))
 	for _, c := range t.byKey {
-		out = append(out, c.snapshot())
+		out = append(out, c.snapshot(t.regions))
 	}
 	t.mu.RUnlock()
 	slices.SortFunc(out, func(a, b store.ServiceTraffic) int {
@@ -306,18 +360,28 @@ var (
 		"Response body bytes the gateway wrote for a service.", []string{"namespace", "service"}, nil)
 	descOpen = prometheus.NewDesc("edgeplane_service_open_requests",
 		"Requests to a service in progress (websockets and streams included).", []string{"namespace", "service"}, nil)
+	descByRegion = prometheus.NewDesc("edgeplane_gateway_requests_by_region_total",
+		"Requests the gateway proxied to a service's instances, by the gateway's region and the region of the instance's machine.",
+		[]string{"namespace", "service", "gateway_region", "instance_region"}, nil)
 )
 
 var codeClasses = [5]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
 
 func (c trafficCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRequests, descLatency, descBytesIn, descBytesOut, descOpen} {
+	for _, d := range []*prometheus.Desc{descRequests, descLatency, descBytesIn, descBytesOut, descOpen, descByRegion} {
 		ch <- d
 	}
 }
 
 func (c trafficCollector) Collect(ch chan<- prometheus.Metric) {
+	var home string
+	if c.t.home != nil {
+		home = c.t.home()
+	}
 	for _, s := range c.t.snapshot(0) {
+		for r, n := range s.ByRegion {
+			ch <- prometheus.MustNewConstMetric(descByRegion, prometheus.CounterValue, float64(n), s.Namespace, s.Service, home, r)
+		}
 		for i, n := range s.Classes {
 			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(n), s.Namespace, s.Service, codeClasses[i])
 		}

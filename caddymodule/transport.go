@@ -20,21 +20,37 @@ import (
 type gatewayTransport struct {
 	*reverseproxy.HTTPTransport
 	health *healthChecker
+	// app counts the requests by region.
+	app *App
 	// timed holds a clone of the HTTP transport per distinct route
 	// timeouts (routeTimeouts -> *http.Transport).
 	timed sync.Map
 }
 
 // RoundTrip sends req on, abandoning it if its endpoint fails a probe
-// before the response headers arrive. The context that needs lives on with
-// the response body once the headers are in: it ends with the request.
+// before the response headers arrive, and counts a request that reached
+// its endpoint under the endpoint's region.
 func (t *gatewayTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	di, ok := reverseproxy.GetDialInfo(req.Context())
-	if !ok || t.health == nil {
+	if !ok {
+		return t.send(req)
+	}
+	resp, err := t.sendWatched(req, di.Address)
+	if err == nil && t.app != nil {
+		t.app.countRegion(req, di.Address)
+	}
+	return resp, err
+}
+
+// sendWatched sends req to addr registered with the health checker. The
+// context that needs lives on with the response body once the headers
+// are in: it ends with the request.
+func (t *gatewayTransport) sendWatched(req *http.Request, addr string) (*http.Response, error) {
+	if t.health == nil {
 		return t.send(req)
 	}
 	ctx, abandon := context.WithCancelCause(req.Context())
-	done := t.health.wait(di.Address, abandon)
+	done := t.health.wait(addr, abandon)
 	defer done()
 	return t.send(req.WithContext(ctx))
 }

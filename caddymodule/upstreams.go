@@ -2,9 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -59,11 +57,10 @@ func (u *Upstreams) Validate() error {
 	return nil
 }
 
-type dialsMemo struct{}
-
 // GetUpstreams returns fresh Upstream values for the service's routable
 // instances (the reverse proxy writes into them, so they are never shared
-// between requests). No service means no upstreams.
+// between requests): those of the tier the gateway serves the service
+// from. No service, or no tier, means no upstreams.
 func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, error) {
 	v := u.app.Projection().View()
 	var svc *projection.Service
@@ -76,16 +73,30 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 	if !ok {
 		return nil, nil
 	}
-	dials := svc.Memo(dialsMemo{}, func(s *projection.Service) any {
-		out := make([]string, len(s.Endpoints))
-		for i, e := range s.Endpoints {
-			out[i] = net.JoinHostPort(e.Address, strconv.Itoa(e.Port))
+	side, split := caddyhttp.GetVar(r.Context(), varSide).(int)
+	if !split {
+		side = unsplit
+	}
+	if h := u.app.home(v); h.regional {
+		if p := u.app.plan(v, h, svc); !p.whole {
+			t := u.tierFor(v, p)
+			if t == nil {
+				return nil, nil
+			}
+			// A side with nothing serving in the tier leaves the request
+			// to the whole tier.
+			if t.sides != nil && side != unsplit {
+				if sd := &t.sides[side]; u.anyServing(v, sd.dials, sd.eps) {
+					return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
+				}
+			}
+			return u.upstreams(v, svc.Key(), t.dials, t.eps), nil
 		}
-		return out
-	}).([]string)
+	}
+	dials := dialsOf(svc)
 	// A split service's request gets the side the handler picked for it.
-	if side, ok := caddyhttp.GetVar(r.Context(), varSide).(int); ok && side != unsplit && svc.Split != nil {
-		sd := svc.Memo(sidesMemo{}, func(s *projection.Service) any { return splitDials(s, dials) }).(*[2]sideDials)[side]
+	if side != unsplit && svc.Split != nil {
+		sd := svc.Memo(sidesMemo{}, func(s *projection.Service) any { return splitDials(s, dialsOf(s)) }).(*[2]sideDials)[side]
 		// A side none of whose endpoints can serve leaves the request to
 		// the whole service rather than failing it open.
 		if u.anyServing(v, sd.dials, sd.eps) {

@@ -61,6 +61,9 @@ type Config struct {
 	// (default DefaultTrafficInterval) as store.GatewayTraffic.
 	Traffic         func() (since time.Time, services []store.ServiceTraffic, setAside []store.EndpointSetAside)
 	TrafficInterval time.Duration
+	// Region, when set, is the gateway's region now, carried in its
+	// observation and traffic reports.
+	Region func() string
 }
 
 // DefaultTrafficInterval is how often a gateway reports its traffic unless

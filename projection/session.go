@@ -534,6 +534,9 @@ func (p *Projection) reportLoop(ctx context.Context) {
 		v := p.View()
 		obs := store.GatewayObservation{Version: store.RecordVersion, Gateway: p.cfg.Name,
 			AppliedSeq: v.Seq, Stale: v.Stale, At: time.Now().UTC(), Digest: v.Digest(), Hosts: len(v.Hosts())}
+		if p.cfg.Region != nil {
+			obs.Region = p.cfg.Region()
+		}
 		for i, c := range v.Conflicts() {
 			if i == maxReportedConflicts {
 				obs.Conflicts = append(obs.Conflicts, fmt.Sprintf("and %d more", len(v.Conflicts())-i))
@@ -574,6 +577,9 @@ func (p *Projection) trafficLoop(ctx context.Context) {
 			continue
 		}
 		rep := store.GatewayTraffic{Gateway: p.cfg.Name, Since: since, At: time.Now().UTC(), Services: services, SetAside: aside}
+		if p.cfg.Region != nil {
+			rep.Region = p.cfg.Region()
+		}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := st.PutGatewayTraffic(pctx, &rep)
 		cancel()
