@@ -64,6 +64,12 @@ type App struct {
 	// traffic counters to the store, for the control plane to sum.
 	// Default: 5s.
 	TrafficInterval caddy.Duration `json:"traffic_interval,omitempty"`
+	// RegionProbeInterval is how often the gateway measures the round
+	// trip to each other region (a TCP connect to one of its endpoints),
+	// to fail over to the nearest first. Default: 10s; 0 turns measuring
+	// off (regions a service's locality order does not name are then
+	// tried by name).
+	RegionProbeInterval *caddy.Duration `json:"region_probe_interval,omitempty"`
 
 	key    string
 	shared *sharedProjection
@@ -72,6 +78,12 @@ type App struct {
 	health     *healthChecker
 	stopHealth context.CancelFunc
 	healthDone chan struct{}
+
+	// rtt measures the other regions' round trips (nearest.go); nil when
+	// measuring is off.
+	rtt     *regionRTT
+	stopRTT context.CancelFunc
+	rttDone chan struct{}
 }
 
 // CaddyModule returns the Caddy module information.
@@ -133,6 +145,18 @@ func (a *App) Provision(ctx caddy.Context) error {
 		timeout := cmp.Or(time.Duration(a.HealthTimeout), DefaultHealthTimeout)
 		a.health = newHealthChecker(interval, timeout, func() *projection.View { return a.shared.proj.View() }, a.logger.Named("health"))
 	}
+	probe := DefaultRegionProbeInterval
+	if a.RegionProbeInterval != nil {
+		probe = time.Duration(*a.RegionProbeInterval)
+	}
+	if probe > 0 {
+		a.rtt = newRegionRTT(probe, a.shared.proj.View, a.shared.proj.Changed, func() string { return "" }, a.logger.Named("rtt"))
+		if reg := ctx.GetMetricsRegistry(); reg != nil {
+			if err := reg.Register(regionRTTCollector{a.rtt}); err != nil {
+				return fmt.Errorf("provisioning edgeplane app: registering region round trip metrics: %w", err)
+			}
+		}
+	}
 	return nil
 }
 
@@ -141,8 +165,8 @@ func (a *App) Validate() error {
 	if a.shared == nil {
 		return fmt.Errorf("edgeplane app not provisioned")
 	}
-	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
-		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
+	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 || a.RegionProbeInterval != nil && *a.RegionProbeInterval < 0 {
+		return fmt.Errorf("edgeplane app: health_interval, health_timeout, traffic_interval and region_probe_interval must not be negative")
 	}
 	if a.Region != "" && !regionLabelRe.MatchString(a.Region) {
 		return fmt.Errorf("edgeplane app: region %q is not a DNS label (lower-case letters, digits and '-', up to 63)", a.Region)
@@ -161,6 +185,14 @@ func (a *App) Start() error {
 			a.health.run(ctx)
 		}()
 	}
+	if a.rtt != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		a.stopRTT, a.rttDone = cancel, make(chan struct{})
+		go func() {
+			defer close(a.rttDone)
+			a.rtt.run(ctx)
+		}()
+	}
 	current.Store(a)
 	a.shared.app.Store(a)
 	a.logger.Info("edgeplane gateway projection running",
@@ -176,6 +208,10 @@ func (a *App) Stop() error {
 	if a.stopHealth != nil {
 		a.stopHealth()
 		<-a.healthDone
+	}
+	if a.stopRTT != nil {
+		a.stopRTT()
+		<-a.rttDone
 	}
 	return nil
 }

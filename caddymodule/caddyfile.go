@@ -32,6 +32,7 @@ func init() {
 //			health_timeout  <duration>
 //			disable_health_checks
 //			traffic_interval <duration>
+//			region_probe_interval <duration>
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -60,7 +61,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			a.DisableHealthChecks = true
 			continue
-		case "health_interval", "health_timeout", "traffic_interval":
+		case "health_interval", "health_timeout", "traffic_interval", "region_probe_interval":
 			if !d.NextArg() {
 				return d.ArgErr()
 			}
@@ -76,6 +77,9 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				a.HealthInterval = caddy.Duration(dur)
 			case "health_timeout":
 				a.HealthTimeout = caddy.Duration(dur)
+			case "region_probe_interval":
+				probe := caddy.Duration(dur)
+				a.RegionProbeInterval = &probe
 			default:
 				a.TrafficInterval = caddy.Duration(dur)
 			}
