@@ -4,8 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -25,41 +23,10 @@ func addStoreKeyFlags(fs *flag.FlagSet) *storeKeyFlags {
 	return k
 }
 
-// key returns the store key, "" when none was asked for, and an error when
-// one was asked for and is not there (or the node's store is encrypted and
-// its key is not where the node would find it).
-func (k *storeKeyFlags) key() (string, error) {
-	file := k.file
-	if file == "" && k.data != "" {
-		place := storagenode.LocateStoreKey(k.data, filepath.Join(k.data, "auth"), "")
-		if _, err := os.Stat(place.File); err != nil {
-			layout, lerr := storagenode.ReadStoreLayout(k.data)
-			if lerr == nil && layout.Encrypted {
-				return "", store.Errorf(store.CodeNotFound, "the store in %s is encrypted at rest, but its key is not in %s: give --store-key FILE", k.data, place.File).
-					With("data", k.data).With("store_key", place.File)
-			}
-			return "", nil // a node without a store key: its store is plaintext
-		}
-		file = place.File
-	}
-	if file == "" {
-		return "", nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return "", fmt.Errorf("reading the store key: %w", err)
-	}
-	key := strings.TrimSpace(string(b))
-	if len(key) < 32 {
-		return "", store.Errorf(store.CodeInvalid, "%s holds no store key (want at least 32 characters)", file).With("store_key", file)
-	}
-	return key, nil
-}
-
 // keyAndProgress is what a backup and a restore start with: the store key
 // the flags name, and where progress lines go (nowhere under --json).
 func (k *storeKeyFlags) keyAndProgress(c *call) (string, io.Writer, error) {
-	key, err := k.key()
+	key, err := storagenode.BackupStoreKey(k.file, k.data)
 	if err != nil {
 		return "", nil, err
 	}

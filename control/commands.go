@@ -29,6 +29,15 @@ var commands = []command{
 	{name: "machine rm", aliases: []string{"machine remove"}, synopsis: "ID [--force]", summary: "retire a machine: records, routing, DNS name, mesh peer and invite go",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupMachineRemove},
 
+	{name: "region ls", aliases: []string{"region list"}, summary: "regions: state, who set it and when, machines by state, instances, gateways",
+		client: reads, setup: setupRegionList},
+	{name: "region drain", synopsis: "R [--wait 5s]", summary: "a region's instances serve only when no other region can; nothing new is placed there",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupRegionState(store.RegionDraining)},
+	{name: "region disable", synopsis: "R [--wait 5s]", summary: "take a region out of routing and placement",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupRegionState(store.RegionDisabled)},
+	{name: "region enable", synopsis: "R [--wait 5s]", summary: "put a drained or disabled region back into routing and placement",
+		client: writes, minArgs: 1, maxArgs: 1, setup: setupRegionState(store.RegionActive)},
+
 	{name: "mesh rotate", synopsis: "[--machine ID]", summary: "give meshd nodes new WireGuard keys; peers accept the old key for an overlap, so no tunnel drops",
 		client: writes, setup: setupMeshRotate},
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/deploy"
+	"github.com/edgeplane/edgeplane/control/machines"
 	"github.com/edgeplane/edgeplane/control/manifest"
 	"github.com/edgeplane/edgeplane/control/printers"
 	"github.com/edgeplane/edgeplane/control/status"
@@ -188,21 +189,6 @@ func setupInstances(fs *flag.FlagSet) func(*call) error {
 // command to the machine that runs the instance. Its attempt
 // number is the time in milliseconds, so a later command always wins over
 // an earlier one still in flight.
-// unrecordedInstance is instance id as machine's agent runs it, for one the
-// store has no record of (it went back in time).
-func unrecordedInstance(ctx context.Context, s *store.Store, machine, id string) (*store.InstanceRecord, error) {
-	var inv store.InventoryReply
-	if err := s.Call(ctx, machine, store.CmdInventory, struct{}{}, &inv); err != nil {
-		return nil, err
-	}
-	for _, it := range inv.Instances {
-		if it.ID == id && !it.Unknown {
-			return &store.InstanceRecord{ID: it.ID, Namespace: it.Namespace, Service: it.Service, Machine: machine}, nil
-		}
-	}
-	return nil, store.Errorf(store.CodeNotFound, "machine %s runs no instance %s", machine, id).With("instance", id).With("machine", machine)
-}
-
 func setupInstanceCommand(command string) func(*flag.FlagSet) func(*call) error {
 	return func(fs *flag.FlagSet) func(*call) error {
 		grace := fs.Duration("stop-grace", 10*time.Second, "SIGTERM-to-SIGKILL grace")
@@ -212,7 +198,7 @@ func setupInstanceCommand(command string) func(*flag.FlagSet) func(*call) error 
 			return c.withStore(func(s *store.Store) error {
 				rec, err := status.FindInstance(c.ctx, s, c.args[0])
 				if store.HasCode(err, store.CodeNotFound) && *machine != "" {
-					rec, err = unrecordedInstance(c.ctx, s, *machine, c.args[0])
+					rec, err = machines.RunningInstance(c.ctx, s, *machine, c.args[0])
 				}
 				if err != nil {
 					return err

@@ -3,6 +3,7 @@
 //	control server --data DIR [--listen 127.0.0.1:4222] [--agent] ...
 //	control agent --data DIR [--join TOKEN] [--machine ID] [--advertise IP]
 //	control machine invite|ls|drain|disable|enable|address|rm
+//	control region ls|drain|disable|enable
 //	control deploy preview|apply|status|history|rollback
 //	control instances [--namespace NS]
 //	control certs
@@ -106,7 +107,7 @@ func (c *call) withStore(fn func(*store.Store) error) error {
 }
 
 // groupAliases are other names of a command group's first word.
-var groupAliases = map[string]string{"machines": "machine"}
+var groupAliases = map[string]string{"machines": "machine", "regions": "region"}
 
 // run dispatches a command line and returns the exit status: 0 for success
 // and help, 1 for a failed command, 2 for a command line that is wrong.

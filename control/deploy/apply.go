@@ -62,6 +62,14 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	if err != nil {
 		return nil, err
 	}
+	// A rollback deploys a spec that was valid once: a region it names
+	// that has since gone is placement's to refuse, not a reason to hold
+	// back the way out.
+	if in.rollbackOf == "" {
+		if err := checkRegions(m, st); err != nil {
+			return nil, err
+		}
+	}
 	p := buildPlan(m, st.live, st.insts, st.machines)
 	start, keep, stop := p.Counts()
 	d.step(StepPreview, "deploy %s of %s, revision %d: %d to start, %d to keep, %d to stop", r.id, r.ns, p.Revision, start, keep, stop)

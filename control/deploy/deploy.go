@@ -17,12 +17,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/hosts"
 	"github.com/edgeplane/edgeplane/control/manifest"
+	"github.com/edgeplane/edgeplane/control/regions"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -149,9 +152,13 @@ func (d *Deployer) step(s Step, format string, args ...any) {
 
 // state is what a plan is computed from.
 type state struct {
-	live     *store.DeployCommit
-	insts    map[string]*store.InstanceRecord
+	live  *store.DeployCommit
+	insts map[string]*store.InstanceRecord
+	// machines are by ID, each with the state placement takes it in
+	// (its own and its region's: regions.PlacementState).
 	machines map[string]store.MachineRecord
+	// regions are the states operators set, by region.
+	regions map[string]store.RegionRecord
 
 	// What agents last wrote of their machines, read once on first use
 	// (image pinning and placement both need it).
@@ -173,7 +180,7 @@ func (st *state) observations(ctx context.Context, s *store.Store) (map[string]s
 }
 
 func (d *Deployer) load(ctx context.Context, ns string) (*state, error) {
-	st := &state{machines: map[string]store.MachineRecord{}}
+	st := &state{}
 	live, err := d.s.LiveCommit(ctx, ns)
 	switch {
 	case err == nil:
@@ -184,11 +191,32 @@ func (d *Deployer) load(ctx context.Context, ns string) (*state, error) {
 	if st.insts, err = d.s.NamespaceInstances(ctx, ns); err != nil {
 		return nil, err
 	}
-	err = d.s.ListMachines(ctx, func(m *store.MachineRecord) error {
-		st.machines[m.ID] = *m
-		return nil
-	})
-	return st, err
+	if st.machines, st.regions, err = regions.Read(ctx, d.s); err != nil {
+		return nil, err
+	}
+	// Placement takes a machine in a draining or disabled region as a
+	// draining or disabled machine: nothing new goes there, and a
+	// disabled region's instances move at their service's next deploy,
+	// as a disabled machine's do.
+	for id, m := range st.machines {
+		m.State = regions.PlacementState(m.State, regions.StateOf(st.regions, m.Region))
+		st.machines[id] = m
+	}
+	return st, nil
+}
+
+// checkRegions refuses, before anything is written, a manifest naming a
+// region (in placement.regions or locality.order) that no machine is in
+// and no record names: store.ErrUnknownRegion with the field path.
+func checkRegions(m *store.Manifest, st *state) error {
+	named := manifest.Regions(m)
+	known := regions.Known(st.machines, st.regions)
+	for _, path := range slices.Sorted(maps.Keys(named)) {
+		if err := regions.Check(named[path], known); err != nil {
+			return store.AsError(err).With("field", path)
+		}
+	}
+	return nil
 }
 
 // Preview plans m against stored intent and status, writing nothing.
@@ -207,6 +235,9 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 	}
 	st, err := d.load(ctx, m.Namespace)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkRegions(m, st); err != nil {
 		return nil, err
 	}
 	// As the apply will: images compared by what they are now.

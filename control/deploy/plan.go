@@ -117,6 +117,9 @@ func buildPlan(m *store.Manifest, live *store.DeployCommit, insts map[string]*st
 					a.Action, a.Reason = ActionStart, "instance not routable"
 				case !known || mach.State == store.MachineDisabled:
 					a.Action, a.Reason = ActionStart, "machine "+old.Machine+" disabled or removed"
+					if known && mach.Region != "" {
+						a.Reason += " (or its region " + mach.Region + " disabled)"
+					}
 				default:
 					a.Action, a.InstanceID, a.Machine, a.Revision = ActionKeep, old.InstanceID, old.Machine, old.Revision
 					a.Reason = "unchanged"

@@ -442,3 +442,19 @@ func checkInviteAddress(id, address string, inv *store.Invite, policy AdmissionP
 	}
 	return nil
 }
+
+// RunningInstance is instance id as machine's agent runs it (asked now),
+// for one the store has no record of (it went back in time): enough to
+// address a command to it.
+func RunningInstance(ctx context.Context, s *store.Store, machine, id string) (*store.InstanceRecord, error) {
+	var inv store.InventoryReply
+	if err := s.Call(ctx, machine, store.CmdInventory, struct{}{}, &inv); err != nil {
+		return nil, err
+	}
+	for _, it := range inv.Instances {
+		if it.ID == id && !it.Unknown {
+			return &store.InstanceRecord{ID: it.ID, Namespace: it.Namespace, Service: it.Service, Machine: machine}, nil
+		}
+	}
+	return nil, store.Errorf(store.CodeNotFound, "machine %s runs no instance %s", machine, id).With("instance", id).With("machine", machine)
+}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/edgeplane/edgeplane/internal/atomicfile"
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // Where the store key lives. The key encrypts a node's JetStream store at
@@ -141,4 +142,37 @@ func within(path, dir string) bool {
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// BackupStoreKey is the store key a backup is sealed (or a restore
+// opened) with: the one in file, else the one a node with dataDir finds
+// where it would (LocateStoreKey). It is "" when neither is given, or the
+// node has no key and its store is plaintext; an error when a key was
+// named and is not there, or the node's store is encrypted and its key is
+// not where the node would find it.
+func BackupStoreKey(file, dataDir string) (string, error) {
+	if file == "" && dataDir != "" {
+		place := LocateStoreKey(dataDir, filepath.Join(dataDir, "auth"), "")
+		if _, err := os.Stat(place.File); err != nil {
+			layout, lerr := ReadStoreLayout(dataDir)
+			if lerr == nil && layout.Encrypted {
+				return "", store.Errorf(store.CodeNotFound, "the store in %s is encrypted at rest, but its key is not in %s: give --store-key FILE", dataDir, place.File).
+					With("data", dataDir).With("store_key", place.File)
+			}
+			return "", nil // a node without a store key: its store is plaintext
+		}
+		file = place.File
+	}
+	if file == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("reading the store key: %w", err)
+	}
+	key := strings.TrimSpace(string(b))
+	if len(key) < 32 {
+		return "", store.Errorf(store.CodeInvalid, "%s holds no store key (want at least 32 characters)", file).With("store_key", file)
+	}
+	return key, nil
 }
