@@ -57,6 +57,20 @@ type RouteInfo struct {
 	// FailOpen is set when every endpoint is set aside: they are all
 	// served anyway.
 	FailOpen bool `json:"fail_open,omitempty"`
+	// Serving, when the service's endpoints are in more than one tier for
+	// this gateway (projection.View.Tiers), is the tier it serves from
+	// now; Unavailable says why it has none.
+	Serving     *ServingInfo `json:"serving,omitempty"`
+	Unavailable string       `json:"unavailable,omitempty"`
+}
+
+// ServingInfo is the tier of a service's endpoints the gateway serves
+// from: their region ("" for several, under locality any), its state, and
+// the instances.
+type ServingInfo struct {
+	Region    string   `json:"region"`
+	State     string   `json:"state"`
+	Instances []string `json:"instances"`
 }
 
 // GatewayStatus is the answer of /edgeplane/projection: the projection's
@@ -108,6 +122,16 @@ func routeInfo(app *App, v *projection.View, s *projection.Service) RouteInfo {
 		}
 	}
 	ri.FailOpen = len(eps) > 0 && len(ri.SetAside) == len(eps)
+	if h := app.home(v); h.regional {
+		p := app.plan(v, h, s)
+		ri.Unavailable = strings.TrimSuffix(p.unavailable, "\n")
+		if t := app.tierFor(v, p); !p.whole && t != nil {
+			ri.Serving = &ServingInfo{Region: t.region, State: t.state, Instances: make([]string, 0, len(t.eps))}
+			for _, e := range t.eps {
+				ri.Serving.Instances = append(ri.Serving.Instances, e.InstanceID)
+			}
+		}
+	}
 	return ri
 }
 

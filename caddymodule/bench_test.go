@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -310,4 +311,51 @@ func BenchmarkRoutePolicy(b *testing.B) {
 	b.ReportMetric(plainRPS/rounds, "plain-req/s")
 	b.ReportMetric(policyRPS/rounds, "policy-req/s")
 	b.ReportMetric((ratios[(rounds-1)/2]+ratios[rounds/2])/2, "rps-ratio(policy/plain)")
+}
+
+// BenchmarkLocality compares, in one process against the same backends,
+// the gateway serving with locality on (its region set, another region's
+// instances in the view) and off (the same view, the gateway without a
+// region), in alternating rounds of identical load, the config reloaded
+// between them (the projection is kept), and reports the req/s ratio
+// (goal >= 0.98): for a service whose every endpoint is at home (the
+// fast path), and for one with an endpoint in another region too (the
+// tiers path: home's two endpoints chosen per request). Run with
+// -benchtime=1x.
+func BenchmarkLocality(b *testing.B) {
+	f := newFixture(b)
+	b1, b2, far := newBackend(b, "b1"), newBackend(b, "b2"), newBackend(b, "far")
+	f.publishRegional("bench", "mixed", "mixed.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"), inRegion(far, "fra"))
+	seq := f.publishRegional("bench", "web", "bench.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"))
+	on := func() { f.app = map[string]any{"region": "tyo"}; f.load() }
+	off := func() { f.app = nil; f.load() }
+	on()
+	f.waitSeq(seq)
+	const workers, rounds = 16, 6
+	round := 2 * time.Second
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, MaxIdleConns: 4 * workers}}
+	defer client.CloseIdleConnections()
+	url := "http://" + f.gateway + "/"
+	run := func(config func(), host string) float64 {
+		config()
+		loadRun(b, client, url, host, workers, 200*time.Millisecond) // warm up after the reload
+		rps, _, _, _ := loadRun(b, client, url, host, workers, round)
+		return rps
+	}
+	b.ResetTimer()
+	for _, host := range []string{"bench.test", "mixed.test"} {
+		var ratios []float64
+		var onRPS, offRPS float64
+		for i := 0; i < rounds; i++ {
+			var or, fr float64
+			alternate(i, func() { or = run(on, host) }, func() { fr = run(off, host) })
+			onRPS, offRPS = onRPS+or, offRPS+fr
+			ratios = append(ratios, or/fr)
+		}
+		sort.Float64s(ratios)
+		name := strings.TrimSuffix(host, ".test")
+		b.ReportMetric(onRPS/rounds, name+"-on-req/s")
+		b.ReportMetric(offRPS/rounds, name+"-off-req/s")
+		b.ReportMetric((ratios[(rounds-1)/2]+ratios[rounds/2])/2, name+"-rps-ratio(on/off)")
+	}
 }

@@ -205,9 +205,9 @@ func dialsOf(s *projection.Service) []string {
 // tierFor picks the tier a request is served from: the first with an
 // endpoint that can serve, else the first (fail open); nil when p has
 // none.
-func (u *Upstreams) tierFor(v *projection.View, p *localPlan) *tierDials {
+func (a *App) tierFor(v *projection.View, p *localPlan) *tierDials {
 	for i := range p.tiers {
-		if u.anyServing(v, p.tiers[i].dials, p.tiers[i].eps) {
+		if a.anyServing(v, p.tiers[i].dials, p.tiers[i].eps) {
 			return &p.tiers[i]
 		}
 	}

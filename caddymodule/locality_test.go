@@ -150,6 +150,9 @@ func TestLocalityPrefersHomeAndFailsOverByOrder(t *testing.T) {
 	// Both home machines down: the next region in the service's order.
 	f.setDown(machineOf(regional{b: &backend{name: "tyo-1"}}), machineOf(regional{b: &backend{name: "tyo-2"}}))
 	f.eventuallyServedBy("web.test", "nyc-1")
+	if ri := f.routeOf("web"); ri.Serving == nil || ri.Serving.Region != "nyc" || strings.Join(ri.Serving.Instances, ",") != "nyc-1" {
+		t.Errorf("admin routes while nyc serves: %+v", ri.Serving)
+	}
 	// And nyc too: fra.
 	f.setDown("m-tyo-1", "m-tyo-2", "m-nyc-1")
 	f.eventuallyServedBy("web.test", "fra-1")
@@ -161,6 +164,17 @@ func TestLocalityPrefersHomeAndFailsOverByOrder(t *testing.T) {
 	f.eventuallyServedBy("web.test", "tyo-1")
 	f.setDown()
 	f.eventuallyServedBy("web.test", "tyo-1", "tyo-2")
+	// fra-1's machine moves to tyo: one more at home.
+	now := time.Now().UTC()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	seq, err := f.nats.Store.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineUpsert, At: now,
+		Machine: &store.MachineRecord{Version: store.RecordVersion, ID: "m-fra-1", State: store.MachineActive, Address: "127.0.0.1", Region: "tyo", JoinedAt: now, UpdatedAt: now}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitSeq(seq)
+	f.eventuallyServedBy("web.test", "fra-1", "tyo-1", "tyo-2")
 
 	// The requests went to the regions counted.
 	var got map[string]uint64
@@ -220,6 +234,23 @@ func TestLocalityStrict(t *testing.T) {
 	}
 }
 
+// routeOf is service's entry in /edgeplane/routes.
+func (f *fixture) routeOf(service string) RouteInfo {
+	f.t.Helper()
+	code, body := f.adminGet("/edgeplane/routes")
+	var routes []RouteInfo
+	if err := json.Unmarshal(body, &routes); err != nil || code != 200 {
+		f.t.Fatalf("routes: %d %s", code, body)
+	}
+	for _, r := range routes {
+		if r.Service == service {
+			return r
+		}
+	}
+	f.t.Fatalf("routes lack %s: %s", service, body)
+	return RouteInfo{}
+}
+
 func mustRequest(t *testing.T, f *fixture, host string) *http.Request {
 	req, err := http.NewRequest(http.MethodGet, "http://"+f.gateway+"/", nil)
 	if err != nil {
@@ -261,6 +292,9 @@ func TestLocalityDisabledNever(t *testing.T) {
 	r := f.mustGet("web.test", "/")
 	if r.status != http.StatusServiceUnavailable || r.body != "service unavailable: every instance of shop/web is in a disabled region (fra, nyc, tyo)\n" {
 		t.Errorf("all disabled: %d %q", r.status, r.body)
+	}
+	if ri := f.routeOf("web"); ri.Serving != nil || !strings.Contains(ri.Unavailable, "disabled region") {
+		t.Errorf("admin routes with every region disabled: %+v %q", ri.Serving, ri.Unavailable)
 	}
 }
 
@@ -328,6 +362,18 @@ func TestRegionFromMachineInAdminAndReports(t *testing.T) {
 		})
 		return obs && rep
 	})
+
+	// The machine moves to fra: the gateway follows, and web-1 is home.
+	now = time.Now().UTC()
+	seq, err = f.nats.Store.PublishRouting(ctx, "", []store.RoutingEvent{{Kind: store.EventMachineUpsert, At: now,
+		Machine: &store.MachineRecord{Version: store.RecordVersion, ID: "gw-test", State: store.MachineActive, Address: "127.0.0.9", Region: "fra", JoinedAt: now, UpdatedAt: now}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitSeq(seq)
+	if st := status(); st.Region != "fra" || st.RegionSource != regionFromMachine {
+		t.Errorf("region after the machine moved: %+v", st)
+	}
 
 	f.app["region"] = "tyo"
 	f.load()

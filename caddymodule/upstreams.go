@@ -79,14 +79,14 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 	}
 	if h := u.app.home(v); h.regional {
 		if p := u.app.plan(v, h, svc); !p.whole {
-			t := u.tierFor(v, p)
+			t := u.app.tierFor(v, p)
 			if t == nil {
 				return nil, nil
 			}
 			// A side with nothing serving in the tier leaves the request
 			// to the whole tier.
 			if t.sides != nil && side != unsplit {
-				if sd := &t.sides[side]; u.anyServing(v, sd.dials, sd.eps) {
+				if sd := &t.sides[side]; u.app.anyServing(v, sd.dials, sd.eps) {
 					return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
 				}
 			}
@@ -99,7 +99,7 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		sd := svc.Memo(sidesMemo{}, func(s *projection.Service) any { return splitDials(s, dialsOf(s)) }).(*[2]sideDials)[side]
 		// A side none of whose endpoints can serve leaves the request to
 		// the whole service rather than failing it open.
-		if u.anyServing(v, sd.dials, sd.eps) {
+		if u.app.anyServing(v, sd.dials, sd.eps) {
 			return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
 		}
 	}
@@ -131,12 +131,12 @@ func splitDials(s *projection.Service, dials []string) *[2]sideDials {
 
 // anyServing reports whether one of dials (of eps) is on a live machine
 // and passing its health check.
-func (u *Upstreams) anyServing(v *projection.View, dials []string, eps []store.Endpoint) bool {
+func (a *App) anyServing(v *projection.View, dials []string, eps []store.Endpoint) bool {
 	for i, d := range dials {
 		if _, down := v.Down(eps[i].Machine); down {
 			continue
 		}
-		if u.app.health == nil || !u.app.health.isDown(d) {
+		if a.health == nil || !a.health.isDown(d) {
 			return true
 		}
 	}
