@@ -29,6 +29,17 @@ func (v *memView) LiveEndpoints(svc *projection.Service) ([]store.Endpoint, bool
 	return svc.Endpoints, false
 }
 
+// A memView has no regions: every service is local to any reader.
+func (v *memView) Local(*projection.Service, string) bool { return true }
+func (v *memView) Tiers(svc *projection.Service, _ string, _ []string) []projection.Tier {
+	all := make([]int, len(svc.Endpoints))
+	for i := range all {
+		all[i] = i
+	}
+	return []projection.Tier{{State: store.RegionActive, Endpoints: all}}
+}
+func (v *memView) Down(string) (projection.MachineDown, bool) { return projection.MachineDown{}, false }
+
 // memSource hands out a memView that a test swaps.
 type memSource struct {
 	mu    sync.Mutex

@@ -34,6 +34,17 @@ type Config struct {
 	// TTL of every record in the zone, and the negative-caching TTL in its
 	// SOA; default 5s. Short, so a projection change reaches clients fast.
 	TTL time.Duration
+	// Region is the server's region: a service's name is answered with
+	// its instances in this region first (see projection.View.Tiers for
+	// the order of the others, and the service's locality policy). Empty
+	// serves every active region alike, draining ones only when no
+	// active one can.
+	Region string
+	// RegionFor, when set and Region is not, is the server's region under
+	// each view, asked once per view: a server beside a gateway answers
+	// as the gateway routes, and the gateway's region may follow its
+	// machine's record in the view.
+	RegionFor func(v View) string
 	// NSAddrs are the addresses published for ns.<zone>, the zone's name
 	// server; none means ns.<zone> exists without address records.
 	NSAddrs []netip.Addr
@@ -129,7 +140,7 @@ func New(cfg Config, src Source) (*Server, error) {
 	s := &Server{zone: zone, maxUDP: cfg.MaxUDPSize, maxQuery: cfg.MaxQuerySize, log: log, m: m}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	z := newZone(zone, cfg.TTL, cfg.NSAddrs, src, log, m)
+	z := newZone(zone, cfg.Region, cfg.RegionFor, cfg.TTL, cfg.NSAddrs, src, log, m)
 	plugins := []Plugin{z.plugin}
 	var last Handler = Refused{}
 	if len(cfg.Forward.Upstreams) > 0 {
@@ -155,6 +166,11 @@ func New(cfg Config, src Source) (*Server, error) {
 func (cfg Config) Validate() error {
 	if _, err := normalizeZone(cfg.Zone); err != nil {
 		return err
+	}
+	if cfg.Region != "" {
+		if err := ValidRegion(cfg.Region); err != nil {
+			return err
+		}
 	}
 	if cfg.TTL != 0 && (cfg.TTL < time.Second || cfg.TTL > 24*time.Hour) {
 		return fmt.Errorf("ttl %s: must be between 1s and 24h", cfg.TTL)

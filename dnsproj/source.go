@@ -21,6 +21,17 @@ type View interface {
 	// down (heartbeats stopped), or all of them when every one is (fail
 	// open).
 	LiveEndpoints(svc *projection.Service) (eps []store.Endpoint, failOpen bool)
+	// Local reports whether every endpoint of svc is in region home and
+	// home is active: the common case, answered as if there were no
+	// regions.
+	Local(svc *projection.Service, home string) bool
+	// Tiers groups svc's endpoints, by region, in the order a reader in
+	// home serves them (see projection.View.Tiers); disabled regions are
+	// in none.
+	Tiers(svc *projection.Service, home string, nearest []string) []projection.Tier
+	// Down reports whether machine is judged down (its heartbeats
+	// stopped).
+	Down(machine string) (projection.MachineDown, bool)
 }
 
 // Source hands out the view to answer from now.

@@ -3,7 +3,6 @@ package dnsproj
 import (
 	"context"
 	"net/netip"
-	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"github.com/miekg/dns"
 	"go.uber.org/zap"
 
+	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/store"
 )
 
@@ -21,6 +21,7 @@ import (
 //	<zone>                                 SOA, NS
 //	ns.<zone>                              A/AAAA of Config.NSAddrs
 //	<service>.<namespace>.<zone>           A/AAAA of routable instances, SRV
+//	                                       (by region: see locality.go)
 //	_http._tcp.<service>.<namespace>.<zone> SRV
 //	<instance>.<service>.<namespace>.<zone> A/AAAA of that instance
 //	<machine>.machines.<zone>              A/AAAA of the machine's overlay IP
@@ -31,6 +32,12 @@ import (
 type zone struct {
 	origin    string // lower case, trailing dot
 	dotOrigin string // "." + origin
+	// region is the server's, else regionFor(view) is: the index of a
+	// view answers as a reader there, and the region is fixed for the
+	// zone's life or a function of the view, so the index stays keyed on
+	// the view alone.
+	region    string
+	regionFor func(View) string
 	ttl       uint32
 	nsAddrs   []netip.Addr
 	src       Source
@@ -42,9 +49,9 @@ type zone struct {
 	idx atomic.Pointer[zoneIndex]
 }
 
-func newZone(origin string, ttl time.Duration, nsAddrs []netip.Addr, src Source, log *zap.Logger, m *metrics) *zone {
+func newZone(origin, region string, regionFor func(View) string, ttl time.Duration, nsAddrs []netip.Addr, src Source, log *zap.Logger, m *metrics) *zone {
 	return &zone{
-		origin: origin, dotOrigin: "." + origin, ttl: uint32(ttl / time.Second),
+		origin: origin, dotOrigin: "." + origin, region: region, regionFor: regionFor, ttl: uint32(ttl / time.Second),
 		nsAddrs: nsAddrs, src: src, log: log, m: m,
 	}
 }
@@ -73,7 +80,11 @@ func (z *zone) index() *zoneIndex {
 	if idx := z.idx.Load(); idx != nil && idx.view == v && idx.seq == seq && idx.stale == stale {
 		return idx
 	}
-	idx := buildIndex(z.origin, z.ttl, z.nsAddrs, v, seq, stale, z.log)
+	region := z.region
+	if region == "" && z.regionFor != nil && v != nil {
+		region = z.regionFor(v)
+	}
+	idx := buildIndex(z.origin, region, z.ttl, z.nsAddrs, v, seq, stale, z.log)
 	z.idx.Store(idx)
 	z.m.viewSeq.Set(float64(seq))
 	if stale {
@@ -170,13 +181,15 @@ func (n *node) lookup(qtype uint16) (answer, extra []dns.RR) {
 
 type indexBuilder struct {
 	origin string
+	region string       // the server's; "" serves every active region alike
+	tiers  []servedTier // scratch, reused service after service
 	ttl    uint32
 	names  map[string]*node
 	log    *zap.Logger
 }
 
-func buildIndex(origin string, ttl uint32, nsAddrs []netip.Addr, v View, seq uint64, stale bool, log *zap.Logger) *zoneIndex {
-	b := &indexBuilder{origin: origin, ttl: ttl, names: make(map[string]*node), log: log}
+func buildIndex(origin, region string, ttl uint32, nsAddrs []netip.Addr, v View, seq uint64, stale bool, log *zap.Logger) *zoneIndex {
+	b := &indexBuilder{origin: origin, region: region, ttl: ttl, names: make(map[string]*node), log: log}
 	idx := &zoneIndex{view: v, seq: seq, stale: stale, names: b.names}
 
 	nsName := "ns." + origin
@@ -225,51 +238,57 @@ func (b *indexBuilder) addServices(v View) {
 		if len(base) > 200 { // leaves room for the instance label below
 			continue
 		}
-		// A machine whose heartbeats stopped is left out of the answers
-		// while the service has instances elsewhere.
-		live, _ := v.LiveEndpoints(svc)
-		eps := append([]store.Endpoint(nil), live...)
-		sort.Slice(eps, func(i, j int) bool {
-			if eps[i].Slot != eps[j].Slot {
-				return eps[i].Slot < eps[j].Slot
-			}
-			return eps[i].InstanceID < eps[j].InstanceID
-		})
 		svcNode := b.node(base)
 		srvName := "_http._tcp." + base
 		srvNode := b.node(srvName)
-		seen := make(map[netip.Addr]bool)
-		// During a canary each side's SRV weights add up to its share;
-		// a side with none (the new revision at 0%, the old at 100%) is
-		// answered under its instance names only.
-		weights := svc.SRVWeights(eps)
-		for i, ep := range eps {
-			ip, err := netip.ParseAddr(ep.Address)
-			if err != nil || ep.Port <= 0 || ep.Port > 65535 {
-				continue
-			}
-			ip = ip.Unmap()
-			target := instanceLabel(ep) + "." + base
-			inst := b.node(target)
-			b.addAddr(inst, target, ip)
-			if weights[i] == 0 {
-				continue
-			}
-			if !seen[ip] {
-				seen[ip] = true
-				b.addAddr(svcNode, base, ip)
-			}
-			for _, owner := range []struct {
-				n    *node
-				name string
-			}{{svcNode, base}, {srvNode, srvName}} {
-				owner.n.srv = append(owner.n.srv, &dns.SRV{
-					Hdr: b.hdr(owner.name, dns.TypeSRV), Priority: 0, Weight: weights[i],
-					Port: uint16(ep.Port), Target: target,
-				})
-				owner.n.srvExtra = append(owner.n.srvExtra, inst.a...)
-				owner.n.srvExtra = append(owner.n.srvExtra, inst.aaaa...)
-			}
+		// A machine whose heartbeats stopped is left out of the answers
+		// while the service has instances elsewhere; its region's
+		// other instances, and other regions, are tried first.
+		b.tiers = servedTiers(v, svc, b.region, b.tiers[:0])
+		for i, t := range b.tiers {
+			b.addTier(svc, t, i == 0, base, svcNode, srvName, srvNode)
+		}
+	}
+}
+
+// addTier adds tier t of svc: an instance name per endpoint, SRV records
+// at the tier's priority, and, for the first tier only, the A and AAAA
+// records of the service's name.
+func (b *indexBuilder) addTier(svc *projection.Service, t servedTier, first bool, base string, svcNode *node, srvName string, srvNode *node) {
+	var seen map[netip.Addr]bool
+	if first {
+		seen = make(map[netip.Addr]bool)
+	}
+	// During a canary each side's SRV weights add up to its share,
+	// within the tier; a side with none (the new revision at 0%, the
+	// old at 100%) is answered under its instance names only.
+	weights := svc.SRVWeights(t.eps)
+	for i, ep := range t.eps {
+		ip, err := netip.ParseAddr(ep.Address)
+		if err != nil || ep.Port <= 0 || ep.Port > 65535 {
+			continue
+		}
+		ip = ip.Unmap()
+		target := instanceLabel(ep) + "." + base
+		inst := b.node(target)
+		b.addAddr(inst, target, ip)
+		if weights[i] == 0 {
+			continue
+		}
+		if first && !seen[ip] {
+			seen[ip] = true
+			b.addAddr(svcNode, base, ip)
+		}
+		for _, owner := range []struct {
+			n    *node
+			name string
+		}{{svcNode, base}, {srvNode, srvName}} {
+			owner.n.srv = append(owner.n.srv, &dns.SRV{
+				Hdr: b.hdr(owner.name, dns.TypeSRV), Priority: t.priority, Weight: weights[i],
+				Port: uint16(ep.Port), Target: target,
+			})
+			owner.n.srvExtra = append(owner.n.srvExtra, inst.a...)
+			owner.n.srvExtra = append(owner.n.srvExtra, inst.aaaa...)
 		}
 	}
 }

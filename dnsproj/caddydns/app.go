@@ -34,6 +34,13 @@ type App struct {
 	// Zone is the cluster zone answered from the projection. Default:
 	// "edgeplane.internal.".
 	Zone string `json:"zone,omitempty"`
+	// Region is this server's region: a service's name is answered with
+	// its instances in this region first, then the other regions' in the
+	// service's locality order (only this region's under a strict
+	// policy). One DNS label (lower-case letters, digits, '-'). Default:
+	// the edgeplane app's region, as it follows its machine's, when that
+	// app offers it; else none (every active region alike).
+	Region string `json:"region,omitempty"`
 	// TTL of the zone's records and its negative-caching TTL. Default: 5s.
 	TTL caddy.Duration `json:"ttl,omitempty"`
 	// NSAddresses are published as the addresses of ns.<zone>. Default:
@@ -51,10 +58,11 @@ type App struct {
 	// MaxQuerySize drops larger queries. Default: 1232.
 	MaxQuerySize int `json:"max_query_size,omitempty"`
 
-	srv    *dnsproj.Server
-	addrs  []caddy.NetworkAddress
-	held   []caddy.NetworkAddress // sockets acquired by Start
-	logger *zap.Logger
+	srv        *dnsproj.Server
+	regionFrom string // "edgeplane" when the region is the gateway's
+	addrs      []caddy.NetworkAddress
+	held       []caddy.NetworkAddress // sockets acquired by Start
+	logger     *zap.Logger
 }
 
 // Forward configures the upstream resolvers.
@@ -98,6 +106,13 @@ type projectionProvider interface {
 	Projection() *projection.Projection
 }
 
+// regionProvider is the gateway app's region under a view, when it offers
+// one (its configured region, else its machine's as the view has it): DNS
+// beside a gateway answers as the gateway routes.
+type regionProvider interface {
+	RegionFor(v *projection.View) string
+}
+
 // Provision sets defaults, finds the gateway's projection and builds the
 // server; it opens no sockets.
 func (a *App) Provision(ctx caddy.Context) error {
@@ -125,6 +140,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("app %s (%T) does not provide a routing projection", GatewayAppID, gw)
 	}
+	if rp, ok := gw.(regionProvider); ok && cfg.Region == "" {
+		cfg.RegionFor = func(v dnsproj.View) string {
+			pv, _ := v.(*projection.View) // what ProjectionSource hands out
+			if pv == nil {
+				return ""
+			}
+			return rp.RegionFor(pv)
+		}
+		a.regionFrom = GatewayAppID
+	}
 	a.srv, err = dnsproj.New(cfg, dnsproj.ProjectionSource(pp.Projection()))
 	if err != nil {
 		return fmt.Errorf("provisioning dns server: %w", err)
@@ -135,7 +160,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 // config translates the JSON config to the core's.
 func (a *App) config(addrs []caddy.NetworkAddress) (dnsproj.Config, error) {
 	cfg := dnsproj.Config{
-		Zone: a.Zone, TTL: time.Duration(a.TTL),
+		Zone: a.Zone, Region: a.Region, TTL: time.Duration(a.TTL),
 		MaxUDPSize: a.MaxUDPSize, MaxQuerySize: a.MaxQuerySize,
 	}
 	hosts := make([]string, len(addrs))
@@ -216,7 +241,8 @@ func (a *App) Start() error {
 			ln.Close()
 			return fmt.Errorf("serving dns on %s: %w", na, err)
 		}
-		a.logger.Info("serving dns", zap.String("address", na.JoinHostPort(0)), zap.String("zone", a.srv.Zone()))
+		a.logger.Info("serving dns", zap.String("address", na.JoinHostPort(0)), zap.String("zone", a.srv.Zone()),
+			zap.String("region", a.Region), zap.String("region_from", a.regionFrom))
 	}
 	return nil
 }

@@ -15,7 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/miekg/dns"
 
-	_ "github.com/edgeplane/edgeplane/caddymodule" // the gateway app, "edgeplane"
+	"github.com/edgeplane/edgeplane/caddymodule" // the gateway app, "edgeplane"
+	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -161,6 +162,69 @@ func TestCaddyApp(t *testing.T) {
 	waitFor("udp", want(7, "10.100.0.7"))
 }
 
+// TestCaddyAppRegion: inside Caddy, DNS answers a service spread over
+// regions with its region's instances first: the region configured, else
+// the gateway app's (the region of its machine, gateway_name), when that
+// app offers it (RegionFor).
+func TestCaddyAppRegion(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	web := store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: "shop", Service: "web",
+		DeployID: "shop-d1", Revision: 1}
+	var events []store.RoutingEvent
+	for i, m := range []struct{ id, region, addr string }{
+		{"tyo-1", "tyo", "10.1.0.1"}, {"fra-1", "fra", "10.2.0.1"}, {"nyc-1", "nyc", "10.3.0.1"},
+	} {
+		events = append(events, store.RoutingEvent{Kind: store.EventMachineUpsert, Machine: &store.MachineRecord{
+			Version: store.RecordVersion, ID: m.id, Region: m.region, State: store.MachineActive, Address: m.addr}})
+		web.Endpoints = append(web.Endpoints, store.Endpoint{InstanceID: "web-" + m.id, Machine: m.id, Slot: i, Revision: 1,
+			Address: m.addr, Port: 8080})
+	}
+	if _, err := srv.Store.PublishRouting(ctx, "shop-d1", append(events, web)); err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	snap := filepath.Join(t.TempDir(), "routing.json")
+	load := func(dnsRegion string) {
+		t.Helper()
+		cfg := fmt.Sprintf(`{
+			"admin": {"disabled": true, "config": {"persist": false}},
+			"apps": {
+				"edgeplane": {"nats_url": %q, "snapshot_path": %q, "gateway_name": "fra-1"},
+				"edgeplane_dns": {"listen": [%q], "region": %q}
+			}
+		}`, srv.URL, snap, addr, dnsRegion)
+		if err := caddy.Load([]byte(cfg), true); err != nil {
+			t.Fatalf("loading caddy config: %v", err)
+		}
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	answersA := func(want ...string) {
+		t.Helper()
+		storetest.Eventually(t, 10*time.Second, fmt.Sprintf("A %v", want), func() bool {
+			r, err := lookup("udp", addr, "web.shop.edgeplane.internal.", dns.TypeA)
+			if err != nil {
+				return false
+			}
+			var got []string
+			for _, rr := range r.Answer {
+				got = append(got, rr.(*dns.A).A.String())
+			}
+			slices.Sort(got)
+			return slices.Equal(got, want)
+		})
+	}
+	load("nyc")
+	answersA("10.3.0.1")
+
+	var gw any = new(caddymodule.App)
+	if _, ok := gw.(regionProvider); !ok {
+		t.Skip("the edgeplane app offers no RegionFor: DNS inside Caddy has the region configured only")
+	}
+	load("")
+	answersA("10.2.0.1")
+}
+
 // TestAppConfigErrors shows bad JSON config rejected with a clear error.
 func TestAppConfigErrors(t *testing.T) {
 	for _, tc := range []struct {
@@ -171,6 +235,7 @@ func TestAppConfigErrors(t *testing.T) {
 		{App{Listen: []string{"unix//tmp/dns.sock"}}, "UDP and TCP"},
 		{App{NSAddresses: []string{"ns.example"}}, "ns address"},
 		{App{Zone: "."}, "root zone"},
+		{App{Region: "eu west"}, `region "eu west": not a DNS label`},
 		{App{TTL: caddy.Duration(time.Millisecond)}, "ttl"},
 		{App{Forward: &Forward{To: []string{"resolver.example"}}}, "must be an IP address"},
 		{App{Forward: &Forward{To: []string{"1.1.1.1"}, Policy: "fastest"}}, "policy"},

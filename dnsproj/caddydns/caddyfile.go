@@ -8,6 +8,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+
+	"github.com/edgeplane/edgeplane/dnsproj"
 )
 
 func init() {
@@ -19,6 +21,7 @@ func init() {
 //	edgeplane_dns {
 //	    listen <host:port>...
 //	    zone <zone>
+//	    region <region>
 //	    ttl <duration>
 //	    ns_address <ip>...
 //	    forward <ip[:port]>... {
@@ -62,6 +65,17 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			a.Zone = d.Val()
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+		case "region":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			if err := dnsproj.ValidRegion(d.Val()); err != nil {
+				return d.Errf("%v", err)
+			}
+			a.Region = d.Val()
 			if d.NextArg() {
 				return d.ArgErr()
 			}

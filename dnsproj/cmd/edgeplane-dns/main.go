@@ -3,7 +3,7 @@
 // good snapshot while NATS is unreachable) and answers DNS over UDP and TCP.
 //
 //	edgeplane-dns --nats nats://10.100.0.1:4222 --listen 127.0.0.1:1053 \
-//	    --forward 1.1.1.1,9.9.9.9 --snapshot /var/lib/edgeplane/dns-routing.json
+//	    --region fra --forward 1.1.1.1,9.9.9.9 --snapshot /var/lib/edgeplane/dns-routing.json
 package main
 
 import (
@@ -51,6 +51,7 @@ func exitCode(err error, stderr io.Writer) int {
 type options struct {
 	store                           store.Config
 	listen, zone, forward, snapshot string
+	region                          string
 	nsAddrs, metrics, logLevel      string
 	ttl                             time.Duration
 	maxUDP                          int
@@ -63,6 +64,7 @@ func parseFlags(args []string) (*options, error) {
 	o.store.AddFlags(fs)
 	fs.StringVar(&o.listen, "listen", dnsproj.DefaultListen, "address to serve DNS on, UDP and TCP")
 	fs.StringVar(&o.zone, "zone", dnsproj.DefaultZone, "cluster zone answered from the projection")
+	fs.StringVar(&o.region, "region", "", "this server's region: services are answered with its instances first (default: none, every active region alike)")
 	fs.DurationVar(&o.ttl, "ttl", dnsproj.DefaultTTL, "TTL of zone records")
 	fs.StringVar(&o.forward, "forward", "", "comma-separated upstream resolvers (IP[:port]) for other names; none: REFUSED")
 	fs.BoolVar(&o.noCache, "no-cache", false, "do not cache forwarded answers")
@@ -81,7 +83,7 @@ func parseFlags(args []string) (*options, error) {
 }
 
 func (o *options) dnsConfig() (dnsproj.Config, error) {
-	cfg := dnsproj.Config{Zone: o.zone, TTL: o.ttl, MaxUDPSize: o.maxUDP}
+	cfg := dnsproj.Config{Zone: o.zone, Region: o.region, TTL: o.ttl, MaxUDPSize: o.maxUDP}
 	cfg.Forward.Upstreams = splitList(o.forward)
 	cfg.Cache.Disabled = o.noCache
 	var hosts []string
@@ -91,6 +93,11 @@ func (o *options) dnsConfig() (dnsproj.Config, error) {
 	var err error
 	if cfg.NSAddrs, err = dnsproj.NSAddrs(splitList(o.nsAddrs), hosts); err != nil {
 		return cfg, fmt.Errorf("--ns-address %w", err)
+	}
+	if o.region != "" {
+		if err := dnsproj.ValidRegion(o.region); err != nil {
+			return cfg, fmt.Errorf("--region: %w", err)
+		}
 	}
 	return cfg, cfg.Validate()
 }
@@ -161,7 +168,7 @@ func run(ctx context.Context, args []string, started chan<- string) error {
 		stop()
 		return err
 	}
-	log.Info("serving dns", zap.String("listen", addr), zap.String("zone", srv.Zone()),
+	log.Info("serving dns", zap.String("listen", addr), zap.String("zone", srv.Zone()), zap.String("region", cfg.Region),
 		zap.Strings("forward", cfg.Forward.Upstreams), zap.String("nats", o.store.NATSURL))
 	if started != nil {
 		started <- addr

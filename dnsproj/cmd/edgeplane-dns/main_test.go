@@ -11,6 +11,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -86,6 +87,32 @@ func TestStandalone(t *testing.T) {
 	}
 }
 
+// TestStandaloneRegion: with --region the command answers a service
+// spread over two regions with its own region's instances.
+func TestStandaloneRegion(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	ev := store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: "shop", Service: "web",
+		DeployID: "shop-d1", Revision: 1}
+	events := []store.RoutingEvent{}
+	for i, m := range []struct{ id, region, addr string }{{"m1", "tyo", "10.1.0.1"}, {"m2", "fra", "10.2.0.1"}} {
+		events = append(events, store.RoutingEvent{Kind: store.EventMachineUpsert, Machine: &store.MachineRecord{
+			Version: store.RecordVersion, ID: m.id, Region: m.region, State: store.MachineActive, Address: m.addr}})
+		ev.Endpoints = append(ev.Endpoints, store.Endpoint{InstanceID: "w" + m.id, Machine: m.id, Slot: i, Revision: 1,
+			Address: m.addr, Port: 80})
+	}
+	if _, err := srv.Store.PublishRouting(ctx, "shop-d1", append(events, ev)); err != nil {
+		t.Fatal(err)
+	}
+	for region, want := range map[string][]string{"fra": {"10.2.0.1"}, "tyo": {"10.1.0.1"}, "": {"10.1.0.1", "10.2.0.1"}} {
+		addr, stop := start(t, "--nats", srv.URL, "--region", region)
+		storetest.Eventually(t, 10*time.Second, "the "+region+" server's answer", func() bool {
+			return slices.Equal(lookupA(t, addr, "web.shop.edgeplane.internal."), want)
+		})
+		stop()
+	}
+}
+
 func TestFlagErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -95,6 +122,7 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--forward", "resolver.example"}, "must be an IP address"},
 		{[]string{"--ns-address", "nope"}, "--ns-address"},
 		{[]string{"--ttl", "0.5s"}, "ttl"},
+		{[]string{"--region", "eu.west"}, `--region: region "eu.west": not a DNS label`},
 		{[]string{"--log-level", "loud"}, "--log-level"},
 		{[]string{"stray"}, "unexpected arguments"},
 	} {
