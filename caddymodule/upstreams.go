@@ -87,10 +87,10 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 			// to the whole tier.
 			if t.sides != nil && side != unsplit {
 				if sd := &t.sides[side]; u.app.anyServing(v, sd.dials, sd.eps) {
-					return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
+					return u.upstreams(v, svc, sd.dials, sd.eps), nil
 				}
 			}
-			return u.upstreams(v, svc.Key(), t.dials, t.eps), nil
+			return u.upstreams(v, svc, t.dials, t.eps), nil
 		}
 	}
 	dials := dialsOf(svc)
@@ -100,10 +100,10 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		// A side none of whose endpoints can serve leaves the request to
 		// the whole service rather than failing it open.
 		if u.app.anyServing(v, sd.dials, sd.eps) {
-			return u.upstreams(v, svc.Key(), sd.dials, sd.eps), nil
+			return u.upstreams(v, svc, sd.dials, sd.eps), nil
 		}
 	}
-	return u.upstreams(v, svc.Key(), dials, svc.Endpoints), nil
+	return u.upstreams(v, svc, dials, svc.Endpoints), nil
 }
 
 type sidesMemo struct{}
@@ -146,8 +146,8 @@ func (a *App) anyServing(v *projection.View, dials []string, eps []store.Endpoin
 // upstreams gives dials (of eps) as fresh Upstream values: instances of
 // machines whose heartbeats stopped are set aside while the service has
 // others (fail open), then those failing their health checks among what
-// is left.
-func (u *Upstreams) upstreams(v *projection.View, key string, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
+// is left, then the endpoints ramping up thinned (slowStart).
+func (u *Upstreams) upstreams(v *projection.View, svc *projection.Service, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
 	if v.AnyDown() {
 		live := make([]string, 0, len(dials))
 		for i, d := range dials {
@@ -160,8 +160,9 @@ func (u *Upstreams) upstreams(v *projection.View, key string, dials []string, ep
 		}
 	}
 	if u.app.health != nil {
-		dials = u.app.health.healthy(key, dials)
+		dials = u.app.health.healthy(svc.Key(), dials)
 	}
+	dials = u.app.thinRamping(svc, dials)
 	vals := make([]reverseproxy.Upstream, len(dials))
 	ups := make([]*reverseproxy.Upstream, len(dials))
 	for i, d := range dials {
