@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -248,8 +249,10 @@ func (l *regionLab) startGateway(r *labRegion, gwApp map[string]any) *gateway {
 	cfg := map[string]any{
 		"admin": map[string]any{"listen": g.admin},
 		"apps": map[string]any{
-			"edgeplane":     app,
-			"edgeplane_dns": map[string]any{"listen": []string{g.dns}, "ttl": "1s"},
+			"edgeplane": app,
+			// The dns app is given its region: it does not take the
+			// gateway's yet (caddymodule.App offers no RegionFor).
+			"edgeplane_dns": map[string]any{"listen": []string{g.dns}, "ttl": "1s", "region": r.name},
 			"http": map[string]any{"http_port": 80, "servers": map[string]any{"gw": map[string]any{
 				"listen":          []string{g.http},
 				"automatic_https": map[string]any{"disable": true},
@@ -328,12 +331,8 @@ func median(ds []time.Duration) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
-	s := append([]time.Duration(nil), ds...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
 	return s[len(s)/2]
 }
 
