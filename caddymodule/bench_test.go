@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
@@ -336,26 +337,67 @@ func BenchmarkLocality(b *testing.B) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, MaxIdleConns: 4 * workers}}
 	defer client.CloseIdleConnections()
 	url := "http://" + f.gateway + "/"
-	run := func(config func(), host string) float64 {
+	run := func(config func(), host string) (rps float64, cpu time.Duration) {
 		config()
 		loadRun(b, client, url, host, workers, 200*time.Millisecond) // warm up after the reload
-		rps, _, _, _ := loadRun(b, client, url, host, workers, round)
-		return rps
+		rps, _, _, cpu = loadRun(b, client, url, host, workers, round)
+		return rps, cpu
+	}
+	med := func(xs []float64) float64 {
+		sort.Float64s(xs)
+		return (xs[(len(xs)-1)/2] + xs[len(xs)/2]) / 2
 	}
 	b.ResetTimer()
 	for _, host := range []string{"bench.test", "mixed.test"} {
-		var ratios []float64
+		var ratios, cpuRatios []float64
 		var onRPS, offRPS float64
 		for i := 0; i < rounds; i++ {
 			var or, fr float64
-			alternate(i, func() { or = run(on, host) }, func() { fr = run(off, host) })
+			var oc, fc time.Duration
+			alternate(i, func() { or, oc = run(on, host) }, func() { fr, fc = run(off, host) })
 			onRPS, offRPS = onRPS+or, offRPS+fr
 			ratios = append(ratios, or/fr)
+			cpuRatios = append(cpuRatios, float64(oc)/float64(fc))
 		}
-		sort.Float64s(ratios)
 		name := strings.TrimSuffix(host, ".test")
 		b.ReportMetric(onRPS/rounds, name+"-on-req/s")
 		b.ReportMetric(offRPS/rounds, name+"-off-req/s")
-		b.ReportMetric((ratios[(rounds-1)/2]+ratios[rounds/2])/2, name+"-rps-ratio(on/off)")
+		b.ReportMetric(med(ratios), name+"-rps-ratio(on/off)")
+		b.ReportMetric(med(cpuRatios), name+"-cpu-per-req-ratio(on/off)")
+	}
+}
+
+// BenchmarkUpstreamsByLocality is the upstream source's own cost per
+// request (no network), with the gateway's region set (on) and not
+// (off), for a service whose endpoints are all in the gateway's region
+// (web) and for one with an endpoint in another region too (mixed).
+func BenchmarkUpstreamsByLocality(b *testing.B) {
+	f := newFixture(b)
+	b1, b2, far := newBackend(b, "b1"), newBackend(b, "b2"), newBackend(b, "far")
+	f.publishRegional("bench", "mixed", "mixed.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"), inRegion(far, "fra"))
+	seq := f.publishRegional("bench", "web", "web.test", nil, nil, inRegion(b1, "tyo"), inRegion(b2, "tyo"))
+	for _, mode := range []struct {
+		name string
+		app  map[string]any
+		want map[string]int
+	}{
+		{"on", map[string]any{"region": "tyo"}, map[string]int{"web": 2, "mixed": 2}},
+		{"off", nil, map[string]int{"web": 2, "mixed": 3}},
+	} {
+		f.app = mode.app
+		f.load()
+		f.waitSeq(seq)
+		u := &Upstreams{app: current.Load()}
+		for _, svc := range []string{"web", "mixed"} {
+			b.Run(mode.name+"/"+svc, func(b *testing.B) {
+				r := httptest.NewRequest(http.MethodGet, "http://"+svc+".test/", nil)
+				b.ReportAllocs()
+				for b.Loop() {
+					if ups, _ := u.GetUpstreams(r); len(ups) != mode.want[svc] {
+						b.Fatalf("%d upstreams, want %d", len(ups), mode.want[svc])
+					}
+				}
+			})
+		}
 	}
 }
