@@ -13,7 +13,7 @@ VERSION  ?= 0.0.0-dev
 LDFLAGS  := -X github.com/edgeplane/edgeplane/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
-.PHONY: up down build package release-tag image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade deps-test
+.PHONY: up down build package release-tag image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade bench-regions deps-test
 
 # ENGINE builds the example image: docker if it answers, else podman.
 ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
@@ -106,5 +106,10 @@ bench-mesh:
 # How long the mesh stops while one node's meshd is replaced (root).
 bench-mesh-upgrade:
 	meshd/bench/upgrade-gap.sh
+
+# The issue 40 goals in the multi-region lab: locality's latency cost, a
+# frozen region, region states applied everywhere (root).
+bench-regions:
+	scripts/bench-regions
 
 bench: bench-apply bench-gateway
