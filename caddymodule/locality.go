@@ -76,6 +76,12 @@ func (a *App) home(v *projection.View) *homeOf {
 // (edgeplane_dns) answers from the same region.
 func (a *App) RegionFor(v *projection.View) string { return a.home(v).region }
 
+// NearestRegions is the order of the regions other than the gateway's,
+// nearest first by the round trip it measured, and a version that changes
+// with the order: a DNS server beside the gateway fails over where the
+// gateway does.
+func (a *App) NearestRegions() ([]string, uint64) { return a.nearestRegions() }
+
 // tierDials are one tier's endpoints, their dial addresses and, for a
 // split service, both sides of the split within the tier.
 type tierDials struct {

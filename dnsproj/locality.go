@@ -29,7 +29,7 @@ type servedTier struct {
 // the zone answers svc's name with for a server in home, the one its A
 // and AAAA records come from first; none when no tier has an endpoint (a
 // strict service with none in home).
-func servedTiers(v View, svc *projection.Service, home string, out []servedTier) []servedTier {
+func servedTiers(v View, svc *projection.Service, home string, nearest []string, out []servedTier) []servedTier {
 	if v.Local(svc, home) {
 		// One tier of every endpoint: exactly the answers of a zone
 		// without regions, and no grouping to pay for.
@@ -39,7 +39,7 @@ func servedTiers(v View, svc *projection.Service, home string, out []servedTier)
 		}
 		return append(out, servedTier{eps: sortedBySlot(live)})
 	}
-	tiers := v.Tiers(svc, home, nil)
+	tiers := v.Tiers(svc, home, nearest)
 	for i, t := range tiers {
 		var eps []store.Endpoint
 		for _, j := range t.Endpoints {

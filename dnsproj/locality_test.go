@@ -274,3 +274,36 @@ func TestRegionForFollowsTheView(t *testing.T) {
 		t.Errorf("configured nyc: A %v", got)
 	}
 }
+
+// TestNearestOrdersTheFallback: a server given Nearest (the gateway beside
+// it measures the round trips) falls back in that order, and answers
+// anew in the very next query when the order changes, the view the same.
+func TestNearestOrdersTheFallback(t *testing.T) {
+	type order struct {
+		regions []string
+		version uint64
+	}
+	var cur atomic.Pointer[order]
+	cur.Store(&order{})
+	src := &swapSource{}
+	src.v.Store(regionView(t, 1, nil, spread("web", nil)))
+	_, addr := startServer(t, Config{Region: "tyo", Nearest: func() ([]string, uint64) {
+		o := cur.Load()
+		return o.regions, o.version
+	}}, src)
+	const web = "web.shop.edgeplane.internal."
+	for _, c := range []struct {
+		nearest []string
+		want    []string
+	}{
+		{nil, []string{"0 web-tyo-1", "0 web-tyo-2", "1 web-fra-1", "1 web-fra-2", "2 web-nyc-1", "2 web-nyc-2"}},
+		{[]string{"nyc", "fra"}, []string{"0 web-tyo-1", "0 web-tyo-2", "1 web-nyc-1", "1 web-nyc-2", "2 web-fra-1", "2 web-fra-2"}},
+		{[]string{"fra", "nyc"}, []string{"0 web-tyo-1", "0 web-tyo-2", "1 web-fra-1", "1 web-fra-2", "2 web-nyc-1", "2 web-nyc-2"}},
+	} {
+		cur.Store(&order{regions: c.nearest, version: cur.Load().version + 1})
+		r := ask(t, "tcp", addr, query("_http._tcp."+web, dns.TypeSRV))
+		if got := srvSummary(r.Answer); !slices.Equal(got, c.want) {
+			t.Errorf("nearest %v: SRV %v, want %v", c.nearest, got, c.want)
+		}
+	}
+}

@@ -45,6 +45,13 @@ type Config struct {
 	// as the gateway routes, and the gateway's region may follow its
 	// machine's record in the view.
 	RegionFor func(v View) string
+	// Nearest, when set, is the order in which the server's region
+	// falls back to the others, nearest first (what the gateway beside
+	// it measured), and a version that changes with the order: the zone
+	// is built again when it does, so DNS fails over where the gateway
+	// does. Without it the service's locality order and then the
+	// regions' names decide.
+	Nearest func() (order []string, version uint64)
 	// NSAddrs are the addresses published for ns.<zone>, the zone's name
 	// server; none means ns.<zone> exists without address records.
 	NSAddrs []netip.Addr
@@ -140,7 +147,7 @@ func New(cfg Config, src Source) (*Server, error) {
 	s := &Server{zone: zone, maxUDP: cfg.MaxUDPSize, maxQuery: cfg.MaxQuerySize, log: log, m: m}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 
-	z := newZone(zone, cfg.Region, cfg.RegionFor, cfg.TTL, cfg.NSAddrs, src, log, m)
+	z := newZone(zone, cfg.Region, cfg.RegionFor, cfg.Nearest, cfg.TTL, cfg.NSAddrs, src, log, m)
 	plugins := []Plugin{z.plugin}
 	var last Handler = Refused{}
 	if len(cfg.Forward.Upstreams) > 0 {

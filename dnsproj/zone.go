@@ -38,6 +38,7 @@ type zone struct {
 	// the view alone.
 	region    string
 	regionFor func(View) string
+	nearest   func() ([]string, uint64)
 	ttl       uint32
 	nsAddrs   []netip.Addr
 	src       Source
@@ -49,9 +50,9 @@ type zone struct {
 	idx atomic.Pointer[zoneIndex]
 }
 
-func newZone(origin, region string, regionFor func(View) string, ttl time.Duration, nsAddrs []netip.Addr, src Source, log *zap.Logger, m *metrics) *zone {
+func newZone(origin, region string, regionFor func(View) string, nearest func() ([]string, uint64), ttl time.Duration, nsAddrs []netip.Addr, src Source, log *zap.Logger, m *metrics) *zone {
 	return &zone{
-		origin: origin, dotOrigin: "." + origin, region: region, regionFor: regionFor, ttl: uint32(ttl / time.Second),
+		origin: origin, dotOrigin: "." + origin, region: region, regionFor: regionFor, nearest: nearest, ttl: uint32(ttl / time.Second),
 		nsAddrs: nsAddrs, src: src, log: log, m: m,
 	}
 }
@@ -72,19 +73,28 @@ func (z *zone) inZone(lname string) bool {
 // the projection moved on: a change is visible in the very next answer.
 func (z *zone) index() *zoneIndex {
 	v, seq, stale := z.src.Current()
-	if idx := z.idx.Load(); idx != nil && idx.view == v && idx.seq == seq && idx.stale == stale {
+	var nearest []string
+	var nearVer uint64
+	if z.nearest != nil {
+		nearest, nearVer = z.nearest()
+	}
+	current := func(idx *zoneIndex) bool {
+		return idx != nil && idx.view == v && idx.seq == seq && idx.stale == stale && idx.nearVer == nearVer
+	}
+	if idx := z.idx.Load(); current(idx) {
 		return idx
 	}
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	if idx := z.idx.Load(); idx != nil && idx.view == v && idx.seq == seq && idx.stale == stale {
+	if idx := z.idx.Load(); current(idx) {
 		return idx
 	}
 	region := z.region
 	if region == "" && z.regionFor != nil && v != nil {
 		region = z.regionFor(v)
 	}
-	idx := buildIndex(z.origin, region, z.ttl, z.nsAddrs, v, seq, stale, z.log)
+	idx := buildIndex(z.origin, region, nearest, z.ttl, z.nsAddrs, v, seq, stale, z.log)
+	idx.nearVer = nearVer
 	z.idx.Store(idx)
 	z.m.viewSeq.Set(float64(seq))
 	if stale {
@@ -149,8 +159,10 @@ type zoneIndex struct {
 	view  View
 	seq   uint64
 	stale bool
-	names map[string]*node
-	soa   []dns.RR
+	// nearVer is the version of the nearest order it was built with.
+	nearVer uint64
+	names   map[string]*node
+	soa     []dns.RR
 }
 
 // node is one name of the zone; an empty node is an empty non-terminal
@@ -180,16 +192,17 @@ func (n *node) lookup(qtype uint16) (answer, extra []dns.RR) {
 }
 
 type indexBuilder struct {
-	origin string
-	region string       // the server's; "" serves every active region alike
-	tiers  []servedTier // scratch, reused service after service
-	ttl    uint32
-	names  map[string]*node
-	log    *zap.Logger
+	origin  string
+	region  string       // the server's; "" serves every active region alike
+	nearest []string     // the other regions, nearest first, where known
+	tiers   []servedTier // scratch, reused service after service
+	ttl     uint32
+	names   map[string]*node
+	log     *zap.Logger
 }
 
-func buildIndex(origin, region string, ttl uint32, nsAddrs []netip.Addr, v View, seq uint64, stale bool, log *zap.Logger) *zoneIndex {
-	b := &indexBuilder{origin: origin, region: region, ttl: ttl, names: make(map[string]*node), log: log}
+func buildIndex(origin, region string, nearest []string, ttl uint32, nsAddrs []netip.Addr, v View, seq uint64, stale bool, log *zap.Logger) *zoneIndex {
+	b := &indexBuilder{origin: origin, region: region, nearest: nearest, ttl: ttl, names: make(map[string]*node), log: log}
 	idx := &zoneIndex{view: v, seq: seq, stale: stale, names: b.names}
 
 	nsName := "ns." + origin
@@ -244,7 +257,7 @@ func (b *indexBuilder) addServices(v View) {
 		// A machine whose heartbeats stopped is left out of the answers
 		// while the service has instances elsewhere; its region's
 		// other instances, and other regions, are tried first.
-		b.tiers = servedTiers(v, svc, b.region, b.tiers[:0])
+		b.tiers = servedTiers(v, svc, b.region, b.nearest, b.tiers[:0])
 		for i, t := range b.tiers {
 			b.addTier(svc, t, i == 0, base, svcNode, srvName, srvNode)
 		}

@@ -250,9 +250,9 @@ func (l *regionLab) startGateway(r *labRegion, gwApp map[string]any) *gateway {
 		"admin": map[string]any{"listen": g.admin},
 		"apps": map[string]any{
 			"edgeplane": app,
-			// The dns app is given its region: it does not take the
-			// gateway's yet (caddymodule.App offers no RegionFor).
-			"edgeplane_dns": map[string]any{"listen": []string{g.dns}, "ttl": "1s", "region": r.name},
+			// The dns app takes the gateway's region (its machine's) and
+			// fails over in the order the gateway measured.
+			"edgeplane_dns": map[string]any{"listen": []string{g.dns}, "ttl": "1s"},
 			"http": map[string]any{"http_port": 80, "servers": map[string]any{"gw": map[string]any{
 				"listen":          []string{g.http},
 				"automatic_https": map[string]any{"disable": true},

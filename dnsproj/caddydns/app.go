@@ -111,6 +111,7 @@ type projectionProvider interface {
 // beside a gateway answers as the gateway routes.
 type regionProvider interface {
 	RegionFor(v *projection.View) string
+	NearestRegions() ([]string, uint64)
 }
 
 // Provision sets defaults, finds the gateway's projection and builds the
@@ -148,6 +149,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 			}
 			return rp.RegionFor(pv)
 		}
+		cfg.Nearest = rp.NearestRegions
 		a.regionFrom = GatewayAppID
 	}
 	a.srv, err = dnsproj.New(cfg, dnsproj.ProjectionSource(pp.Projection()))
