@@ -472,6 +472,30 @@ func addrsIn(r *labRegion, a []string) bool {
 	return len(a) > 0
 }
 
+// fraAway are the checks of a region state change of fra: with fra out
+// (drained or disabled), fra's gateway and DNS serve from ams (fra's
+// nearest) and every other region's from home; with fra back, every one
+// from home.
+func (l *regionLab) fraAway() (elsewhere func(*labRegion, string) bool, dnsElsewhere func(*labRegion, []string) bool,
+	home func(*labRegion, string) bool, dnsHome func(*labRegion, []string) bool) {
+	fra, ams := l.region("fra"), l.region("ams")
+	elsewhere = func(gw *labRegion, served string) bool {
+		if gw == fra {
+			return served == "ams"
+		}
+		return served == gw.name
+	}
+	dnsElsewhere = func(dns *labRegion, a []string) bool {
+		if dns == fra {
+			return addrsIn(ams, a)
+		}
+		return addrsIn(dns, a)
+	}
+	home = func(gw *labRegion, served string) bool { return served == gw.name }
+	dnsHome = func(dns *labRegion, a []string) bool { return addrsIn(dns, a) }
+	return elsewhere, dnsElsewhere, home, dnsHome
+}
+
 // Region states: fra drained, then disabled, then enabled again. Drained,
 // its gateway and DNS go to ams (fra's nearest), no gateway sends fra
 // anything while other regions serve, and fra still serves solo, which no
@@ -481,20 +505,7 @@ func addrsIn(r *labRegion, a []string) bool {
 // command returning.
 func (l *regionLab) testStates(t *testing.T) {
 	fra, ams := l.region("fra"), l.region("ams")
-	elsewhere := func(gw *labRegion, served string) bool {
-		if gw == fra {
-			return served == "ams"
-		}
-		return served == gw.name
-	}
-	dnsElsewhere := func(dns *labRegion, a []string) bool {
-		if dns == fra {
-			return addrsIn(ams, a)
-		}
-		return addrsIn(dns, a)
-	}
-	home := func(gw *labRegion, served string) bool { return served == gw.name }
-	dnsHome := func(dns *labRegion, a []string) bool { return addrsIn(dns, a) }
+	elsewhere, dnsElsewhere, home, dnsHome := l.fraAway()
 
 	took := l.regionApplied(t, "drain", "fra", elsewhere, dnsElsewhere)
 	t.Logf("region drain fra: applied by every gateway and DNS %s after the command returned", took.Round(time.Millisecond))
@@ -591,21 +602,7 @@ func TestRegionsBench(t *testing.T) {
 		fmt.Sprintf("%d of %d (%d outside %s; %d failed in the first 3 s)", res.failed, res.requests, res.wrongRegion, res.fallback, res.failedFirst3s), "0")
 	row("back to tyo after the thaw", res.backHome.Round(time.Millisecond).String(), "≤ 5 s")
 
-	fra, ams := lab.region("fra"), lab.region("ams")
-	elsewhere := func(gw *labRegion, served string) bool {
-		if gw == fra {
-			return served == "ams"
-		}
-		return served == gw.name
-	}
-	dnsElsewhere := func(dns *labRegion, a []string) bool {
-		if dns == fra {
-			return addrsIn(ams, a)
-		}
-		return addrsIn(dns, a)
-	}
-	home := func(gw *labRegion, served string) bool { return served == gw.name }
-	dnsHome := func(dns *labRegion, a []string) bool { return addrsIn(dns, a) }
+	elsewhere, dnsElsewhere, home, dnsHome := lab.fraAway()
 	for _, step := range []struct {
 		verb       string
 		served     func(*labRegion, string) bool
