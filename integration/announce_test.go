@@ -1,11 +1,13 @@
 package integration
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -24,7 +26,7 @@ func TestTooOldProcessesAreRefused(t *testing.T) {
 	agent := c.join("a1")
 	eventually(t, 20*time.Second, "the server's announcement, the agent's and the floor raised", func() bool {
 		out := c.mustControl("status")
-		return strings.Contains(out, "control server: 1 on dev gen 3") && strings.Contains(out, "agent: 1 on dev gen 3") &&
+		return strings.Contains(out, fmt.Sprintf("control server: 1 on dev gen %d", store.SchemaGeneration)) && strings.Contains(out, fmt.Sprintf("agent: 1 on dev gen %d", store.SchemaGeneration)) &&
 			strings.Contains(out, "store floor: schema generation 2 (edgeplane >= 0.38.0), raised by control server")
 	})
 	vs := c.mustControl("fleet", "versions")

@@ -28,7 +28,15 @@ import (
 //     take the newer of record and observation (releases up to v0.38.0).
 //   - 3: announcements: processes say their release and generation, and
 //     the store's floor (StoreFloor) refuses processes below it (v0.39.0).
-const SchemaGeneration = 3
+//   - 4: regions: region states are routing events (region.upsert) and
+//     service upserts carry a locality policy (v0.40.0). A reader before it
+//     refuses a region event as one it cannot read and serves every region
+//     alike, so a region state is not set while one is live.
+const SchemaGeneration = 4
+
+// GenerationRegions is the first generation whose gateways read region
+// states.
+const GenerationRegions = 4
 
 // GenerationObserved is the first generation that reads an instance's
 // state from its machine's observation record: an agent writes ready,
@@ -37,7 +45,7 @@ const GenerationObserved = 2
 
 // firstRelease is the first release of each generation, which a refusal
 // names. Generation 1 has none: it is every release before observations.
-var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0"}
+var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0", 4: "0.40.0"}
 
 // FirstReleaseOf is the first release of generation gen, "" when unknown.
 func FirstReleaseOf(gen int) string { return firstRelease[gen] }

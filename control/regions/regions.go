@@ -18,11 +18,14 @@
 package regions
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"os/user"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/routing"
@@ -130,6 +133,9 @@ func Set(ctx context.Context, s *store.Store, region, state string, wait time.Du
 		ch.Region.Name, ch.Region.State = region, state
 		return ch, nil
 	}
+	if err := gatewaysReadRegions(ctx, s); err != nil {
+		return nil, err
+	}
 	ch.Region = store.RegionRecord{Name: region, State: state, By: operator(), UpdatedAt: time.Now().UTC()}
 	if ch.Seq, err = s.SetRegionState(ctx, ch.Region); err != nil {
 		return nil, err
@@ -140,6 +146,28 @@ func Set(ctx context.Context, s *store.Store, region, state string, wait time.Du
 		ch.Gateways, ch.Laggards = fraction(serving, total), laggards
 	}
 	return ch, nil
+}
+
+// gatewaysReadRegions refuses to set a region's state, with version_skew,
+// while a live gateway announces a generation before regions: it would
+// refuse the event as one it cannot read, and serve the region as before.
+func gatewaysReadRegions(ctx context.Context, s *store.Store) error {
+	var old []string
+	err := s.ListGatewayObservations(ctx, func(g *store.GatewayObservation) error {
+		if time.Since(g.At) < store.GatewayObservationTTL && store.GenerationOf(g.Generation, g.Release) < store.GenerationRegions {
+			old = append(old, fmt.Sprintf("%s (%s)", g.Gateway, cmp.Or(g.Release, "release unknown")))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(old) == 0 {
+		return nil
+	}
+	slices.Sort(old)
+	return store.Errorf(store.CodeVersionSkew, "gateways %s cannot read region states (release %s or later can): upgrade them first (control fleet upgrade)",
+		strings.Join(old, ", "), store.FirstReleaseOf(store.GenerationRegions)).With("gateways", strings.Join(old, ","))
 }
 
 // operator names who runs this CLI, for the record's By: user@host.

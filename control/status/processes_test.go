@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +76,8 @@ func TestVersionsShowEveryProcessKind(t *testing.T) {
 	}
 	b.Reset()
 	f.WriteText(&b)
-	want := "releases: agent: 1 on 0.38.0 gen 2?, 1 on " + version.Version + " gen 3; control server: 1 on " + version.Version + " gen 3; gateway: 1 on unknown gen 1?; meshd: 1 on " + version.Version + " gen 3\n"
+	gen := fmt.Sprintf(" gen %d", store.SchemaGeneration)
+	want := "releases: agent: 1 on 0.38.0 gen 2?, 1 on " + version.Version + gen + "; control server: 1 on " + version.Version + gen + "; gateway: 1 on unknown gen 1?; meshd: 1 on " + version.Version + gen + "\n"
 	if !strings.Contains(b.String(), want) || !strings.Contains(b.String(), "store floor: schema generation 2") {
 		t.Errorf("fleet status lacks %q and the floor:\n%s", want, b.String())
 	}
