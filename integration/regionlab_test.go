@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -126,6 +127,7 @@ func newRegionNet(t *testing.T) *regionLab {
 		t.Skip("the multi-region lab needs /dev/net/tun for its delaying relay")
 	}
 	relayBin := buildDelayRelay(t)
+	clearDeadLabs(t)
 	lab := &regionLab{t: t, id: fmt.Sprintf("%05d", os.Getpid()%100000)}
 	lab.router = "eprt" + lab.id
 	lab.host = "eprh" + lab.id
@@ -274,6 +276,45 @@ func (l *regionLab) startGateway(r *labRegion, gwApp map[string]any) *gateway {
 // teardown removes the lab's namespaces (their links and the TUN device
 // go with them) and the root namespace's end of the router link; the
 // processes are stopped by their own cleanups, which run first.
+// clearDeadLabs removes what a lab whose test process was killed left
+// behind (its teardown never ran): its namespaces, its router's veth, and
+// the route to the lab's net, which would otherwise send this lab's
+// traffic to a router that is gone. A lab whose process still runs is
+// left alone; two cannot share the net anyway.
+func clearDeadLabs(t *testing.T) {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return
+	}
+	var dead []string
+	for _, line := range strings.Split(string(out), "\n") {
+		ns, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+		id, ok := strings.CutPrefix(ns, "eprt")
+		if !ok || id == "" {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimLeft(id, "0"))
+		if err == nil && pid != os.Getpid()%100000 {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+				t.Fatalf("another region lab (namespace %s) runs: one lab at a time", ns)
+			}
+		}
+		dead = append(dead, id)
+	}
+	for _, id := range dead {
+		t.Logf("removing the leftovers of a region lab that was killed (%s)", id)
+		for _, name := range labRegions {
+			_ = exec.Command("ip", "netns", "del", fmt.Sprintf("ep%s-%s", name, id)).Run()
+		}
+		_ = exec.Command("ip", "netns", "del", "eprt"+id).Run()
+		_ = exec.Command("ip", "link", "del", "eprh"+id).Run()
+	}
+	if len(dead) > 0 {
+		_ = exec.Command("ip", "route", "del", labNet+".0.0/16").Run()
+	}
+}
+
 func (l *regionLab) teardown() {
 	for _, r := range l.regions {
 		_ = exec.Command("ip", "netns", "del", r.ns).Run()
