@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/edgeplane/edgeplane/control/status"
 )
 
 // regionsV1 runs web in every region (one instance per machine); pinned,
@@ -66,9 +69,11 @@ func TestRegionLab(t *testing.T) {
 		f    func(*testing.T)
 	}{
 		{"home", lab.testHome},
+		{"traffic", lab.testTraffic},
 		{"dns", lab.testDNS},
 		{"strict", lab.testStrict},
 		{"freeze", lab.testFreeze},
+		{"crossed", lab.testCrossed},
 		{"states", lab.testStates},
 		{"bad-input", lab.testBadInput},
 	} {
@@ -187,6 +192,56 @@ func (l *regionLab) testHome(t *testing.T) {
 			t.Errorf("%s's gateway served from %v, want both of %s's instances", r.name, seen, r.name)
 		}
 	}
+}
+
+// Per-region traffic, end to end: what each gateway counted by the
+// instance's region reaches `control status` summed per region: served in
+// every region, arrived at every region's gateway, none crossed (every
+// request so far was served at home).
+func (l *regionLab) testTraffic(t *testing.T) {
+	var got []status.Region
+	eventually(t, 20*time.Second, "control status showing every region's traffic", func() bool {
+		out, _, code := l.c.control("status", "-o", "json")
+		var st struct {
+			Regions []status.Region `json:"regions"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+			return false
+		}
+		got = st.Regions
+		n := 0
+		for _, r := range got {
+			if r.Name != "" && r.Traffic.Served >= 60 && r.Traffic.Arrived >= 60 {
+				n++
+			}
+		}
+		return n == len(l.regions)
+	})
+	for _, r := range got {
+		if r.Traffic.Crossed != 0 || r.CrossShare != 0 {
+			t.Errorf("region %s: %d requests crossed (share %.2f), want none: %+v", r.Name, r.Traffic.Crossed, r.CrossShare, r)
+		}
+	}
+}
+
+// What tyo's gateway sent to fra while tyo was frozen counts as crossed,
+// at tyo (where it arrived).
+func (l *regionLab) testCrossed(t *testing.T) {
+	eventually(t, 20*time.Second, "control status counting tyo's requests served in fra as crossed", func() bool {
+		out, _, code := l.c.control("status", "-o", "json")
+		var st struct {
+			Regions []status.Region `json:"regions"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+			return false
+		}
+		for _, r := range st.Regions {
+			if r.Name == "tyo" {
+				return r.Traffic.Crossed >= 300 && r.CrossShare > 0
+			}
+		}
+		return false
+	})
 }
 
 // DNS in each region answers its own region's addresses (A), and SRV
