@@ -59,3 +59,6 @@ func ApplyStored(ctx context.Context, p *Projection, st *store.Store, msgs []*st
 // NoteLiveness hands p a liveness judgement as the session does (p must
 // not be running).
 func NoteLiveness(p *Projection, r *store.LivenessRecord) { p.noteLiveness(r) }
+
+// SetDown makes down the machines judged down, as a judgement does.
+func SetDown(p *Projection, down map[string]MachineDown) { p.setDown(down) }

@@ -72,6 +72,8 @@ func (p *Projection) judgeLiveness() {
 // setDown makes down the machines judged down, for this view and every
 // view after it.
 func (p *Projection) setDown(down map[string]MachineDown) {
+	p.swapMu.Lock()
+	defer p.swapMu.Unlock()
 	old := p.View()
 	if sameDown(old.down, down) {
 		return
@@ -88,7 +90,7 @@ func (p *Projection) setDown(down map[string]MachineDown) {
 		}
 	}
 	p.downNow.Store(&down)
-	p.swap(old)
+	p.install(old)
 }
 
 // sameDown compares two judgements by machine and liveness.

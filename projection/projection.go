@@ -77,6 +77,10 @@ type Projection struct {
 	log *zap.Logger
 
 	view atomic.Pointer[View]
+	// swapMu orders the swaps: one that only flips a flag of the current
+	// view (stale, the machines down) must flip it on the view current
+	// when it lands, never put back one an event has replaced.
+	swapMu sync.Mutex
 
 	chMu    sync.Mutex
 	changed chan struct{}
@@ -192,6 +196,20 @@ func (p *Projection) Changed() <-chan struct{} {
 
 // swap installs v and wakes everyone waiting on Changed.
 func (p *Projection) swap(v *View) {
+	p.swapMu.Lock()
+	defer p.swapMu.Unlock()
+	p.install(v)
+}
+
+// update swaps in what f derives from the view current now.
+func (p *Projection) update(f func(cur *View) *View) {
+	p.swapMu.Lock()
+	defer p.swapMu.Unlock()
+	p.install(f(p.View()))
+}
+
+// install is swap, under swapMu: v with the machines judged down now.
+func (p *Projection) install(v *View) {
 	var down map[string]MachineDown
 	if d := p.downNow.Load(); d != nil {
 		down = *d
@@ -429,7 +447,7 @@ func (p *Projection) markDisconnected(err error) {
 		p.logDown("routing projection cannot reach the store; serving the last good view", err)
 	}
 	if p.connected.Swap(false) || !p.View().Stale {
-		p.swap(p.View().withStale(true))
+		p.update(func(v *View) *View { return v.withStale(true) })
 	}
 }
 

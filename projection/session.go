@@ -109,7 +109,7 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 			if nc.Status() != nats.CONNECTED {
 				if p.connected.Swap(false) {
 					p.logDown("lost NATS; serving the last good routing view", nil)
-					p.swap(p.View().withStale(true))
+					p.update(func(v *View) *View { return v.withStale(true) })
 				}
 				// Cut off, this process hears no judgement: it sets no
 				// machine aside, and reads the latest once reconnected.
@@ -145,7 +145,7 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 			if !p.connected.Load() || p.View().Stale {
 				p.markConnected()
 				p.setError("")
-				p.swap(p.View().withStale(false))
+				p.update(func(v *View) *View { return v.withStale(false) })
 			}
 
 		case <-infoTick.C:
