@@ -449,11 +449,23 @@ func (l *regionLab) testFreeze(t *testing.T) {
 	}
 }
 
+// hostOf is the host each service of regionsV1 is routed at.
+var hostOf = map[string]string{"web": "geo.example.com", "pinned": "pinned.example.com", "solo": "solo.example.com"}
+
 // regionApplied is how long after `control region <verb> R` returned every
-// gateway served as the new state wants and every DNS server answered it.
-// wantServed is asked of each request's answer: the region that served it
-// ("" when it failed).
+// gateway served geo's web as the new state wants and every DNS server
+// answered it (regionAppliedTo).
 func (l *regionLab) regionApplied(t *testing.T, verb, region string, wantServed func(gw *labRegion, served string) bool, wantA func(dns *labRegion, a []string) bool) time.Duration {
+	t.Helper()
+	return l.regionAppliedTo(t, "web", verb, region, wantServed, wantA)
+}
+
+// regionAppliedTo is how long after `control region <verb> R` returned
+// every gateway served geo's service svc as the new state wants and every
+// DNS server answered it. wantServed is asked of each request's answer: the
+// region that served it ("" when it failed). The state must change what
+// the service is served from, or nothing tells that it was applied.
+func (l *regionLab) regionAppliedTo(t *testing.T, svc, verb, region string, wantServed func(gw *labRegion, served string) bool, wantA func(dns *labRegion, a []string) bool) time.Duration {
 	t.Helper()
 	if out, errOut, code := l.c.control("region", verb, region); code != 0 {
 		t.Fatalf("control region %s %s: exit %d\n%s%s", verb, region, code, out, errOut)
@@ -472,7 +484,7 @@ func (l *regionLab) regionApplied(t *testing.T, verb, region string, wantServed 
 			var streak time.Time
 			for n := 0; time.Since(began) < 10*time.Second; {
 				sent := time.Now()
-				code, inst, err := r.gw.request("geo.example.com", "/")
+				code, inst, err := r.gw.request(hostOf[svc], "/")
 				served := ""
 				if err == nil && code == 200 {
 					served = regionOf[inst]
@@ -493,7 +505,7 @@ func (l *regionLab) regionApplied(t *testing.T, verb, region string, wantServed 
 		go func() {
 			defer wg.Done()
 			for time.Since(began) < 10*time.Second {
-				if wantA(r, l.digIn(r, "A", "web.geo.edgeplane.internal")) {
+				if wantA(r, l.digIn(r, "A", svc+".geo.edgeplane.internal")) {
 					times[2*i+1] = time.Since(began)
 					return
 				}
@@ -574,7 +586,12 @@ func (l *regionLab) testStates(t *testing.T) {
 	if got := l.servedBy(ams.gw, "solo.example.com", 5); got["fra"] != 5 {
 		t.Errorf("solo (only in fra) at ams's gateway with fra drained: served by %v, want all 5 from fra", got)
 	}
-	took = l.regionApplied(t, "disable", "fra", elsewhere, dnsElsewhere)
+	// Drained and disabled, web is served alike: solo (only in fra) tells
+	// them apart, refused by every gateway and answered by no DNS server
+	// once fra is disabled.
+	refused := func(_ *labRegion, served string) bool { return served == "" }
+	noAnswer := func(_ *labRegion, a []string) bool { return len(a) == 0 }
+	took = l.regionAppliedTo(t, "solo", "disable", "fra", refused, noAnswer)
 	t.Logf("region disable fra: applied by every gateway and DNS %s after the command returned", took.Round(time.Millisecond))
 	if took > time.Second {
 		t.Errorf("region disable fra applied after %s, goal 1 s", took)
