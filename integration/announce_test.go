@@ -30,7 +30,7 @@ func TestTooOldProcessesAreRefused(t *testing.T) {
 			strings.Contains(out, "store floor: schema generation 2 (edgeplane >= 0.38.0), raised by control server")
 	})
 	vs := c.mustControl("fleet", "versions")
-	for _, want := range []string{"PROCESS", "control server  dev", "agent           dev      3           1: a1", "store floor: schema generation 2"} {
+	for _, want := range []string{"PROCESS", "control server  dev", fmt.Sprintf("agent           dev      %d           1: a1", store.SchemaGeneration), "store floor: schema generation 2"} {
 		if !strings.Contains(vs, want) {
 			t.Fatalf("fleet versions lacks %q:\n%s", want, vs)
 		}
