@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -129,17 +130,11 @@ func regionList(known []string) string {
 	if len(known) == 0 {
 		return "none: no machine has a region"
 	}
-	out := ""
-	for i, r := range known {
-		if i > 0 {
-			out += ", "
-		}
-		out += r
-	}
-	return out
+	return strings.Join(known, ", ")
 }
 
-// regionSubjectOK checks a region event's body.
+// regionOK checks a region event's body: a region named as regions are,
+// and for an upsert, a state.
 func (r *RoutingEvent) regionOK() error {
 	if r.Region == nil || r.Region.Name == "" {
 		return fmt.Errorf("%s event without a region", r.Kind)

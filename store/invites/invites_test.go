@@ -151,3 +151,23 @@ func TestTokenNamesCAsAndStore(t *testing.T) {
 		t.Fatalf("redeeming a token that names the store: %v", err)
 	}
 }
+
+// An invite's region is named as every region is (one lower-case DNS
+// label): anything else is refused before an invite is stored.
+func TestInviteRegionMustBeARegionName(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	for _, bad := range []string{"EU", "eu west", "eu.west", "-eu"} {
+		_, _, err := invites.Create(ctx, srv.Store, invites.Spec{Region: bad, TTL: time.Minute})
+		if se := store.AsError(err); se == nil || se.Code != store.CodeInvalid || se.Detail["region"] != bad || !strings.Contains(se.Message, "DNS label") {
+			t.Errorf("region %q: %v", bad, err)
+		}
+	}
+	keys, err := storetest.Bucket(t, srv.Store, srv.Store.Names.InvitesBucket()).ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys.Keys() {
+		t.Errorf("invite %s stored by a refused create", k)
+	}
+}
