@@ -2,9 +2,11 @@ package integration
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,9 +35,44 @@ func skewCanary(version string) string {
 func newClusterOn(t *testing.T, serverBin string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, dir: t.TempDir(), agents: map[string]*proc{}, serverBin: serverBin}
+	roomForOldStore(t, c.serverDir())
 	c.startServer("127.0.0.1:0")
 	t.Cleanup(c.killInstances)
 	return c
+}
+
+// roomForOldStore gives a storage node of a release before v0.39.0 a
+// filesystem it can start on. Such a node let JetStream take three quarters
+// of the disk's free space as its limit, and provisioning reserves every
+// stream's limit whole (store.ReservedBytes), so it refused to start with
+// storage_full on a disk with less than about 49 GB free: a fact about the
+// machine, not the skew under test. Below that, dir becomes a tmpfs whose
+// size is only a ceiling (the test writes a few megabytes); without root to
+// mount one the test is skipped, saying why.
+func roomForOldStore(t *testing.T, dir string) {
+	t.Helper()
+	need := store.ReservedBytes()/3*4 + 1<<30
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if free := int64(st.Bavail) * int64(st.Bsize); free >= need {
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skipf("a storage node of a release before v0.39.0 needs %d GB free on %s to start (or root, to give it a tmpfs)", need>>30, dir)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d,mode=0700", need)); err != nil {
+		t.Fatalf("tmpfs for the old release's store: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
 }
 
 // startGatewayBin is startGateway running caddy binary bin.

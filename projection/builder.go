@@ -22,7 +22,7 @@ import (
 type builder struct {
 	v                                   View
 	ownSvc, ownExact, ownWild, ownMachs [nShards]bool
-	ownAside, ownMachRegions            bool
+	ownAside, ownMachRegions, ownL4     bool
 	changed                             bool
 	// unadmitted are the services upserted here, whose endpoints finish
 	// admits; moved the known machines whose address changed here (or
@@ -94,10 +94,13 @@ func (b *builder) upsertService(ev *store.RoutingEvent) {
 	s := &Service{
 		Namespace: ev.Namespace, Name: ev.Service, DeployID: ev.DeployID, Revision: ev.Revision,
 		Routes: ev.Routes, signed: ev.Endpoints, HealthPath: ev.HealthPath, Split: ev.Split,
-		Locality: ev.Locality, SlowStart: time.Duration(ev.SlowStart),
+		Locality: ev.Locality, SlowStart: time.Duration(ev.SlowStart), Layer4: ev.Layer4,
 	}
 	key := s.Key()
 	b.removeService(key)
+	if !s.Layer4.Empty() {
+		b.markLayer4(key, true)
+	}
 	cowShard(&b.v.services, &b.ownSvc, key)[key] = s
 	b.v.numServices++
 	if b.unadmitted == nil {
@@ -129,6 +132,9 @@ func (b *builder) removeService(key string) {
 		b.v.numSetAside -= len(old.signed) - len(old.Endpoints)
 	}
 	b.setAside(key, false)
+	if !old.Layer4.Empty() {
+		b.markLayer4(key, false)
+	}
 	for _, hp := range routeEntries(old) {
 		if hp.wild {
 			b.dropHost(&b.v.wild, &b.ownWild, hp.host, old)

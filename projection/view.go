@@ -67,6 +67,9 @@ type Service struct {
 	// SlowStart the window over which a new endpoint's share ramps up.
 	Locality  *store.Locality
 	SlowStart time.Duration
+	// Layer4 is what the service exposes below HTTP: gateway ports and
+	// passthrough hosts (View.Layer4 indexes them).
+	Layer4 store.Layer4
 
 	memo sync.Map
 	// digest is serviceDigest(s), computed on first use.
@@ -77,7 +80,7 @@ type Service struct {
 func (s *Service) event() *store.RoutingEvent {
 	return &store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: s.Namespace,
 		Service: s.Name, DeployID: s.DeployID, Revision: s.Revision, Routes: s.Routes, Endpoints: s.signed, HealthPath: s.HealthPath, Split: s.Split,
-		Locality: s.Locality, SlowStart: store.Duration(s.SlowStart)}
+		Locality: s.Locality, SlowStart: store.Duration(s.SlowStart), Layer4: s.Layer4}
 }
 
 // Key is "<namespace>/<name>".
@@ -135,7 +138,10 @@ type View struct {
 	// map is replaced, never changed, once in a view.
 	numSetAside int
 	aside       map[string]bool
-	lists       *lazyLists
+	// layer4 are the keys of the services with layer-4 entry points,
+	// which View.Layer4 indexes; replaced, never changed, once in a view.
+	layer4 map[string]bool
+	lists  *lazyLists
 
 	// down are the machines judged down (their beats stopped) when this
 	// view was swapped in; nil when none is.
@@ -155,6 +161,9 @@ type lazyLists struct {
 	// knownRegions is View.KnownRegions, read once per view by gateways.
 	regionsOnce  sync.Once
 	knownRegions []string
+	// l4 is View.Layer4, built on first use.
+	l4Once sync.Once
+	l4     *Layer4Index
 	// The conflicts and the digest are read by reports and doctor only.
 	conflictsOnce, digestOnce sync.Once
 	conflicts                 []HostConflict
@@ -417,6 +426,19 @@ func serviceDigest(s *Service) [2]uint64 {
 		}
 	}
 	num(int64(s.SlowStart))
+	l4 := &s.Layer4
+	if !l4.Empty() || l4.DrainTimeout != 0 {
+		// Only a service with layer-4 entry points hashes them, so
+		// digests of views without any are as before.
+		str("layer4")
+		for _, k := range l4.Ports() {
+			str(k.String())
+		}
+		for _, h := range l4.PassthroughHosts() {
+			str(h)
+		}
+		num(int64(l4.DrainTimeout))
+	}
 	num(int64(len(s.Endpoints)))
 	for _, ep := range s.Endpoints {
 		str(ep.InstanceID)

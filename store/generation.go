@@ -32,7 +32,16 @@ import (
 //     service upserts carry a locality policy (v0.40.0). A reader before it
 //     refuses a region event as one it cannot read and serves every region
 //     alike, so a region state is not set while one is live.
-const SchemaGeneration = 4
+//   - 5: layer 4: service upserts carry tcp/udp ports and passthrough
+//     hosts (Layer4) and gateways serve them (v0.41.0). A gateway before
+//     it ignores them and serves the service's HTTP routes only, so a
+//     manifest exposing a layer-4 entry point is not applied while one is
+//     live.
+const SchemaGeneration = 5
+
+// GenerationLayer4 is the first generation whose gateways serve layer-4
+// entry points.
+const GenerationLayer4 = 5
 
 // GenerationRegions is the first generation whose gateways read region
 // states.
@@ -45,7 +54,7 @@ const GenerationObserved = 2
 
 // firstRelease is the first release of each generation, which a refusal
 // names. Generation 1 has none: it is every release before observations.
-var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0", 4: "0.40.0"}
+var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0", 4: "0.40.0", 5: "0.41.0"}
 
 // FirstReleaseOf is the first release of generation gen, "" when unknown.
 func FirstReleaseOf(gen int) string { return firstRelease[gen] }

@@ -111,6 +111,10 @@ type ServiceSpec struct {
 	// SlowStart is the window over which a newly routable instance's
 	// share of the traffic ramps up to a full one; zero is none.
 	SlowStart Duration `json:"slow_start,omitempty" yaml:"slow_start,omitempty"`
+	// Layer4 is what the service exposes through gateways below HTTP
+	// (layer4.go): tcp and udp ports, tls_passthrough hosts and the
+	// drain_timeout of their connections, inline in the manifest.
+	Layer4 `yaml:",inline"`
 }
 
 // Resources limit a container: CPUs (0.5 is half a core) and Memory
@@ -536,11 +540,13 @@ type RoutingEvent struct {
 	// Split divides the service's traffic during a canary.
 	Split *Split `json:"split,omitempty"`
 	// Locality and SlowStart are the service's (ServiceSpec).
-	Locality  *Locality      `json:"locality,omitempty"`
-	SlowStart Duration       `json:"slow_start,omitempty"`
-	Machine   *MachineRecord `json:"machine,omitempty"`
-	Region    *RegionRecord  `json:"region,omitempty"`
-	At        time.Time      `json:"at"`
+	Locality  *Locality `json:"locality,omitempty"`
+	SlowStart Duration  `json:"slow_start,omitempty"`
+	// Layer4 is the service's (ServiceSpec), inline.
+	Layer4
+	Machine *MachineRecord `json:"machine,omitempty"`
+	Region  *RegionRecord  `json:"region,omitempty"`
+	At      time.Time      `json:"at"`
 	// Seq is the stream sequence, filled in when read; not stored.
 	Seq uint64 `json:"-"`
 }

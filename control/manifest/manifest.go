@@ -437,9 +437,10 @@ func NormalizeHost(h string) (string, error) {
 // whose hash is unchanged keep their instances across deploys. The replica
 // count and the routes are left out: they say how many instances there are
 // and how traffic reaches them, not what one runs, so scaling a service or
-// giving it a host restarts nothing; so are its locality and slow start.
+// giving it a host restarts nothing; so are its locality, slow start and
+// layer-4 entry points.
 func SpecHash(s store.ServiceSpec) string {
-	s.Replicas, s.Routes, s.Locality, s.SlowStart = nil, nil, nil, 0
+	s.Replicas, s.Routes, s.Locality, s.SlowStart, s.Layer4 = nil, nil, nil, 0, store.Layer4{}
 	b, _ := json.Marshal(s) // maps marshal with sorted keys
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])

@@ -8,16 +8,16 @@ import (
 )
 
 // ServiceUpsert derives the routing upsert of service from the live commit
-// and src. It carries the spec's locality and slow start, which readers
-// apply per upsert: an upsert without them would put the service back to
-// the default policy.
+// and src. It carries the spec's locality, slow start and layer-4 entry
+// points, which readers apply per upsert: an upsert without them would put
+// the service back to the default policy and close its ports.
 func ServiceUpsert(c *store.DeployCommit, service string, src *Source) store.RoutingEvent {
 	spec := c.Manifest.Services[service]
 	ev := store.RoutingEvent{
 		Version: store.RecordVersion, Kind: store.EventServiceUpsert,
 		Namespace: c.Namespace, Service: service, DeployID: c.ID, Revision: c.Revision,
 		Routes: spec.Routes, HealthPath: spec.Readiness.Path, Locality: spec.Locality, SlowStart: spec.SlowStart,
-		At: time.Now().UTC(),
+		Layer4: spec.Layer4, At: time.Now().UTC(),
 	}
 	for _, slot := range c.SlotsOf(service) {
 		if ep, ok := src.Endpoint(slot); ok {

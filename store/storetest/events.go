@@ -48,7 +48,7 @@ func upsert(c *store.DeployCommit, service string, instances map[string]*store.I
 	spec := c.Manifest.Services[service]
 	ev := store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceUpsert, Namespace: c.Namespace,
 		Service: service, DeployID: c.ID, Revision: c.Revision, Routes: spec.Routes, HealthPath: spec.Readiness.Path,
-		Locality: spec.Locality, SlowStart: spec.SlowStart, At: time.Now().UTC()}
+		Locality: spec.Locality, SlowStart: spec.SlowStart, Layer4: spec.Layer4, At: time.Now().UTC()}
 	for _, slot := range c.SlotsOf(service) {
 		in := instances[slot.InstanceID]
 		if in == nil || in.State != store.InstanceReady || in.Error != "" || in.Port <= 0 || in.Port > 65535 ||
