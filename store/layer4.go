@@ -164,3 +164,47 @@ const portClaimPrefix = "=port."
 
 // PortClaimKey is a port's key in the hosts bucket: "=port.tcp.5432".
 func PortClaimKey(k PortKey) string { return portClaimPrefix + k.Proto + "." + strconv.Itoa(k.Port) }
+
+// L4Traffic is a service's layer-4 connections through one gateway, as
+// its traffic report carries them (ServiceTraffic.L4): cumulative since
+// the gateway's counters started, except Open.
+type L4Traffic struct {
+	// Open is the connections in progress now (a gauge); Total every
+	// connection proxied to an instance.
+	Open  int64  `json:"open"`
+	Total uint64 `json:"total"`
+	// BytesIn are bytes from clients to instances, BytesOut the other way.
+	BytesIn  uint64 `json:"in,omitempty"`
+	BytesOut uint64 `json:"out,omitempty"`
+	// ConnectErrors counts dials to an instance that failed (a client
+	// whose connection another instance then took included).
+	ConnectErrors uint64 `json:"connect_errors,omitempty"`
+	// Refused counts client connections no instance took.
+	Refused uint64 `json:"refused,omitempty"`
+}
+
+// L4Drain is a gateway's layer-4 connections to an instance that left
+// routing, which it lets flow until they close or Until passes (the
+// service's drain timeout), in its observation (GatewayObservation). A
+// deploy stops the instance once no gateway reports any.
+type L4Drain struct {
+	Namespace string    `json:"ns"`
+	Service   string    `json:"svc"`
+	Instance  string    `json:"instance"`
+	Conns     int       `json:"conns"`
+	Until     time.Time `json:"until"`
+}
+
+// L4PortError is a gateway port the routing asks for that the gateway
+// could not open, and why ("listen tcp :5432: bind: address already in
+// use"). The gateway retries it; everything else it serves is unaffected.
+type L4PortError struct {
+	Port      string    `json:"port"`
+	Namespace string    `json:"ns"`
+	Service   string    `json:"svc"`
+	Error     string    `json:"error"`
+	Since     time.Time `json:"since"`
+}
+
+// MaxL4Reported bounds the drains and port errors one observation names.
+const MaxL4Reported = 1000

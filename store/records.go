@@ -588,6 +588,11 @@ type GatewayObservation struct {
 	// Conflicts are hosts routed by more than one namespace in the
 	// gateway's view ("host: owner over others"), at most a few.
 	Conflicts []string `json:"conflicts,omitempty"`
+	// L4Draining are the instances that left routing to which the gateway
+	// still has layer-4 connections; L4Errors the ports it could not open.
+	// Each at most MaxL4Reported.
+	L4Draining []L4Drain     `json:"l4_draining,omitempty"`
+	L4Errors   []L4PortError `json:"l4_errors,omitempty"`
 	// Release and Generation are what the gateway runs (stamped by
 	// PutGatewayObservation; empty from a gateway before announcements).
 	Release    string `json:"release,omitempty"`

@@ -40,6 +40,8 @@ type ServiceTraffic struct {
 	// ByRegion counts the requests proxied to the service's instances by
 	// the region of the instance's machine ("" for none), cumulative.
 	ByRegion map[string]uint64 `json:"by_region,omitempty"`
+	// L4 counts the service's layer-4 connections, when it has any.
+	L4 *L4Traffic `json:"l4,omitempty"`
 }
 
 // Requests is every response counted.
