@@ -180,3 +180,33 @@ func TestLayer4OverNATS(t *testing.T) {
 		t.Fatalf("_tcp after a redeploy without tcp: %s %q", dns.RcodeToString[rc], got)
 	}
 }
+
+// TestLayer4Locality: from real views over machines in three regions,
+// _tcp and _udp answer in the tiers _http._tcp does (the resolver's
+// region first, a disabled region never, strict: home only), so a client
+// that follows them falls over in the gateway's order.
+func TestLayer4Locality(t *testing.T) {
+	const name = "db.shop.edgeplane.internal."
+	for _, c := range []struct {
+		region string
+		loc    *store.Locality
+		states map[string]string
+		want   []string
+	}{
+		{"tyo", nil, nil, []string{"0 db-tyo-1", "0 db-tyo-2", "1 db-fra-1", "1 db-fra-2", "2 db-nyc-1", "2 db-nyc-2"}},
+		{"tyo", nil, map[string]string{"fra": store.RegionDisabled}, []string{"0 db-tyo-1", "0 db-tyo-2", "1 db-nyc-1", "1 db-nyc-2"}},
+		{"nyc", &store.Locality{Policy: store.LocalityStrict}, nil, []string{"0 db-nyc-1", "0 db-nyc-2"}},
+	} {
+		ev := spread("db", c.loc)
+		ev.Layer4 = store.Layer4{TCP: []store.L4Port{{Port: 5432}}, UDP: []store.L4Port{{Port: 5432}}}
+		src := &swapSource{}
+		src.v.Store(regionView(t, 1, c.states, ev))
+		_, addr := startServer(t, Config{Region: c.region}, src)
+		for _, owner := range []string{"_http._tcp.", "_tcp.", "_udp."} {
+			r := ask(t, "udp", addr, query(owner+name, dns.TypeSRV))
+			if got := srvSummary(r.Answer); r.Rcode != dns.RcodeSuccess || !slices.Equal(got, c.want) {
+				t.Errorf("%s resolver, states %v: %s SRV %s %v, want %v", c.region, c.states, owner, dns.RcodeToString[r.Rcode], got, c.want)
+			}
+		}
+	}
+}
