@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/failpoint"
@@ -25,9 +24,9 @@ type run struct {
 	status *store.DeployStatus
 	// started are candidates a machine accepted, to stop on abort.
 	started []SlotAction
-	// claimed are the hosts this apply took for the namespace, given back
-	// on abort.
-	claimed []string
+	// claimed are the hosts and ports this apply took for the namespace,
+	// given back on abort.
+	claimed hosts.Wanted
 	// checkpoint is the latest canary step this apply committed: an
 	// abort routes the namespace back before it stops the candidates.
 	checkpoint *store.DeployCommit
@@ -52,9 +51,9 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	d.lastStep = time.Now()
 	d.mu.Unlock()
 
-	// 1. Preview against stored intent. A host another namespace owns is
-	// refused here, before anything is written.
-	routed := hosts.OfManifest(m)
+	// 1. Preview against stored intent. A host or port another namespace
+	// owns is refused here, before anything is written.
+	routed := hosts.Of(m)
 	if err := hosts.Check(ctx, d.s, r.ns, routed); err != nil {
 		return nil, err
 	}
@@ -138,7 +137,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 		}
 	}
 	// Checked again under the hosts lease: another namespace may have
-	// claimed one since the preview.
+	// claimed a host or port since the preview.
 	if r.claimed, err = hosts.Claim(ctx, d.s, r.ns, r.id, routed); err != nil {
 		return r.abort(ctx, err)
 	}
@@ -208,10 +207,11 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	d.step(StepPublishRouting, "published routing events up to sequence %d", r.status.RoutingSeq)
 
 	// 9. Wait for gateways, let in-flight requests finish, stop the old;
-	// the hosts the namespace no longer routes are free from then on.
+	// the hosts and ports the namespace no longer wants are free from then
+	// on.
 	r.drainOld(ctx)
 	if err := hosts.KeepOnly(ctx, d.s, r.ns, routed); err != nil {
-		r.status.Warnings = append(r.status.Warnings, "releasing hosts no longer routed: "+err.Error())
+		r.status.Warnings = append(r.status.Warnings, "releasing hosts and ports no longer routed: "+err.Error())
 	}
 	failpoint.Hit("after_drain")
 	r.status.Phase = StepDrainOld.Name()
@@ -271,13 +271,13 @@ func (r *run) writeStatus(ctx context.Context) {
 	}
 }
 
-// releaseClaims gives back the hosts this apply claimed: it routes none of
-// them.
+// releaseClaims gives back the hosts and ports this apply claimed: it
+// routes none of them.
 func (r *run) releaseClaims() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := hosts.Release(ctx, r.d.s, r.ns, r.claimed); err != nil {
-		r.d.printf("warning: releasing hosts %s: %v", strings.Join(r.claimed, ", "), err)
+		r.d.printf("warning: releasing %s: %v", r.claimed, err)
 	}
 }
 

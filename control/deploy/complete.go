@@ -182,12 +182,12 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 		return true, err
 	}
 	keep := map[string]bool{}
-	var routed []string
+	var routed hosts.Wanted
 	if live != nil {
 		for _, sl := range live.Slots {
 			keep[sl.InstanceID] = true
 		}
-		routed = hosts.OfManifest(&live.Manifest)
+		routed = hosts.Of(&live.Manifest)
 	}
 	var strays []*store.InstanceRecord
 	for _, in := range insts {
@@ -234,7 +234,7 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 		owner.Cleanup = append(owner.Cleanup, f)
 	}
 	if err := hosts.KeepOnly(ctx, d.s, ns, routed); err != nil {
-		return true, fmt.Errorf("releasing hosts %s no longer routes: %w", ns, err)
+		return true, fmt.Errorf("releasing hosts and ports %s no longer wants: %w", ns, err)
 	}
 	stale := false
 	for _, st := range open {

@@ -230,7 +230,7 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 		}
 		return nil, err
 	}
-	if err := hosts.Check(ctx, d.s, m.Namespace, hosts.OfManifest(m)); err != nil {
+	if err := hosts.Check(ctx, d.s, m.Namespace, hosts.Of(m)); err != nil {
 		return nil, err
 	}
 	st, err := d.load(ctx, m.Namespace)
