@@ -57,6 +57,9 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	if err := hosts.Check(ctx, d.s, r.ns, routed); err != nil {
 		return nil, err
 	}
+	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
+		return nil, err
+	}
 	st, err := d.load(ctx, r.ns)
 	if err != nil {
 		return nil, err
@@ -295,14 +298,17 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 		cause = store.Errorf(CodeInterrupted, "interrupted during %s, before the final commit: candidates stopped, nothing routed", r.status.Phase).
 			With("phase", r.status.Phase).With("deploy", r.id)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout+d.opts.GatewayWait+d.opts.DrainGrace)
+	// Bounded: the stops, the gateway wait, the grace and the candidates'
+	// layer-4 drains (none without layer-4 entry points).
+	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout+d.opts.GatewayWait+d.opts.DrainGrace+maxL4Bound(r.m))
 	defer cancel()
 	state := store.DeployFailed
 	if r.checkpoint != nil {
 		// The candidates served part of the traffic: the gateways route
 		// it all back before they stop.
 		state = store.DeployFailedAfterCheckpoint
-		if _, err := d.routeBack(ctx, r.checkpoint, r.st.live); err != nil {
+		seq, err := d.routeBack(ctx, r.checkpoint, r.st.live)
+		if err != nil {
 			// The completer finishes the canary once the lease is free;
 			// the decision makes it abort whatever the figures say.
 			derr := d.s.PutCanaryDecision(ctx, &store.CanaryDecision{Namespace: r.ns, DeployID: r.id,
@@ -319,6 +325,11 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 		// The gateways route it all back; requests the candidates took
 		// before that finish first, as a replaced instance's do
 		// (drainOld): stopped at once, a slow candidate's would be cut.
+		// Layer-4 connections they took drain as a replaced instance's.
+		l4 := d.waitLayer4Drains(ctx, r.ns, seq, layer4Stops(r.startedServices(), r.m))
+		for _, w := range l4 {
+			d.printf("warning: still draining at the drain timeout: %s", w)
+		}
 		d.drainGrace(ctx)
 	}
 	for _, c := range r.stopSlots(r.started) {

@@ -206,6 +206,16 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 			liveSt.Warnings = append(liveSt.Warnings, fmt.Sprintf("gateway %s has not applied routing sequence %d after %s", g, liveSt.RoutingSeq, d.opts.GatewayWait))
 		}
 		if len(strays) > 0 {
+			// As in the apply's drain: layer-4 connections to the strays of
+			// a service the live commit exposes below HTTP drain first (a
+			// service the live commit dropped is not known here).
+			stopping := map[string]string{}
+			for _, in := range strays {
+				stopping[in.ID] = in.Service
+			}
+			for _, w := range d.waitLayer4Drains(ctx, ns, liveSt.RoutingSeq, layer4Stops(stopping, &live.Manifest)) {
+				liveSt.Warnings = append(liveSt.Warnings, "still draining at the drain timeout, stopped anyway: "+w)
+			}
 			if err := d.drainGrace(ctx); err != nil {
 				return true, err
 			}

@@ -233,6 +233,9 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 	if err := hosts.Check(ctx, d.s, m.Namespace, hosts.Of(m)); err != nil {
 		return nil, err
 	}
+	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
+		return nil, err
+	}
 	st, err := d.load(ctx, m.Namespace)
 	if err != nil {
 		return nil, err
