@@ -10,6 +10,13 @@
 // which finishes every deploy whose orchestrator's lease expired
 // (RunCompleter): the same steps the apply would have taken, never a
 // reconciliation of observed state toward intent.
+//
+// Decisions others act on: an instance leaving routing is stopped after
+// the gateways applied the routing and, for a service with layer-4 entry
+// points, once no gateway that applied it reports connections to it
+// draining (bounded by the service's drain timeout plus L4DrainMargin);
+// a manifest with layer-4 entry points is refused while a gateway before
+// store.GenerationLayer4 is live (layer4.go).
 package deploy
 
 import (
