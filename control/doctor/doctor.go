@@ -143,7 +143,7 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Report, error) {
 		return nil, err
 	}
 	steps := []func(context.Context) error{
-		d.checkDeploys, d.checkInstances, d.checkMachines, d.checkRouting, d.checkHosts,
+		d.checkDeploys, d.checkInstances, d.checkMachines, d.checkRouting, d.checkHosts, d.checkPorts,
 		d.checkGateways, d.checkDNS, d.checkMesh, d.checkCerts, d.checkLeases, d.checkRegions, d.checkLayer4,
 	}
 	// The layers are independent reads; the slow ones (agents, gateways,
