@@ -23,6 +23,8 @@ import (
 //	<service>.<namespace>.<zone>           A/AAAA of routable instances, SRV
 //	                                       (by region: see locality.go)
 //	_http._tcp.<service>.<namespace>.<zone> SRV
+//	_tcp.<service>.<namespace>.<zone>      SRV, for a service with tcp ports
+//	_udp.<service>.<namespace>.<zone>      SRV, for a service with udp ports
 //	<instance>.<service>.<namespace>.<zone> A/AAAA of that instance
 //	<machine>.machines.<zone>              A/AAAA of the machine's overlay IP
 //
@@ -196,6 +198,7 @@ type indexBuilder struct {
 	region  string       // the server's; "" serves every active region alike
 	nearest []string     // the other regions, nearest first, where known
 	tiers   []servedTier // scratch, reused service after service
+	owners  []srvOwner   // scratch, reused service after service
 	ttl     uint32
 	names   map[string]*node
 	log     *zap.Logger
@@ -253,21 +256,36 @@ func (b *indexBuilder) addServices(v View) {
 		}
 		svcNode := b.node(base)
 		srvName := "_http._tcp." + base
-		srvNode := b.node(srvName)
+		b.owners = append(b.owners[:0], srvOwner{svcNode, base}, srvOwner{b.node(srvName), srvName})
+		// A service reached below HTTP is also found by its protocol
+		// (RFC 2782's _proto label): the same instances, since a gateway
+		// forwards its tcp/udp ports to the instances' own port.
+		if len(svc.Layer4.TCP) > 0 {
+			b.owners = append(b.owners, srvOwner{b.node("_tcp." + base), "_tcp." + base})
+		}
+		if len(svc.Layer4.UDP) > 0 {
+			b.owners = append(b.owners, srvOwner{b.node("_udp." + base), "_udp." + base})
+		}
 		// A machine whose heartbeats stopped is left out of the answers
 		// while the service has instances elsewhere; its region's
 		// other instances, and other regions, are tried first.
 		b.tiers = servedTiers(v, svc, b.region, b.nearest, b.tiers[:0])
 		for i, t := range b.tiers {
-			b.addTier(svc, t, i == 0, base, svcNode, srvName, srvNode)
+			b.addTier(svc, t, i == 0, base, svcNode, b.owners)
 		}
 	}
 }
 
+// srvOwner is a name that answers a service's SRV records, and its node.
+type srvOwner struct {
+	n    *node
+	name string
+}
+
 // addTier adds tier t of svc: an instance name per endpoint, SRV records
-// at the tier's priority, and, for the first tier only, the A and AAAA
-// records of the service's name.
-func (b *indexBuilder) addTier(svc *projection.Service, t servedTier, first bool, base string, svcNode *node, srvName string, srvNode *node) {
+// at the tier's priority under every owner, and, for the first tier only,
+// the A and AAAA records of the service's name.
+func (b *indexBuilder) addTier(svc *projection.Service, t servedTier, first bool, base string, svcNode *node, owners []srvOwner) {
 	var seen map[netip.Addr]bool
 	if first {
 		seen = make(map[netip.Addr]bool)
@@ -292,10 +310,7 @@ func (b *indexBuilder) addTier(svc *projection.Service, t servedTier, first bool
 			seen[ip] = true
 			b.addAddr(svcNode, base, ip)
 		}
-		for _, owner := range []struct {
-			n    *node
-			name string
-		}{{svcNode, base}, {srvNode, srvName}} {
+		for _, owner := range owners {
 			owner.n.srv = append(owner.n.srv, &dns.SRV{
 				Hdr: b.hdr(owner.name, dns.TypeSRV), Priority: t.priority, Weight: weights[i],
 				Port: uint16(ep.Port), Target: target,

@@ -757,13 +757,20 @@ func attackMachineRecords(t *testing.T, f *attackFixture) {
 	f.c.mustControl("machine", "enable", "m1")
 }
 
-// 9. Host ownership is control-plane state: no edge credential reads or
-// writes a claim, so a stolen box can neither take another namespace's
-// host nor free the one shop owns.
+// 9. Host and port ownership is control-plane state: no edge credential
+// reads or writes a claim, so a stolen box can neither take another
+// namespace's host or gateway port nor free the one shop owns.
 func attackHostClaims(t *testing.T, f *attackFixture) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	claim, _ := json.Marshal(store.HostClaim{Version: store.RecordVersion, Host: "bank.example.com", Namespace: "shop", Since: time.Now()})
+	// shop's port, claimed as an apply would (the fixture's manifest
+	// exposes none; it is released after the attempts).
+	shopPort, bankPort := store.PortKey{Proto: store.ProtoTCP, Port: 15432}, store.PortKey{Proto: store.ProtoTCP, Port: 5432}
+	if err := f.c.store.PutPortClaim(ctx, &store.PortClaim{Proto: shopPort.Proto, Port: shopPort.Port, Namespace: "shop", Service: "web", At: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	portClaim, _ := json.Marshal(store.PortClaim{Version: store.RecordVersion, Proto: bankPort.Proto, Port: bankPort.Port, Namespace: "shop", Service: "web", At: time.Now()})
 	for _, role := range []struct{ name, creds string }{{"agent", f.agentCreds}, {"mesh", f.meshCreds}, {"gateway", f.gwCreds}} {
 		th := f.as(t, role.creds)
 		thHosts := storetest.Bucket(t, th.st, th.st.Names.HostsBucket())
@@ -778,10 +785,29 @@ func attackHostClaims(t *testing.T, f *attackFixture) {
 			_, err := thHosts.Get(ctx, store.HostKey("shop.example.com"))
 			return err
 		})
+		// Gateway ports are claimed in the same bucket: a stolen box can
+		// neither take a port nor free one (shop's tcp/15432).
+		th.try(t, role.name+" claims a port", func(ctx context.Context) error {
+			_, err := thHosts.Put(ctx, store.PortClaimKey(bankPort), portClaim)
+			return err
+		})
+		th.try(t, role.name+" frees shop's port", func(ctx context.Context) error {
+			return thHosts.Delete(ctx, store.PortClaimKey(shopPort))
+		})
+		th.try(t, role.name+" reads the port claims", func(ctx context.Context) error {
+			_, err := thHosts.Get(ctx, store.PortClaimKey(shopPort))
+			return err
+		})
 	}
 	owned, err := hosts.Owned(ctx, f.c.store, "shop")
 	if err != nil || !slices.Equal(owned, []string{"shop.example.com"}) {
 		t.Fatalf("shop owns %v (%v) after the attempts", owned, err)
+	}
+	if ports, err := f.c.store.PortClaims(ctx, []store.PortKey{bankPort, shopPort}); err != nil || len(ports) != 1 || ports[shopPort].Namespace != "shop" {
+		t.Fatalf("port claims %+v (%v) after the attempts: want shop's tcp/15432 only", ports, err)
+	}
+	if err := f.c.store.DeletePortClaim(ctx, shopPort); err != nil {
+		t.Fatal(err)
 	}
 }
 

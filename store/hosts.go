@@ -107,7 +107,9 @@ func (s *Store) DeleteHostClaim(ctx context.Context, host string) error {
 	return nil
 }
 
-// ListHostClaims calls fn with every host claim.
+// ListHostClaims calls fn with every host claim (the port claims filed
+// beside them left out).
 func (s *Store) ListHostClaims(ctx context.Context, fn func(*HostClaim) error) error {
-	return ListJSON(ctx, s, s.hosts, ">", func(_ string, c *HostClaim) error { return fn(c) })
+	return ListJSON(ctx, s, s.hosts, ">", func(_ string, c *HostClaim) error { return fn(c) },
+		func(c *listConfig) { c.except = func(k string) bool { return strings.HasPrefix(k, portClaimPrefix) } })
 }

@@ -67,6 +67,9 @@ type ListOption func(*listConfig)
 
 type listConfig struct {
 	onSkip func(key string, err error)
+	// except leaves out, unread, the keys it says yes to: records of
+	// another kind filed in the same bucket.
+	except func(key string) bool
 }
 
 // OnSkip makes ListJSON tell fn of each record it skips, with why.
@@ -93,6 +96,9 @@ func ListJSON[T any, P interface {
 		return err
 	}
 	for _, e := range entries {
+		if cfg.except != nil && cfg.except(e.Key) {
+			continue
+		}
 		v := new(T)
 		if err := DecodeKeyed(kv.Bucket(), e.Key, e.Value, P(v)); err != nil {
 			SkippedRecords.Add(1)

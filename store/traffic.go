@@ -125,6 +125,43 @@ type TrafficFigures struct {
 	Open         int64   `json:"open,omitempty"`
 	// Window is the span the rates cover.
 	Window Duration `json:"window,omitempty"`
+	// L4 is the service's layer-4 connections, when a gateway reports
+	// any.
+	L4 *L4Figures `json:"l4,omitempty"`
+}
+
+// L4Figures are a service's layer-4 connections over a recent window,
+// from one gateway or summed over the fleet: counts since each reporting
+// gateway started (Open: now), rates per second over their last
+// intervals.
+type L4Figures struct {
+	Open          int64  `json:"open"`
+	Total         uint64 `json:"total"`
+	BytesIn       uint64 `json:"bytes_in,omitempty"`
+	BytesOut      uint64 `json:"bytes_out,omitempty"`
+	ConnectErrors uint64 `json:"connect_errors,omitempty"`
+	Refused       uint64 `json:"refused,omitempty"`
+	// Rate is new connections per second.
+	Rate             float64 `json:"rate"`
+	BytesInRate      float64 `json:"bytes_in_rate,omitempty"`
+	BytesOutRate     float64 `json:"bytes_out_rate,omitempty"`
+	ConnectErrorRate float64 `json:"connect_error_rate,omitempty"`
+	RefusedRate      float64 `json:"refused_rate,omitempty"`
+}
+
+// Add adds o's counts and rates to f.
+func (f *L4Figures) Add(o L4Figures) {
+	f.Open += o.Open
+	f.Total += o.Total
+	f.BytesIn += o.BytesIn
+	f.BytesOut += o.BytesOut
+	f.ConnectErrors += o.ConnectErrors
+	f.Refused += o.Refused
+	f.Rate += o.Rate
+	f.BytesInRate += o.BytesInRate
+	f.BytesOutRate += o.BytesOutRate
+	f.ConnectErrorRate += o.ConnectErrorRate
+	f.RefusedRate += o.RefusedRate
 }
 
 // ServiceTrafficStatus is a service's traffic fleet-wide and per gateway.

@@ -114,7 +114,7 @@ func New(s *store.Store, cfg Config) (*Server, error) {
 	d := &Server{s: s, cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), pages: map[string]*template.Template{},
 		deploys: deploy.New(s, deploy.Options{})}
 	d.history.step = cfg.ChartStep
-	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html")
+	base, err := template.New("").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/layer4.html")
 	if err != nil {
 		return nil, fmt.Errorf("dashboard templates: %w", err)
 	}

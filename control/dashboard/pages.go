@@ -192,6 +192,7 @@ type overviewData struct {
 	// could not be read.
 	Regions           []status.Region
 	RegionsUnreadable string
+	l4Reports
 }
 
 // releaseCount is how many machines run a release.
@@ -268,6 +269,7 @@ func (d *Server) overview(r *http.Request) (any, error) {
 		return nil, err
 	}
 	v.Regions, v.RegionsUnreadable = status.ReadRegions(ctx, d.s, list, v.Gateways, sums)
+	v.L4Errors, v.L4Draining, v.L4ErrorsAll, v.L4DrainsAll = gatewayL4(v.Gateways, "", v.At)
 	cs, err := certs.ListStatus(ctx, d.s)
 	if err != nil {
 		return nil, err
@@ -363,6 +365,10 @@ type namespaceData struct {
 	Instances []instanceRow
 	Routes    []routeRow
 	Traffic   []serviceTraffic
+	// Layer4 are the live commit's services exposing anything below
+	// HTTP, and what the gateways report of this namespace's ports.
+	Layer4 []l4Row
+	l4Reports
 }
 
 func (d *Server) namespace(r *http.Request) (any, error) {
@@ -452,6 +458,15 @@ func (d *Server) namespace(r *http.Request) (any, error) {
 		}
 		v.Traffic = append(v.Traffic, st)
 	}
+	// Drains outlive the entry points: a redeploy that stops exposing a
+	// port still lets its connections drain, so the reports are read
+	// whatever the live commit exposes.
+	v.Layer4 = l4Rows(&v.Live.Manifest)
+	_, gws, err := fleet.Gateways(ctx, d.s)
+	if err != nil {
+		return nil, err
+	}
+	v.L4Errors, v.L4Draining, v.L4ErrorsAll, v.L4DrainsAll = gatewayL4(gws, ns, v.At)
 	return v, nil
 }
 

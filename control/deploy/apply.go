@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/failpoint"
@@ -25,9 +24,9 @@ type run struct {
 	status *store.DeployStatus
 	// started are candidates a machine accepted, to stop on abort.
 	started []SlotAction
-	// claimed are the hosts this apply took for the namespace, given back
-	// on abort.
-	claimed []string
+	// claimed are the hosts and ports this apply took for the namespace,
+	// given back on abort.
+	claimed hosts.Wanted
 	// checkpoint is the latest canary step this apply committed: an
 	// abort routes the namespace back before it stops the candidates.
 	checkpoint *store.DeployCommit
@@ -52,10 +51,13 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	d.lastStep = time.Now()
 	d.mu.Unlock()
 
-	// 1. Preview against stored intent. A host another namespace owns is
-	// refused here, before anything is written.
-	routed := hosts.OfManifest(m)
+	// 1. Preview against stored intent. A host or port another namespace
+	// owns is refused here, before anything is written.
+	routed := hosts.Of(m)
 	if err := hosts.Check(ctx, d.s, r.ns, routed); err != nil {
+		return nil, err
+	}
+	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
 		return nil, err
 	}
 	st, err := d.load(ctx, r.ns)
@@ -138,7 +140,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 		}
 	}
 	// Checked again under the hosts lease: another namespace may have
-	// claimed one since the preview.
+	// claimed a host or port since the preview.
 	if r.claimed, err = hosts.Claim(ctx, d.s, r.ns, r.id, routed); err != nil {
 		return r.abort(ctx, err)
 	}
@@ -208,10 +210,11 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	d.step(StepPublishRouting, "published routing events up to sequence %d", r.status.RoutingSeq)
 
 	// 9. Wait for gateways, let in-flight requests finish, stop the old;
-	// the hosts the namespace no longer routes are free from then on.
+	// the hosts and ports the namespace no longer wants are free from then
+	// on.
 	r.drainOld(ctx)
 	if err := hosts.KeepOnly(ctx, d.s, r.ns, routed); err != nil {
-		r.status.Warnings = append(r.status.Warnings, "releasing hosts no longer routed: "+err.Error())
+		r.status.Warnings = append(r.status.Warnings, "releasing hosts and ports no longer routed: "+err.Error())
 	}
 	failpoint.Hit("after_drain")
 	r.status.Phase = StepDrainOld.Name()
@@ -271,13 +274,13 @@ func (r *run) writeStatus(ctx context.Context) {
 	}
 }
 
-// releaseClaims gives back the hosts this apply claimed: it routes none of
-// them.
+// releaseClaims gives back the hosts and ports this apply claimed: it
+// routes none of them.
 func (r *run) releaseClaims() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := hosts.Release(ctx, r.d.s, r.ns, r.claimed); err != nil {
-		r.d.printf("warning: releasing hosts %s: %v", strings.Join(r.claimed, ", "), err)
+		r.d.printf("warning: releasing %s: %v", r.claimed, err)
 	}
 }
 
@@ -295,14 +298,17 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 		cause = store.Errorf(CodeInterrupted, "interrupted during %s, before the final commit: candidates stopped, nothing routed", r.status.Phase).
 			With("phase", r.status.Phase).With("deploy", r.id)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout+d.opts.GatewayWait+d.opts.DrainGrace)
+	// Bounded: the stops, the gateway wait, the grace and the candidates'
+	// layer-4 drains (none without layer-4 entry points).
+	ctx, cancel := context.WithTimeout(context.Background(), d.opts.StopGrace+d.opts.RPCTimeout+d.opts.GatewayWait+d.opts.DrainGrace+maxL4Bound(r.m))
 	defer cancel()
 	state := store.DeployFailed
 	if r.checkpoint != nil {
 		// The candidates served part of the traffic: the gateways route
 		// it all back before they stop.
 		state = store.DeployFailedAfterCheckpoint
-		if _, err := d.routeBack(ctx, r.checkpoint, r.st.live); err != nil {
+		seq, err := d.routeBack(ctx, r.checkpoint, r.st.live)
+		if err != nil {
 			// The completer finishes the canary once the lease is free;
 			// the decision makes it abort whatever the figures say.
 			derr := d.s.PutCanaryDecision(ctx, &store.CanaryDecision{Namespace: r.ns, DeployID: r.id,
@@ -319,6 +325,11 @@ func (r *run) abort(applyCtx context.Context, cause error) (*store.DeployStatus,
 		// The gateways route it all back; requests the candidates took
 		// before that finish first, as a replaced instance's do
 		// (drainOld): stopped at once, a slow candidate's would be cut.
+		// Layer-4 connections they took drain as a replaced instance's.
+		l4 := d.waitLayer4Drains(ctx, r.ns, seq, layer4Stops(r.startedServices(), r.m))
+		for _, w := range l4 {
+			d.printf("warning: still draining at the drain timeout: %s", w)
+		}
 		d.drainGrace(ctx)
 	}
 	for _, c := range r.stopSlots(r.started) {

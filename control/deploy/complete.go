@@ -182,12 +182,12 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 		return true, err
 	}
 	keep := map[string]bool{}
-	var routed []string
+	var routed hosts.Wanted
 	if live != nil {
 		for _, sl := range live.Slots {
 			keep[sl.InstanceID] = true
 		}
-		routed = hosts.OfManifest(&live.Manifest)
+		routed = hosts.Of(&live.Manifest)
 	}
 	var strays []*store.InstanceRecord
 	for _, in := range insts {
@@ -206,6 +206,16 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 			liveSt.Warnings = append(liveSt.Warnings, fmt.Sprintf("gateway %s has not applied routing sequence %d after %s", g, liveSt.RoutingSeq, d.opts.GatewayWait))
 		}
 		if len(strays) > 0 {
+			// As in the apply's drain: layer-4 connections to the strays of
+			// a service the live commit exposes below HTTP drain first (a
+			// service the live commit dropped is not known here).
+			stopping := map[string]string{}
+			for _, in := range strays {
+				stopping[in.ID] = in.Service
+			}
+			for _, w := range d.waitLayer4Drains(ctx, ns, liveSt.RoutingSeq, layer4Stops(stopping, &live.Manifest)) {
+				liveSt.Warnings = append(liveSt.Warnings, "still draining at the drain timeout, stopped anyway: "+w)
+			}
 			if err := d.drainGrace(ctx); err != nil {
 				return true, err
 			}
@@ -234,7 +244,7 @@ func (d *Deployer) FinishNamespace(ctx context.Context, ns string, lease *store.
 		owner.Cleanup = append(owner.Cleanup, f)
 	}
 	if err := hosts.KeepOnly(ctx, d.s, ns, routed); err != nil {
-		return true, fmt.Errorf("releasing hosts %s no longer routes: %w", ns, err)
+		return true, fmt.Errorf("releasing hosts and ports %s no longer wants: %w", ns, err)
 	}
 	stale := false
 	for _, st := range open {

@@ -10,6 +10,13 @@
 // which finishes every deploy whose orchestrator's lease expired
 // (RunCompleter): the same steps the apply would have taken, never a
 // reconciliation of observed state toward intent.
+//
+// Decisions others act on: an instance leaving routing is stopped after
+// the gateways applied the routing and, for a service with layer-4 entry
+// points, once no gateway that applied it reports connections to it
+// draining (bounded by the service's drain timeout plus L4DrainMargin);
+// a manifest with layer-4 entry points is refused while a gateway before
+// store.GenerationLayer4 is live (layer4.go).
 package deploy
 
 import (
@@ -230,7 +237,10 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 		}
 		return nil, err
 	}
-	if err := hosts.Check(ctx, d.s, m.Namespace, hosts.OfManifest(m)); err != nil {
+	if err := hosts.Check(ctx, d.s, m.Namespace, hosts.Of(m)); err != nil {
+		return nil, err
+	}
+	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
 		return nil, err
 	}
 	st, err := d.load(ctx, m.Namespace)

@@ -9,8 +9,9 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// Step 9 of an apply: wait for the gateways to serve the new routing, then
-// stop what the commit no longer routes to.
+// Step 9 of an apply: wait for the gateways to serve the new routing and
+// for their layer-4 connections to what the commit no longer routes to to
+// drain (layer4.go), then stop it.
 
 // stopSlots stops and forgets the instances of slots (see stopAll); the
 // stops are not cut short by the apply's own end.
@@ -22,8 +23,9 @@ func (r *run) stopSlots(slots []SlotAction) []store.CleanupFailure {
 	return r.d.stopAll(context.Background(), r.ns, recs)
 }
 
-// drainOld waits (bounded) for live gateways to apply the new routing, then
-// a drain grace, then stops what the commit no longer routes to. Failures
+// drainOld waits (bounded) for live gateways to apply the new routing and
+// to drain their layer-4 connections to what stops, then a drain grace,
+// then stops what the commit no longer routes to. Failures
 // are recoverable status, never a revert.
 func (r *run) drainOld(ctx context.Context) {
 	d := r.d
@@ -41,6 +43,21 @@ func (r *run) drainOld(ctx context.Context) {
 		if a.Action == ActionStop {
 			stops = append(stops, a)
 		}
+	}
+	// Layer-4 connections to what stops drain first: a connection lives
+	// far longer than a request.
+	var prev *store.Manifest
+	if r.st.live != nil {
+		prev = &r.st.live.Manifest
+	}
+	stopping := map[string]string{}
+	for _, a := range stops {
+		stopping[a.InstanceID] = a.Service
+	}
+	for _, w := range d.waitLayer4Drains(ctx, r.ns, r.status.RoutingSeq, layer4Stops(stopping, prev, r.m)) {
+		w = "still draining at the drain timeout, stopped anyway: " + w
+		r.status.Warnings = append(r.status.Warnings, w)
+		d.printf("warning: %s", w)
 	}
 	if len(stops) > 0 {
 		_ = d.drainGrace(ctx)

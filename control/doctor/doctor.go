@@ -3,6 +3,8 @@
 // records against what each agent runs, the routing the store derives
 // against what each gateway serves and each DNS server answers, machines
 // against mesh peers, regions against the gateways that serve them,
+// the gateway ports routing asks for against those gateways could open
+// and their layer-4 drains against the services' drain timeouts,
 // routed hosts against their owners and certificates, and leases against
 // their holders. It writes nothing: it is what an
 // operator runs first when something looks wrong, and what a test runs to
@@ -141,8 +143,8 @@ func Run(ctx context.Context, s *store.Store, o Options) (*Report, error) {
 		return nil, err
 	}
 	steps := []func(context.Context) error{
-		d.checkDeploys, d.checkInstances, d.checkMachines, d.checkRouting, d.checkHosts,
-		d.checkGateways, d.checkDNS, d.checkMesh, d.checkCerts, d.checkLeases, d.checkRegions,
+		d.checkDeploys, d.checkInstances, d.checkMachines, d.checkRouting, d.checkHosts, d.checkPorts,
+		d.checkGateways, d.checkDNS, d.checkMesh, d.checkCerts, d.checkLeases, d.checkRegions, d.checkLayer4,
 	}
 	// The layers are independent reads; the slow ones (agents, gateways,
 	// DNS) wait on the network, so they run side by side.

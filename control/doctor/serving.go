@@ -73,6 +73,10 @@ func (d *doctor) judgeGateway(ctx context.Context, g gatewayState) {
 	subj := "gateway " + g.name
 	want := d.view
 	for _, c := range g.conflicts {
+		if isLayer4Conflict(c) {
+			d.add(LayerGateways, Problem, subj, "serves a gateway port or passthrough host two services expose: %s", c)
+			continue
+		}
 		d.add(LayerGateways, Problem, subj, "serves a host two namespaces route: %s", c)
 	}
 	switch {

@@ -15,8 +15,8 @@
 //     store.LivenessRefresh; gateways set those machines' instances aside
 //     by it, and never read the beats themselves;
 //   - each service's traffic figures, summed from the gateways' reports
-//     (traffic.go), which `control status`, the dashboard and the
-//     metrics show;
+//     (traffic.go; their layer-4 connections: l4.go), which `control
+//     status`, the dashboard and the metrics show;
 //   - which processes are heard from and at which schema generation
 //     (processes.go), by which a control server raises the store's floor
 //     and `control fleet versions` lists them.

@@ -21,6 +21,9 @@ func (a *Aggregator) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{trafficRateDesc, trafficTotalDesc, trafficErrorRatioDesc, trafficLatencyDesc, trafficRegionRateDesc} {
 		ch <- d
 	}
+	for _, d := range l4Descs {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector.

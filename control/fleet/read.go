@@ -73,6 +73,14 @@ type Gateway struct {
 	AppliedSeq uint64 `json:"applied_seq"`
 	Lag        uint64 `json:"lag"`
 	Stale      bool   `json:"stale,omitempty"`
+	// Conflicts are the hosts, gateway ports and passthrough hosts it
+	// found routed by more than one owner ("entry: owner over others").
+	Conflicts []string `json:"conflicts,omitempty"`
+	// L4Draining are the instances that left routing to which it still
+	// has layer-4 connections, L4Errors the gateway ports it could not
+	// open, as of its last observation.
+	L4Draining []store.L4Drain     `json:"l4_draining,omitempty"`
+	L4Errors   []store.L4PortError `json:"l4_errors,omitempty"`
 	// Age is how old its last report is.
 	Age time.Duration `json:"-"`
 }
@@ -91,7 +99,8 @@ func Gateways(ctx context.Context, s *store.Store) (head uint64, gws []Gateway, 
 		if age >= store.GatewayObservationTTL {
 			return nil
 		}
-		gw := Gateway{Gateway: g.Gateway, Region: g.Region, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age}
+		gw := Gateway{Gateway: g.Gateway, Region: g.Region, AppliedSeq: g.AppliedSeq, Stale: g.Stale, Age: age,
+			Conflicts: g.Conflicts, L4Draining: g.L4Draining, L4Errors: g.L4Errors}
 		if head > g.AppliedSeq {
 			gw.Lag = head - g.AppliedSeq
 		}

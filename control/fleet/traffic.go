@@ -66,7 +66,10 @@ func (a *Aggregator) trafficReport(ent jetstream.KeyValueEntry) {
 	g := &gatewayReports{region: rep.Region, since: rep.Since, at: rep.At, cur: map[string]byService{}, aside: map[string][]store.EndpointSetAside{}}
 	for _, s := range rep.Services {
 		if len(s.Latency) != len(store.TrafficLatencyBounds)+1 {
-			continue // another histogram layout: not comparable
+			if s.L4 == nil {
+				continue // another histogram layout: not comparable
+			}
+			s = l4Only(s)
 		}
 		if g.cur[s.Namespace] == nil {
 			g.cur[s.Namespace] = byService{}
@@ -166,6 +169,7 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 		sum              interval
 		gateways         map[string]store.TrafficFigures
 		regions          map[string]store.RegionTraffic
+		l4               *store.L4Figures
 	}
 	services := map[string]*acc{}
 	for gw, g := range a.traffic {
@@ -193,7 +197,20 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 				s.sum.latency[i] += iv.latency[i]
 			}
 			s.sum.window = max(s.sum.window, iv.window)
-			s.gateways[gw] = figures(cur.Requests(), cur.Classes[4], cur.Open, iv)
+			gf := figures(cur.Requests(), cur.Classes[4], cur.Open, iv)
+			if cur.L4 != nil {
+				var prevL4 *store.L4Traffic
+				if p, ok := g.prev[ns][svc]; ok {
+					prevL4 = p.L4
+				}
+				f := l4Figures(cur.L4, prevL4, g.prev != nil, g.at.Sub(g.prevAt))
+				gf.L4 = &f
+				if s.l4 == nil {
+					s.l4 = &store.L4Figures{}
+				}
+				s.l4.Add(f)
+			}
+			s.gateways[gw] = gf
 			var prev store.ServiceTraffic
 			if g.prev != nil {
 				prev = g.prev[ns][svc]
@@ -215,6 +232,7 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 			fleet.BytesInRate += f.BytesInRate
 			fleet.BytesOutRate += f.BytesOutRate
 		}
+		fleet.L4 = s.l4
 		st := store.ServiceTrafficStatus{TrafficFigures: fleet, Gateways: s.gateways, Regions: s.regions}
 		if len(st.Gateways) > maxGatewaysListed {
 			names := make([]string, 0, len(st.Gateways))
@@ -222,7 +240,7 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 				names = append(names, gw)
 			}
 			slices.SortFunc(names, func(x, y string) int {
-				return cmp.Or(cmp.Compare(st.Gateways[y].Requests, st.Gateways[x].Requests), cmp.Compare(x, y))
+				return cmp.Or(cmp.Compare(busy(st.Gateways[y]), busy(st.Gateways[x])), cmp.Compare(x, y))
 			})
 			for _, gw := range names[maxGatewaysListed:] {
 				delete(st.Gateways, gw)
@@ -231,6 +249,15 @@ func (a *Aggregator) trafficOf(ns string) map[string]store.ServiceTrafficStatus 
 		out[svc] = st
 	}
 	return out
+}
+
+// busy is what a gateway carried of a service: its requests and its
+// layer-4 connections, since it started.
+func busy(f store.TrafficFigures) uint64 {
+	if f.L4 == nil {
+		return f.Requests
+	}
+	return f.Requests + f.L4.Total
 }
 
 // addRegions adds one gateway's traffic to one service, in region home,
@@ -340,6 +367,9 @@ func (a *Aggregator) collectTraffic(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(trafficErrorRatioDesc, prometheus.GaugeValue, t.ErrorRatio, ns, svc)
 			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P50, ns, svc, "0.5")
 			ch <- prometheus.MustNewConstMetric(trafficLatencyDesc, prometheus.GaugeValue, t.P99, ns, svc, "0.99")
+			if t.L4 != nil {
+				collectL4(ch, ns, svc, t.L4)
+			}
 		}
 	}
 	for r, t := range RegionTotals(a.flushed) {

@@ -5,7 +5,11 @@
 // in the store's hosts bucket (store.HostClaim); every claim and release
 // runs under one lease (store.HostsLockKey), so two namespaces racing for a
 // host cannot both win. Hosts are normalised by the manifest (case,
-// trailing dot, IDNA) before they get here.
+// trailing dot, IDNA) before they get here. A tls_passthrough host is a
+// host as a route's is: owned the same way, so it conflicts with another
+// namespace's HTTP hosts and they with it. Gateway ports (tcp/N, udp/N)
+// are owned the same way too (ports.go), claimed and released with the
+// hosts in one Claim, Release or KeepOnly.
 package hosts
 
 import (
@@ -19,18 +23,25 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// OfManifest lists the hosts m routes, sorted, each once.
+// OfManifest lists the hosts m routes or passes TLS through for, sorted,
+// each once.
 func OfManifest(m *store.Manifest) []string {
 	seen := map[string]bool{}
 	var out []string
+	use := func(h string) {
+		if !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
 	for _, svc := range m.Services {
 		for _, r := range svc.Routes {
 			for _, h := range r.Hosts {
-				if !seen[h] {
-					seen[h] = true
-					out = append(out, h)
-				}
+				use(h)
 			}
+		}
+		for _, h := range svc.PassthroughHosts() {
+			use(h)
 		}
 	}
 	sort.Strings(out)
@@ -49,10 +60,19 @@ func coveringWildcards(host string) []string {
 	return out
 }
 
-// Check refuses, with host_owned, hosts of which any is owned by another
-// namespace than ns, itself or through a covering wildcard, or (for a
-// wildcard) has a name under it owned elsewhere. It writes nothing.
-func Check(ctx context.Context, s *store.Store, ns string, hosts []string) error {
+// Check refuses, with host_owned, w's hosts of which any is owned by
+// another namespace than ns, itself or through a covering wildcard, or
+// (for a wildcard) has a name under it owned elsewhere; then, with
+// port_owned, its ports of which any another namespace owns. It writes
+// nothing.
+func Check(ctx context.Context, s *store.Store, ns string, w Wanted) error {
+	if err := checkHosts(ctx, s, ns, w.Hosts); err != nil {
+		return err
+	}
+	return checkPorts(ctx, s, ns, w.Ports)
+}
+
+func checkHosts(ctx context.Context, s *store.Store, ns string, hosts []string) error {
 	var keys, prefixes []string
 	for _, h := range hosts {
 		keys = append(keys, store.HostKey(h))
@@ -100,24 +120,24 @@ func Check(ctx context.Context, s *store.Store, ns string, hosts []string) error
 	return nil
 }
 
-// Claim makes ns the owner of hosts, after Check under the hosts lease. It
-// returns the hosts ns did not own before (what an aborted apply gives back
-// with Release).
-func Claim(ctx context.Context, s *store.Store, ns, deployID string, hosts []string) ([]string, error) {
+// Claim makes ns the owner of w's hosts and ports, after Check under the
+// hosts lease. It returns those ns did not own before (what an aborted
+// apply gives back with Release), also when it fails part way.
+func Claim(ctx context.Context, s *store.Store, ns, deployID string, w Wanted) (Wanted, error) {
+	var claimed Wanted
 	lease, err := acquire(ctx, s)
 	if err != nil {
-		return nil, err
+		return claimed, err
 	}
 	defer releaseSoon(lease)
-	if err := Check(ctx, s, ns, hosts); err != nil {
-		return nil, err
+	if err := Check(ctx, s, ns, w); err != nil {
+		return claimed, err
 	}
-	cur, err := s.HostClaims(ctx, keysOf(hosts), nil)
+	cur, err := s.HostClaims(ctx, keysOf(w.Hosts), nil)
 	if err != nil {
-		return nil, err
+		return claimed, err
 	}
-	var claimed []string
-	for _, h := range hosts {
+	for _, h := range w.Hosts {
 		if c, ok := cur[store.HostKey(h)]; ok && c.Namespace == ns {
 			continue
 		}
@@ -127,15 +147,16 @@ func Claim(ctx context.Context, s *store.Store, ns, deployID string, hosts []str
 		if err := s.PutHostClaim(ctx, &store.HostClaim{Host: h, Namespace: ns, DeployID: deployID, Since: time.Now().UTC()}); err != nil {
 			return claimed, err
 		}
-		claimed = append(claimed, h)
+		claimed.Hosts = append(claimed.Hosts, h)
 	}
-	return claimed, nil
+	claimed.Ports, err = claimPorts(ctx, s, lease, ns, w.Ports)
+	return claimed, err
 }
 
-// Release gives up ns's claims on hosts (a claim another namespace holds is
-// left alone).
-func Release(ctx context.Context, s *store.Store, ns string, hosts []string) error {
-	if len(hosts) == 0 {
+// Release gives up ns's claims on w's hosts and ports (a claim another
+// namespace holds is left alone).
+func Release(ctx context.Context, s *store.Store, ns string, w Wanted) error {
+	if w.Empty() {
 		return nil
 	}
 	lease, err := acquire(ctx, s)
@@ -143,6 +164,10 @@ func Release(ctx context.Context, s *store.Store, ns string, hosts []string) err
 		return err
 	}
 	defer releaseSoon(lease)
+	if err := releasePorts(ctx, s, lease, ns, w.Ports); err != nil {
+		return err
+	}
+	hosts := w.Hosts
 	cur, err := s.HostClaims(ctx, keysOf(hosts), nil)
 	if err != nil {
 		return err
@@ -174,26 +199,36 @@ func Owned(ctx context.Context, s *store.Store, ns string) ([]string, error) {
 	return out, err
 }
 
-// KeepOnly releases ns's claims on every host not in keep: what a namespace
-// no longer routes after its live commit is served.
-func KeepOnly(ctx context.Context, s *store.Store, ns string, keep []string) error {
+// KeepOnly releases ns's claims on every host and port not in keep: what
+// a namespace no longer routes or exposes after its live commit is served.
+func KeepOnly(ctx context.Context, s *store.Store, ns string, keep Wanted) error {
 	owned, err := Owned(ctx, s, ns)
 	if err != nil {
 		return err
 	}
-	var drop []string
+	ports, err := OwnedPorts(ctx, s, ns)
+	if err != nil {
+		return err
+	}
+	var drop Wanted
 	for _, h := range owned {
-		if !slices.Contains(keep, h) {
-			drop = append(drop, h)
+		if !slices.Contains(keep.Hosts, h) {
+			drop.Hosts = append(drop.Hosts, h)
+		}
+	}
+	kept := portKeys(keep.Ports)
+	for _, p := range ports {
+		if !slices.Contains(kept, p.Key) {
+			drop.Ports = append(drop.Ports, p)
 		}
 	}
 	return Release(ctx, s, ns, drop)
 }
 
 // Backfill claims, for every namespace's live commit, the hosts it routes
-// that nobody owns yet: a store written before ownership existed. A host
-// two live commits route goes to the namespace that sorts first; the
-// conflicts are returned, one line each.
+// and the ports it exposes that nobody owns yet: a store written before
+// ownership existed. A host or port two live commits want goes to the
+// namespace that sorts first; the conflicts are returned, one line each.
 func Backfill(ctx context.Context, s *store.Store) ([]string, error) {
 	nss, err := s.CommittedNamespaces(ctx)
 	if err != nil {
@@ -206,15 +241,27 @@ func Backfill(ctx context.Context, s *store.Store) ([]string, error) {
 			conflicts = append(conflicts, fmt.Sprintf("namespace %s: %v", ns, err))
 			continue
 		}
-		hosts := OfManifest(&c.Manifest)
-		if _, err := Claim(ctx, s, ns, c.ID, hosts); err != nil {
-			if !store.HasCode(err, store.CodeHostOwned) {
+		w := Of(&c.Manifest)
+		if _, err := Claim(ctx, s, ns, c.ID, w); err != nil {
+			if !store.HasCode(err, store.CodeHostOwned) && !store.HasCode(err, store.CodePortOwned) {
 				return conflicts, err
 			}
-			conflicts = append(conflicts, err.Error())
-			// Claim what it can, host by host.
-			for _, h := range hosts {
-				if _, err := Claim(ctx, s, ns, c.ID, []string{h}); err != nil && !store.HasCode(err, store.CodeHostOwned) {
+			// Claim what it can, one by one, naming each conflict.
+			try := func(one Wanted) error {
+				_, err := Claim(ctx, s, ns, c.ID, one)
+				if store.HasCode(err, store.CodeHostOwned) || store.HasCode(err, store.CodePortOwned) {
+					conflicts = append(conflicts, err.Error())
+					return nil
+				}
+				return err
+			}
+			for _, h := range w.Hosts {
+				if err := try(Wanted{Hosts: []string{h}}); err != nil {
+					return conflicts, err
+				}
+			}
+			for _, p := range w.Ports {
+				if err := try(Wanted{Ports: []Port{p}}); err != nil {
 					return conflicts, err
 				}
 			}

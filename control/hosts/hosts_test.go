@@ -24,12 +24,12 @@ func TestHostOwnership(t *testing.T) {
 		}
 		return hs
 	}
-	claimed, err := hosts.Claim(ctx, s, "prod", "d1", []string{"api.example.com", "*.shop.example.com"})
-	if err != nil || len(claimed) != 2 {
+	claimed, err := hosts.Claim(ctx, s, "prod", "d1", hosts.Wanted{Hosts: []string{"api.example.com", "*.shop.example.com"}})
+	if err != nil || len(claimed.Hosts) != 2 {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
 	// Claiming again what it owns claims nothing new.
-	if claimed, err := hosts.Claim(ctx, s, "prod", "d2", []string{"api.example.com"}); err != nil || len(claimed) != 0 {
+	if claimed, err := hosts.Claim(ctx, s, "prod", "d2", hosts.Wanted{Hosts: []string{"api.example.com"}}); err != nil || !claimed.Empty() {
 		t.Fatalf("reclaim: %v %v", claimed, err)
 	}
 	refused := []struct{ host, owned string }{
@@ -41,9 +41,11 @@ func TestHostOwnership(t *testing.T) {
 	}
 	for _, r := range refused {
 		for _, call := range []func() error{
-			func() error { return hosts.Check(ctx, s, "test", []string{"free.example.org", r.host}) },
 			func() error {
-				_, err := hosts.Claim(ctx, s, "test", "d3", []string{"free.example.org", r.host})
+				return hosts.Check(ctx, s, "test", hosts.Wanted{Hosts: []string{"free.example.org", r.host}})
+			},
+			func() error {
+				_, err := hosts.Claim(ctx, s, "test", "d3", hosts.Wanted{Hosts: []string{"free.example.org", r.host}})
 				return err
 			},
 		} {
@@ -59,24 +61,24 @@ func TestHostOwnership(t *testing.T) {
 	}
 	// Another namespace's unrelated hosts are fine, and the owner itself
 	// may route what it owns from any service.
-	if err := hosts.Check(ctx, s, "test", []string{"example.com", "other.example.com"}); err != nil {
+	if err := hosts.Check(ctx, s, "test", hosts.Wanted{Hosts: []string{"example.com", "other.example.com"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := hosts.Check(ctx, s, "prod", []string{"api.example.com", "y.shop.example.com"}); err != nil {
+	if err := hosts.Check(ctx, s, "prod", hosts.Wanted{Hosts: []string{"api.example.com", "y.shop.example.com"}}); err != nil {
 		t.Fatal(err)
 	}
 	// prod stops routing the wildcard: it is free for test.
-	if err := hosts.KeepOnly(ctx, s, "prod", []string{"api.example.com"}); err != nil {
+	if err := hosts.KeepOnly(ctx, s, "prod", hosts.Wanted{Hosts: []string{"api.example.com"}}); err != nil {
 		t.Fatal(err)
 	}
 	if hs := owned("prod"); !slices.Equal(hs, []string{"api.example.com"}) {
 		t.Fatalf("prod owns %v", hs)
 	}
-	if _, err := hosts.Claim(ctx, s, "test", "d4", []string{"x.shop.example.com"}); err != nil {
+	if _, err := hosts.Claim(ctx, s, "test", "d4", hosts.Wanted{Hosts: []string{"x.shop.example.com"}}); err != nil {
 		t.Fatal(err)
 	}
 	// Releasing someone else's host does nothing.
-	if err := hosts.Release(ctx, s, "test", []string{"api.example.com"}); err != nil {
+	if err := hosts.Release(ctx, s, "test", hosts.Wanted{Hosts: []string{"api.example.com"}}); err != nil {
 		t.Fatal(err)
 	}
 	if hs := owned("prod"); !slices.Equal(hs, []string{"api.example.com"}) {

@@ -145,6 +145,7 @@ func Validate(m *store.Manifest) error {
 	// owner maps host+prefix to the service that routes it, to catch two
 	// services claiming the same traffic.
 	owner := map[string]string{}
+	var l4 layer4Seen
 	for _, name := range slices.Sorted(maps.Keys(m.Services)) {
 		s := m.Services[name]
 		p := "services." + name
@@ -247,6 +248,7 @@ func Validate(m *store.Manifest) error {
 			}
 		}
 		validateLocality(p, s, add)
+		validateLayer4(p, name, &s, &l4, add)
 		for _, k := range slices.Sorted(maps.Keys(s.Placement.Labels)) {
 			if !lblKeyRe.MatchString(k) {
 				add(p+".placement.labels."+k, "not a valid label key")
@@ -254,6 +256,7 @@ func Validate(m *store.Manifest) error {
 		}
 		m.Services[name] = s
 	}
+	validatePassthroughHosts(m, add)
 	if r := m.Rollout; r != nil {
 		validateRollout(r, add)
 	}

@@ -18,9 +18,7 @@
 package regions
 
 import (
-	"cmp"
 	"context"
-	"fmt"
 	"maps"
 	"os"
 	"os/user"
@@ -152,20 +150,10 @@ func Set(ctx context.Context, s *store.Store, region, state string, wait time.Du
 // while a live gateway announces a generation before regions: it would
 // refuse the event as one it cannot read, and serve the region as before.
 func gatewaysReadRegions(ctx context.Context, s *store.Store) error {
-	var old []string
-	err := s.ListGatewayObservations(ctx, func(g *store.GatewayObservation) error {
-		if time.Since(g.At) < store.GatewayObservationTTL && store.GenerationOf(g.Generation, g.Release) < store.GenerationRegions {
-			old = append(old, fmt.Sprintf("%s (%s)", g.Gateway, cmp.Or(g.Release, "release unknown")))
-		}
-		return nil
-	})
-	if err != nil {
+	old, err := routing.GatewaysBelow(ctx, s, store.GenerationRegions)
+	if err != nil || len(old) == 0 {
 		return err
 	}
-	if len(old) == 0 {
-		return nil
-	}
-	slices.Sort(old)
 	return store.Errorf(store.CodeVersionSkew, "gateways %s cannot read region states (release %s or later can): upgrade them first (control fleet upgrade)",
 		strings.Join(old, ", "), store.FirstReleaseOf(store.GenerationRegions)).With("gateways", strings.Join(old, ","))
 }

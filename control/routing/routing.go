@@ -21,7 +21,10 @@
 //   - which agent may ask for a republish of what (ServeRepublish): only
 //     of a service its machine runs, and derived from stored state alone.
 //   - when the gateways serve a routing sequence (WaitApplied): every
-//     gateway whose report has not aged out applied it.
+//     gateway whose report has not aged out applied it; what a live
+//     gateway is (WatchGateways) for any other wait on their reports;
+//   - which live gateways are too old for a generation's writes
+//     (GatewaysBelow), for version_skew refusals.
 package routing
 
 import (

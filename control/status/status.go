@@ -1,7 +1,9 @@
 // Package status gathers what the operator's status commands show, each
 // from several parts of the fleet, and writes it for a person: the fleet
 // at a glance (`control status`: fleet summaries, live commits, machines'
-// liveness, gateways' lag, regions (states and traffic), the releases and schema generations processes
+// liveness, gateways' lag, layer-4 entry points and connections, the
+// ports gateways could not open and their drains, regions (states and
+// traffic), the releases and schema generations processes
 // announce, the store's floor), a namespace's deploy status (`control deploy
 // status`: the latest deploy, its phases, canary verdicts and the fleet's
 // counts and traffic), the machines by release (`control fleet versions`)
@@ -58,6 +60,9 @@ type Namespace struct {
 	LastErrors map[string]string `json:"last_errors,omitempty"`
 	// Traffic is each service's traffic as the gateways report it.
 	Traffic map[string]store.ServiceTrafficStatus `json:"traffic,omitempty"`
+	// Layer4 are the entry points below HTTP of the live commit's
+	// services, by service (those exposing any).
+	Layer4 map[string]L4Entries `json:"layer4,omitempty"`
 }
 
 // Machines counts the machines by liveness.
@@ -84,6 +89,9 @@ func ReadFleet(ctx context.Context, s *store.Store) (*Fleet, error) {
 		nv := Namespace{Namespace: ns}
 		if live, err := s.LiveCommit(ctx, ns); err == nil {
 			nv.Revision, nv.Deploy, nv.Destroyed = live.Revision, live.ID, live.Destroy
+			if !live.Destroy {
+				nv.Layer4 = layer4Of(live)
+			}
 		}
 		if sum, ok := sums[ns]; ok {
 			nv.Counts, nv.Machines, nv.LastErrors, nv.Traffic = sum.Counts, len(sum.Machines), sum.LastErrors, sum.Traffic
@@ -138,6 +146,7 @@ func (v *Fleet) WriteText(w io.Writer) {
 		}
 	}
 	writeTraffic(w, v.Namespaces)
+	writeLayer4(w, v.Namespaces)
 	writeRegions(w, v.Regions, v.RegionsUnreadable)
 	l := v.Machines.Liveness
 	fmt.Fprintf(w, "machines: %d (%d fresh, %d stale, %d offline, %d never seen)\n", v.Machines.Total,
@@ -163,6 +172,7 @@ func (v *Fleet) WriteText(w io.Writer) {
 			in = " in " + g.Region
 		}
 		fmt.Fprintf(w, "  %s%s at %d (%s)\n", g.Gateway, in, g.AppliedSeq, state)
+		writeGatewayL4(w, g, v.At)
 	}
 	fmt.Fprintln(w, processesLine(v.Processes))
 	fmt.Fprintln(w, floorLine(v.Floor))
@@ -171,9 +181,13 @@ func (v *Fleet) WriteText(w io.Writer) {
 // writeTraffic writes every service's fleet traffic, if any gateway
 // reported some.
 func writeTraffic(w io.Writer, nss []Namespace) {
+	// A service only reached below HTTP is in the layer-4 table alone.
+	l4Only := func(t store.ServiceTrafficStatus) bool { return t.L4 != nil && t.Requests == 0 && t.Open == 0 }
 	var any bool
 	for _, n := range nss {
-		any = any || len(n.Traffic) > 0
+		for _, t := range n.Traffic {
+			any = any || !l4Only(t)
+		}
 	}
 	if !any {
 		return
@@ -183,6 +197,9 @@ func writeTraffic(w io.Writer, nss []Namespace) {
 	for _, n := range nss {
 		for _, svc := range slices.Sorted(maps.Keys(n.Traffic)) {
 			t := n.Traffic[svc]
+			if l4Only(t) {
+				continue
+			}
 			fmt.Fprintf(tw, "%s/%s\t%s\n", n.Namespace, svc, trafficColumns(t.TrafficFigures, len(t.Gateways)))
 		}
 	}
@@ -205,5 +222,9 @@ func trafficColumns(f store.TrafficFigures, gateways int) string {
 
 // trafficLine formats figures on one line.
 func trafficLine(f store.TrafficFigures) string {
-	return fmt.Sprintf("%.1f req/s, %.2f%% 5xx, p50 %s, p99 %s, %d open, %d requests", f.Rate, 100*f.ErrorRatio, latency(f.P50), latency(f.P99), f.Open, f.Requests)
+	line := fmt.Sprintf("%.1f req/s, %.2f%% 5xx, p50 %s, p99 %s, %d open, %d requests", f.Rate, 100*f.ErrorRatio, latency(f.P50), latency(f.P99), f.Open, f.Requests)
+	if f.L4 != nil {
+		line += "; layer 4: " + l4Line(f.L4)
+	}
+	return line
 }

@@ -1,0 +1,27 @@
+package routing
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/edgeplane/edgeplane/store"
+)
+
+// GatewaysBelow names the live gateways (their observation younger than
+// store.GatewayObservationTTL) that run a schema generation before gen,
+// as "name (release)", sorted: those that would not serve what gen
+// brought, for a write that needs it to refuse with version_skew.
+func GatewaysBelow(ctx context.Context, s *store.Store, gen int) ([]string, error) {
+	var old []string
+	err := s.ListGatewayObservations(ctx, func(g *store.GatewayObservation) error {
+		if time.Since(g.At) < store.GatewayObservationTTL && store.GenerationOf(g.Generation, g.Release) < gen {
+			old = append(old, fmt.Sprintf("%s (%s)", g.Gateway, cmp.Or(g.Release, "release unknown")))
+		}
+		return nil
+	})
+	slices.Sort(old)
+	return old, err
+}
