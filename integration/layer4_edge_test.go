@@ -198,21 +198,21 @@ services:
   cache:
     command: ["@HELLO@"]
     tcp: [{port: 6379}]
-`, "port_owned"},
+`, "port_owned: port tcp/6379 belongs to namespace kv"},
 		{"reserved port", `
 namespace: other
 services:
   admin:
     command: ["@HELLO@"]
     tcp: [{port: 2019}]
-`, "2019"},
+`, "services.admin.tcp[0].port: tcp/2019 is reserved"},
 		{"passthrough host another namespace serves over http", `
 namespace: other
 services:
   steal:
     command: ["@HELLO@"]
     tls_passthrough: {hosts: [shop.example.com]}
-`, "host_owned"},
+`, "host_owned: host shop.example.com belongs to namespace shop"},
 		{"passthrough host that is an http host of the manifest", `
 namespace: other
 services:
@@ -222,7 +222,7 @@ services:
   raw:
     command: ["@HELLO@"]
     tls_passthrough: {hosts: [both.l4.test]}
-`, "both.l4.test"},
+`, "services.raw.tls_passthrough.hosts[0]: host both.l4.test is an HTTP host"},
 	} {
 		out, errOut, code := c.control("deploy", "apply", "-f", c.manifest("bad.yaml", bad.body), "--gateway-wait", "10s")
 		t.Logf("%s: exit %d: %s", bad.name, code, strings.TrimSpace(errOut))
@@ -266,6 +266,9 @@ services:
 		return false
 	})
 	t.Logf("the gateway's report: %s", report)
+	if st := c.mustControl("status"); !strings.Contains(st, "port tcp/7000 of busy/web not open") || !strings.Contains(st, "address already in use") {
+		t.Errorf("control status does not show the port error:\n%s", st)
+	}
 	// Everything else serves on.
 	if _, err := redisOnce(gw.at(6379), 2*time.Second); err != nil {
 		t.Errorf("redis with tcp/7000 unbindable: %v", err)

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/edgeplane/edgeplane/store"
 )
 
 // redisLoad opens a new connection through the gateway for every command
@@ -70,7 +73,9 @@ func holdRedis(t *testing.T, addr string) *heldConn {
 	return h
 }
 
-var benchResultRe = regexp.MustCompile(`(?m)^\s*([A-Z_]+): ([\d.]+) requests per second`)
+// benchResultRe is one test's result in redis-benchmark -q's output (after
+// a carriage return: its progress lines are overwritten, not ended).
+var benchResultRe = regexp.MustCompile(`([A-Z_]+): ([\d.]+) requests per second`)
 
 // testRedisRedeploy redeploys Redis's two replicas (a changed env var)
 // under load through the gateway's TCP port: redis-benchmark with a new
@@ -100,10 +105,33 @@ func testRedisRedeploy(t *testing.T, c *cluster, gw *l4gateway) {
 		"-k", "0", "-c", "4", "-n", "2000", "-t", "ping,set,get", "-q", "-l")
 	time.Sleep(time.Second) // load before the switch
 
+	// The gateway's observation lists the held connection's instance as
+	// draining while the deploy waits for it.
+	sawDrain := make(chan string, 1)
+	watchStop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-watchStop:
+				close(sawDrain)
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			_ = c.store.ListGatewayObservations(context.Background(), func(o *store.GatewayObservation) error {
+				for _, d := range o.L4Draining {
+					if d.Namespace == "kv" && d.Instance == old[held.port].ID && len(sawDrain) == 0 {
+						sawDrain <- fmt.Sprintf("%+v", d)
+					}
+				}
+				return nil
+			})
+		}
+	}()
 	deployStart := time.Now()
 	out := c.mustControl("deploy", "apply", "-f", c.l4manifest("kv2.yaml", redisManifest("2")),
 		"--drain-grace", "100ms", "--gateway-wait", "10s")
 	deployEnd := time.Now()
+	close(watchStop)
 	time.Sleep(500 * time.Millisecond) // load past the old instances' stop
 	close(stop)
 	all := outcomes()
@@ -114,6 +142,14 @@ func testRedisRedeploy(t *testing.T, c *cluster, gw *l4gateway) {
 	}
 	bench.stop(syscall.SIGINT)
 	t.Logf("deploy took %s:\n%s", deployEnd.Sub(deployStart).Round(time.Millisecond), out)
+	if drain, ok := <-sawDrain; !ok {
+		t.Errorf("the gateway's observation never listed %s draining", old[held.port].ID)
+	} else {
+		t.Logf("the gateway's observation during the deploy: %s", drain)
+	}
+	if !strings.Contains(out, "for gateways' layer-4 connections to") || !strings.Contains(out, "layer-4 connections drained after") {
+		t.Errorf("the deploy did not say it waited for the layer-4 drain:\n%s", out)
+	}
 
 	// redis-benchmark stops at its first failed command: it ran all along.
 	benchOut := bench.output()
