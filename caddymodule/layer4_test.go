@@ -1,0 +1,346 @@
+package caddymodule
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgeplane/edgeplane/projection"
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storetest"
+)
+
+// echoServer is a TCP instance: it greets each connection with its name
+// and a newline, then echoes what it reads.
+type echoServer struct {
+	name string
+	host string
+	port int
+	mu   sync.Mutex
+	n    int // connections accepted
+}
+
+func newEchoServer(t testing.TB, name, ip string) *echoServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	e := &echoServer{name: name, host: ip, port: ln.Addr().(*net.TCPAddr).Port}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.mu.Lock()
+			e.n++
+			e.mu.Unlock()
+			go func() {
+				defer c.Close()
+				if _, err := io.WriteString(c, name+"\n"); err != nil {
+					return
+				}
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return e
+}
+
+func (e *echoServer) accepted() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.n
+}
+
+func (e *echoServer) instance(machine string) storetest.Instance {
+	return storetest.Instance{ID: e.name, Machine: machine, Address: e.host, Port: e.port}
+}
+
+// udpEcho is a UDP instance answering each datagram with "name:payload".
+func udpEcho(t testing.TB, name string) *echoServer {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 9000)
+		for {
+			n, addr, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte(name+":"+string(buf[:n])), addr)
+		}
+	}()
+	return &echoServer{name: name, host: "127.0.0.1", port: pc.LocalAddr().(*net.UDPAddr).Port}
+}
+
+// freePort is a port nothing listens on now, for proto.
+func freePort(t testing.TB, proto string) int {
+	t.Helper()
+	if proto == store.ProtoUDP {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		return pc.LocalAddr().(*net.UDPAddr).Port
+	}
+	_, p, _ := net.SplitHostPort(freeAddr(t))
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+func l4svc(tcp, udp []int, instances ...storetest.Instance) storetest.Service {
+	s := storetest.Service{Instances: instances}
+	for _, p := range tcp {
+		s.Layer4.TCP = append(s.Layer4.TCP, store.L4Port{Port: p})
+	}
+	for _, p := range udp {
+		s.Layer4.UDP = append(s.Layer4.UDP, store.L4Port{Port: p})
+	}
+	return s
+}
+
+// l4conn is a client connection through a gateway port.
+type l4conn struct {
+	net.Conn
+	r *bufio.Reader
+	// greeting is the instance's name it was proxied to.
+	greeting string
+}
+
+// dialPort connects to the gateway's port and reads the instance's
+// greeting, waiting for the port to open.
+func dialPort(t testing.TB, port int) *l4conn {
+	t.Helper()
+	var c *l4conn
+	var last error
+	storetest.Eventually(t, wait, fmt.Sprintf("gateway port tcp/%d to proxy", port), func() bool {
+		c, last = tryPort(port)
+		return last == nil
+	})
+	if c == nil {
+		t.Fatalf("port %d: %v", port, last)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func tryPort(port int) (*l4conn, error) {
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
+	if err != nil {
+		return nil, err
+	}
+	c := &l4conn{Conn: conn, r: bufio.NewReader(conn)}
+	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	g, err := c.r.ReadString('\n')
+	_ = conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	c.greeting = strings.TrimSuffix(g, "\n")
+	return c, nil
+}
+
+// echo sends a line and reads it back.
+func (c *l4conn) echo(line string) error {
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if _, err := io.WriteString(c, line+"\n"); err != nil {
+		return err
+	}
+	got, err := c.r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if got != line+"\n" {
+		return fmt.Errorf("echo %q, want %q", got, line)
+	}
+	return nil
+}
+
+// observation is the gateway's latest observation.
+func (f *fixture) observation() *store.GatewayObservation {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var out *store.GatewayObservation
+	if err := f.nats.Store.ListGatewayObservations(ctx, func(o *store.GatewayObservation) error {
+		if o.Gateway == "gw-test" {
+			out = o
+		}
+		return nil
+	}); err != nil {
+		f.t.Fatal(err)
+	}
+	if out == nil {
+		return &store.GatewayObservation{}
+	}
+	return out
+}
+
+func newL4Fixture(t *testing.T) *fixture {
+	f := newFixture(t)
+	f.app = map[string]any{"layer4_bind": "127.0.0.1", "disable_health_checks": true}
+	return f
+}
+
+// A port opens when a deploy exposes it and closes when a deploy stops
+// exposing it, without a reload; another port's established connection
+// flows on throughout, and a config reload keeps both the port and the
+// connection.
+func TestL4PortsFollowRoutingWithoutReload(t *testing.T) {
+	f := newL4Fixture(t)
+	db, cache := newEchoServer(t, "db-1", "127.0.0.1"), newEchoServer(t, "cache-1", "127.0.0.1")
+	pdb, pcache := freePort(t, "tcp"), freePort(t, "tcp")
+	f.load()
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{
+		"cache": l4svc([]int{pcache}, nil, cache.instance("m1")),
+	}))
+	loads := f.proj().Status().Loads
+	cc := dialPort(t, pcache)
+	if cc.greeting != "cache-1" {
+		t.Fatalf("tcp/%d reached %q", pcache, cc.greeting)
+	}
+	if _, err := tryPort(pdb); err == nil {
+		t.Fatalf("tcp/%d accepts before any service exposes it", pdb)
+	}
+
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{
+		"cache": l4svc([]int{pcache}, nil, cache.instance("m1")),
+		"db":    l4svc([]int{pdb}, nil, db.instance("m1")),
+	}))
+	dc := dialPort(t, pdb)
+	if dc.greeting != "db-1" {
+		t.Fatalf("tcp/%d reached %q", pdb, dc.greeting)
+	}
+	if err := dc.echo("select 1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.echo("get k"); err != nil {
+		t.Fatalf("the cache connection after another port opened: %v", err)
+	}
+
+	// A reload (another health interval: the same projection) keeps the
+	// ports and connections.
+	f.app["health_interval"] = "2s"
+	f.load()
+	if err := cc.echo("after reload"); err != nil {
+		t.Fatalf("the cache connection across a reload: %v", err)
+	}
+	if c, err := tryPort(pcache); err != nil || c.greeting != "cache-1" {
+		t.Fatalf("tcp/%d after a reload: %v", pcache, err)
+	} else {
+		c.Close()
+	}
+
+	// db stops exposing its port: the port closes, the cache's
+	// connection is untouched.
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{
+		"cache": l4svc([]int{pcache}, nil, cache.instance("m1")),
+		"db":    l4svc(nil, nil, db.instance("m1")),
+	}))
+	storetest.Eventually(t, wait, "the db port to close", func() bool {
+		c, err := tryPort(pdb)
+		if c != nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	if err := cc.echo("still here"); err != nil {
+		t.Fatalf("the cache connection after another port closed: %v", err)
+	}
+	if l := f.proj().Status().Loads; l != loads {
+		t.Errorf("routing changes reloaded the projection (%d -> %d loads)", loads, l)
+	}
+	// Counted per service, in the traffic table and on /metrics.
+	l4 := current.Load().shared.traffic.of(mustService(t, f, "shop", "cache")).l4.snapshot()
+	if l4 == nil || l4.Open != 1 || l4.Total < 2 || l4.BytesIn == 0 || l4.BytesOut == 0 {
+		t.Errorf("cache's layer-4 counters: %+v", l4)
+	}
+	_, metrics := f.adminGet("/metrics")
+	for _, want := range []string{
+		`edgeplane_gateway_l4_connections_open{namespace="shop",service="cache"} 1`,
+		`edgeplane_gateway_l4_bytes_total{direction="in",namespace="shop",service="cache"}`,
+		`edgeplane_gateway_l4_connections_total{namespace="shop",service="cache"}`,
+		`edgeplane_gateway_l4_connect_errors_total{namespace="shop",service="cache"} 0`,
+	} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	// /edgeplane/routes lists the layer-4 entry with its connections.
+	_, routes := f.adminGet("/edgeplane/routes")
+	var infos []RouteInfo
+	if err := json.Unmarshal(routes, &infos); err != nil {
+		t.Fatalf("routes: %v: %s", err, routes)
+	}
+	found := false
+	for _, ri := range infos {
+		if ri.Service == "cache" {
+			found = len(ri.Layer4) == 1 && ri.Layer4[0].Entry == fmt.Sprintf("tcp/%d", pcache) && ri.Layer4[0].Open["cache-1"] == 1
+		}
+	}
+	if !found {
+		t.Errorf("/edgeplane/routes has no layer-4 entry for cache with its connection: %s", routes)
+	}
+}
+
+func mustService(t *testing.T, f *fixture, ns, name string) *projection.Service {
+	t.Helper()
+	s, ok := f.proj().View().Service(ns, name)
+	if !ok {
+		t.Fatalf("no service %s/%s", ns, name)
+	}
+	return s
+}
+
+// UDP datagrams go through a gateway port to the instance and back, each
+// client address its own flow.
+func TestL4UDPEcho(t *testing.T) {
+	f := newL4Fixture(t)
+	dns := udpEcho(t, "dns-1")
+	port := freePort(t, "udp")
+	f.load()
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"dns": l4svc(nil, []int{port}, dns.instance("m1"))}))
+	conn, err := net.Dial("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	buf := make([]byte, 100)
+	storetest.Eventually(t, wait, "an answer through the udp port", func() bool {
+		_ = conn.SetDeadline(time.Now().Add(300 * time.Millisecond))
+		if _, err := conn.Write([]byte("q1")); err != nil {
+			return false
+		}
+		n, err := conn.Read(buf)
+		return err == nil && string(buf[:n]) == "dns-1:q1"
+	})
+	for i := 0; i < 20; i++ {
+		msg := fmt.Sprintf("q-%d", i)
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		n, err := conn.Read(buf)
+		if err != nil || string(buf[:n]) != "dns-1:"+msg {
+			t.Fatalf("datagram %d: %q, %v", i, buf[:n], err)
+		}
+	}
+}
