@@ -344,3 +344,184 @@ func TestL4UDPEcho(t *testing.T) {
 		}
 	}
 }
+
+// A connection to an instance that left routing flows on while new
+// connections go to the new instance; the observation lists the old one
+// meanwhile; at the drain timeout the gateway closes the connection and
+// the observation lists nothing.
+func TestL4DrainKeepsOldConnectionsUntilTimeout(t *testing.T) {
+	f := newL4Fixture(t)
+	old, fresh := newEchoServer(t, "db-1", "127.0.0.1"), newEchoServer(t, "db-2", "127.0.0.1")
+	port := freePort(t, "tcp")
+	withDrain := func(s storetest.Service) storetest.Service {
+		s.Layer4.DrainTimeout = store.Duration(2 * time.Second)
+		return s
+	}
+	f.load()
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"db": withDrain(l4svc([]int{port}, nil, old.instance("m1")))}))
+	c1 := dialPort(t, port)
+	if c1.greeting != "db-1" {
+		t.Fatalf("first connection reached %q", c1.greeting)
+	}
+	seq := f.deploy("shop", map[string]storetest.Service{"db": withDrain(l4svc([]int{port}, nil, fresh.instance("m1")))})
+	f.waitSeq(seq)
+	left := time.Now()
+	c2 := dialPort(t, port)
+	if c2.greeting != "db-2" {
+		t.Fatalf("a connection after the redeploy reached %q", c2.greeting)
+	}
+	if err := c1.echo("still flowing"); err != nil {
+		t.Fatalf("the old connection right after the redeploy: %v", err)
+	}
+	storetest.Eventually(t, wait, "the observation to list db-1 draining", func() bool {
+		o := f.observation()
+		return o.AppliedSeq >= seq && len(o.L4Draining) == 1 && o.L4Draining[0].Instance == "db-1" && o.L4Draining[0].Conns == 1 &&
+			o.L4Draining[0].Service == "db" && o.L4Draining[0].Until.After(left)
+	})
+	if err := c1.echo("still flowing"); err != nil && time.Since(left) < 1500*time.Millisecond {
+		t.Fatalf("the old connection during its drain: %v", err)
+	}
+	// Closed at the drain timeout.
+	_ = c1.SetReadDeadline(time.Now().Add(wait))
+	if _, err := c1.r.ReadString('\n'); err == nil {
+		t.Fatal("the old connection read data after its drain")
+	}
+	if d := time.Since(left); d < 1500*time.Millisecond || d > 5*time.Second {
+		t.Errorf("the old connection ended %s after the redeploy, want about the 2s drain timeout", d)
+	}
+	storetest.Eventually(t, wait, "the observation to list no drain", func() bool {
+		return len(f.observation().L4Draining) == 0
+	})
+	if err := c2.echo("new one"); err != nil {
+		t.Fatalf("the new connection: %v", err)
+	}
+}
+
+// A port another process holds is reported in the observation and
+// retried; the other ports serve meanwhile; once freed, it opens.
+func TestL4BusyPortIsRetriedAndReported(t *testing.T) {
+	f := newL4Fixture(t)
+	db, cache := newEchoServer(t, "db-1", "127.0.0.1"), newEchoServer(t, "cache-1", "127.0.0.1")
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := held.Addr().(*net.TCPAddr).Port
+	pcache := freePort(t, "tcp")
+	f.load()
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{
+		"db":    l4svc([]int{busy}, nil, db.instance("m1")),
+		"cache": l4svc([]int{pcache}, nil, cache.instance("m1")),
+	}))
+	if c := dialPort(t, pcache); c.greeting != "cache-1" {
+		t.Fatalf("cache port reached %q", c.greeting)
+	}
+	want := fmt.Sprintf("tcp/%d", busy)
+	storetest.Eventually(t, wait, "the observation to report the busy port", func() bool {
+		es := f.observation().L4Errors
+		return len(es) == 1 && es[0].Port == want && es[0].Service == "db" && strings.Contains(es[0].Error, "address already in use")
+	})
+	_, body := f.adminGet("/edgeplane/projection")
+	var st GatewayStatus
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.L4Errors) != 1 || st.L4Ports[fmt.Sprintf("tcp/%d", pcache)] != "shop/cache" {
+		t.Errorf("/edgeplane/projection: ports %v, errors %v", st.L4Ports, st.L4Errors)
+	}
+	held.Close()
+	if c := dialPort(t, busy); c.greeting != "db-1" {
+		t.Fatalf("freed port reached %q", c.greeting)
+	}
+	storetest.Eventually(t, wait, "the observation to report no port error", func() bool {
+		return len(f.observation().L4Errors) == 0
+	})
+}
+
+// An instance on a machine judged down gets no new connection while its
+// service has another; a failed dial goes to the next candidate.
+func TestL4DownMachineAndDeadInstance(t *testing.T) {
+	f := newL4Fixture(t)
+	a, b := newEchoServer(t, "db-a", "127.0.0.1"), newEchoServer(t, "db-b", "127.0.0.2")
+	port := freePort(t, "tcp")
+	f.load()
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"db": l4svc([]int{port}, nil, a.instance("m1"), b.instance("m2"))}))
+	seen := map[string]int{}
+	for i := 0; i < 10; i++ {
+		c := dialPort(t, port)
+		seen[c.greeting]++
+		c.Close()
+	}
+	if seen["db-a"] == 0 || seen["db-b"] == 0 {
+		t.Fatalf("both instances should take connections: %v", seen)
+	}
+	f.setDown("m1")
+	storetest.Eventually(t, wait, "the gateway to judge m1 down", func() bool {
+		_, down := f.proj().View().Down("m1")
+		return down
+	})
+	for i := 0; i < 10; i++ {
+		if c := dialPort(t, port); c.greeting != "db-b" {
+			t.Fatalf("connection %d went to %q on a machine judged down", i, c.greeting)
+		}
+	}
+	f.setDown()
+
+	// A dead instance: every connection still reaches the live one, the
+	// failed dials counted.
+	dead := freePort(t, "tcp")
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"db": l4svc([]int{port}, nil,
+		storetest.Instance{ID: "db-dead", Machine: "m1", Address: "127.0.0.1", Port: dead}, b.instance("m2"))}))
+	for i := 0; i < 10; i++ {
+		if c := dialPort(t, port); c.greeting != "db-b" {
+			t.Fatalf("connection %d reached %q", i, c.greeting)
+		}
+	}
+	if l4 := current.Load().shared.traffic.of(mustService(t, f, "shop", "db")).l4.snapshot(); l4 == nil || l4.ConnectErrors == 0 || l4.Refused != 0 {
+		t.Errorf("db's counters after dials to a dead instance: %+v", l4)
+	}
+}
+
+// A split service sends exactly its weight of connections to the new
+// side.
+func TestL4CanarySplitByConnection(t *testing.T) {
+	f := newL4Fixture(t)
+	port := freePort(t, "tcp")
+	olds := []*echoServer{newEchoServer(t, "old-1", "127.0.0.1"), newEchoServer(t, "old-2", "127.0.0.1")}
+	fresh := newEchoServer(t, "new-1", "127.0.0.1")
+	f.load()
+	ev := store.RoutingEvent{Kind: store.EventServiceUpsert, Namespace: "shop", Service: "db", DeployID: "d2", Revision: 2,
+		Layer4: store.Layer4{TCP: []store.L4Port{{Port: port}}}, Split: &store.Split{Deploy: "d2", Revision: 2, From: 1, Weight: 20},
+		At: time.Now().UTC()}
+	for i, e := range olds {
+		ev.Endpoints = append(ev.Endpoints, store.Endpoint{InstanceID: e.name, Machine: "m1", Slot: i, Revision: 1, Address: e.host, Port: e.port})
+	}
+	ev.Endpoints = append(ev.Endpoints, store.Endpoint{InstanceID: fresh.name, Machine: "m1", Slot: 0, Revision: 2, Address: fresh.host, Port: fresh.port})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if _, err := storetest.AdmitMachine(ctx, f.nats.Store, "m1", "127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := f.nats.Store.PublishRouting(ctx, "", []store.RoutingEvent{ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.waitSeq(seq)
+	dialPort(t, port).Close() // the port is open
+	seen := map[string]int{}
+	for i := 0; i < 100; i++ {
+		c, err := tryPort(port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[c.greeting]++
+		c.Close()
+	}
+	// 101 connections in all; the counter sends 20 of every 100 new.
+	if n := seen["new-1"]; n < 19 || n > 21 {
+		t.Errorf("new side took %d of 100 connections, want 20 (%v)", n, seen)
+	}
+	if seen["old-1"] == 0 || seen["old-2"] == 0 {
+		t.Errorf("the old side's instances should share its connections: %v", seen)
+	}
+}
