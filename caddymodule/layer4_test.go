@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -524,4 +526,48 @@ func TestL4CanarySplitByConnection(t *testing.T) {
 	if seen["old-1"] == 0 || seen["old-2"] == 0 {
 		t.Errorf("the old side's instances should share its connections: %v", seen)
 	}
+}
+
+// layer4_bind must be an IP address.
+func TestL4BindMustBeAnIP(t *testing.T) {
+	f := newFixture(t)
+	f.app = map[string]any{"layer4_bind": "gateway.local"}
+	err := caddy.Load(f.config(), true)
+	if err == nil {
+		_ = caddy.Stop()
+		t.Fatal("a config with layer4_bind gateway.local loaded")
+	}
+	if !strings.Contains(err.Error(), `layer4_bind "gateway.local" is not an IP address`) {
+		t.Errorf("error = %v", err)
+	}
+}
+
+// disable_layer4 keeps the ports closed; a reload without it opens them,
+// and one with it again closes them.
+func TestL4DisableFollowsTheConfig(t *testing.T) {
+	f := newL4Fixture(t)
+	db := newEchoServer(t, "db-1", "127.0.0.1")
+	port := freePort(t, "tcp")
+	f.app["disable_layer4"] = true
+	f.load()
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"db": l4svc([]int{port}, nil, db.instance("m1"))}))
+	time.Sleep(3 * l4Tick)
+	if c, err := tryPort(port); err == nil {
+		c.Close()
+		t.Fatal("a port opened with disable_layer4")
+	}
+	delete(f.app, "disable_layer4")
+	f.load()
+	if c := dialPort(t, port); c.greeting != "db-1" {
+		t.Fatalf("reached %q", c.greeting)
+	}
+	f.app["disable_layer4"] = true
+	f.load()
+	storetest.Eventually(t, wait, "the port to close", func() bool {
+		c, err := tryPort(port)
+		if c != nil {
+			c.Close()
+		}
+		return err != nil
+	})
 }
