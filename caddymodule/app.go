@@ -405,6 +405,9 @@ func (s *sharedProjection) Destruct() error {
 	if started {
 		<-s.done
 	}
+	// The ports are closed; the connections they took end with the
+	// gateway.
+	s.l4.closeAll()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, st := range s.conns {

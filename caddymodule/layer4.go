@@ -322,3 +322,11 @@ func l4Info(app *App, v *projection.View, s *projection.Service) []L4EntryInfo {
 	}
 	return out
 }
+
+// udpOnly says s is reached only over UDP (no HTTP route, readiness path,
+// TCP port or passthrough host): the health checker's TCP connect would
+// find nothing listening, so its endpoints are not probed.
+func udpOnly(s *projection.Service) bool {
+	return len(s.Layer4.UDP) > 0 && len(s.Layer4.TCP) == 0 && len(s.Layer4.PassthroughHosts()) == 0 &&
+		s.HealthPath == "" && len(s.Routes) == 0
+}

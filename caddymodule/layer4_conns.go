@@ -233,3 +233,19 @@ func (r *l4Registry) openTo(key string) map[string]int {
 	}
 	return out
 }
+
+// closeAll ends every connection: the last config using the projection
+// is gone.
+func (r *l4Registry) closeAll() {
+	var all []*l4Conn
+	r.mu.Lock()
+	for _, in := range r.byInst {
+		for c := range in.conns {
+			all = append(all, c)
+		}
+	}
+	r.mu.Unlock()
+	for _, c := range all {
+		c.close()
+	}
+}

@@ -316,6 +316,9 @@ func mustService(t *testing.T, f *fixture, ns, name string) *projection.Service 
 // client address its own flow.
 func TestL4UDPEcho(t *testing.T) {
 	f := newL4Fixture(t)
+	// Probes on: a UDP-only service's endpoints are not probed over TCP
+	// (and so never set aside for it).
+	f.app = map[string]any{"layer4_bind": "127.0.0.1", "health_interval": "100ms"}
 	dns := udpEcho(t, "dns-1")
 	port := freePort(t, "udp")
 	f.load()
@@ -344,6 +347,11 @@ func TestL4UDPEcho(t *testing.T) {
 		if err != nil || string(buf[:n]) != "dns-1:"+msg {
 			t.Fatalf("datagram %d: %q, %v", i, buf[:n], err)
 		}
+	}
+	time.Sleep(300 * time.Millisecond) // probe rounds
+	v := f.proj().View()
+	if ri := routeInfo(current.Load(), v, mustService(t, f, "shop", "dns")); len(ri.SetAside) != 0 {
+		t.Errorf("a UDP-only service's endpoint set aside: %+v", ri.SetAside)
 	}
 }
 
@@ -570,4 +578,24 @@ func TestL4DisableFollowsTheConfig(t *testing.T) {
 		}
 		return err != nil
 	})
+}
+
+// Stopping the gateway ends its layer-4 connections with it.
+func TestL4StopEndsConnections(t *testing.T) {
+	f := newL4Fixture(t)
+	db := newEchoServer(t, "db-1", "127.0.0.1")
+	port := freePort(t, "tcp")
+	f.load()
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"db": l4svc([]int{port}, nil, db.instance("m1"))}))
+	c := dialPort(t, port)
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	if _, err := c.r.ReadString('\n'); err == nil {
+		t.Fatal("a connection read data after the gateway stopped")
+	}
+	if _, err := tryPort(port); err == nil {
+		t.Fatal("the port accepts after the gateway stopped")
+	}
 }
