@@ -599,3 +599,24 @@ func TestL4StopEndsConnections(t *testing.T) {
 		t.Fatal("the port accepts after the gateway stopped")
 	}
 }
+
+// A port the gateway's own HTTP server listens on is reported and never
+// opened: the HTTP server keeps it.
+func TestL4OwnHTTPPortIsRefused(t *testing.T) {
+	f := newL4Fixture(t)
+	db, web := newEchoServer(t, "db-1", "127.0.0.1"), newBackend(t, "web-1")
+	_, p, _ := net.SplitHostPort(f.gateway)
+	own, _ := strconv.Atoi(p)
+	f.load()
+	db1 := l4svc([]int{own}, nil, db.instance("m1"))
+	f.waitSeq(f.deploy("shop", map[string]storetest.Service{"db": db1, "web": svc([]string{"shop.test"}, nil, web)}))
+	storetest.Eventually(t, wait, "the observation to report the gateway's own port", func() bool {
+		es := f.observation().L4Errors
+		return len(es) == 1 && es[0].Port == fmt.Sprintf("tcp/%d", own) && strings.Contains(es[0].Error, "own HTTP server")
+	})
+	for i := 0; i < 5; i++ {
+		if r := f.mustGet("shop.test", "/"); r.backend != "web-1" {
+			t.Fatalf("HTTP on the gateway's port: %d from %q", r.status, r.backend)
+		}
+	}
+}
