@@ -1,9 +1,13 @@
 // Package caddymodule holds edgeplane's Caddy modules: the `edgeplane` app
 // that keeps the routing projection, the `http.handlers.edgeplane` gateway
 // handler, the `http.reverse_proxy.upstreams.edgeplane` upstream source, the
-// `tls.permission.edgeplane` on-demand TLS permission and the
-// `admin.api.edgeplane` status endpoints. They are thin adapters over the
-// Caddy-free package projection.
+// `tls.permission.edgeplane` on-demand TLS permission, the
+// `admin.api.edgeplane` status endpoints, and layer 4: the gateway ports
+// the app opens as routing asks (layer4.go), the
+// `layer4.handlers.edgeplane` connection handler and the
+// `tls.handshake_match.edgeplane_passthrough` matcher. They are thin
+// adapters over the Caddy-free package projection. A request and a
+// layer-4 connection pick their instance by one rule (App.candidates).
 package caddymodule
 
 import (
