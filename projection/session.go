@@ -512,6 +512,15 @@ func (p *Projection) kick() {
 	}
 }
 
+// Report asks for the gateway's observation to be written again soon (its
+// layer-4 drains or port errors changed).
+func (p *Projection) Report() {
+	select {
+	case p.reportKick <- struct{}{}:
+	default:
+	}
+}
+
 // reportLoop publishes this gateway's observation after applies and every
 // ReportInterval, while the store is reachable.
 func (p *Projection) reportLoop(ctx context.Context) {
@@ -536,6 +545,9 @@ func (p *Projection) reportLoop(ctx context.Context) {
 			AppliedSeq: v.Seq, Stale: v.Stale, At: time.Now().UTC(), Digest: v.Digest(), Hosts: len(v.Hosts())}
 		if p.cfg.Region != nil {
 			obs.Region = p.cfg.Region()
+		}
+		if p.cfg.Layer4 != nil {
+			obs.L4Draining, obs.L4Errors = p.cfg.Layer4(v)
 		}
 		for i, c := range v.Conflicts() {
 			if i == maxReportedConflicts {
