@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -263,12 +264,19 @@ func pipe(down *layer4.Connection, up net.Conn, udp bool, c *l4Counters) {
 // caddy-l4 reads (9000), and TCP moves in reads this large.
 const copyBufSize = 64 << 10
 
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
 // copyCounted copies src to dst write by write (one datagram per write
 // for UDP) until src ends, adding each write to n: a long connection's
 // bytes are counted as they flow. (Splicing TCP in the kernel would count
 // them only per chunk, and measured no faster on loopback.)
 func copyCounted(dst io.Writer, src io.Reader, n *atomic.Uint64) error {
-	buf := make([]byte, copyBufSize)
+	// Buffers are pooled: a client that opens a connection per command
+	// (redis-benchmark -k 0, a DNS client over UDP) would otherwise
+	// allocate 128 KiB per connection.
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	for {
 		nr, rerr := src.Read(buf)
 		if nr > 0 {
