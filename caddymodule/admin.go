@@ -65,6 +65,9 @@ type RouteInfo struct {
 	// SlowStart maps each instance ramping up (slow start) to the share
 	// of a full share it gets now.
 	SlowStart map[string]float64 `json:"slow_start,omitempty"`
+	// Layer4 lists the gateway ports and passthrough hosts that reach the
+	// service, with the connections open to each instance.
+	Layer4 []L4EntryInfo `json:"layer4,omitempty"`
 }
 
 // ServingInfo is the tier of a service's endpoints the gateway serves
@@ -89,6 +92,10 @@ type GatewayStatus struct {
 	// RegionRTTMillis is the round trip to each other region the gateway
 	// measured (the median of its last connects), in milliseconds.
 	RegionRTTMillis map[string]float64 `json:"region_rtt_ms,omitempty"`
+	// L4Ports maps each layer-4 port the gateway has open to its service;
+	// L4Errors are the ports it could not open, and why.
+	L4Ports  map[string]string   `json:"l4_ports,omitempty"`
+	L4Errors []store.L4PortError `json:"l4_errors,omitempty"`
 }
 
 // SetAsideInfo is one endpoint the gateway sends no new requests to.
@@ -148,6 +155,7 @@ func routeInfo(app *App, v *projection.View, s *projection.Service) RouteInfo {
 			}
 		}
 	}
+	ri.Layer4 = l4Info(app, v, s)
 	return ri
 }
 
@@ -165,7 +173,8 @@ func serveAdmin(w http.ResponseWriter, r *http.Request) error {
 	switch {
 	case path == "projection":
 		h := app.home(p.View())
-		body = GatewayStatus{Status: p.Status(), Region: h.region, RegionSource: h.source, RegionRTTMillis: rttMillis(app.rtt.snapshot())}
+		body = GatewayStatus{Status: p.Status(), Region: h.region, RegionSource: h.source, RegionRTTMillis: rttMillis(app.rtt.snapshot()),
+			L4Ports: app.shared.ports.openPorts(), L4Errors: app.shared.ports.errors()}
 	case path == "routes":
 		v := p.View()
 		svcs := v.Services()

@@ -1,9 +1,13 @@
 // Package caddymodule holds edgeplane's Caddy modules: the `edgeplane` app
 // that keeps the routing projection, the `http.handlers.edgeplane` gateway
 // handler, the `http.reverse_proxy.upstreams.edgeplane` upstream source, the
-// `tls.permission.edgeplane` on-demand TLS permission and the
-// `admin.api.edgeplane` status endpoints. They are thin adapters over the
-// Caddy-free package projection.
+// `tls.permission.edgeplane` on-demand TLS permission, the
+// `admin.api.edgeplane` status endpoints, and layer 4: the gateway ports
+// the app opens as routing asks (layer4.go), the
+// `layer4.handlers.edgeplane` connection handler and the
+// `tls.handshake_match.edgeplane_passthrough` matcher. They are thin
+// adapters over the Caddy-free package projection. A request and a
+// layer-4 connection pick their instance by one rule (App.candidates).
 package caddymodule
 
 import (
@@ -12,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -70,10 +75,20 @@ type App struct {
 	// off (regions a service's locality order does not name are then
 	// tried by name).
 	RegionProbeInterval *caddy.Duration `json:"region_probe_interval,omitempty"`
+	// Layer4Bind is the IP address the gateway binds its layer-4 ports
+	// (the services' tcp and udp ports) on. Default: every interface.
+	Layer4Bind string `json:"layer4_bind,omitempty"`
+	// DisableLayer4 keeps every layer-4 port closed (TLS passthrough on
+	// the HTTPS listener is configured on its own, and unaffected).
+	DisableLayer4 bool `json:"disable_layer4,omitempty"`
 
-	key    string
-	shared *sharedProjection
-	logger *zap.Logger
+	key string
+	// ownPorts are the ports the config's HTTP servers listen on, which
+	// no layer-4 port may take.
+	ownPorts []store.PortKey
+	ctx      caddy.Context
+	shared   *sharedProjection
+	logger   *zap.Logger
 
 	health     *healthChecker
 	stopHealth context.CancelFunc
@@ -103,7 +118,7 @@ var current atomic.Pointer[App]
 
 // Provision fills defaults and attaches to (or creates) the shared projection.
 func (a *App) Provision(ctx caddy.Context) error {
-	a.logger = ctx.Logger()
+	a.logger, a.ctx = ctx.Logger(), ctx
 	names, err := a.Resolve()
 	if err != nil {
 		return fmt.Errorf("provisioning edgeplane app: %w", err)
@@ -171,6 +186,11 @@ func (a *App) Validate() error {
 	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
 		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
 	}
+	if a.Layer4Bind != "" {
+		if _, err := netip.ParseAddr(a.Layer4Bind); err != nil {
+			return fmt.Errorf("edgeplane app: layer4_bind %q is not an IP address", a.Layer4Bind)
+		}
+	}
 	if a.Region != "" && !store.ValidRegion(a.Region) {
 		return fmt.Errorf("edgeplane app: region %q is not a DNS label (lower-case letters, digits and '-', up to 63)", a.Region)
 	}
@@ -179,6 +199,7 @@ func (a *App) Validate() error {
 
 // Start runs the projection (once per shared projection).
 func (a *App) Start() error {
+	a.ownPorts = ownPortsOf(a.ctx)
 	a.shared.start()
 	if a.health != nil {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -198,6 +219,8 @@ func (a *App) Start() error {
 	}
 	current.Store(a)
 	a.shared.app.Store(a)
+	// The ports follow this config's layer4_bind and disable_layer4 now.
+	a.shared.ports.poke()
 	a.logger.Info("edgeplane gateway projection running",
 		zap.String("nats", a.NATSURL), zap.String("gateway", a.GatewayName), zap.String("snapshot", a.SnapshotPath))
 	return nil
@@ -264,13 +287,19 @@ type sharedProjection struct {
 	// home is the gateway's region as derived for the latest view
 	// (App.home).
 	home atomic.Pointer[homeOf]
+
+	// l4 holds the open layer-4 connections and their drains
+	// (layer4_conns.go), ports the gateway's layer-4 ports (layer4.go).
+	l4    *l4Registry
+	ports *l4Ports
 }
 
 func newSharedProjection(a *App) (*sharedProjection, error) {
 	// The process-wide logger, not this config's: the projection outlives
 	// the config that created it.
 	logger := caddy.Log().Named("edgeplane.projection")
-	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable()}
+	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable(), l4: newL4Registry()}
+	s.ports = newL4Ports(s, logger.Named("layer4"))
 	s.traffic.home = s.region
 	cfg, name := a.Config, a.GatewayName
 	connect := func(ctx context.Context) (*store.Store, error) {
@@ -304,11 +333,12 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 		return nil, err
 	}
 	p, err := projection.New(projection.Config{Connect: connect, SnapshotPath: a.SnapshotPath, Name: name, Logger: logger,
-		Traffic: traffic, TrafficInterval: time.Duration(a.TrafficInterval), Region: s.region})
+		Traffic: traffic, TrafficInterval: time.Duration(a.TrafficInterval), Region: s.region, Layer4: s.l4Observation})
 	if err != nil {
 		return nil, err
 	}
 	s.proj = p
+	s.l4.drained = p.Report
 	s.slow = newSlowStart()
 	return s, nil
 }
@@ -340,7 +370,7 @@ func (s *sharedProjection) start() {
 	s.startOnce.Do(func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
-		drained, keyed, ramped := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		drained, keyed, ramped, ported := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(drained)
 			watchDrain(ctx)
@@ -354,8 +384,13 @@ func (s *sharedProjection) start() {
 			s.slow.run(ctx, s.proj.View, s.proj.Changed)
 		}()
 		go func() {
+			defer close(ported)
+			s.ports.run(ctx)
+		}()
+		go func() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
+			<-ported
 			<-drained
 			<-keyed
 			<-ramped
@@ -374,6 +409,9 @@ func (s *sharedProjection) Destruct() error {
 	if started {
 		<-s.done
 	}
+	// The ports are closed; the connections they took end with the
+	// gateway.
+	s.l4.closeAll()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, st := range s.conns {

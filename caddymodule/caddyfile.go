@@ -35,6 +35,8 @@ func init() {
 //			disable_health_checks
 //			traffic_interval <duration>
 //			region_probe_interval <duration>
+//			layer4_bind <ip>
+//			disable_layer4
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -57,11 +59,15 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		sub := d.Val()
 		switch sub {
-		case "disable_health_checks":
+		case "disable_health_checks", "disable_layer4":
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			a.DisableHealthChecks = true
+			if sub == "disable_layer4" {
+				a.DisableLayer4 = true
+			} else {
+				a.DisableHealthChecks = true
+			}
 			continue
 		case "health_interval", "health_timeout", "traffic_interval", "region_probe_interval":
 			if !d.NextArg() {
@@ -95,6 +101,8 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			dst = &a.GatewayName
 		case "region":
 			dst = &a.Region
+		case "layer4_bind":
+			dst = &a.Layer4Bind
 		}
 		if dst == nil {
 			return d.Errf("unrecognized edgeplane option %q", sub)

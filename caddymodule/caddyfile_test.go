@@ -19,17 +19,20 @@ func TestCaddyfileAdapt(t *testing.T) {
 
 func TestCaddyfileErrors(t *testing.T) {
 	cases := map[string]struct{ src, want string }{
-		"unknown option": {"{\n\tedgeplane {\n\t\tnats nats://x\n\t}\n}\n:80\n", `unrecognized edgeplane option "nats", at Caddyfile:3`},
-		"missing value":  {"{\n\tedgeplane {\n\t\tnats_url\n\t}\n}\n:80\n", "Caddyfile:3"},
-		"extra value":    {"{\n\tedgeplane {\n\t\tgateway_name a b\n\t}\n}\n:80\n", "Caddyfile:3"},
-		"repeated":       {"{\n\tedgeplane {\n\t\tgateway_name a\n\t\tgateway_name b\n\t}\n}\n:80\n", `option "gateway_name" given more than once`},
-		"own upstream":   {":80 {\n\tedgeplane 127.0.0.1:9000\n}\n", "edgeplane takes no upstreams"},
-		"own to":         {":80 {\n\tedgeplane {\n\t\tto 127.0.0.1:9000\n\t}\n}\n", "edgeplane takes no upstreams"},
-		"dynamic args":   {":80 {\n\treverse_proxy {\n\t\tdynamic edgeplane onlyns\n\t}\n}\n", "dynamic edgeplane takes no arguments or <namespace> <service>, got 1"},
-		"bad interval":   {"{\n\tedgeplane {\n\t\thealth_interval soon\n\t}\n}\n:80\n", "edgeplane option health_interval"},
-		"disable arg":    {"{\n\tedgeplane {\n\t\tdisable_health_checks yes\n\t}\n}\n:80\n", "Caddyfile:3"},
-		"region label":   {"{\n\tedgeplane {\n\t\tregion Tokyo_1\n\t}\n}\n:80\n", `region: "Tokyo_1" is not a DNS label, at Caddyfile:3`},
-		"region twice":   {"{\n\tedgeplane {\n\t\tregion tyo\n\t\tregion fra\n\t}\n}\n:80\n", `option "region" given more than once`},
+		"unknown option":     {"{\n\tedgeplane {\n\t\tnats nats://x\n\t}\n}\n:80\n", `unrecognized edgeplane option "nats", at Caddyfile:3`},
+		"missing value":      {"{\n\tedgeplane {\n\t\tnats_url\n\t}\n}\n:80\n", "Caddyfile:3"},
+		"extra value":        {"{\n\tedgeplane {\n\t\tgateway_name a b\n\t}\n}\n:80\n", "Caddyfile:3"},
+		"repeated":           {"{\n\tedgeplane {\n\t\tgateway_name a\n\t\tgateway_name b\n\t}\n}\n:80\n", `option "gateway_name" given more than once`},
+		"own upstream":       {":80 {\n\tedgeplane 127.0.0.1:9000\n}\n", "edgeplane takes no upstreams"},
+		"own to":             {":80 {\n\tedgeplane {\n\t\tto 127.0.0.1:9000\n\t}\n}\n", "edgeplane takes no upstreams"},
+		"dynamic args":       {":80 {\n\treverse_proxy {\n\t\tdynamic edgeplane onlyns\n\t}\n}\n", "dynamic edgeplane takes no arguments or <namespace> <service>, got 1"},
+		"bad interval":       {"{\n\tedgeplane {\n\t\thealth_interval soon\n\t}\n}\n:80\n", "edgeplane option health_interval"},
+		"disable arg":        {"{\n\tedgeplane {\n\t\tdisable_health_checks yes\n\t}\n}\n:80\n", "Caddyfile:3"},
+		"region label":       {"{\n\tedgeplane {\n\t\tregion Tokyo_1\n\t}\n}\n:80\n", `region: "Tokyo_1" is not a DNS label, at Caddyfile:3`},
+		"region twice":       {"{\n\tedgeplane {\n\t\tregion tyo\n\t\tregion fra\n\t}\n}\n:80\n", `option "region" given more than once`},
+		"disable_layer4 arg": {"{\n\tedgeplane {\n\t\tdisable_layer4 yes\n\t}\n}\n:80\n", "Caddyfile:3"},
+		"layer4 handler args": {"{\n\tservers {\n\t\tlistener_wrappers {\n\t\t\tlayer4 {\n\t\t\t\troute {\n\t\t\t\t\tedgeplane onlyns\n\t\t\t\t}\n\t\t\t}\n\t\t}\n\t}\n}\n:80\n",
+			"edgeplane takes no arguments or <namespace> <service>, got 1"},
 		"permission arg": {"{\n\ton_demand_tls {\n\t\tpermission edgeplane extra\n\t}\n}\n:80\n", "Caddyfile:3"},
 	}
 	for name, c := range cases {

@@ -56,13 +56,7 @@ func pickSide(w http.ResponseWriter, r *http.Request, svc *projection.Service, k
 			}
 		}
 	}
-	n := svc.Memo(wrrMemo{}, func(*projection.Service) any { return new(atomic.Uint64) }).(*atomic.Uint64).Add(1)
-	side = sideOld
-	// Over any 100 consecutive n, n*weight mod 100 falls below weight
-	// exactly weight times.
-	if (n*uint64(weight))%100 < uint64(weight) {
-		side = sideNew
-	}
+	side = countedSide(svc, weight)
 	if sticky {
 		b := cut + rand.IntN(max(store.CanaryBuckets-cut, 1))
 		if side == sideNew {
@@ -74,6 +68,19 @@ func pickSide(w http.ResponseWriter, r *http.Request, svc *projection.Service, k
 		})
 	}
 	return side, false
+}
+
+// countedSide sends exactly weight of every 100 calls for svc to the new
+// side, the rest to the old: requests without a cookie, and layer-4
+// connections, which are split by connection.
+func countedSide(svc *projection.Service, weight int) int {
+	n := svc.Memo(wrrMemo{}, func(*projection.Service) any { return new(atomic.Uint64) }).(*atomic.Uint64).Add(1)
+	// Over any 100 consecutive n, n*weight mod 100 falls below weight
+	// exactly weight times.
+	if (n*uint64(weight))%100 < uint64(weight) {
+		return sideNew
+	}
+	return sideOld
 }
 
 // matches reports whether r carries m's header or cookie with m's value.

@@ -166,6 +166,9 @@ func (h *healthChecker) probeAll(ctx context.Context) {
 	seen := map[string]probeTarget{}
 	endpoints := map[string][]string{} // by service
 	for _, s := range h.view().Services() {
+		if udpOnly(s) {
+			continue // nothing a TCP connect could probe
+		}
 		for _, e := range s.Endpoints {
 			addr := net.JoinHostPort(e.Address, strconv.Itoa(e.Port))
 			seen[addr] = probeTarget{addr: addr, path: s.HealthPath, instance: e.InstanceID, service: s.Key()}

@@ -49,6 +49,8 @@ type serviceCounters struct {
 	// by the region of the instance's machine, indexed as the table's
 	// regions are.
 	byRegion [maxRegions]atomic.Uint64
+	// l4 counts the service's layer-4 connections (layer4_handler.go).
+	l4 l4Counters
 }
 
 // maxRegions bounds the regions counted apart; the requests to
@@ -149,6 +151,7 @@ func (c *serviceCounters) snapshot(regions []string) store.ServiceTraffic {
 		t.Canary = &store.CanaryTraffic{Deploy: cc.split.Deploy,
 			Old: cc.sides[sideOld].snapshot(cc.split.From), New: cc.sides[sideNew].snapshot(cc.split.Revision)}
 	}
+	t.L4 = c.l4.snapshot()
 	return t
 }
 
@@ -363,12 +366,21 @@ var (
 	descByRegion = prometheus.NewDesc("edgeplane_gateway_requests_by_region_total",
 		"Requests the gateway proxied to a service's instances, by the gateway's region and the region of the instance's machine.",
 		[]string{"namespace", "service", "gateway_region", "instance_region"}, nil)
+	descL4Open = prometheus.NewDesc("edgeplane_gateway_l4_connections_open",
+		"Layer-4 connections to a service's instances in progress.", []string{"namespace", "service"}, nil)
+	descL4Total = prometheus.NewDesc("edgeplane_gateway_l4_connections_total",
+		"Layer-4 connections the gateway proxied to a service's instances.", []string{"namespace", "service"}, nil)
+	descL4Bytes = prometheus.NewDesc("edgeplane_gateway_l4_bytes_total",
+		"Bytes of a service's layer-4 connections: in from clients to instances, out the other way.", []string{"namespace", "service", "direction"}, nil)
+	descL4ConnectErrors = prometheus.NewDesc("edgeplane_gateway_l4_connect_errors_total",
+		"Dials to a service's instances for layer-4 connections that failed.", []string{"namespace", "service"}, nil)
 )
 
 var codeClasses = [5]string{"1xx", "2xx", "3xx", "4xx", "5xx"}
 
 func (c trafficCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRequests, descLatency, descBytesIn, descBytesOut, descOpen, descByRegion} {
+	for _, d := range []*prometheus.Desc{descRequests, descLatency, descBytesIn, descBytesOut, descOpen, descByRegion,
+		descL4Open, descL4Total, descL4Bytes, descL4ConnectErrors} {
 		ch <- d
 	}
 }
@@ -397,5 +409,12 @@ func (c trafficCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descBytesIn, prometheus.CounterValue, float64(s.BytesIn), s.Namespace, s.Service)
 		ch <- prometheus.MustNewConstMetric(descBytesOut, prometheus.CounterValue, float64(s.BytesOut), s.Namespace, s.Service)
 		ch <- prometheus.MustNewConstMetric(descOpen, prometheus.GaugeValue, float64(s.Open), s.Namespace, s.Service)
+		if l := s.L4; l != nil {
+			ch <- prometheus.MustNewConstMetric(descL4Open, prometheus.GaugeValue, float64(l.Open), s.Namespace, s.Service)
+			ch <- prometheus.MustNewConstMetric(descL4Total, prometheus.CounterValue, float64(l.Total), s.Namespace, s.Service)
+			ch <- prometheus.MustNewConstMetric(descL4Bytes, prometheus.CounterValue, float64(l.BytesIn), s.Namespace, s.Service, "in")
+			ch <- prometheus.MustNewConstMetric(descL4Bytes, prometheus.CounterValue, float64(l.BytesOut), s.Namespace, s.Service, "out")
+			ch <- prometheus.MustNewConstMetric(descL4ConnectErrors, prometheus.CounterValue, float64(l.ConnectErrors), s.Namespace, s.Service)
+		}
 	}
 }

@@ -77,20 +77,38 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 	if !split {
 		side = unsplit
 	}
-	if h := u.app.home(v); h.regional {
-		if p := u.app.plan(v, h, svc); !p.whole {
-			t := u.app.tierFor(v, p)
+	dials := u.app.candidates(v, svc, side)
+	vals := make([]reverseproxy.Upstream, len(dials))
+	ups := make([]*reverseproxy.Upstream, len(dials))
+	for i, d := range dials {
+		vals[i].Dial = d
+		ups[i] = &vals[i]
+	}
+	return ups, nil
+}
+
+// candidates is the one rule, for HTTP requests and layer-4 connections
+// alike, of which of svc's endpoints (their dial addresses) a new request
+// or connection may go to under v: those of the tier the gateway serves
+// the service from, of side when the service is split (side is unsplit
+// otherwise; a side with nothing that can serve leaves it to the whole
+// tier), with set-aside, fail-open and slow start applied (filter). Nil
+// when no tier has an endpoint. The result may be shared: never change it.
+func (a *App) candidates(v *projection.View, svc *projection.Service, side int) []string {
+	if h := a.home(v); h.regional {
+		if p := a.plan(v, h, svc); !p.whole {
+			t := a.tierFor(v, p)
 			if t == nil {
-				return nil, nil
+				return nil
 			}
 			// A side with nothing serving in the tier leaves the request
 			// to the whole tier.
 			if t.sides != nil && side != unsplit {
-				if sd := &t.sides[side]; u.app.anyServing(v, sd.dials, sd.eps) {
-					return u.upstreams(v, svc, sd.dials, sd.eps), nil
+				if sd := &t.sides[side]; a.anyServing(v, sd.dials, sd.eps) {
+					return a.filter(v, svc, sd.dials, sd.eps)
 				}
 			}
-			return u.upstreams(v, svc, t.dials, t.eps), nil
+			return a.filter(v, svc, t.dials, t.eps)
 		}
 	}
 	dials := dialsOf(svc)
@@ -99,11 +117,11 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 		sd := svc.Memo(sidesMemo{}, func(s *projection.Service) any { return splitDials(s, dialsOf(s)) }).(*[2]sideDials)[side]
 		// A side none of whose endpoints can serve leaves the request to
 		// the whole service rather than failing it open.
-		if u.app.anyServing(v, sd.dials, sd.eps) {
-			return u.upstreams(v, svc, sd.dials, sd.eps), nil
+		if a.anyServing(v, sd.dials, sd.eps) {
+			return a.filter(v, svc, sd.dials, sd.eps)
 		}
 	}
-	return u.upstreams(v, svc, dials, svc.Endpoints), nil
+	return a.filter(v, svc, dials, svc.Endpoints)
 }
 
 type sidesMemo struct{}
@@ -143,11 +161,11 @@ func (a *App) anyServing(v *projection.View, dials []string, eps []store.Endpoin
 	return false
 }
 
-// upstreams gives dials (of eps) as fresh Upstream values: instances of
-// machines whose heartbeats stopped are set aside while the service has
-// others (fail open), then those failing their health checks among what
-// is left, then the endpoints ramping up thinned (slowStart).
-func (u *Upstreams) upstreams(v *projection.View, svc *projection.Service, dials []string, eps []store.Endpoint) []*reverseproxy.Upstream {
+// filter narrows dials (of eps): instances of machines whose heartbeats
+// stopped are set aside while the service has others (fail open), then
+// those failing their health checks among what is left, then the
+// endpoints ramping up thinned (slowStart).
+func (a *App) filter(v *projection.View, svc *projection.Service, dials []string, eps []store.Endpoint) []string {
 	if v.AnyDown() {
 		live := make([]string, 0, len(dials))
 		for i, d := range dials {
@@ -159,17 +177,10 @@ func (u *Upstreams) upstreams(v *projection.View, svc *projection.Service, dials
 			dials = live
 		}
 	}
-	if u.app.health != nil {
-		dials = u.app.health.healthy(svc.Key(), dials)
+	if a.health != nil {
+		dials = a.health.healthy(svc.Key(), dials)
 	}
-	dials = u.app.thinRamping(svc, dials)
-	vals := make([]reverseproxy.Upstream, len(dials))
-	ups := make([]*reverseproxy.Upstream, len(dials))
-	for i, d := range dials {
-		vals[i].Dial = d
-		ups[i] = &vals[i]
-	}
-	return ups
+	return a.thinRamping(svc, dials)
 }
 
 // Interface guards

@@ -77,3 +77,19 @@ func TestLayer4Index(t *testing.T) {
 		t.Error("digest did not change with the layer-4 entries")
 	}
 }
+
+// A gateway's observation names its layer-4 conflicts after its host
+// conflicts, in the form doctor reads ("tcp/5432: owner over others").
+func TestReportedConflictsNameLayer4(t *testing.T) {
+	v := buildView(t,
+		upsert("a", "web", route([]string{"x.example"})),
+		upsert("b", "web", route([]string{"x.example"})),
+		l4upsert("a", "db", store.Layer4{TCP: []store.L4Port{{Port: 5432}}}),
+		l4upsert("b", "db", store.Layer4{TCP: []store.L4Port{{Port: 5432}}}),
+	)
+	got := reportedConflicts(v)
+	want := []string{"x.example: a over b", "tcp/5432: a/db over b/db"}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("reported conflicts %q, want %q", got, want)
+	}
+}

@@ -64,6 +64,11 @@ type Config struct {
 	// Region, when set, is the gateway's region now, carried in its
 	// observation and traffic reports.
 	Region func() string
+	// Layer4, when set, is what the gateway's observation says of layer
+	// 4 as of view v: the instances v does not route to which it still
+	// has connections, and the ports it could not open. Report writes
+	// the observation again when they change.
+	Layer4 func(v *View) ([]store.L4Drain, []store.L4PortError)
 }
 
 // DefaultTrafficInterval is how often a gateway reports its traffic unless

@@ -512,6 +512,15 @@ func (p *Projection) kick() {
 	}
 }
 
+// Report asks for the gateway's observation to be written again soon (its
+// layer-4 drains or port errors changed).
+func (p *Projection) Report() {
+	select {
+	case p.reportKick <- struct{}{}:
+	default:
+	}
+}
+
 // reportLoop publishes this gateway's observation after applies and every
 // ReportInterval, while the store is reachable.
 func (p *Projection) reportLoop(ctx context.Context) {
@@ -537,13 +546,10 @@ func (p *Projection) reportLoop(ctx context.Context) {
 		if p.cfg.Region != nil {
 			obs.Region = p.cfg.Region()
 		}
-		for i, c := range v.Conflicts() {
-			if i == maxReportedConflicts {
-				obs.Conflicts = append(obs.Conflicts, fmt.Sprintf("and %d more", len(v.Conflicts())-i))
-				break
-			}
-			obs.Conflicts = append(obs.Conflicts, fmt.Sprintf("%s: %s over %s", c.Host, c.Owner, strings.Join(c.Others, ", ")))
+		if p.cfg.Layer4 != nil {
+			obs.L4Draining, obs.L4Errors = p.cfg.Layer4(v)
 		}
+		obs.Conflicts = reportedConflicts(v)
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		err := st.PutGatewayObservation(pctx, &obs)
 		cancel()
@@ -592,6 +598,26 @@ func (p *Projection) trafficLoop(ctx context.Context) {
 // maxReportedConflicts bounds the conflicts one observation names: the
 // record must stay small.
 const maxReportedConflicts = 8
+
+// reportedConflicts are v's host conflicts, then its layer-4 ones
+// ("tcp/5432: a/db over b/db"), at most maxReportedConflicts.
+func reportedConflicts(v *View) []string {
+	hosts, l4 := v.Conflicts(), v.Layer4().Conflicts()
+	var out []string
+	for i := range len(hosts) + len(l4) {
+		if i == maxReportedConflicts {
+			return append(out, fmt.Sprintf("and %d more", len(hosts)+len(l4)-i))
+		}
+		if i < len(hosts) {
+			c := hosts[i]
+			out = append(out, fmt.Sprintf("%s: %s over %s", c.Host, c.Owner, strings.Join(c.Others, ", ")))
+		} else {
+			c := l4[i-len(hosts)]
+			out = append(out, fmt.Sprintf("%s: %s over %s", c.Entry, c.Owner, strings.Join(c.Others, ", ")))
+		}
+	}
+	return out
+}
 
 // snapshotLoop writes the view to SnapshotPath after changes, at most once
 // per SnapshotInterval, and once more when ctx ends.

@@ -40,6 +40,11 @@ func TestDoctorLayer4(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// alpha owns the port, as its apply would have claimed it: what is
+	// left to find is beta's record the claim should have kept out.
+	if err := s.PutPortClaim(ctx, &store.PortClaim{Version: store.RecordVersion, Proto: store.ProtoTCP, Port: 5432, Namespace: "alpha", Service: "db", At: now}); err != nil {
+		t.Fatal(err)
+	}
 	obs := &store.GatewayObservation{Gateway: "gw1", AppliedSeq: seq, At: now,
 		Conflicts: []string{"tcp/5432: alpha/db over beta/db"},
 		L4Errors: []store.L4PortError{{Port: "tcp/5432", Namespace: "alpha", Service: "db",

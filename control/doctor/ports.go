@@ -32,9 +32,9 @@ func (d *doctor) checkPorts(ctx context.Context) error {
 	for _, k := range slices.SortedFunc(maps.Keys(exposedBy), store.PortKey.Compare) {
 		by := exposedBy[k]
 		c, ok := owner[k]
+		// Two services exposing one port are said once, from the view
+		// the gateways serve (checkLayer4); here only the claim.
 		switch {
-		case len(by) > 1:
-			d.add(LayerHosts, Problem, k.String(), "exposed by %s; gateways serve %s only", strings.Join(by, ", "), by[0])
 		case !ok:
 			d.add(LayerHosts, Problem, k.String(), "exposed by %s but owned by nobody: another namespace could claim it (restart `control server` to claim it)", by[0])
 		case c.Namespace != nsOf(by[0]):

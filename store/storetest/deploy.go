@@ -35,6 +35,8 @@ type Service struct {
 	Instances []Instance
 	// HealthPath is the service's readiness path, which gateways probe.
 	HealthPath string
+	// Layer4 is what the service exposes below HTTP.
+	Layer4 store.Layer4
 }
 
 // Deploy appends a final commit of namespace with services at the next
@@ -108,7 +110,7 @@ func Prepare(ctx context.Context, s *store.Store, namespace string, services map
 		svc := services[name]
 		n := len(svc.Instances)
 		c.Manifest.Services[name] = store.ServiceSpec{Command: []string{"app"}, Replicas: &n, Routes: svc.Routes,
-			Readiness: store.Readiness{Path: svc.HealthPath}}
+			Readiness: store.Readiness{Path: svc.HealthPath}, Layer4: svc.Layer4}
 		for i, in := range svc.Instances {
 			c.Slots = append(c.Slots, store.SlotAssignment{Service: name, Slot: i, InstanceID: in.ID,
 				Machine: in.Machine, Revision: rev})

@@ -1,7 +1,8 @@
 // Command caddy is edgeplane's custom Caddy: the standard modules plus
 // every edgeplane module (the gateway projection, handler, upstreams, TLS
-// permission and admin API, DNS, and certificate storage on NATS), all
-// registered by importing the module root package.
+// permission and admin API, the layer-4 handler and passthrough matcher,
+// DNS, and certificate storage on NATS), all registered by importing the
+// module root package.
 //
 //	go build -o caddy ./caddymodule/cmd/caddy
 //	./caddy run --config caddy.json
@@ -13,6 +14,12 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/edgeplane/edgeplane"
+
+	// caddy-l4's app, listener wrapper and tls matcher, which the
+	// gateway's layer-4 ports and TLS passthrough run on (the gateway
+	// imports them too; named here so the build says what it carries).
+	_ "github.com/mholt/caddy-l4/layer4"
+	_ "github.com/mholt/caddy-l4/modules/l4tls"
 )
 
 func main() {
