@@ -60,8 +60,9 @@ func TestL4Bench(t *testing.T) {
 	var table []row
 
 	// Throughput: iperf3 rounds, through and direct in turn.
-	// A bare proxy in this process (io.Copy both ways: splice) is the
-	// ceiling any proxy has on this box, for reading the gateway's ratio.
+	// A bare proxy in this process (io.Copy both ways: splice) is what a
+	// plain user-space proxy gets on this box, to read the gateway's ratio
+	// against: iperf3's two ends alone can keep two cores busy.
 	bare := bareProxy(t, iperfDirect)
 	var thr, dir, bareThr []float64
 	for i := 0; i < rounds; i++ {
