@@ -13,7 +13,7 @@ VERSION  ?= 0.0.0-dev
 LDFLAGS  := -X github.com/edgeplane/edgeplane/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
-.PHONY: up down build package release-tag image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade bench-regions deps-test
+.PHONY: up down build package release-tag image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade bench-regions bench-l4 deps-test
 
 # ENGINE builds the example image: docker if it answers, else podman.
 ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
@@ -61,7 +61,7 @@ down:
 	scripts/up.sh --down
 
 # Installs what the tests drive as real peers (dig, wg, ping, ip, wrk, podman,
-# Docker, a registry, Pebble).
+# Docker, a registry, Pebble, redis-server).
 deps-test:
 	scripts/test-deps.sh
 
@@ -111,5 +111,11 @@ bench-mesh-upgrade:
 # frozen region, region states applied everywhere (root).
 bench-regions:
 	scripts/bench-regions
+
+# The issue 41 goals: layer 4 through a gateway vs direct (iperf3
+# throughput, connection setup latency), failed commands across a
+# redeploy under load, HTTP req/s with layer 4 loaded vs not.
+bench-l4:
+	scripts/bench-l4
 
 bench: bench-apply bench-gateway

@@ -7,7 +7,9 @@
 # from docker.io: internal/enginetest starts each on a socket of its own
 # with its own storage), docker-registry (a registry on loopback for
 # pull-by-digest tests), chromium (the dashboard's tests drive it
-# headless), and Pebble (the ACME test server). Safe to run again.
+# headless), Pebble (the ACME test server), and Debian's redis-server with
+# redis-cli and redis-benchmark (the layer-4 tests and bench-l4 deploy it
+# as a process service behind a gateway's TCP port). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +28,8 @@ command -v iptables >/dev/null || need+=(iptables)
 command -v iperf3 >/dev/null || need+=(iperf3)
 command -v tcpdump >/dev/null || need+=(tcpdump)
 command -v chromium >/dev/null || need+=(chromium)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-benchmark >/dev/null || need+=(redis-tools)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		echo "installing ${need[*]}"
@@ -33,9 +37,10 @@ if [ ${#need[@]} -gt 0 ]; then
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 		# The tests start engines and registries of their own; the system
 		# services these packages bring (a dockerd adding a bridge and
-		# iptables rules, a registry on :5000) would only get in the way.
-		if [ -d /run/systemd/system ] && [[ " ${need[*]} " =~ " docker.io "|" docker-registry " ]]; then
-			systemctl disable --now docker.service docker.socket docker-registry.service >/dev/null 2>&1 || true
+		# iptables rules, a registry on :5000, a redis on :6379) would only
+		# get in the way.
+		if [ -d /run/systemd/system ] && [[ " ${need[*]} " =~ " docker.io "|" docker-registry "|" redis-server " ]]; then
+			systemctl disable --now docker.service docker.socket docker-registry.service redis-server.service >/dev/null 2>&1 || true
 		fi
 	else
 		echo "warning: missing ${need[*]} (install them as root; tests that need them skip and say so)" >&2
