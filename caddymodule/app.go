@@ -301,6 +301,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable(), l4: newL4Registry()}
 	s.ports = newL4Ports(s, logger.Named("layer4"))
 	s.traffic.home = s.region
+	s.traffic.catchUp = s.l4.catchUp
 	cfg, name := a.Config, a.GatewayName
 	connect := func(ctx context.Context) (*store.Store, error) {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)

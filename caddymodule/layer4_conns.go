@@ -60,6 +60,9 @@ type l4Conn struct {
 	key   l4InstKey
 	dial  string
 	close func()
+	// spliced is the connection's kernel copy once it runs, whose bytes
+	// catchUp counts while it flows.
+	spliced atomic.Pointer[splicedPipe]
 }
 
 // l4Registry holds the open layer-4 connections by instance, and how many
@@ -129,6 +132,25 @@ func (r *l4Registry) register(svc *projection.Service, instance, dial string, cl
 	in.drain = svc.Layer4.Drain()
 	in.conns[c] = struct{}{}
 	return c
+}
+
+// catchUp counts the bytes the spliced connections moved so far, for a
+// report or a scrape. The sockets are read outside the lock: a
+// getsockopt per connection.
+func (r *l4Registry) catchUp() {
+	r.mu.Lock()
+	var pipes []*splicedPipe
+	for _, in := range r.byInst {
+		for c := range in.conns {
+			if p := c.spliced.Load(); p != nil {
+				pipes = append(pipes, p)
+			}
+		}
+	}
+	r.mu.Unlock()
+	for _, p := range pipes {
+		p.catchUp()
+	}
 }
 
 // unregister forgets a connection that ended.

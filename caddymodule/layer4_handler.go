@@ -162,7 +162,7 @@ func (h *L4Handler) Handle(cx *layer4.Connection, _ layer4.Handler) error {
 	counters.total.Add(1)
 	counters.open.Add(1)
 	defer counters.open.Add(-1)
-	pipe(cx, up, proto == store.ProtoUDP, counters)
+	pipe(cx, up, proto == store.ProtoUDP, counters, conn)
 	if closed.Load() {
 		if c := h.logger.Check(zapcore.DebugLevel, "layer-4 connection closed at the end of its drain"); c != nil {
 			c.Write(zap.String("service", svc.Key()), zap.String("upstream", dial))
@@ -229,17 +229,25 @@ type closeWriter interface{ CloseWrite() error }
 // read, one per write) the client side's end, at the server's idle
 // timeout, closes the upstream socket. A TCP client connection is copied
 // from its socket itself once the bytes caddy-l4 read while matching
-// (a passthrough's ClientHello) are sent.
-func pipe(down *layer4.Connection, up net.Conn, udp bool, c *l4Counters) {
+// (a passthrough's ClientHello) are sent, by the kernel (splicedPipe)
+// when the instance's is a TCP socket too; conn holds it for counting.
+func pipe(down *layer4.Connection, up net.Conn, udp bool, c *l4Counters, conn *l4Conn) {
 	var src io.Reader = down // client to instance
 	var dst io.Writer = down // instance to client
 	if tc, ok := down.Conn.(*net.TCPConn); ok && !udp {
+		var base uint64
 		if b := down.MatchingBytes(); len(b) > 0 {
 			n, err := up.Write(b)
 			c.bytesIn.Add(uint64(n))
 			if err != nil {
 				return
 			}
+			base = uint64(n)
+		}
+		if sp := newSplicedPipe(tc, up, &c.bytesIn, &c.bytesOut, base); sp != nil {
+			conn.spliced.Store(sp)
+			sp.run()
+			return
 		}
 		src, dst = tc, tc
 	}

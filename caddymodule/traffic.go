@@ -168,6 +168,9 @@ type trafficTable struct {
 	// counters is t.counters as a func value, made once: a closure made
 	// per request would be an allocation per request.
 	counters func(*projection.Service) any
+	// catchUp, when set, brings the layer-4 byte counts of connections
+	// under way up to date before a snapshot (l4Registry.catchUp).
+	catchUp func()
 }
 
 func newTrafficTable() *trafficTable {
@@ -238,6 +241,9 @@ func (t *trafficTable) countersOf(s *projection.Service) any {
 // snapshot reads every service's counters, busiest first, at most max
 // (0: all).
 func (t *trafficTable) snapshot(max int) []store.ServiceTraffic {
+	if t.catchUp != nil {
+		t.catchUp()
+	}
 	t.mu.RLock()
 	out := make([]store.ServiceTraffic, 0, len(t.byKey))
 	for _, c := range t.byKey {

@@ -89,8 +89,8 @@ type Config struct {
 	SyncInterval time.Duration
 	// MaxStore is how much JetStream may store on this node. Zero, the
 	// default: what nats-server derives (three quarters of the disk free
-	// at start), raised to store.ReservedBytes when that is less (see
-	// storeLimit).
+	// at start), with store.ReservedBytes added when that is less than
+	// the reservation (see storeLimit).
 	MaxStore int64
 	// ReadyTimeout bounds the wait for the server to accept connections,
 	// which includes recovering its JetStream store; default
@@ -280,9 +280,11 @@ func (l natsLogger) Fatalf(format string, v ...any) {
 // of what is free falls short of store.ReservedBytes. JetStream reserves
 // every stream's size limit whole at creation, so on a small disk (or a
 // full one) Provision would be refused (storage_full) although the store
-// holds a few megabytes: the node starts with the reservation as its limit
-// instead, and says that a disk this small fills before the store's own
-// limits are reached.
+// holds a few megabytes: the node starts with the reservation plus what
+// nats-server would have allowed as its limit instead (so streams and
+// buckets beyond the store's own layout, an operator's or a test's, still
+// find room), and says that a disk this small fills before the store's
+// own limits are reached.
 func storeLimit(max int64, dir string, logger *zap.Logger) (int64, error) {
 	if max > 0 {
 		return max, nil
@@ -303,5 +305,5 @@ func storeLimit(max int64, dir string, logger *zap.Logger) (int64, error) {
 		logger.Warn("the disk has less free space than the store's limits add up to: writes fail with the disk full before a stream's own limit refuses them",
 			zap.String("store_dir", dir), zap.Int64("free_bytes", free), zap.Int64("limits_bytes", reserved))
 	}
-	return reserved, nil
+	return reserved + free/4*3, nil
 }
