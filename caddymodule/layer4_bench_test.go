@@ -32,6 +32,12 @@ func byteServer(b testing.TB, name string, serve func(net.Conn)) *echoServer {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return serveOn(b, ln, name, serve)
+}
+
+// serveOn serves each connection ln accepts with serve, until the test
+// ends.
+func serveOn(b testing.TB, ln net.Listener, name string, serve func(net.Conn)) *echoServer {
 	b.Cleanup(func() { ln.Close() })
 	go func() {
 		for {

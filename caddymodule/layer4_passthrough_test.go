@@ -56,21 +56,10 @@ func tlsBackend(t testing.TB, name, host string) *echoServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.WriteString(c, name+"\n")
-				_, _ = io.Copy(io.Discard, c)
-			}()
-		}
-	}()
-	return &echoServer{name: name, host: "127.0.0.1", port: ln.Addr().(*net.TCPAddr).Port}
+	return serveOn(t, ln, name, func(c net.Conn) {
+		_, _ = io.WriteString(c, name+"\n")
+		_, _ = io.Copy(io.Discard, c)
+	})
 }
 
 // passthroughConfig is a gateway whose HTTPS server passes TLS for the
