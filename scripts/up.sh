@@ -52,11 +52,22 @@ down() {
 		if [ -f "$DATA/control.pid" ] && kill -0 "$(cat "$DATA/control.pid")" 2>/dev/null; then
 			"$BIN/control" deploy destroy demo --drain-grace 100ms >/dev/null 2>&1 || true
 		fi
+		local pids=()
 		for p in caddy control; do
 			if [ -f "$DATA/$p.pid" ]; then
-				kill "$(cat "$DATA/$p.pid")" 2>/dev/null || true
+				pids+=("$(cat "$DATA/$p.pid")")
+				kill "${pids[-1]}" 2>/dev/null || true
 				rm -f "$DATA/$p.pid"
 			fi
+		done
+		# "stopped" means stopped: each writes its last state (the
+		# gateway's routing snapshot, the store) as it exits.
+		for pid in "${pids[@]}"; do
+			for _ in $(seq 100); do
+				kill -0 "$pid" 2>/dev/null || break
+				sleep 0.1
+			done
+			kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
 		done
 		log "stopped"
 	fi
