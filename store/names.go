@@ -297,7 +297,11 @@ func (n Names) CredsSubject(verb, role, id string) string {
 
 // CredsSubjectID is the subject token of a machine ID or gateway name: one
 // token, whatever the name holds.
-func CredsSubjectID(machine string) string { return strings.ReplaceAll(KeySafe(machine), ".", "_2e") }
+func CredsSubjectID(machine string) string { return SubjectToken(machine) }
+
+// SubjectToken is s as one subject token: KeySafe, with its dots escaped
+// too.
+func SubjectToken(s string) string { return strings.ReplaceAll(KeySafe(s), ".", "_2e") }
 
 // RegistrarSubject is where meshd registers with the control plane.
 func (n Names) RegistrarSubject(command string) string {
