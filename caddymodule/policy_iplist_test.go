@@ -196,6 +196,44 @@ func TestIPListsAndTrustedProxies(t *testing.T) {
 	}
 }
 
+// A trusted proxy that appends to the X-Forwarded-For its client sent
+// (as most load balancers do) lets that client choose the left-most
+// entry, which Caddy reads by default; with trusted_proxies_strict Caddy
+// reads from the right, skipping trusted proxies, and the allow list
+// judges the address the proxy saw.
+func TestIPListWithStrictTrustedProxies(t *testing.T) {
+	f := newFixture(t)
+	trusted := map[string]any{"trusted_proxies": map[string]any{"source": "static", "ranges": []string{"127.0.0.2/32"}}}
+	loadWithServer(t, f, trusted)
+	in := forwardEcho(t)
+	f.waitSeq(f.deploy("ipl", map[string]storetest.Service{"web": {
+		Instances: []storetest.Instance{in},
+		Routes:    []store.Route{{Hosts: []string{"allow.example"}, Allow: []string{"198.51.100.0/24"}}},
+	}}))
+	proxy := fromAddr("127.0.0.2")
+	get := func() int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+f.gateway+"/", nil)
+		req.Host = "allow.example"
+		// The client said 198.51.100.1; the proxy saw 192.0.2.1.
+		req.Header.Set("X-Forwarded-For", "198.51.100.1, 192.0.2.1")
+		resp, err := proxy.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get(); code != 200 {
+		t.Fatalf("left-most entry (Caddy's default): %d, want 200", code)
+	}
+	trusted["trusted_proxies_strict"] = 1
+	loadWithServer(t, f, trusted)
+	if code := get(); code != 403 {
+		t.Fatalf("strict: the address the proxy saw is outside allow: %d, want 403", code)
+	}
+}
+
 func splitPort(t *testing.T, addr string) int {
 	_, p := splitHostPort(t, addr)
 	return p
