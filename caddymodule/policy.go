@@ -36,7 +36,7 @@ type routePolicy struct {
 	strip map[string]caddyhttp.MiddlewareHandler
 	// limit, when set, runs after strip, just before the proxy.
 	limit *requestbody.RequestBody
-	// redirect is set when pre begins with the HTTPS redirect.
+	// redirect is set when pre holds the HTTPS redirect.
 	redirect bool
 	timeouts *routeTimeouts
 	retries  *store.RouteRetries
@@ -76,6 +76,9 @@ func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
 			return pr.Provision(h.ctx)
 		}
 		return nil
+	}
+	if err := p.addIPFilter(rt, h); err != nil {
+		return nil, err
 	}
 	if rt.RedirectHTTPS {
 		p.redirect = true
@@ -137,15 +140,16 @@ func headerOps(o *store.HeaderOps) *headers.HeaderOps {
 // redirects reports whether p answers r with a redirect, which needs no
 // instance.
 func (p *routePolicy) redirects(r *http.Request) bool {
-	return p.err == nil && p.redirect && r.TLS == nil
+	return p.err == nil && p.redirect && !viaHTTPS(r)
 }
 
 // redirectHTTPS answers a plain-HTTP request with its static response
-// (the redirect); a TLS request goes on.
+// (the redirect); a request the client sent over HTTPS (to us, or to a
+// trusted proxy: viaHTTPS) goes on.
 type redirectHTTPS struct{ resp *caddyhttp.StaticResponse }
 
 func (rd redirectHTTPS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if r.TLS != nil {
+	if viaHTTPS(r) {
 		return next.ServeHTTP(w, r)
 	}
 	return rd.resp.ServeHTTP(w, r, next)
