@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -82,10 +83,12 @@ func (t *rateTable) runSharing(ctx context.Context, conn func() *store.Store, lo
 }
 
 // receive notes a gateway's counts (its own echo only says the store is
-// reachable).
+// reachable). The subject says which gateway counted: its credentials
+// publish on its own only, so a message naming another is dropped.
 func (t *rateTable) receive(m *nats.Msg) {
 	var rc store.RateCounts
-	if err := json.Unmarshal(m.Data, &rc); err != nil || rc.Gateway == "" {
+	if err := json.Unmarshal(m.Data, &rc); err != nil || rc.Gateway == "" ||
+		m.Subject[strings.LastIndexByte(m.Subject, '.')+1:] != store.SubjectToken(rc.Gateway) {
 		return
 	}
 	now := t.now().UnixNano()

@@ -72,7 +72,7 @@ func (f *rateFleet) share(from []int, to ...int) {
 				f.t.Fatal(err)
 			}
 			for _, j := range to {
-				f.tables[j].receive(&nats.Msg{Data: b})
+				f.tables[j].receive(&nats.Msg{Subject: f.st.Names.RateCountsSubject(f.tables[i].gateway), Data: b})
 			}
 		}
 	}
@@ -284,5 +284,19 @@ func TestRateLimitShareBounded(t *testing.T) {
 	// Told once: the next round is a heartbeat.
 	if msgs := f.tables[0].tick(f.now()); len(msgs) != 1 || len(msgs[0].Routes) != 0 {
 		t.Fatalf("unchanged keys told again: %+v", msgs)
+	}
+}
+
+// A message naming another gateway than its subject's is dropped: a
+// gateway's credentials publish on its own subject only.
+func TestRateLimitCountsNameTheirSubject(t *testing.T) {
+	f := newRateFleet(t, 2)
+	ls := f.limiters(store.RateLimit{Requests: 5, Window: store.Duration(time.Hour), Key: "route"})
+	b, _ := json.Marshal(store.RateCounts{Gateway: "gw2", Routes: []store.RateRouteCounts{{Route: ls[0].id,
+		Window: f.clock.Load() / int64(time.Hour), Keys: []uint64{0}, Counts: []int64{5}}}})
+	f.tables[0].receive(&nats.Msg{Subject: f.st.Names.RateCountsSubject("gw3"), Data: b})
+	f.share(f.all())
+	if got := allowN(ls[0], 0, 5); got != 5 {
+		t.Fatalf("a forged count was believed: allowed %d of 5", got)
 	}
 }
