@@ -27,12 +27,20 @@ import (
 // written to the store.
 //
 // Cut from the store (its connection down, or not even its own counts
-// heard back for ~2 windows) a gateway limits a key to the limit times
+// heard back for rateSilence) a gateway limits a key to the limit times
 // its share of the fleet's count in the last window it knew, or the
 // limit over the number of gateways it last knew; the others reserve a
 // silent gateway what it counted in its last full window, so that the
 // fleet stays about within the limit. A gateway that comes back counts
 // with the others again at once.
+
+// rateSilence is how long the store, or another gateway, may stay
+// silent before it is taken as cut off: four rounds of sharing, each of
+// which carries at least a heartbeat. Counted in rounds rather than
+// windows: a gateway cut for two windows of a minute would overshoot
+// the others' budget for two minutes. A false alarm only limits harder
+// for a moment.
+const rateSilence = 4 * rateShareInterval
 
 // rateShards spreads a route's keys over locks, so that requests of
 // different clients rarely wait on one another.
@@ -89,8 +97,8 @@ type rateLimiter struct {
 	kind   rateKeyKind
 	header string
 	// cutoff is how long the store may stay silent before this gateway
-	// limits with its share; forget how long a silent gateway's usual
-	// count stays reserved.
+	// limits with its share (rateSilence); forget how long a silent
+	// gateway's usual count stays reserved.
 	cutoff, forget time.Duration
 	shards         [rateShards]rateShard
 }
@@ -145,7 +153,7 @@ func (t *rateTable) limiter(svc *projection.Service, idx int, rl *store.RateLimi
 	l := t.routes[id]
 	if l == nil {
 		l = &rateLimiter{id: id, t: t, window: window, kind: kind, header: header,
-			cutoff: min(max(2*window, time.Second), 10*time.Second), forget: min(max(3*window, 30*time.Second), 5*time.Minute)}
+			cutoff: rateSilence, forget: min(max(3*window, 30*time.Second), 5*time.Minute)}
 		for i := range l.shards {
 			l.shards[i].keys = map[uint64]*rateKeyState{}
 		}

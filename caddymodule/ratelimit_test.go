@@ -215,7 +215,7 @@ func TestRateLimitCutOffKeepsItsShare(t *testing.T) {
 	// gw3 is cut from the store: it stops hearing anyone, even itself,
 	// and the others stop hearing it.
 	f.tables[2].conn.Store(nil)
-	f.advance(3 * time.Second) // past the cutoff (2 windows)
+	f.advance(3 * time.Second) // past rateSilence
 	f.share([]int{0, 1}, 0, 1)
 	if got := allowN(ls[2], 0, 100); got != limit/3 {
 		t.Fatalf("cut off, gw3 allowed %d, want its share %d", got, limit/3)
