@@ -62,6 +62,9 @@ type rateTable struct {
 	heard atomic.Int64
 	// conn is the connection the counts are shared on; nil before one.
 	conn atomic.Pointer[store.Store]
+	// down is set while conn is not connected, as the sharing loop last
+	// saw it: a request reads one atomic, not the connection's lock.
+	down atomic.Bool
 	// known is how many gateways (this one included) were heard while
 	// the store was reachable, for the share of a key never seen.
 	known atomic.Int64
@@ -70,6 +73,7 @@ type rateTable struct {
 func newRateTable(gateway string) *rateTable {
 	t := &rateTable{gateway: gateway, now: time.Now, routes: map[string]*rateLimiter{}, peers: map[string]*ratePeer{}}
 	t.known.Store(1)
+	t.down.Store(true)
 	return t
 }
 
@@ -166,8 +170,7 @@ func (t *rateTable) limiter(svc *projection.Service, idx int, rl *store.RateLimi
 // cut reports whether the store has been out of reach for longer than
 // cutoff at now.
 func (t *rateTable) cut(now int64, cutoff time.Duration) bool {
-	st := t.conn.Load()
-	return st == nil || !st.NC.IsConnected() || now-t.heard.Load() > int64(cutoff)
+	return t.down.Load() || now-t.heard.Load() > int64(cutoff)
 }
 
 // keyOf hashes what r is counted under.

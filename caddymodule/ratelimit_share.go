@@ -51,6 +51,7 @@ func (t *rateTable) runSharing(ctx context.Context, conn func() *store.Store, lo
 		if st == nil {
 			continue
 		}
+		t.down.Store(!st.NC.IsConnected())
 		if cur := t.conn.Load(); cur != st || sub == nil {
 			if sub != nil {
 				_ = sub.Unsubscribe()

@@ -34,6 +34,7 @@ func newRateFleet(t *testing.T, n int) *rateFleet {
 		rt := newRateTable(fmt.Sprintf("gw%d", i+1))
 		rt.now = func() time.Time { return time.Unix(0, f.clock.Load()) }
 		rt.conn.Store(f.st)
+		rt.down.Store(false)
 		f.tables = append(f.tables, rt)
 	}
 	return f
@@ -214,7 +215,7 @@ func TestRateLimitCutOffKeepsItsShare(t *testing.T) {
 	}
 	// gw3 is cut from the store: it stops hearing anyone, even itself,
 	// and the others stop hearing it.
-	f.tables[2].conn.Store(nil)
+	f.tables[2].down.Store(true)
 	f.advance(3 * time.Second) // past rateSilence
 	f.share([]int{0, 1}, 0, 1)
 	if got := allowN(ls[2], 0, 100); got != limit/3 {
@@ -228,7 +229,7 @@ func TestRateLimitCutOffKeepsItsShare(t *testing.T) {
 		t.Fatalf("gw1 and gw2 allowed %d beside the cut gw3, want about %d", got, limit*2/3)
 	}
 	// gw3 comes back: in the next window, it counts with the others again.
-	f.tables[2].conn.Store(f.st)
+	f.tables[2].down.Store(false)
 	f.advance(time.Second)
 	f.share(f.all())
 	if allowN(ls[0], 0, 50) != 50 {
@@ -247,7 +248,7 @@ func TestRateLimitCutOffWithoutShare(t *testing.T) {
 	ls := f.limiters(store.RateLimit{Requests: 100, Window: store.Duration(time.Second), Key: "ip"})
 	f.share(f.all())
 	f.tables[0].tick(f.now()) // counts the gateways heard
-	f.tables[0].conn.Store(nil)
+	f.tables[0].down.Store(true)
 	if got := allowN(ls[0], hashKey("198.51.100.7"), 100); got != 25 {
 		t.Fatalf("cut off with 4 gateways known: allowed %d, want 25", got)
 	}
