@@ -292,6 +292,10 @@ type sharedProjection struct {
 	// (layer4_conns.go), ports the gateway's layer-4 ports (layer4.go).
 	l4    *l4Registry
 	ports *l4Ports
+
+	// rates counts the rate-limited routes and shares the counts with
+	// the other gateways (ratelimit.go).
+	rates *rateTable
 }
 
 func newSharedProjection(a *App) (*sharedProjection, error) {
@@ -300,6 +304,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	logger := caddy.Log().Named("edgeplane.projection")
 	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable(), l4: newL4Registry()}
 	s.ports = newL4Ports(s, logger.Named("layer4"))
+	s.rates = newRateTable(a.GatewayName)
 	s.traffic.home = s.region
 	s.traffic.catchUp = s.l4.catchUp
 	cfg, name := a.Config, a.GatewayName
@@ -372,6 +377,11 @@ func (s *sharedProjection) start() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
 		drained, keyed, ramped, ported := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+		rated := make(chan struct{})
+		go func() {
+			defer close(rated)
+			s.rates.runSharing(ctx, s.latestStore, s.logger.Named("ratelimit"))
+		}()
 		go func() {
 			defer close(drained)
 			watchDrain(ctx)
@@ -392,6 +402,7 @@ func (s *sharedProjection) start() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
 			<-ported
+			<-rated
 			<-drained
 			<-keyed
 			<-ramped

@@ -56,6 +56,9 @@ func (h *Handler) policyOf(m projection.Match) *routePolicy {
 	}
 	return m.Service.Memo(policyMemo{m.Route}, func(s *projection.Service) any {
 		p, err := h.provisionPolicy(rt)
+		if err == nil {
+			err = h.provisionRateLimit(p, s, m.Route, rt)
+		}
 		if err != nil {
 			h.logger.Error("route policy unusable; its requests fail with 502",
 				zap.String("service", s.Key()), zap.Int("route", m.Route), zap.Error(err))

@@ -228,6 +228,7 @@ func Validate(m *store.Manifest) error {
 			}
 			validatePolicy(rp, r, add)
 			validateIPLists(rp, r, add)
+			validateRateLimit(rp, r, add)
 			for _, h := range r.Hosts {
 				for _, pre := range prefixes {
 					k := h + pre
