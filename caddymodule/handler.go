@@ -41,6 +41,8 @@ type Handler struct {
 	// proxyReady is set once the embedded proxy is provisioned; Cleanup
 	// after a failed Provision must not touch it.
 	proxyReady bool
+	// auths are the routes' authentication handlers (policy_auth.go).
+	auths *authHandlers
 }
 
 // CaddyModule returns the Caddy module information.
@@ -55,6 +57,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // dynamic upstream source.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx, h.logger = ctx, ctx.Logger()
+	h.auths = &authHandlers{}
 	if len(h.Upstreams) > 0 || h.DynamicUpstreamsRaw != nil {
 		return fmt.Errorf("provisioning edgeplane handler: upstreams come from the routing projection; remove upstreams and dynamic_upstreams")
 	}
@@ -80,6 +83,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // Cleanup releases the reverse proxy's resources.
 func (h *Handler) Cleanup() error {
+	h.auths.cleanup()
 	if !h.proxyReady {
 		return nil
 	}

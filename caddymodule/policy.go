@@ -55,7 +55,7 @@ func (h *Handler) policyOf(m projection.Match) *routePolicy {
 		return nil
 	}
 	return m.Service.Memo(policyMemo{m.Route}, func(s *projection.Service) any {
-		p, err := h.provisionPolicy(rt)
+		p, err := h.provisionPolicy(s.Namespace, rt)
 		if err == nil {
 			err = h.provisionRateLimit(p, s, m.Route, rt)
 		}
@@ -68,8 +68,9 @@ func (h *Handler) policyOf(m projection.Match) *routePolicy {
 	}).(*routePolicy)
 }
 
-// provisionPolicy builds the handlers of rt's policy.
-func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
+// provisionPolicy builds the handlers of rt's policy (a route of
+// namespace ns).
+func (h *Handler) provisionPolicy(ns string, rt *store.Route) (*routePolicy, error) {
 	p := &routePolicy{retries: rt.Retries}
 	if t := rt.Timeouts; t != nil && (t.Connect > 0 || t.ResponseHeader > 0) {
 		p.timeouts = &routeTimeouts{connect: time.Duration(t.Connect), header: time.Duration(t.ResponseHeader)}
@@ -89,6 +90,9 @@ func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
 			StatusCode: caddyhttp.WeakString("308"),
 			Headers:    http.Header{"Location": {"https://{http.request.hostport}{http.request.uri}"}},
 		}})
+	}
+	if err := h.provisionAuth(ns, rt, p); err != nil {
+		return nil, err
 	}
 	if rt.RequestHeaders != nil || rt.ResponseHeaders != nil {
 		hh := &headers.Handler{}

@@ -132,6 +132,7 @@ var commands = []command{
 		client: certifies, setup: setupCredsIssue},
 	{name: "creds ls", synopsis: "[--machine M] [--role R]", summary: "the keys issued to boxes: role, machine, how, issued, expiry, revoked",
 		client: reads, setup: setupCredsList},
+	{name: "hash-password", synopsis: "[--algorithm bcrypt|argon2id]", summary: "print a password's hash for a route's basic_auth (the password from stdin, or prompted without echo)", setup: setupHashPassword},
 	{name: "version", summary: "this binary's version, architecture and Go version",
 		setup: setupVersion},
 	{name: "creds revoke", synopsis: "--user-creds FILE | --user UKEY", summary: "refuse a user's credentials on every storage node from now on",

@@ -218,3 +218,8 @@ func setupInstanceCommand(command string) func(*flag.FlagSet) func(*call) error 
 		}
 	}
 }
+
+func setupHashPassword(fs *flag.FlagSet) func(*call) error {
+	alg := fs.String("algorithm", "bcrypt", "bcrypt (cost 14) or argon2id (t=1, m=46 MiB, p=1), as Caddy hashes by default")
+	return func(c *call) error { return manifest.HashPasswordCommand(*alg, c.stdout, c.stderr) }
+}
