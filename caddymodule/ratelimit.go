@@ -324,9 +324,14 @@ func (h *Handler) provisionRateLimit(p *routePolicy, svc *projection.Service, id
 	if err != nil {
 		return err
 	}
+	// After the address filter and the HTTPS redirect, before
+	// authentication: a client over its limit costs no password check.
 	at := 0
-	if p.redirect {
-		at = 1
+	for i, m := range p.pre {
+		switch m.(type) {
+		case *ipFilter, redirectHTTPS:
+			at = i + 1
+		}
 	}
 	p.pre = append(p.pre[:at:at], append([]caddyhttp.MiddlewareHandler{rateLimitHandler{l}}, p.pre[at:]...)...)
 	return nil
