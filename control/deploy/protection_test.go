@@ -39,7 +39,7 @@ func TestProtectionRefusedWhileAGatewayIsTooOld(t *testing.T) {
 			{Hosts: []string{"open.example"}},
 			{Hosts: []string{"web.example"}, BasicAuth: &store.BasicAuth{Users: []store.BasicAuthUser{{Username: "a", Hash: hash}}},
 				ForwardAuth: &store.ForwardAuth{Service: "auth"}},
-			{Hosts: []string{"admin.example"}, Allow: []string{"10.0.0.0/8"}, RateLimit: &store.RateLimit{Requests: 10}},
+			{Hosts: []string{"admin.example"}, Allow: []string{"10.0.0.0/8"}, RateLimit: &store.RateLimit{Requests: 10, Window: store.Duration(time.Minute)}},
 		}},
 	}}
 	d := New(s, Options{})
