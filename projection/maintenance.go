@@ -14,7 +14,9 @@ import (
 // namespace's does. So `maintenance off NS SVC` while NS is on takes the
 // one service out, and a namespace's off does not end a service's own on.
 
-func maintenanceKey(namespace, service string) string { return namespace + "/" + service }
+// maintenanceKey is a record's key: a struct, so that a request's lookup
+// builds no string.
+type maintenanceKey struct{ namespace, service string }
 
 // Maintenance returns the record that puts namespace's service under
 // maintenance, if one does: the service's own record, else its
@@ -23,9 +25,9 @@ func (v *View) Maintenance(namespace, service string) (store.MaintenanceRecord, 
 	if len(v.maintenance) == 0 {
 		return store.MaintenanceRecord{}, false
 	}
-	r, ok := v.maintenance[maintenanceKey(namespace, service)]
+	r, ok := v.maintenance[maintenanceKey{namespace, service}]
 	if !ok {
-		r, ok = v.maintenance[maintenanceKey(namespace, "")]
+		r, ok = v.maintenance[maintenanceKey{namespace, ""}]
 	}
 	return r, ok && r.On
 }
@@ -42,13 +44,13 @@ func (v *View) MaintenanceRecords() []store.MaintenanceRecord {
 // Records are few: the map is copied on every change, never changed in
 // place once in a view.
 func (b *builder) upsertMaintenance(r store.MaintenanceRecord) {
-	key := maintenanceKey(r.Namespace, r.Service)
+	key := maintenanceKey{r.Namespace, r.Service}
 	if old, ok := b.v.maintenance[key]; ok && old == r {
 		return
 	}
 	b.v.maintenance = maps.Clone(b.v.maintenance)
 	if b.v.maintenance == nil {
-		b.v.maintenance = map[string]store.MaintenanceRecord{}
+		b.v.maintenance = map[maintenanceKey]store.MaintenanceRecord{}
 	}
 	b.v.maintenance[key] = r
 	b.changed = true

@@ -78,3 +78,16 @@ func TestViewMaintenance(t *testing.T) {
 		t.Error("a namespace's off ended a service's own maintenance")
 	}
 }
+
+// A request's maintenance lookup allocates nothing, with records set or
+// not.
+func TestMaintenanceLookupAllocatesNothing(t *testing.T) {
+	b := newBuilder(emptyView(false))
+	if err := b.apply(maintenanceEvent("shop", "api", true, "")); err != nil {
+		t.Fatal(err)
+	}
+	v := b.finish(1, false)
+	if n := testing.AllocsPerRun(100, func() { v.Maintenance("blog", "web") }); n != 0 {
+		t.Fatalf("%v allocations per lookup", n)
+	}
+}

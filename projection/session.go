@@ -273,7 +273,7 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 			continue
 		}
 		if ns, svc, ok := st.Names.RoutingMaintenanceOf(r.Subject); ok {
-			if mr, ok := old.maintenance[maintenanceKey(ns, svc)]; ok {
+			if mr, ok := old.maintenance[maintenanceKey{ns, svc}]; ok {
 				b.upsertMaintenance(mr)
 			}
 			continue

@@ -133,7 +133,7 @@ type View struct {
 	machineRegions map[string]int
 	// maintenance are the maintenance records by maintenanceKey, on or
 	// off; replaced, never changed, once in a view.
-	maintenance map[string]store.MaintenanceRecord
+	maintenance map[maintenanceKey]store.MaintenanceRecord
 
 	numServices, numEndpoints, numMachines int
 	// numSetAside counts the endpoints of signed upserts that no
