@@ -105,6 +105,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return plainError(w, http.StatusNotFound, "no route for this host\n")
 	}
+	if rec, on := v.Maintenance(svc.Namespace, svc.Name); on {
+		return serveMaintenance(w, r, rec, m.RouteOf())
+	}
+	if pages := m.RouteOf().ErrorPages; len(pages) > 0 {
+		return h.serveErrorPages(w, r, next, v, m, pages)
+	}
+	return h.serveRoute(w, r, next, v, m)
+}
+
+// serveRoute serves r, which matched m in v: the service's policy, then
+// its instances.
+func (h *Handler) serveRoute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, v *projection.View, m projection.Match) error {
+	svc := m.Service
 	p := h.policyOf(m)
 	if len(svc.Endpoints) == 0 && (p == nil || !p.redirects(r)) {
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")

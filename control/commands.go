@@ -38,6 +38,10 @@ var commands = []command{
 	{name: "region enable", synopsis: "R [--wait 5s]", summary: "put a drained or disabled region back into routing and placement",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupRegionState(store.RegionActive)},
 
+	{name: "maintenance ls", aliases: []string{"maintenance list"}, summary: "namespaces and services under maintenance (and taken out): message, Retry-After, who set it and when", client: reads, setup: setupMaintenance("ls")},
+	{name: "maintenance on", synopsis: "NS [SERVICE] [--message TEXT] [--retry-after 1m] [--wait 5s]", summary: "every gateway answers a namespace's (or one service's) routes 503 with a maintenance page; instances untouched", client: writes, minArgs: 1, maxArgs: 2, setup: setupMaintenance("on")},
+	{name: "maintenance off", synopsis: "NS [SERVICE] [--wait 5s]", summary: "serve a namespace (or one service) from its instances again", client: writes, minArgs: 1, maxArgs: 2, setup: setupMaintenance("off")},
+
 	{name: "mesh rotate", synopsis: "[--machine ID]", summary: "give meshd nodes new WireGuard keys; peers accept the old key for an overlap, so no tunnel drops",
 		client: writes, setup: setupMeshRotate},
 

@@ -350,6 +350,18 @@ func attackForgedRouting(t *testing.T, f *attackFixture) {
 			return err
 		})
 	}
+	// Maintenance would take a namespace off the air at every gateway:
+	// neither an agent's nor a gateway's credentials may publish it.
+	maint, _ := json.Marshal(store.RoutingEvent{Version: 1, Kind: store.EventMaintenanceUpsert,
+		Maintenance: &store.MaintenanceRecord{Namespace: "shop", On: true}})
+	for _, creds := range []string{f.agentCreds, f.gwCreds} {
+		x := f.as(t, creds)
+		subj := n.RoutingMaintenanceSubject("shop", "")
+		x.try(t, "publishing maintenance on "+subj+" with "+filepath.Base(creds), func(ctx context.Context) error {
+			_, err := x.st.JS.Publish(ctx, subj, maint)
+			return err
+		})
+	}
 	if h := routingHead(t, f.c); h != head {
 		t.Fatalf("the agent's routing events landed: head %d, was %d", h, head)
 	}

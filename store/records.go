@@ -563,7 +563,9 @@ type RoutingEvent struct {
 	Layer4
 	Machine *MachineRecord `json:"machine,omitempty"`
 	Region  *RegionRecord  `json:"region,omitempty"`
-	At      time.Time      `json:"at"`
+	// Maintenance is a maintenance.upsert's record (edge.go).
+	Maintenance *MaintenanceRecord `json:"maintenance,omitempty"`
+	At          time.Time          `json:"at"`
 	// Seq is the stream sequence, filled in when read; not stored.
 	Seq uint64 `json:"-"`
 }
@@ -583,6 +585,11 @@ func (r *RoutingEvent) Identity() string {
 			return "region/" + r.Region.Name
 		}
 		return "region/"
+	case EventMaintenanceUpsert:
+		if r.Maintenance != nil {
+			return "maintenance/" + r.Maintenance.Namespace + "/" + r.Maintenance.Service
+		}
+		return "maintenance/"
 	default:
 		return "service/" + r.Namespace + "/" + r.Service
 	}

@@ -246,6 +246,9 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 	if err := gatewaysServeProtection(ctx, d.s, m); err != nil {
 		return nil, err
 	}
+	if err := gatewaysServeErrorPages(ctx, d.s, m); err != nil {
+		return nil, err
+	}
 	st, err := d.load(ctx, m.Namespace)
 	if err != nil {
 		return nil, err

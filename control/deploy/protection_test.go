@@ -58,7 +58,7 @@ func TestProtectionRefusedWhileAGatewayIsTooOld(t *testing.T) {
 		t.Fatalf("a refused apply committed %v (%v)", c, err)
 	}
 	if _, err := d.Preview(ctx, &store.Manifest{Namespace: "shop", Services: map[string]store.ServiceSpec{
-		"web": {Command: []string{"web"}, Routes: []store.Route{{Hosts: []string{"open.example"}, ErrorPages: map[int]store.ErrorPage{502: {Body: "x"}}}}}}}); err != nil {
+		"web": {Command: []string{"web"}, Routes: []store.Route{{Hosts: []string{"open.example"}, RedirectHTTPS: true}}}}}); err != nil {
 		t.Fatalf("no protected route, old gateway: %v", err)
 	}
 	if err := s.PutGatewayObservation(ctx, &store.GatewayObservation{Gateway: "gw-old", At: time.Now().UTC()}); err != nil {

@@ -231,6 +231,7 @@ func Validate(m *store.Manifest) error {
 			validateIPLists(rp, r, add)
 			validateRateLimit(rp, r, add)
 			validateAuth(rp, r, m.Services, add)
+			validateErrorPages(rp, r, add)
 			for _, h := range r.Hosts {
 				for _, pre := range prefixes {
 					k := h + pre
