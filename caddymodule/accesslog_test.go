@@ -3,12 +3,14 @@ package caddymodule
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +19,10 @@ import (
 
 	_ "github.com/caddyserver/caddy/v2/modules/logging"
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
+	"github.com/edgeplane/edgeplane/projection"
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -37,7 +42,7 @@ func echoIDsBackend(t *testing.T, id string) storetest.Instance {
 // loadWithAccessFile loads f with the "edgeplane.access" logger written
 // to a file of its own, as an operator's logging config would; it
 // returns the file's path.
-func loadWithAccessFile(t *testing.T, f *fixture) string {
+func loadWithAccessFile(t testing.TB, f *fixture) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "access.log")
 	var cfg map[string]any
@@ -341,5 +346,65 @@ func TestTraceparentAndRequestIDRules(t *testing.T) {
 		if got := saneRequestID(id); got != want {
 			t.Errorf("saneRequestID(%q) = %v, want %v", id, got, want)
 		}
+	}
+}
+
+// BenchmarkAccessLog compares, through one gateway to the same backends,
+// a route writing access lines (to a file through Caddy's logging, as an
+// operator would route "edgeplane.access", and published at the default
+// rate) against a route with access_log off, in alternating rounds of
+// identical load, and reports the req/s ratio (goal >= 0.97). Both set
+// request IDs. Run with -benchtime=1x.
+func BenchmarkAccessLog(b *testing.B) {
+	f := newFixture(b)
+	b1, b2 := newBackend(b, "b1"), newBackend(b, "b2")
+	loadWithAccessFile(b, f)
+	f.waitSeq(f.deploy("bench", map[string]storetest.Service{"web": {
+		Instances: []storetest.Instance{b1.instance(), b2.instance()},
+		Routes: []store.Route{
+			{Hosts: []string{"bench.test"}, PathPrefixes: []string{"/off"}, AccessLog: &store.AccessLogPolicy{Off: true}},
+			{Hosts: []string{"bench.test"}, PathPrefixes: []string{"/on"}},
+		},
+	}}))
+	const workers, rounds = 16, 6
+	round := 2 * time.Second
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, MaxIdleConns: 4 * workers}}
+	defer client.CloseIdleConnections()
+	off, on := "http://"+f.gateway+"/off", "http://"+f.gateway+"/on?x=1"
+	loadRun(b, client, off, "bench.test", workers, 300*time.Millisecond)
+	loadRun(b, client, on, "bench.test", workers, 300*time.Millisecond)
+	b.ResetTimer()
+	var ratios []float64
+	var offRPS, onRPS float64
+	for i := 0; i < rounds; i++ {
+		var or, nr float64
+		alternate(i, func() { or, _, _, _ = loadRun(b, client, off, "bench.test", workers, round) },
+			func() { nr, _, _, _ = loadRun(b, client, on, "bench.test", workers, round) })
+		offRPS, onRPS = offRPS+or, onRPS+nr
+		ratios = append(ratios, nr/or)
+	}
+	sort.Float64s(ratios)
+	b.ReportMetric(offRPS/rounds, "off-req/s")
+	b.ReportMetric(onRPS/rounds, "on-req/s")
+	b.ReportMetric((ratios[(rounds-1)/2]+ratios[rounds/2])/2, "rps-ratio(on/off)")
+}
+
+// BenchmarkAccessLineWrite is the cost one request's access line adds:
+// request IDs made, the line built and JSON-encoded by zap (to a
+// discarding writer), the sampler asked; nothing published (rate 0).
+func BenchmarkAccessLineWrite(b *testing.B) {
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel)
+	l := &accessLog{logger: zap.New(core).Named("edgeplane.access"), gateway: "gw-1", conn: func() *store.Store { return nil }}
+	svc := &projection.Service{Namespace: "shop", Name: "web", Endpoints: []store.Endpoint{{InstanceID: "web-1", Address: "10.0.0.1", Port: 8080}}}
+	c := &serviceCounters{namespace: "shop", service: "web"}
+	r := httptest.NewRequest("GET", "http://shop.example/a/b?x=1", nil)
+	w := httptest.NewRecorder()
+	b.ReportAllocs()
+	for b.Loop() {
+		delete(r.Header, headerRequestID)
+		delete(r.Header, headerTraceparent)
+		id := setRequestIDs(w, r)
+		q := accessRequest{log: l, svc: svc, id: id}
+		q.write(c, r, 200, 0, 512, time.Millisecond)
 	}
 }
