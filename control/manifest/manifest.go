@@ -227,6 +227,7 @@ func Validate(m *store.Manifest) error {
 				prefixes = []string{"/"}
 			}
 			validatePolicy(rp, r, add)
+			validateAccessLog(rp, r, add)
 			for _, h := range r.Hosts {
 				for _, pre := range prefixes {
 					k := h + pre
