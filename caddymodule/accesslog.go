@@ -74,6 +74,9 @@ type accessRequest struct {
 	route  int
 	policy *store.AccessLogPolicy
 	id     string
+	// path and query are the request's as the client sent them, before
+	// the route's policy rewrites them (strip_prefix).
+	path, query string
 }
 
 // accessRequestOf is r's access request for m's route, with its request
@@ -86,7 +89,7 @@ func (a *App) accessRequestOf(w http.ResponseWriter, r *http.Request, m projecti
 	if a.access == nil || (rt.AccessLog != nil && rt.AccessLog.Off) {
 		return accessRequest{}
 	}
-	return accessRequest{log: a.access, svc: m.Service, route: m.Route, policy: rt.AccessLog, id: id}
+	return accessRequest{log: a.access, svc: m.Service, route: m.Route, policy: rt.AccessLog, id: id, path: r.URL.Path, query: r.URL.RawQuery}
 }
 
 // setRequestIDs gives r a sane X-Request-ID and a valid traceparent,
@@ -191,12 +194,12 @@ func validTraceparent(tp string) bool {
 func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, in, out int64, took time.Duration) {
 	l := q.log
 	line := store.AccessLine{Gateway: l.gateway, Namespace: c.namespace, Service: c.service, Instance: proxiedInstance(r, q.svc),
-		Route: q.route, Method: r.Method, Host: r.Host, Path: r.URL.Path, Status: status, BytesIn: in, BytesOut: out,
+		Route: q.route, Method: r.Method, Host: r.Host, Path: q.path, Status: status, BytesIn: in, BytesOut: out,
 		Duration: took.Seconds(), RequestID: q.id}
 	line.ClientIP, _ = caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string)
 	if p := q.policy; p != nil {
 		if p.Query {
-			line.Query = r.URL.RawQuery
+			line.Query = q.query
 		}
 		for _, h := range p.Headers {
 			if v := r.Header.Get(h); v != "" {
