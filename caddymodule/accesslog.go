@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -104,7 +105,9 @@ func setRequestIDs(w http.ResponseWriter, r *http.Request) string {
 	if !validTraceparent(headerValue(r.Header, headerTraceparent)) {
 		r.Header[headerTraceparent] = []string{newTraceparent()}
 	}
-	w.Header()[headerRequestID] = []string{id}
+	// One value slice for both: a header's values are replaced, never
+	// changed in place, and a one-element slice grows into a new one.
+	w.Header()[headerRequestID] = r.Header[headerRequestID]
 	return id
 }
 
@@ -211,19 +214,7 @@ func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, i
 		}
 	}
 	if ce := l.logger.Check(zapcore.InfoLevel, "handled request"); ce != nil {
-		var buf [17]zap.Field
-		fs := append(buf[:0], zap.String("gateway", line.Gateway), zap.String("ns", line.Namespace), zap.String("svc", line.Service),
-			zap.String("instance", line.Instance), zap.Int("route", line.Route), zap.String("method", line.Method),
-			zap.String("host", line.Host), zap.String("path", line.Path))
-		if line.Query != "" {
-			fs = append(fs, zap.String("query", line.Query))
-		}
-		fs = append(fs, zap.Int("status", line.Status), zap.Int64("bytes_in", line.BytesIn), zap.Int64("bytes_out", line.BytesOut),
-			zap.Float64("duration_s", line.Duration), zap.String("client_ip", line.ClientIP), zap.String("request_id", line.RequestID))
-		if line.Headers != nil {
-			fs = append(fs, zap.Any("headers", line.Headers))
-		}
-		ce.Write(fs...)
+		writeLine(ce, &line)
 	}
 	if l.rate <= 0 {
 		return
@@ -232,10 +223,38 @@ func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, i
 	if !ok {
 		return
 	}
-	st := l.conn()
-	if st == nil {
-		return
+	if st := l.conn(); st != nil {
+		publishLine(st, line, share)
 	}
+}
+
+// fieldsPool holds the fields of a line being written: zap's Write keeps
+// no reference to them, and a fresh slice would be the largest
+// allocation of a request's line.
+var fieldsPool = sync.Pool{New: func() any { return new([17]zap.Field) }}
+
+// writeLine writes line through ce.
+func writeLine(ce *zapcore.CheckedEntry, line *store.AccessLine) {
+	buf := fieldsPool.Get().(*[17]zap.Field)
+	fs := append(buf[:0], zap.String("gateway", line.Gateway), zap.String("ns", line.Namespace), zap.String("svc", line.Service),
+		zap.String("instance", line.Instance), zap.Int("route", line.Route), zap.String("method", line.Method),
+		zap.String("host", line.Host), zap.String("path", line.Path))
+	if line.Query != "" {
+		fs = append(fs, zap.String("query", line.Query))
+	}
+	fs = append(fs, zap.Int("status", line.Status), zap.Int64("bytes_in", line.BytesIn), zap.Int64("bytes_out", line.BytesOut),
+		zap.Float64("duration_s", line.Duration), zap.String("client_ip", line.ClientIP), zap.String("request_id", line.RequestID))
+	if line.Headers != nil {
+		fs = append(fs, zap.Any("headers", line.Headers))
+	}
+	ce.Write(fs...)
+	clear(buf[:])
+	fieldsPool.Put(buf)
+}
+
+// publishLine publishes line (a copy: only a published line is
+// allocated) with its time and share.
+func publishLine(st *store.Store, line store.AccessLine, share float64) {
 	line.At, line.Sample = time.Now().UTC(), share
 	b, err := json.Marshal(&line)
 	if err != nil {
@@ -243,7 +262,7 @@ func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, i
 	}
 	// Core NATS, buffered: never waits for the store, and a line lost
 	// while it is away is a line lost.
-	_ = st.NC.Publish(st.Names.AccessSubject(line.Namespace, line.Service, l.gateway), b)
+	_ = st.NC.Publish(st.Names.AccessSubject(line.Namespace, line.Service, line.Gateway), b)
 }
 
 // proxiedInstance is the ID of svc's instance the proxy last sent r to,
