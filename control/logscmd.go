@@ -10,7 +10,7 @@ import (
 )
 
 func setupLogs(fs *flag.FlagSet) func(*call) error {
-	instance := fs.String("instance", "", "only this instance")
+	instance := fs.String("instance", "", "only this instance (with --access, the lines it answered)")
 	follow := fs.Bool("f", false, "keep printing output as it comes (until Ctrl-C), also of instances that start later")
 	since := fs.Duration("since", 0, "output of the last DURATION (to about a second; default: the last 32 KiB of each instance; with --access, the last 5m, at most the 1h kept)")
 	access := fs.Bool("access", false, "the service's access lines from every gateway instead (sampled under load: the share is shown when less than all; -o json prints them as published)")
@@ -19,17 +19,7 @@ func setupLogs(fs *flag.FlagSet) func(*call) error {
 		if !ok || !store.ValidToken(ns) || !store.ValidToken(svc) {
 			return usagef("want NAMESPACE/SERVICE, got %q", c.args[0])
 		}
-		if *access {
-			if *instance != "" {
-				return usagef("--access reads every gateway's lines of the service: --instance does not apply")
-			}
-			o := logs.AccessOptions{Namespace: ns, Service: svc, Follow: *follow, JSON: c.out.json}
-			if *since > 0 {
-				o.Since = time.Now().Add(-*since)
-			}
-			return c.withStore(func(s *store.Store) error { return logs.TailAccess(c.ctx, s, c.stdout, o) })
-		}
-		o := logs.Options{Namespace: ns, Service: svc, Instance: *instance, Follow: *follow}
+		o := logs.Options{Namespace: ns, Service: svc, Instance: *instance, Follow: *follow, Access: *access, JSON: c.out.json}
 		if *since > 0 {
 			o.Since = time.Now().Add(-*since)
 		}

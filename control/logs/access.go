@@ -14,27 +14,14 @@ import (
 
 // Access lines: what every gateway publishes of a service's requests
 // (store.AccessLine, sampled under load), kept for an hour by the store's
-// access-log stream. TailAccess reads them from that stream, so a follow
+// access-log stream. Tail with Access reads them from that stream, so a follow
 // sees the lines of every gateway, live, without asking any of them.
 
-// DefaultAccessSince is how far back TailAccess starts without Since.
+// DefaultAccessSince is how far back access lines start without Since.
 const DefaultAccessSince = 5 * time.Minute
 
-// AccessOptions say whose access lines TailAccess prints.
-type AccessOptions struct {
-	Namespace, Service string
-	// Since starts the lines at that time (the stream keeps an hour);
-	// zero is DefaultAccessSince ago.
-	Since time.Time
-	// Follow keeps printing lines as gateways publish them, until ctx
-	// ends.
-	Follow bool
-	// JSON prints each line as published (one JSON object a line).
-	JSON bool
-}
-
-// TailAccess writes o's access lines to w, oldest first.
-func TailAccess(ctx context.Context, s *store.Store, w io.Writer, o AccessOptions) error {
+// tailAccess writes o's access lines to w, oldest first.
+func tailAccess(ctx context.Context, s *store.Store, w io.Writer, o Options) error {
 	since := o.Since
 	if since.IsZero() {
 		since = time.Now().Add(-DefaultAccessSince)
@@ -62,18 +49,19 @@ func TailAccess(ctx context.Context, s *store.Store, w io.Writer, o AccessOption
 		case err != nil:
 			return fmt.Errorf("reading the access lines of %s/%s: %w", o.Namespace, o.Service, store.Classify(err))
 		}
-		if err := printAccess(w, msg.Data(), o.JSON); err != nil {
+		if err := printAccess(w, msg.Data(), o.Instance, o.JSON); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// printAccess writes one published line: as it came, or as text.
-func printAccess(w io.Writer, data []byte, raw bool) error {
+// printAccess writes one published line (of instance, when set): as it
+// came, or as text.
+func printAccess(w io.Writer, data []byte, instance string, raw bool) error {
 	var l store.AccessLine
-	if err := json.Unmarshal(data, &l); err != nil {
-		return nil // not a line this version reads: skip it
+	if err := json.Unmarshal(data, &l); err != nil || (instance != "" && l.Instance != instance) {
+		return nil // not a line this version reads, or not the instance's
 	}
 	if raw {
 		_, err := fmt.Fprintf(w, "%s\n", data)

@@ -68,7 +68,7 @@ func TestTailAccessReadsEveryGateway(t *testing.T) {
 	})
 
 	var out bytes.Buffer
-	if err := TailAccess(ctx, s, &out, AccessOptions{Namespace: "shop", Service: "web", Since: time.Now().Add(-time.Minute)}); err != nil {
+	if err := Tail(ctx, s, &out, Options{Access: true, Namespace: "shop", Service: "web", Since: time.Now().Add(-time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	want := "2026-11-27T23:00:00.000Z gw1 200 GET shop.example/cart 12.3ms rid=r1 instance=web-1\n" +
@@ -77,18 +77,23 @@ func TestTailAccessReadsEveryGateway(t *testing.T) {
 		t.Fatalf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
 	out.Reset()
-	if err := TailAccess(ctx, s, &out, AccessOptions{Namespace: "shop", Service: "web", JSON: true}); err != nil {
+	if err := Tail(ctx, s, &out, Options{Access: true, Namespace: "shop", Service: "web", JSON: true}); err != nil {
 		t.Fatal(err)
 	}
 	if ls := strings.Split(strings.TrimSpace(out.String()), "\n"); len(ls) != 2 || !strings.Contains(ls[1], `"request_id":"r2"`) || !strings.Contains(ls[1], `"sample":0.25`) {
 		t.Fatalf("-o json: %q", out.String())
 	}
 
+	out.Reset()
+	if err := Tail(ctx, s, &out, Options{Access: true, Namespace: "shop", Service: "web", Instance: "web-2"}); err != nil || out.Len() != 0 {
+		t.Fatalf("another instance's lines: %q %v", out.String(), err)
+	}
+
 	fctx, stop := context.WithCancel(ctx)
 	var follow syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- TailAccess(fctx, s, &follow, AccessOptions{Namespace: "shop", Service: "web", Follow: true})
+		done <- Tail(fctx, s, &follow, Options{Access: true, Namespace: "shop", Service: "web", Follow: true})
 	}()
 	storetest.Eventually(t, 5*time.Second, "the follow to print the kept lines", func() bool { return strings.Count(follow.String(), "\n") == 2 })
 	publish(line("gw3", "web", "r4", 1))
