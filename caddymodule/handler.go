@@ -145,7 +145,7 @@ func (h *Handler) serveRoute(w http.ResponseWriter, r *http.Request, next caddyh
 	if p != nil {
 		proxy = p.newPolicyRun(m.Prefix, proxy)
 	}
-	return counters.serve(w, r, proxy, next, counted)
+	return counters.serve(w, r, proxy, next, counted, h.app.accessRequestOf(w, r, m))
 }
 
 func plainError(w http.ResponseWriter, code int, body string) error {

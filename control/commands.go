@@ -83,7 +83,7 @@ var commands = []command{
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdRestart)},
 	{name: "instance stop", synopsis: "ID", summary: "stop an instance (it stays stopped: out of the routing until the next apply replaces it)",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdStop)},
-	{name: "logs", synopsis: "NS/SERVICE [--instance ID] [-f] [--since 10m]", summary: "an instance's output, read from the machines that run it",
+	{name: "logs", synopsis: "NS/SERVICE [--instance ID | --access] [-f] [--since 10m]", summary: "an instance's output, read from the machines that run it; with --access, the gateways' access lines",
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupLogs},
 	{name: "certs", summary: "certificates: issuer, expiry, last renewal attempt and error",
 		client: reads, setup: setupCerts},

@@ -71,6 +71,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"19_dashboard_dns_rebinding", attackDashboardRebinding},
 		{"20_plaintext_credentials", attackPlaintextCredentials},
 		{"21_snapshots_and_restores", attackBackups},
+		{"22_access_lines_bound", attackAccessLines},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)

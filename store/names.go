@@ -54,6 +54,13 @@ func (n Names) RoutingEventsStream() string { return "routing_events_" + n.Autho
 // CertRenewalsStream holds scheduled certificate renewal work items.
 func (n Names) CertRenewalsStream() string { return "cp_cert_renewals_" + n.Authority }
 
+// AccessLogsStream holds the last hour of the access lines gateways
+// publish, for `control logs --access --since`.
+func (n Names) AccessLogsStream() string { return "access_logs_" + n.Authority }
+
+// AccessLogsWildcard matches every access line of the authority.
+func (n Names) AccessLogsWildcard() string { return n.subjectPrefix() + ".access.>" }
+
 // KV buckets.
 
 func (n Names) DeployStatusBucket() string   { return "cp_deploy_status_" + n.Authority }

@@ -232,6 +232,7 @@ func Validate(m *store.Manifest) error {
 			validateRateLimit(rp, r, add)
 			validateAuth(rp, r, m.Services, add)
 			validateErrorPages(rp, r, add)
+			validateAccessLog(rp, r, add)
 			for _, h := range r.Hosts {
 				for _, pre := range prefixes {
 					k := h + pre
