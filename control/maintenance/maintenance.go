@@ -22,8 +22,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"os/user"
 	"slices"
 	"strings"
 	"time"
@@ -172,7 +170,7 @@ func Set(ctx context.Context, s *store.Store, req Request) (*Change, error) {
 	if err := gatewaysReadMaintenance(ctx, s); err != nil {
 		return nil, err
 	}
-	rec.By, rec.At = operator(), time.Now().UTC()
+	rec.By, rec.At = store.Operator(), time.Now().UTC()
 	if ch.Seq, err = s.SetMaintenance(ctx, rec); err != nil {
 		return nil, err
 	}
@@ -201,22 +199,5 @@ func unchanged(records []store.MaintenanceRecord, rec store.MaintenanceRecord, e
 // protection: it would refuse the event as one it cannot read, and keep
 // proxying to the instances.
 func gatewaysReadMaintenance(ctx context.Context, s *store.Store) error {
-	old, err := routing.GatewaysBelow(ctx, s, store.GenerationEdge)
-	if err != nil || len(old) == 0 {
-		return err
-	}
-	return store.Errorf(store.CodeVersionSkew, "gateways %s cannot serve maintenance (release %s or later can): upgrade them first (control fleet upgrade)",
-		strings.Join(old, ", "), store.FirstReleaseOf(store.GenerationEdge)).With("gateways", strings.Join(old, ","))
-}
-
-// operator names who runs this CLI, for the record's By: user@host.
-func operator() string {
-	name := os.Getenv("USER")
-	if u, err := user.Current(); err == nil {
-		name = u.Username
-	}
-	if host, err := os.Hostname(); err == nil {
-		return name + "@" + host
-	}
-	return name
+	return routing.RefuseGatewaysBelow(ctx, s, store.GenerationEdge, "serve maintenance")
 }
