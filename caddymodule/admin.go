@@ -68,6 +68,9 @@ type RouteInfo struct {
 	// Layer4 lists the gateway ports and passthrough hosts that reach the
 	// service, with the connections open to each instance.
 	Layer4 []L4EntryInfo `json:"layer4,omitempty"`
+	// Maintenance, when set, is the record that puts the service under
+	// maintenance: the gateway answers its routes 503 itself.
+	Maintenance *store.MaintenanceRecord `json:"maintenance,omitempty"`
 }
 
 // ServingInfo is the tier of a service's endpoints the gateway serves
@@ -135,6 +138,9 @@ func routeInfo(app *App, v *projection.View, s *projection.Service) RouteInfo {
 		}
 	}
 	ri.FailOpen = len(eps) > 0 && len(ri.SetAside) == len(eps)
+	if rec, on := v.Maintenance(s.Namespace, s.Name); on {
+		ri.Maintenance = &rec
+	}
 	if ramping := app.shared.slow.rampingNow(); ramping != nil {
 		for _, e := range eps {
 			if f, ok := ramping[net.JoinHostPort(e.Address, strconv.Itoa(e.Port))]; ok {

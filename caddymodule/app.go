@@ -81,6 +81,15 @@ type App struct {
 	// DisableLayer4 keeps every layer-4 port closed (TLS passthrough on
 	// the HTTPS listener is configured on its own, and unaffected).
 	DisableLayer4 bool `json:"disable_layer4,omitempty"`
+	// DisableAccessLog turns the gateway's access lines off: none is
+	// written to the "edgeplane.access" logger or published for `control
+	// logs --access` (request IDs are still set).
+	DisableAccessLog bool `json:"disable_access_log,omitempty"`
+	// AccessLogRate is how many access lines a second of one service the
+	// gateway publishes at most for `control logs --access` (past it,
+	// lines are sampled and say their share); 0 publishes none, the
+	// local log keeps every line. Default: 100.
+	AccessLogRate *int `json:"access_log_rate,omitempty"`
 
 	key string
 	// ownPorts are the ports the config's HTTP servers listen on, which
@@ -89,6 +98,8 @@ type App struct {
 	ctx      caddy.Context
 	shared   *sharedProjection
 	logger   *zap.Logger
+	// access is the access logging (accesslog.go); nil when off.
+	access *accessLog
 
 	health     *healthChecker
 	stopHealth context.CancelFunc
@@ -155,6 +166,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return fmt.Errorf("provisioning edgeplane app: registering traffic metrics: %w", err)
 		}
 	}
+	a.access = newAccessLog(a)
 	if !a.DisableHealthChecks {
 		interval := cmp.Or(time.Duration(a.HealthInterval), DefaultHealthInterval)
 		timeout := cmp.Or(time.Duration(a.HealthTimeout), DefaultHealthTimeout)
@@ -182,6 +194,9 @@ func (a *App) Validate() error {
 	}
 	if a.RegionProbeInterval != nil && *a.RegionProbeInterval < 0 {
 		return fmt.Errorf("edgeplane app: region_probe_interval must not be negative")
+	}
+	if a.AccessLogRate != nil && *a.AccessLogRate < 0 {
+		return fmt.Errorf("edgeplane app: access_log_rate must not be negative")
 	}
 	if a.HealthInterval < 0 || a.HealthTimeout < 0 || a.TrafficInterval < 0 {
 		return fmt.Errorf("edgeplane app: health_interval, health_timeout and traffic_interval must not be negative")
@@ -292,6 +307,10 @@ type sharedProjection struct {
 	// (layer4_conns.go), ports the gateway's layer-4 ports (layer4.go).
 	l4    *l4Registry
 	ports *l4Ports
+
+	// rates counts the rate-limited routes and shares the counts with
+	// the other gateways (ratelimit.go).
+	rates *rateTable
 }
 
 func newSharedProjection(a *App) (*sharedProjection, error) {
@@ -300,6 +319,7 @@ func newSharedProjection(a *App) (*sharedProjection, error) {
 	logger := caddy.Log().Named("edgeplane.projection")
 	s := &sharedProjection{logger: logger, done: make(chan struct{}), traffic: newTrafficTable(), l4: newL4Registry()}
 	s.ports = newL4Ports(s, logger.Named("layer4"))
+	s.rates = newRateTable(a.GatewayName)
 	s.traffic.home = s.region
 	s.traffic.catchUp = s.l4.catchUp
 	cfg, name := a.Config, a.GatewayName
@@ -372,6 +392,11 @@ func (s *sharedProjection) start() {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
 		drained, keyed, ramped, ported := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+		rated := make(chan struct{})
+		go func() {
+			defer close(rated)
+			s.rates.runSharing(ctx, s.latestStore, s.logger.Named("ratelimit"))
+		}()
 		go func() {
 			defer close(drained)
 			watchDrain(ctx)
@@ -392,6 +417,7 @@ func (s *sharedProjection) start() {
 			defer close(s.done)
 			_ = s.proj.Run(ctx)
 			<-ported
+			<-rated
 			<-drained
 			<-keyed
 			<-ramped
@@ -430,6 +456,17 @@ var (
 	_ caddy.CleanerUpper = (*App)(nil)
 	_ caddy.Destructor   = (*sharedProjection)(nil)
 )
+
+// conn is the latest store connection the projection opened (the one it
+// uses: it opens another only once that one is closed), nil before one.
+func (s *sharedProjection) conn() *store.Store {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.conns) == 0 {
+		return nil
+	}
+	return s.conns[len(s.conns)-1]
+}
 
 // region is the serving app's region now ("" before one serves).
 func (s *sharedProjection) region() string {

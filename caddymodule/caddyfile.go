@@ -1,6 +1,8 @@
 package caddymodule
 
 import (
+	"strconv"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -37,6 +39,8 @@ func init() {
 //			region_probe_interval <duration>
 //			layer4_bind <ip>
 //			disable_layer4
+//			disable_access_log
+//			access_log_rate <lines per second per service>
 //		}
 //	}
 func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -59,15 +63,31 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		sub := d.Val()
 		switch sub {
-		case "disable_health_checks", "disable_layer4":
+		case "disable_health_checks", "disable_layer4", "disable_access_log":
 			if d.NextArg() {
 				return d.ArgErr()
 			}
-			if sub == "disable_layer4" {
+			switch sub {
+			case "disable_layer4":
 				a.DisableLayer4 = true
-			} else {
+			case "disable_access_log":
+				a.DisableAccessLog = true
+			default:
 				a.DisableHealthChecks = true
 			}
+			continue
+		case "access_log_rate":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(d.Val())
+			if err != nil || n < 0 {
+				return d.Errf("edgeplane option access_log_rate: want a number of lines a second (0 or more), got %q", d.Val())
+			}
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			a.AccessLogRate = &n
 			continue
 		case "health_interval", "health_timeout", "traffic_interval", "region_probe_interval":
 			if !d.NextArg() {

@@ -41,6 +41,8 @@ type Handler struct {
 	// proxyReady is set once the embedded proxy is provisioned; Cleanup
 	// after a failed Provision must not touch it.
 	proxyReady bool
+	// auths are the routes' authentication handlers (policy_auth.go).
+	auths *authHandlers
 }
 
 // CaddyModule returns the Caddy module information.
@@ -55,6 +57,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // dynamic upstream source.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ctx, h.logger = ctx, ctx.Logger()
+	h.auths = &authHandlers{}
 	if len(h.Upstreams) > 0 || h.DynamicUpstreamsRaw != nil {
 		return fmt.Errorf("provisioning edgeplane handler: upstreams come from the routing projection; remove upstreams and dynamic_upstreams")
 	}
@@ -80,6 +83,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // Cleanup releases the reverse proxy's resources.
 func (h *Handler) Cleanup() error {
+	h.auths.cleanup()
 	if !h.proxyReady {
 		return nil
 	}
@@ -101,6 +105,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return plainError(w, http.StatusNotFound, "no route for this host\n")
 	}
+	if rec, on := v.Maintenance(svc.Namespace, svc.Name); on {
+		return serveMaintenance(w, r, rec, m.RouteOf())
+	}
+	if pages := m.RouteOf().ErrorPages; len(pages) > 0 {
+		return h.serveErrorPages(w, r, next, v, m, pages)
+	}
+	return h.serveRoute(w, r, next, v, m)
+}
+
+// serveRoute serves r, which matched m in v: the service's policy, then
+// its instances.
+func (h *Handler) serveRoute(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, v *projection.View, m projection.Match) error {
+	svc := m.Service
 	p := h.policyOf(m)
 	if len(svc.Endpoints) == 0 && (p == nil || !p.redirects(r)) {
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
@@ -128,7 +145,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if p != nil {
 		proxy = p.newPolicyRun(m.Prefix, proxy)
 	}
-	return counters.serve(w, r, proxy, next, counted)
+	return counters.serve(w, r, proxy, next, counted, h.app.accessRequestOf(w, r, m))
 }
 
 func plainError(w http.ResponseWriter, code int, body string) error {

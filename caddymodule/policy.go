@@ -36,7 +36,7 @@ type routePolicy struct {
 	strip map[string]caddyhttp.MiddlewareHandler
 	// limit, when set, runs after strip, just before the proxy.
 	limit *requestbody.RequestBody
-	// redirect is set when pre begins with the HTTPS redirect.
+	// redirect is set when pre holds the HTTPS redirect.
 	redirect bool
 	timeouts *routeTimeouts
 	retries  *store.RouteRetries
@@ -55,7 +55,10 @@ func (h *Handler) policyOf(m projection.Match) *routePolicy {
 		return nil
 	}
 	return m.Service.Memo(policyMemo{m.Route}, func(s *projection.Service) any {
-		p, err := h.provisionPolicy(rt)
+		p, err := h.provisionPolicy(s.Namespace, rt)
+		if err == nil {
+			err = h.provisionRateLimit(p, s, m.Route, rt)
+		}
 		if err != nil {
 			h.logger.Error("route policy unusable; its requests fail with 502",
 				zap.String("service", s.Key()), zap.Int("route", m.Route), zap.Error(err))
@@ -65,8 +68,9 @@ func (h *Handler) policyOf(m projection.Match) *routePolicy {
 	}).(*routePolicy)
 }
 
-// provisionPolicy builds the handlers of rt's policy.
-func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
+// provisionPolicy builds the handlers of rt's policy (a route of
+// namespace ns).
+func (h *Handler) provisionPolicy(ns string, rt *store.Route) (*routePolicy, error) {
 	p := &routePolicy{retries: rt.Retries}
 	if t := rt.Timeouts; t != nil && (t.Connect > 0 || t.ResponseHeader > 0) {
 		p.timeouts = &routeTimeouts{connect: time.Duration(t.Connect), header: time.Duration(t.ResponseHeader)}
@@ -77,12 +81,18 @@ func (h *Handler) provisionPolicy(rt *store.Route) (*routePolicy, error) {
 		}
 		return nil
 	}
+	if err := p.addIPFilter(rt, h); err != nil {
+		return nil, err
+	}
 	if rt.RedirectHTTPS {
 		p.redirect = true
 		p.pre = append(p.pre, redirectHTTPS{resp: &caddyhttp.StaticResponse{
 			StatusCode: caddyhttp.WeakString("308"),
 			Headers:    http.Header{"Location": {"https://{http.request.hostport}{http.request.uri}"}},
 		}})
+	}
+	if err := h.provisionAuth(ns, rt, p); err != nil {
+		return nil, err
 	}
 	if rt.RequestHeaders != nil || rt.ResponseHeaders != nil {
 		hh := &headers.Handler{}
@@ -137,15 +147,16 @@ func headerOps(o *store.HeaderOps) *headers.HeaderOps {
 // redirects reports whether p answers r with a redirect, which needs no
 // instance.
 func (p *routePolicy) redirects(r *http.Request) bool {
-	return p.err == nil && p.redirect && r.TLS == nil
+	return p.err == nil && p.redirect && !viaHTTPS(r)
 }
 
 // redirectHTTPS answers a plain-HTTP request with its static response
-// (the redirect); a TLS request goes on.
+// (the redirect); a request the client sent over HTTPS (to us, or to a
+// trusted proxy: viaHTTPS) goes on.
 type redirectHTTPS struct{ resp *caddyhttp.StaticResponse }
 
 func (rd redirectHTTPS) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if r.TLS != nil {
+	if viaHTTPS(r) {
 		return next.ServeHTTP(w, r)
 	}
 	return rd.resp.ServeHTTP(w, r, next)

@@ -51,6 +51,8 @@ type serviceCounters struct {
 	byRegion [maxRegions]atomic.Uint64
 	// l4 counts the service's layer-4 connections (layer4_handler.go).
 	l4 l4Counters
+	// accessSample bounds the access lines published (accesslog.go).
+	accessSample accessSampler
 }
 
 // maxRegions bounds the regions counted apart; the requests to
@@ -262,9 +264,10 @@ func (t *trafficTable) snapshot(max int) []store.ServiceTraffic {
 	return out
 }
 
-// serve runs h for r, counting it against c.
-// side is the split's side the request goes to, or unsplit.
-func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyhttp.MiddlewareHandler, next caddyhttp.Handler, side int) error {
+// serve runs h for r, counting it against c and writing its access line
+// (al, accesslog.go). side is the split's side the request goes to, or
+// unsplit.
+func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyhttp.MiddlewareHandler, next caddyhttp.Handler, side int, al accessRequest) error {
 	start := time.Now()
 	c.open.Add(1)
 	tw := &trafficWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
@@ -301,6 +304,9 @@ func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyh
 			in = body.n
 		}
 		c.observe(status, headersAt.Sub(start), in, tw.bytes, side)
+		if al.log != nil {
+			al.write(c, r, status, in, tw.bytes, time.Since(start))
+		}
 	}()
 	err = h.ServeHTTP(tw, r, next)
 	return err

@@ -38,6 +38,10 @@ var commands = []command{
 	{name: "region enable", synopsis: "R [--wait 5s]", summary: "put a drained or disabled region back into routing and placement",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupRegionState(store.RegionActive)},
 
+	{name: "maintenance ls", aliases: []string{"maintenance list"}, summary: "namespaces and services under maintenance (and taken out): message, Retry-After, who set it and when", client: reads, setup: setupMaintenance("ls")},
+	{name: "maintenance on", synopsis: "NS [SERVICE] [--message TEXT] [--retry-after 1m] [--wait 5s]", summary: "every gateway answers a namespace's (or one service's) routes 503 with a maintenance page; instances untouched", client: writes, minArgs: 1, maxArgs: 2, setup: setupMaintenance("on")},
+	{name: "maintenance off", synopsis: "NS [SERVICE] [--wait 5s]", summary: "serve a namespace (or one service) from its instances again", client: writes, minArgs: 1, maxArgs: 2, setup: setupMaintenance("off")},
+
 	{name: "mesh rotate", synopsis: "[--machine ID]", summary: "give meshd nodes new WireGuard keys; peers accept the old key for an overlap, so no tunnel drops",
 		client: writes, setup: setupMeshRotate},
 
@@ -79,7 +83,7 @@ var commands = []command{
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdRestart)},
 	{name: "instance stop", synopsis: "ID", summary: "stop an instance (it stays stopped: out of the routing until the next apply replaces it)",
 		client: writes, minArgs: 1, maxArgs: 1, setup: setupInstanceCommand(store.CmdStop)},
-	{name: "logs", synopsis: "NS/SERVICE [--instance ID] [-f] [--since 10m]", summary: "an instance's output, read from the machines that run it",
+	{name: "logs", synopsis: "NS/SERVICE [--instance ID | --access] [-f] [--since 10m]", summary: "an instance's output, read from the machines that run it; with --access, the gateways' access lines",
 		client: reads, minArgs: 1, maxArgs: 1, setup: setupLogs},
 	{name: "certs", summary: "certificates: issuer, expiry, last renewal attempt and error",
 		client: reads, setup: setupCerts},
@@ -132,6 +136,7 @@ var commands = []command{
 		client: certifies, setup: setupCredsIssue},
 	{name: "creds ls", synopsis: "[--machine M] [--role R]", summary: "the keys issued to boxes: role, machine, how, issued, expiry, revoked",
 		client: reads, setup: setupCredsList},
+	{name: "hash-password", synopsis: "[--algorithm bcrypt|argon2id]", summary: "print a password's hash for a route's basic_auth (the password from stdin, or prompted without echo)", setup: setupHashPassword},
 	{name: "version", summary: "this binary's version, architecture and Go version",
 		setup: setupVersion},
 	{name: "creds revoke", synopsis: "--user-creds FILE | --user UKEY", summary: "refuse a user's credentials on every storage node from now on",

@@ -126,15 +126,9 @@ func setupCanaryDecision(action string) func(*flag.FlagSet) func(*call) error {
 }
 
 func setupDeployStatus(*flag.FlagSet) func(*call) error {
-	return func(c *call) error {
-		return c.withStore(func(s *store.Store) error {
-			views, err := status.ReadDeploys(c.ctx, s, deploy.New(s, deploy.Options{}), c.args)
-			if err != nil {
-				return err
-			}
-			return c.out.emit(views, views.WriteText)
-		})
-	}
+	return storeAnswer(func(c *call, s *store.Store) (status.Deploys, error) {
+		return status.ReadDeploys(c.ctx, s, deploy.New(s, deploy.Options{}), c.args)
+	})
 }
 
 func setupDeployHistory(*flag.FlagSet) func(*call) error {
@@ -174,15 +168,7 @@ func finishApply(out *output, st *store.DeployStatus, err error) error {
 
 func setupInstances(fs *flag.FlagSet) func(*call) error {
 	ns := fs.String("namespace", "", "only this namespace")
-	return func(c *call) error {
-		return c.withStore(func(s *store.Store) error {
-			list, err := status.ReadInstances(c.ctx, s, *ns)
-			if err != nil {
-				return err
-			}
-			return c.out.emit(list, list.WriteText)
-		})
-	}
+	return storeAnswer(func(c *call, s *store.Store) (status.Instances, error) { return status.ReadInstances(c.ctx, s, *ns) })
 }
 
 // setupInstanceCommand is `instance restart` and `instance stop`: a leased
@@ -217,4 +203,9 @@ func setupInstanceCommand(command string) func(*flag.FlagSet) func(*call) error 
 			})
 		}
 	}
+}
+
+func setupHashPassword(fs *flag.FlagSet) func(*call) error {
+	alg := fs.String("algorithm", "bcrypt", "bcrypt (cost 14) or argon2id (t=1, m=46 MiB, p=1), as Caddy hashes by default")
+	return func(c *call) error { return manifest.HashPasswordCommand(*alg, c.stdout, c.stderr) }
 }

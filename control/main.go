@@ -106,6 +106,20 @@ func (c *call) withStore(fn func(*store.Store) error) error {
 	return fn(s)
 }
 
+// storeAnswer is the run of a command that binds to the store, asks fn
+// and prints its answer: as text, or as JSON with -o json.
+func storeAnswer[T interface{ WriteText(io.Writer) }](fn func(*call, *store.Store) (T, error)) func(*call) error {
+	return func(c *call) error {
+		return c.withStore(func(s *store.Store) error {
+			v, err := fn(c, s)
+			if err != nil {
+				return err
+			}
+			return c.out.emit(v, v.WriteText)
+		})
+	}
+}
+
 // groupAliases are other names of a command group's first word.
 var groupAliases = map[string]string{"machines": "machine", "regions": "region"}
 

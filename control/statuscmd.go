@@ -8,13 +8,5 @@ import (
 )
 
 func setupStatus(*flag.FlagSet) func(*call) error {
-	return func(c *call) error {
-		return c.withStore(func(s *store.Store) error {
-			v, err := status.ReadFleet(c.ctx, s)
-			if err != nil {
-				return err
-			}
-			return c.out.emit(v, v.WriteText)
-		})
-	}
+	return storeAnswer(func(c *call, s *store.Store) (*status.Fleet, error) { return status.ReadFleet(c.ctx, s) })
 }

@@ -71,6 +71,7 @@ func TestTrustBoundaryAttacks(t *testing.T) {
 		{"19_dashboard_dns_rebinding", attackDashboardRebinding},
 		{"20_plaintext_credentials", attackPlaintextCredentials},
 		{"21_snapshots_and_restores", attackBackups},
+		{"22_access_lines_bound", attackAccessLines},
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			a.run(t, f)
@@ -347,6 +348,18 @@ func attackForgedRouting(t *testing.T, f *attackFixture) {
 	for _, subj := range []string{n.RoutingMachineSubject("m1"), n.RoutingServiceSubject("shop", "web"), store.EdgeAPIPrefix + "." + n.RoutingServiceSubject("shop", "web")} {
 		agent.try(t, "agent publishes a routing event on "+subj, func(ctx context.Context) error {
 			_, err := agent.st.JS.Publish(ctx, subj, body)
+			return err
+		})
+	}
+	// Maintenance would take a namespace off the air at every gateway:
+	// neither an agent's nor a gateway's credentials may publish it.
+	maint, _ := json.Marshal(store.RoutingEvent{Version: 1, Kind: store.EventMaintenanceUpsert,
+		Maintenance: &store.MaintenanceRecord{Namespace: "shop", On: true}})
+	for _, creds := range []string{f.agentCreds, f.gwCreds} {
+		x := f.as(t, creds)
+		subj := n.RoutingMaintenanceSubject("shop", "")
+		x.try(t, "publishing maintenance on "+subj+" with "+filepath.Base(creds), func(ctx context.Context) error {
+			_, err := x.st.JS.Publish(ctx, subj, maint)
 			return err
 		})
 	}

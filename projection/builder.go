@@ -84,6 +84,11 @@ func (b *builder) apply(ev *store.RoutingEvent) error {
 			return fmt.Errorf("region upsert without a region")
 		}
 		b.upsertRegion(*ev.Region)
+	case store.EventMaintenanceUpsert:
+		if ev.Maintenance == nil || ev.Maintenance.Namespace == "" {
+			return fmt.Errorf("maintenance upsert without a namespace")
+		}
+		b.upsertMaintenance(*ev.Maintenance)
 	default:
 		return fmt.Errorf("unknown routing event kind %q", ev.Kind)
 	}
@@ -380,6 +385,9 @@ func FromState(rs *store.RoutingState) (*View, []error) {
 	}
 	for _, r := range rs.Regions {
 		b.upsertRegion(r)
+	}
+	for _, m := range rs.Maintenance {
+		b.upsertMaintenance(m)
 	}
 	v := b.finish(rs.Seq, false)
 	return v, append(errs, b.refused...)

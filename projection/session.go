@@ -272,6 +272,12 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 			}
 			continue
 		}
+		if ns, svc, ok := st.Names.RoutingMaintenanceOf(r.Subject); ok {
+			if mr, ok := old.maintenance[maintenanceKey{ns, svc}]; ok {
+				b.upsertMaintenance(mr)
+			}
+			continue
+		}
 		ns, name, ok := st.Names.RoutingSubjectOf(r.Subject)
 		switch {
 		case !ok:
@@ -296,6 +302,9 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 	}
 	for _, r := range rs.Regions {
 		b.upsertRegion(r)
+	}
+	for _, m := range rs.Maintenance {
+		b.upsertMaintenance(m)
 	}
 	p.markStreamHead(lctx, st, rs.Seq)
 	// A snapshot (or the view before a rebuild) further along the same

@@ -25,6 +25,8 @@ type snapshotFile struct {
 	Services      []store.RoutingEvent  `json:"services"`
 	Machines      []store.MachineRecord `json:"machines"`
 	Regions       []store.RegionRecord  `json:"regions,omitempty"`
+	// Maintenance are the maintenance records, on or off.
+	Maintenance []store.MaintenanceRecord `json:"maintenance,omitempty"`
 }
 
 // writeSnapshot persists v to path atomically: a temp file in the same
@@ -38,6 +40,7 @@ func writeSnapshot(path string, v *View) error {
 	}
 	f.Machines = v.Machines()
 	f.Regions = v.RegionRecords()
+	f.Maintenance = v.MaintenanceRecords()
 	data, err := json.Marshal(&f)
 	if err != nil {
 		return fmt.Errorf("encoding routing snapshot: %w", err)
@@ -103,6 +106,12 @@ func loadSnapshot(path string) (*View, error) {
 			return nil, fmt.Errorf("reading routing snapshot %s: a region without a name", path)
 		}
 		b.upsertRegion(r)
+	}
+	for _, m := range f.Maintenance {
+		if m.Namespace == "" {
+			return nil, fmt.Errorf("reading routing snapshot %s: a maintenance record without a namespace", path)
+		}
+		b.upsertMaintenance(m)
 	}
 	v := b.finish(f.Seq, true)
 	v.BuiltAt = f.BuiltAt

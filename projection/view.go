@@ -131,6 +131,9 @@ type View struct {
 	// machineRegions counts the machines of each region (those without
 	// one left out); replaced, never changed, once in a view.
 	machineRegions map[string]int
+	// maintenance are the maintenance records by maintenanceKey, on or
+	// off; replaced, never changed, once in a view.
+	maintenance map[maintenanceKey]store.MaintenanceRecord
 
 	numServices, numEndpoints, numMachines int
 	// numSetAside counts the endpoints of signed upserts that no

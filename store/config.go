@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/user"
 	"strings"
 )
 
@@ -158,6 +159,19 @@ func HostName(fallback string) string {
 		return h
 	}
 	return fallback
+}
+
+// Operator names who runs this process, for the By of a record an
+// operator's command writes: user@host.
+func Operator() string {
+	name := os.Getenv("USER")
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	if host, err := os.Hostname(); err == nil {
+		return name + "@" + host
+	}
+	return name
 }
 
 // DefaultMachineID is the host name as a machine ID: every character a name

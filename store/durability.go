@@ -61,7 +61,11 @@ func (s *Store) durabilityOf(dst any) Durability {
 		&s.meta:
 		return DurabilitySynced
 	case &s.machineBeats, &s.meshBeats, &s.meshDrift,
-		&s.gateways, &s.gatewayTraffic, &s.machineLiveness:
+		&s.gateways, &s.gatewayTraffic, &s.machineLiveness,
+		// Access lines are a sample, lossy by design (a gateway drops
+		// them past its rate and while the store is away): never a sync
+		// per line.
+		&s.accessLogs:
 		return DurabilityRewritten
 	}
 	return ""

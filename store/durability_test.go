@@ -52,6 +52,7 @@ func TestEveryStreamAndBucketHasADurability(t *testing.T) {
 		kv(n.GatewaysBucket()):          DurabilityRewritten,
 		kv(n.GatewayTrafficBucket()):    DurabilityRewritten,
 		kv(n.MachineLivenessBucket()):   DurabilityRewritten,
+		n.AccessLogsStream():            DurabilityRewritten,
 	}
 	got := (&Store{Names: names}).Durabilities()
 	for name, d := range got {

@@ -37,7 +37,16 @@ import (
 //     it ignores them and serves the service's HTTP routes only, so a
 //     manifest exposing a layer-4 entry point is not applied while one is
 //     live.
-const SchemaGeneration = 5
+//   - 6: edge protection: routes carry basic_auth, forward_auth,
+//     allow/deny, rate_limit, error_pages and access_log, and maintenance
+//     is a routing event (maintenance.upsert) (v0.42.0). A gateway before
+//     it would serve a protected route open and refuse a maintenance
+//     event, so neither is applied while one is live.
+const SchemaGeneration = 6
+
+// GenerationEdge is the first generation whose gateways enforce a route's
+// protection and serve maintenance.
+const GenerationEdge = 6
 
 // GenerationLayer4 is the first generation whose gateways serve layer-4
 // entry points.
@@ -54,7 +63,7 @@ const GenerationObserved = 2
 
 // firstRelease is the first release of each generation, which a refusal
 // names. Generation 1 has none: it is every release before observations.
-var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0", 4: "0.40.0", 5: "0.41.0"}
+var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0", 4: "0.40.0", 5: "0.41.0", 6: "0.42.0"}
 
 // FirstReleaseOf is the first release of generation gen, "" when unknown.
 func FirstReleaseOf(gen int) string { return firstRelease[gen] }

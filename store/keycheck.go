@@ -60,6 +60,11 @@ func (r *RoutingEvent) SubjectOK(n Names, subject string) error {
 			return err
 		}
 		want = n.RoutingRegionSubject(r.Region.Name)
+	case EventMaintenanceUpsert:
+		if err := r.maintenanceOK(); err != nil {
+			return err
+		}
+		want = n.RoutingMaintenanceSubject(r.Maintenance.Namespace, r.Maintenance.Service)
 	default:
 		return fmt.Errorf("unknown routing event kind %q", r.Kind)
 	}

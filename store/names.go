@@ -54,6 +54,13 @@ func (n Names) RoutingEventsStream() string { return "routing_events_" + n.Autho
 // CertRenewalsStream holds scheduled certificate renewal work items.
 func (n Names) CertRenewalsStream() string { return "cp_cert_renewals_" + n.Authority }
 
+// AccessLogsStream holds the last hour of the access lines gateways
+// publish, for `control logs --access --since`.
+func (n Names) AccessLogsStream() string { return "access_logs_" + n.Authority }
+
+// AccessLogsWildcard matches every access line of the authority.
+func (n Names) AccessLogsWildcard() string { return n.subjectPrefix() + ".access.>" }
+
 // KV buckets.
 
 func (n Names) DeployStatusBucket() string   { return "cp_deploy_status_" + n.Authority }
@@ -297,7 +304,11 @@ func (n Names) CredsSubject(verb, role, id string) string {
 
 // CredsSubjectID is the subject token of a machine ID or gateway name: one
 // token, whatever the name holds.
-func CredsSubjectID(machine string) string { return strings.ReplaceAll(KeySafe(machine), ".", "_2e") }
+func CredsSubjectID(machine string) string { return SubjectToken(machine) }
+
+// SubjectToken is s as one subject token: KeySafe, with its dots escaped
+// too.
+func SubjectToken(s string) string { return strings.ReplaceAll(KeySafe(s), ".", "_2e") }
 
 // RegistrarSubject is where meshd registers with the control plane.
 func (n Names) RegistrarSubject(command string) string {

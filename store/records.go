@@ -187,12 +187,29 @@ type Route struct {
 	// Retries sends an idempotent request again, to an instance the load
 	// balancer picks anew, when the service answers one of OnStatus.
 	Retries *RouteRetries `json:"retries,omitempty" yaml:"retries,omitempty"`
+	// Edge protection (edge.go): who may reach the route, how fast, what
+	// its errors look like and what its access lines carry.
+	BasicAuth   *BasicAuth        `json:"basic_auth,omitempty" yaml:"basic_auth,omitempty"`
+	ForwardAuth *ForwardAuth      `json:"forward_auth,omitempty" yaml:"forward_auth,omitempty"`
+	Allow       []string          `json:"allow,omitempty" yaml:"allow,omitempty"`
+	Deny        []string          `json:"deny,omitempty" yaml:"deny,omitempty"`
+	RateLimit   *RateLimit        `json:"rate_limit,omitempty" yaml:"rate_limit,omitempty"`
+	ErrorPages  map[int]ErrorPage `json:"error_pages,omitempty" yaml:"error_pages,omitempty"`
+	AccessLog   *AccessLogPolicy  `json:"access_log,omitempty" yaml:"access_log,omitempty"`
 }
 
 // HasPolicy reports whether r asks the gateway for more than routing.
 func (r *Route) HasPolicy() bool {
 	return r.RedirectHTTPS || r.StripPrefix || r.RequestHeaders != nil || r.ResponseHeaders != nil ||
-		r.MaxRequestBody != "" || r.Timeouts != nil || r.Retries != nil
+		r.MaxRequestBody != "" || r.Timeouts != nil || r.Retries != nil || r.HasProtection() ||
+		len(r.ErrorPages) > 0
+}
+
+// HasProtection reports whether r restricts who reaches it or how fast: a
+// gateway that cannot read these fields would serve the route open, so a
+// manifest using them is not applied while one is live.
+func (r *Route) HasProtection() bool {
+	return r.BasicAuth != nil || r.ForwardAuth != nil || len(r.Allow) > 0 || len(r.Deny) > 0 || r.RateLimit != nil
 }
 
 // HeaderOps sets (replacing), adds and deletes header fields.
@@ -546,7 +563,9 @@ type RoutingEvent struct {
 	Layer4
 	Machine *MachineRecord `json:"machine,omitempty"`
 	Region  *RegionRecord  `json:"region,omitempty"`
-	At      time.Time      `json:"at"`
+	// Maintenance is a maintenance.upsert's record (edge.go).
+	Maintenance *MaintenanceRecord `json:"maintenance,omitempty"`
+	At          time.Time          `json:"at"`
 	// Seq is the stream sequence, filled in when read; not stored.
 	Seq uint64 `json:"-"`
 }
@@ -566,6 +585,11 @@ func (r *RoutingEvent) Identity() string {
 			return "region/" + r.Region.Name
 		}
 		return "region/"
+	case EventMaintenanceUpsert:
+		if r.Maintenance != nil {
+			return "maintenance/" + r.Maintenance.Namespace + "/" + r.Maintenance.Service
+		}
+		return "maintenance/"
 	default:
 		return "service/" + r.Namespace + "/" + r.Service
 	}

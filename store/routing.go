@@ -234,6 +234,11 @@ func (s *Store) encodeRouting(msgID string, events []RoutingEvent) ([]routingMsg
 				return nil, fmt.Errorf("publishing %w", err)
 			}
 			subj = s.Names.RoutingRegionSubject(ev.Region.Name)
+		case EventMaintenanceUpsert:
+			if err := ev.maintenanceOK(); err != nil {
+				return nil, fmt.Errorf("publishing %w", err)
+			}
+			subj = s.Names.RoutingMaintenanceSubject(ev.Maintenance.Namespace, ev.Maintenance.Service)
 		default:
 			return nil, fmt.Errorf("publishing routing event: unknown kind %q", ev.Kind)
 		}
@@ -273,6 +278,9 @@ type RoutingState struct {
 	Machines []MachineRecord
 	// Regions are the regions a state was set for, by name.
 	Regions []RegionRecord
+	// Maintenance are the maintenance records set, on or off, by
+	// namespace then service.
+	Maintenance []MaintenanceRecord
 	// Skipped says why each record the load could not use was left out
 	// (a signer certificate or an event that does not verify, an event
 	// that cannot be decoded or is filed on another's subject).

@@ -67,11 +67,14 @@ func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 			st.Machines = append(st.Machines, *ev.Machine)
 		case EventRegionUpsert:
 			st.Regions = append(st.Regions, *ev.Region)
+		case EventMaintenanceUpsert:
+			st.Maintenance = append(st.Maintenance, *ev.Maintenance)
 		}
 	}
 	sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Identity() < st.Services[j].Identity() })
 	sort.Slice(st.Machines, func(i, j int) bool { return st.Machines[i].ID < st.Machines[j].ID })
 	sort.Slice(st.Regions, func(i, j int) bool { return st.Regions[i].Name < st.Regions[j].Name })
+	SortMaintenance(st.Maintenance)
 	return st, nil
 }
 

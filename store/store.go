@@ -174,9 +174,11 @@ type Store struct {
 	JS    jetstream.JetStream
 	Names Names
 
-	commits    jetstream.Stream
-	routing    jetstream.Stream
-	renewals   jetstream.Stream
+	commits  jetstream.Stream
+	routing  jetstream.Stream
+	renewals jetstream.Stream
+	// accessLogs keeps the last hour of sampled access lines.
+	accessLogs jetstream.Stream
 	status     jetstream.KeyValue
 	phases     jetstream.KeyValue
 	instances  jetstream.KeyValue
@@ -336,6 +338,16 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 			// Schedules cannot discard new; at the limit the oldest item
 			// goes, and its host is renewed by certmagic's own check.
 			DenyPurge: true, MaxBytes: 256 * mib, MaxMsgSize: 4 * kib,
+		}},
+		{&s.accessLogs, jetstream.StreamConfig{
+			Name: names.AccessLogsStream(), Subjects: []string{names.AccessLogsWildcard()},
+			Description: "the last hour of the access lines gateways publish (sampled)",
+			// Lines age out, and at the size limit the oldest go: a busy
+			// fleet keeps less than an hour rather than refusing the
+			// newest. Gateways publish them as core NATS messages, so a
+			// line costs the request no store round trip.
+			MaxAge: time.Hour, MaxBytes: 1 * gib, MaxMsgSize: 16 * kib, Discard: jetstream.DiscardOld,
+			DenyDelete: true, DenyPurge: true,
 		}},
 	}
 	bucket := func(dst *jetstream.KeyValue, name string, history uint8, maxBytes int64, maxValue int32) bucketSpec {

@@ -60,6 +60,12 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
 		return nil, err
 	}
+	if err := gatewaysServeProtection(ctx, d.s, m); err != nil {
+		return nil, err
+	}
+	if err := gatewaysServeErrorPages(ctx, d.s, m); err != nil {
+		return nil, err
+	}
 	st, err := d.load(ctx, r.ns)
 	if err != nil {
 		return nil, err

@@ -243,6 +243,12 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
 		return nil, err
 	}
+	if err := gatewaysServeProtection(ctx, d.s, m); err != nil {
+		return nil, err
+	}
+	if err := gatewaysServeErrorPages(ctx, d.s, m); err != nil {
+		return nil, err
+	}
 	st, err := d.load(ctx, m.Namespace)
 	if err != nil {
 		return nil, err

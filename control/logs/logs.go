@@ -32,6 +32,12 @@ type Options struct {
 	// Follow keeps printing output as it comes, also of instances that
 	// start later, until ctx ends.
 	Follow bool
+	// Access prints the service's access lines from every gateway
+	// instead (access.go); Since then defaults to DefaultAccessSince ago,
+	// and Instance keeps the lines of requests it answered.
+	Access bool
+	// JSON prints access lines as published (one JSON object a line).
+	JSON bool
 }
 
 // Tail writes the output of o's instances to w, one line at a time, each
@@ -39,6 +45,9 @@ type Options struct {
 // not answer is named once per cause, and the others go on. It fails with
 // not_found when no such instance runs.
 func Tail(ctx context.Context, s *store.Store, w io.Writer, o Options) error {
+	if o.Access {
+		return tailAccess(ctx, s, w, o)
+	}
 	t := &tail{s: s, w: w, ns: o.Namespace, svc: o.Service, only: o.Instance, since: o.Since, cursors: map[string]*cursor{}}
 	if err := t.refresh(ctx); err != nil {
 		return err

@@ -1,6 +1,7 @@
 // Package manifest reads and validates deploy manifests (YAML or JSON). A
 // manifest that fails validation reports every problem with its field path
-// and is never applied.
+// and is never applied. It also makes the password hashes a route's
+// basic_auth holds (password.go), beside the rules that check them.
 package manifest
 
 import (
@@ -227,6 +228,11 @@ func Validate(m *store.Manifest) error {
 				prefixes = []string{"/"}
 			}
 			validatePolicy(rp, r, add)
+			validateIPLists(rp, r, add)
+			validateRateLimit(rp, r, add)
+			validateAuth(rp, r, m.Services, add)
+			validateErrorPages(rp, r, add)
+			validateAccessLog(rp, r, add)
 			for _, h := range r.Hosts {
 				for _, pre := range prefixes {
 					k := h + pre

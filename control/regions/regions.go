@@ -20,10 +20,7 @@ package regions
 import (
 	"context"
 	"maps"
-	"os"
-	"os/user"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/edgeplane/edgeplane/control/routing"
@@ -134,7 +131,7 @@ func Set(ctx context.Context, s *store.Store, region, state string, wait time.Du
 	if err := gatewaysReadRegions(ctx, s); err != nil {
 		return nil, err
 	}
-	ch.Region = store.RegionRecord{Name: region, State: state, By: operator(), UpdatedAt: time.Now().UTC()}
+	ch.Region = store.RegionRecord{Name: region, State: state, By: store.Operator(), UpdatedAt: time.Now().UTC()}
 	if ch.Seq, err = s.SetRegionState(ctx, ch.Region); err != nil {
 		return nil, err
 	}
@@ -150,22 +147,5 @@ func Set(ctx context.Context, s *store.Store, region, state string, wait time.Du
 // while a live gateway announces a generation before regions: it would
 // refuse the event as one it cannot read, and serve the region as before.
 func gatewaysReadRegions(ctx context.Context, s *store.Store) error {
-	old, err := routing.GatewaysBelow(ctx, s, store.GenerationRegions)
-	if err != nil || len(old) == 0 {
-		return err
-	}
-	return store.Errorf(store.CodeVersionSkew, "gateways %s cannot read region states (release %s or later can): upgrade them first (control fleet upgrade)",
-		strings.Join(old, ", "), store.FirstReleaseOf(store.GenerationRegions)).With("gateways", strings.Join(old, ","))
-}
-
-// operator names who runs this CLI, for the record's By: user@host.
-func operator() string {
-	name := os.Getenv("USER")
-	if u, err := user.Current(); err == nil {
-		name = u.Username
-	}
-	if host, err := os.Hostname(); err == nil {
-		return name + "@" + host
-	}
-	return name
+	return routing.RefuseGatewaysBelow(ctx, s, store.GenerationRegions, "read region states")
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
@@ -24,4 +25,16 @@ func GatewaysBelow(ctx context.Context, s *store.Store, gen int) ([]string, erro
 	})
 	slices.Sort(old)
 	return old, err
+}
+
+// RefuseGatewaysBelow is the version_skew refusal of a routing write that
+// gateways before generation gen cannot read ("cannot <what> (release X
+// or later can)"), naming them; nil when none is live.
+func RefuseGatewaysBelow(ctx context.Context, s *store.Store, gen int, what string) error {
+	old, err := GatewaysBelow(ctx, s, gen)
+	if err != nil || len(old) == 0 {
+		return err
+	}
+	return store.Errorf(store.CodeVersionSkew, "gateways %s cannot %s (release %s or later can): upgrade them first (control fleet upgrade)",
+		strings.Join(old, ", "), what, store.FirstReleaseOf(gen)).With("gateways", strings.Join(old, ","))
 }

@@ -328,6 +328,11 @@ var edgeImports = []imported{
 // agents and their answers come back.
 const agentRPC = "edgeplane.v1.*.*.rpc.node.>"
 
+// accessLines are the access lines gateways publish: the edge account
+// exports them as a stream, the control account imports it, where the
+// access-log stream keeps them and `control logs --access` reads them.
+const accessLines = "cp.*.access.>"
+
 // edgeLocal is the subject an import arrives under in the edge account.
 func edgeLocal(subject string) string {
 	if rest, ok := strings.CutPrefix(subject, "$JS.API."); ok {
@@ -356,6 +361,7 @@ func (a *Auth) edgeClaims(revoked map[string]time.Time) *jwt.AccountClaims {
 		ec.Imports.Add(i)
 	}
 	ec.Exports.Add(&jwt.Export{Name: "agent rpc", Subject: agentRPC, Type: jwt.Service})
+	ec.Exports.Add(&jwt.Export{Name: "access lines", Subject: accessLines, Type: jwt.Stream})
 	for user, at := range revoked {
 		ec.RevokeAt(user, at)
 	}
@@ -379,6 +385,7 @@ func (a *Auth) accountClaims(revoked map[string]time.Time) *jwt.AccountClaims {
 		ac.Exports.Add(e)
 	}
 	ac.Imports.Add(&jwt.Import{Name: "agent rpc", Subject: agentRPC, Account: a.edgePub, Type: jwt.Service})
+	ac.Imports.Add(&jwt.Import{Name: "access lines", Subject: accessLines, Account: a.edgePub, Type: jwt.Stream})
 	for user, at := range revoked {
 		ac.RevokeAt(user, at)
 	}

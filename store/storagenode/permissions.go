@@ -96,6 +96,15 @@ func RolePermissions(role, machine string, n store.Names) (jwt.Permissions, erro
 		writeKV(n.GatewaysBucket(), gw)
 		// Its traffic counters, under the same name.
 		writeKV(n.GatewayTrafficBucket(), gw)
+		// Its rate-limit counts, under its name only, and every
+		// gateway's: one gateway cannot speak for another.
+		p.Pub.Allow.Add(n.RateCountsSubject(machine))
+		p.Sub.Allow.Add(n.RateCountsWildcard())
+		// Its access lines, on subjects naming it: published, never read
+		// (the control plane reads them, and the access-log stream
+		// keeps them), so a gateway can neither pose as another in
+		// `control logs --access` nor read another's lines.
+		p.Pub.Allow.Add(n.AccessSubject("*", "*", machine))
 		// The key it signs and checks canary bucket cookies with: read,
 		// never written (the control plane makes it), so a gateway cannot
 		// change the key every other gateway trusts.

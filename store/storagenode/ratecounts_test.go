@@ -1,0 +1,96 @@
+package storagenode_test
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/edgeplane/edgeplane/store"
+	"github.com/edgeplane/edgeplane/store/storagenode"
+)
+
+// The fleet's rate-limit counts: a gateway publishes its own and hears
+// every gateway's; it cannot publish another gateway's, and an agent can
+// neither publish fake counts nor read them.
+func TestRateCountsPermissions(t *testing.T) {
+	dir := t.TempDir()
+	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	names, _ := store.NewNames("", "")
+	// connect returns a connection with its permission violations.
+	connect := func(r storagenode.CredsRequest) (*nats.Conn, chan error) {
+		t.Helper()
+		nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL(), CredsFile: writeCreds(t, auth, r)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		violations := make(chan error, 16)
+		nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if strings.Contains(err.Error(), "Permissions Violation") {
+				violations <- err
+			}
+		})
+		return nc, violations
+	}
+	refused := func(violations chan error, what, subject string) {
+		t.Helper()
+		select {
+		case v := <-violations:
+			if !strings.Contains(v.Error(), `"`+subject+`"`) {
+				t.Fatalf("%s: a violation on another subject: %v", what, v)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the credentials could %s", what)
+		}
+	}
+
+	gw1, gw1Violations := connect(storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw1"})
+	heard := make(chan string, 16)
+	if _, err := gw1.Subscribe(names.RateCountsWildcard(), func(m *nats.Msg) { heard <- m.Subject }); err != nil {
+		t.Fatal(err)
+	}
+	if err := gw1.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	gw2, _ := connect(storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw2"})
+	_ = gw1.Publish(names.RateCountsSubject("gw1"), []byte(`{"gateway":"gw1"}`))
+	_ = gw2.Publish(names.RateCountsSubject("gw2"), []byte(`{"gateway":"gw2"}`))
+	got := map[string]bool{}
+	for len(got) < 2 {
+		select {
+		case s := <-heard:
+			got[s] = true
+		case v := <-gw1Violations:
+			t.Fatalf("a gateway's own counts refused: %v", v)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("gw1 heard only %v", got)
+		}
+	}
+	if !got[names.RateCountsSubject("gw1")] || !got[names.RateCountsSubject("gw2")] {
+		t.Fatalf("gw1 heard %v", got)
+	}
+	// gw1 speaking for gw2 would lower every gateway's budget for gw2's
+	// clients, or raise it.
+	_ = gw1.Publish(names.RateCountsSubject("gw2"), []byte(`{"gateway":"gw2"}`))
+	refused(gw1Violations, "publish gw2's counts as gw1", names.RateCountsSubject("gw2"))
+
+	agent, agentViolations := connect(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"})
+	for _, gw := range []string{"gw1", "m1"} {
+		_ = agent.Publish(names.RateCountsSubject(gw), []byte(`{"gateway":"`+gw+`"}`))
+		refused(agentViolations, "publish counts as "+gw+" with an agent's credentials", names.RateCountsSubject(gw))
+	}
+	if _, err := agent.Subscribe(names.RateCountsWildcard(), func(*nats.Msg) {}); err == nil {
+		refused(agentViolations, "read the fleet's counts with an agent's credentials", names.RateCountsWildcard())
+	}
+}
