@@ -57,13 +57,7 @@ func (d *Deployer) apply(ctx context.Context, m *store.Manifest, in intent) (*st
 	if err := hosts.Check(ctx, d.s, r.ns, routed); err != nil {
 		return nil, err
 	}
-	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
-		return nil, err
-	}
-	if err := gatewaysServeProtection(ctx, d.s, m); err != nil {
-		return nil, err
-	}
-	if err := gatewaysServeErrorPages(ctx, d.s, m); err != nil {
+	if err := gatewaysServe(ctx, d.s, m); err != nil {
 		return nil, err
 	}
 	st, err := d.load(ctx, r.ns)

@@ -240,13 +240,7 @@ func (d *Deployer) Preview(ctx context.Context, m *store.Manifest) (*Plan, error
 	if err := hosts.Check(ctx, d.s, m.Namespace, hosts.Of(m)); err != nil {
 		return nil, err
 	}
-	if err := gatewaysServeLayer4(ctx, d.s, m); err != nil {
-		return nil, err
-	}
-	if err := gatewaysServeProtection(ctx, d.s, m); err != nil {
-		return nil, err
-	}
-	if err := gatewaysServeErrorPages(ctx, d.s, m); err != nil {
+	if err := gatewaysServe(ctx, d.s, m); err != nil {
 		return nil, err
 	}
 	st, err := d.load(ctx, m.Namespace)

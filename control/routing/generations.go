@@ -11,20 +11,49 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// GatewaysBelow names the live gateways (their observation younger than
-// store.GatewayObservationTTL) that run a schema generation before gen,
-// as "name (release)", sorted: those that would not serve what gen
-// brought, for a write that needs it to refuse with version_skew.
-func GatewaysBelow(ctx context.Context, s *store.Store, gen int) ([]string, error) {
-	var old []string
+// LiveGateway is a live gateway (its observation younger than
+// store.GatewayObservationTTL) and the schema generation it runs.
+type LiveGateway struct {
+	// Name is "name (release)", as refusals name it.
+	Name       string
+	Generation int
+}
+
+// LiveGateways lists the live gateways with their generations, sorted by
+// name: one read for a write that checks several generations.
+func LiveGateways(ctx context.Context, s *store.Store) ([]LiveGateway, error) {
+	var live []LiveGateway
 	err := s.ListGatewayObservations(ctx, func(g *store.GatewayObservation) error {
-		if time.Since(g.At) < store.GatewayObservationTTL && store.GenerationOf(g.Generation, g.Release) < gen {
-			old = append(old, fmt.Sprintf("%s (%s)", g.Gateway, cmp.Or(g.Release, "release unknown")))
+		if time.Since(g.At) < store.GatewayObservationTTL {
+			live = append(live, LiveGateway{
+				Name:       fmt.Sprintf("%s (%s)", g.Gateway, cmp.Or(g.Release, "release unknown")),
+				Generation: store.GenerationOf(g.Generation, g.Release),
+			})
 		}
 		return nil
 	})
-	slices.Sort(old)
-	return old, err
+	slices.SortFunc(live, func(a, b LiveGateway) int { return strings.Compare(a.Name, b.Name) })
+	return live, err
+}
+
+// Below names those of live that run a generation before gen: those that
+// would not serve what gen brought.
+func Below(live []LiveGateway, gen int) []string {
+	var old []string
+	for _, g := range live {
+		if g.Generation < gen {
+			old = append(old, g.Name)
+		}
+	}
+	return old
+}
+
+// GatewaysBelow names the live gateways that run a schema generation
+// before gen, as "name (release)", sorted: for a write that needs gen to
+// refuse with version_skew.
+func GatewaysBelow(ctx context.Context, s *store.Store, gen int) ([]string, error) {
+	live, err := LiveGateways(ctx, s)
+	return Below(live, gen), err
 }
 
 // RefuseGatewaysBelow is the version_skew refusal of a routing write that
