@@ -2,12 +2,15 @@ package caddymodule
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/metrics"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
+	"github.com/nats-io/nats.go"
 )
 
 // BenchmarkCommitToServed measures the time from appending a deploy's final
@@ -95,27 +99,10 @@ const (
 // newAuthFixture is newFixture on a storage node that requires credentials,
 // speaking TLS or not; the store signs with a signer certified under the
 // node's trust root, and the gateway's credentials carry it (and the CA).
-func newAuthFixture(b *testing.B, tls storagenode.Toggle) *fixture {
+func newAuthFixture(b *testing.B, mode storagenode.Toggle) *fixture {
 	b.Helper()
-	dir := b.TempDir()
+	n, dir := bootAuthNode(b, mode)
 	authDir := filepath.Join(dir, "auth")
-	if _, err := storagenode.LoadAuth(authDir, true); err != nil {
-		b.Fatal(err)
-	}
-	if tls == storagenode.ToggleOff {
-		if err := os.RemoveAll(filepath.Join(authDir, "tls")); err != nil {
-			b.Fatal(err)
-		}
-	}
-	n, err := storagenode.Boot(b.Context(), storagenode.BootConfig{DataDir: dir, Listen: "127.0.0.1:0", Auth: storagenode.AuthOn,
-		AuthDir: authDir, TLS: tls, Encrypt: storagenode.ToggleOff})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(n.Close)
-	if (n.TLS != nil) != (tls == storagenode.ToggleOn) {
-		b.Fatalf("the node's TLS is %v, want %s", n.TLS != nil, tls)
-	}
 	if _, err := signers.Server(b.Context(), n.Store, authDir, dir, "bench"); err != nil {
 		b.Fatal(err)
 	}
@@ -129,6 +116,33 @@ func newAuthFixture(b *testing.B, tls storagenode.Toggle) *fixture {
 		b.Fatal(err)
 	}
 	return f
+}
+
+// bootAuthNode boots a storage node that requires credentials, speaking
+// TLS or not (an auth dir without the fleet CA), and returns it with its
+// data dir (its auth dir is dir/auth).
+func bootAuthNode(b *testing.B, mode storagenode.Toggle) (*storagenode.Node, string) {
+	b.Helper()
+	dir := b.TempDir()
+	authDir := filepath.Join(dir, "auth")
+	if _, err := storagenode.LoadAuth(authDir, true); err != nil {
+		b.Fatal(err)
+	}
+	if mode == storagenode.ToggleOff {
+		if err := os.RemoveAll(filepath.Join(authDir, "tls")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	n, err := storagenode.Boot(b.Context(), storagenode.BootConfig{DataDir: dir, Listen: "127.0.0.1:0", Auth: storagenode.AuthOn,
+		AuthDir: authDir, TLS: mode, Encrypt: storagenode.ToggleOff})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(n.Close)
+	if (n.TLS != nil) != (mode == storagenode.ToggleOn) {
+		b.Fatalf("the node's TLS is %v, want %s", n.TLS != nil, mode)
+	}
+	return n, dir
 }
 
 // redeployer redeploys one service of a fixture's store over and over,
@@ -251,6 +265,10 @@ func phase(traces []commitTrace, f func(commitTrace) time.Duration) []time.Durat
 	for i, t := range traces {
 		ds[i] = f(t)
 	}
+	return sorted(ds)
+}
+
+func sorted(ds []time.Duration) []time.Duration {
 	slices.Sort(ds)
 	return ds
 }
@@ -301,3 +319,131 @@ func traceTable(name string, traces []commitTrace) string {
 	fmt.Fprintf(&sb, "GCs ending inside a redeploy: %d over %d redeploys", gcs, len(traces))
 	return sb.String()
 }
+
+// BenchmarkStoreHopTLS is the wire under CommitToServedTLS, one hop at a
+// time, on a plaintext and a TLS node in one process, in alternating
+// rounds: a message of a routing event's size delivered from the node's
+// own connection to another client (latency, the process's CPU and
+// allocations per message, and the client's socket reads per message:
+// above 1 when a message arrives in two TLS records read apart), and a
+// request's round trip (the stream info every commit asks for first).
+// Run with -benchtime=1x.
+func BenchmarkStoreHopTLS(b *testing.B) {
+	type hop struct {
+		name string
+		node *storagenode.Node
+		nc   *nats.Conn
+		conn *countingConn
+	}
+	var hops []*hop
+	for _, mode := range []storagenode.Toggle{storagenode.ToggleOff, storagenode.ToggleOn} {
+		node, _ := bootAuthNode(b, mode)
+		creds, err := node.Auth.IssueCreds(storagenode.CredsRequest{Role: storagenode.RoleControl})
+		if err != nil {
+			b.Fatal(err)
+		}
+		file := filepath.Join(b.TempDir(), "hop.creds")
+		if err := os.WriteFile(file, creds, 0o600); err != nil {
+			b.Fatal(err)
+		}
+		h := &hop{name: map[storagenode.Toggle]string{storagenode.ToggleOff: "plaintext", storagenode.ToggleOn: "tls"}[mode], node: node}
+		// The options store.Connect gives a client of this node, and a
+		// dialer that counts the reads under TLS.
+		opts := []nats.Option{nats.UserCredentials(file), nats.SetCustomDialer(dialerFunc(func(network, addr string) (net.Conn, error) {
+			c, err := net.Dial(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			h.conn = &countingConn{Conn: c}
+			return h.conn, nil
+		}))}
+		if node.TLS != nil {
+			opts = append(opts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: node.Auth.TLS.Pool()}), nats.TLSHandshakeFirst())
+		}
+		if h.nc, err = nats.Connect(node.Server.ClientURL(), opts...); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(h.nc.Close)
+		hops = append(hops, h)
+	}
+	const rounds, perRound = 6, 2000
+	payload := make([]byte, hopPayload)
+	type figures struct {
+		deliver, request    []time.Duration
+		cpu                 time.Duration
+		allocs, reads, msgs uint64
+	}
+	figs := make([]figures, len(hops))
+	deliver := func(i int) {
+		h, fig := hops[i], &figs[i]
+		got := make(chan *nats.Msg, 1)
+		sub, err := h.nc.ChanSubscribe("bench.hop", got)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := h.nc.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		own := h.node.Store.NC
+		mallocs := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+		metrics.Read(mallocs)
+		allocs0, reads0, cpu0 := mallocs[0].Value.Uint64(), h.conn.reads.Load(), processCPU(b)
+		for range perRound {
+			t0 := time.Now()
+			if err := own.Publish("bench.hop", payload); err != nil {
+				b.Fatal(err)
+			}
+			<-got
+			fig.deliver = append(fig.deliver, time.Since(t0))
+		}
+		fig.cpu += processCPU(b) - cpu0
+		metrics.Read(mallocs)
+		fig.allocs += mallocs[0].Value.Uint64() - allocs0
+		fig.reads += uint64(h.conn.reads.Load() - reads0)
+		fig.msgs += perRound
+		for range perRound / 4 {
+			t0 := time.Now()
+			if err := store.CheckQuorum(context.Background(), h.nc, h.node.Store.Names); err != nil {
+				b.Fatal(err)
+			}
+			fig.request = append(fig.request, time.Since(t0))
+		}
+	}
+	b.ResetTimer()
+	for round := range rounds {
+		alternate(round, func() { deliver(0) }, func() { deliver(1) })
+	}
+	b.StopTimer()
+	for i, h := range hops {
+		fig := figs[i]
+		d, r := sorted(fig.deliver), sorted(fig.request)
+		b.ReportMetric(float64(pct(d, 50).Microseconds()), h.name+"-deliver-p50-µs")
+		b.ReportMetric(float64(pct(d, 99).Microseconds()), h.name+"-deliver-p99-µs")
+		b.ReportMetric(float64(fig.cpu.Nanoseconds())/float64(fig.msgs)/1000, h.name+"-cpu-µs/msg")
+		b.ReportMetric(float64(fig.allocs)/float64(fig.msgs), h.name+"-allocs/msg")
+		b.ReportMetric(float64(fig.reads)/float64(fig.msgs), h.name+"-reads/msg")
+		b.ReportMetric(float64(pct(r, 50).Microseconds()), h.name+"-request-p50-µs")
+		b.ReportMetric(float64(pct(r, 99).Microseconds()), h.name+"-request-p99-µs")
+	}
+}
+
+// hopPayload is about the size of a routing event of the CommitToServed
+// redeploys as the node republishes it (one service, one instance: 314
+// bytes under some 600 bytes of headers).
+const hopPayload = 1000
+
+// countingConn counts the reads of a client's socket.
+type countingConn struct {
+	net.Conn
+	reads atomic.Int64
+}
+
+func (c *countingConn) Read(b []byte) (int, error) {
+	c.reads.Add(1)
+	return c.Conn.Read(b)
+}
+
+type dialerFunc func(network, addr string) (net.Conn, error)
+
+func (d dialerFunc) Dial(network, addr string) (net.Conn, error) { return d(network, addr) }
