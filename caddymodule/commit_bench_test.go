@@ -203,6 +203,8 @@ func (r *redeployer) run(ctx context.Context, b *testing.B, n, warmup int) []com
 	return traces
 }
 
+// redeploy moves the service's one instance to the other backend (its
+// records written untimed) and times the final commit until served.
 func (r *redeployer) redeploy(ctx context.Context, b *testing.B) commitTrace {
 	b.StopTimer()
 	want := r.backends[r.n%2]
