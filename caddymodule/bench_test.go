@@ -1,14 +1,11 @@
 package caddymodule
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -17,8 +14,6 @@ import (
 	"time"
 
 	"github.com/edgeplane/edgeplane/store"
-	"github.com/edgeplane/edgeplane/store/signers"
-	"github.com/edgeplane/edgeplane/store/storagenode"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
@@ -161,111 +156,6 @@ func BenchmarkGatewayVsReverseProxy(b *testing.B) {
 	b.ReportMetric(med(gwP99s), "gateway-p99-ms")
 	b.ReportMetric(med(stP99s), "stock-p99-ms")
 	b.ReportMetric(med(p99Ratios), "p99-ratio(stock/gw)")
-}
-
-// BenchmarkCommitToServed measures the time from appending a deploy's final
-// commit (instances already ready, as after the phase work) to the first
-// request through the gateway that the new revision's instance answers.
-// Each iteration is one redeploy; p50/p99/max are over all iterations.
-func BenchmarkCommitToServed(b *testing.B) {
-	commitToServed(b, newFixture(b))
-}
-
-// BenchmarkCommitToServedTLS is CommitToServed against a storage node with
-// credentials, the gateway on gateway credentials: plaintext (an auth dir
-// without the fleet CA), then TLS. Its ratio is what TLS on the wire costs
-// the path from a final commit to a served request.
-func BenchmarkCommitToServedTLS(b *testing.B) {
-	for _, mode := range []struct {
-		name string
-		tls  storagenode.Toggle
-	}{{"plaintext", storagenode.ToggleOff}, {"tls", storagenode.ToggleOn}} {
-		b.Run(mode.name, func(b *testing.B) { commitToServed(b, newAuthFixture(b, mode.tls)) })
-	}
-}
-
-// newAuthFixture is newFixture on a storage node that requires credentials,
-// speaking TLS or not; the store signs with a signer certified under the
-// node's trust root, and the gateway's credentials carry it (and the CA).
-func newAuthFixture(b *testing.B, tls storagenode.Toggle) *fixture {
-	b.Helper()
-	dir := b.TempDir()
-	authDir := filepath.Join(dir, "auth")
-	if _, err := storagenode.LoadAuth(authDir, true); err != nil {
-		b.Fatal(err)
-	}
-	if tls == storagenode.ToggleOff {
-		if err := os.RemoveAll(filepath.Join(authDir, "tls")); err != nil {
-			b.Fatal(err)
-		}
-	}
-	n, err := storagenode.Boot(b.Context(), storagenode.BootConfig{DataDir: dir, Listen: "127.0.0.1:0", Auth: storagenode.AuthOn,
-		AuthDir: authDir, TLS: tls, Encrypt: storagenode.ToggleOff})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(n.Close)
-	if (n.TLS != nil) != (tls == storagenode.ToggleOn) {
-		b.Fatalf("the node's TLS is %v, want %s", n.TLS != nil, tls)
-	}
-	if _, err := signers.Server(b.Context(), n.Store, authDir, dir, "bench"); err != nil {
-		b.Fatal(err)
-	}
-	creds, err := n.Auth.IssueCreds(storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw-test"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	f := newFixtureOn(b, &storetest.Server{NATS: n.Server, URL: n.Server.ClientURL(), Dir: dir, Store: n.Store})
-	f.creds = filepath.Join(dir, "gateway.creds")
-	if err := os.WriteFile(f.creds, creds, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	return f
-}
-
-// commitToServed measures, per final commit, the time until the gateway
-// serves the new instance.
-func commitToServed(b *testing.B, f *fixture) {
-	backends := []*backend{newBackend(b, "even"), newBackend(b, "odd")}
-	seq := f.deploy("bench", map[string]storetest.Service{"web": svc([]string{"bench.test"}, nil, backends[1])})
-	f.load()
-	f.waitSeq(seq)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	var lats []time.Duration
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		want := backends[i%2]
-		inst := want.instance()
-		inst.ID = fmt.Sprintf("%s-%d", want.name, i)
-		p, err := storetest.Prepare(ctx, f.nats.Store, "bench", map[string]storetest.Service{
-			"web": {Routes: svc([]string{"bench.test"}, nil).Routes, Instances: []storetest.Instance{inst}}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.StartTimer()
-		t0 := time.Now()
-		if _, err := p.Commit(ctx); err != nil {
-			b.Fatal(err)
-		}
-		for {
-			r, err := f.get("bench.test", "/")
-			if err != nil {
-				b.Fatal(err)
-			}
-			if r.backend == want.name {
-				break
-			}
-		}
-		lats = append(lats, time.Since(t0))
-	}
-	b.StopTimer()
-	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	b.ReportMetric(ms(lats[len(lats)/2]), "p50-ms")
-	b.ReportMetric(ms(lats[(len(lats)*99)/100]), "p99-ms")
-	b.ReportMetric(ms(lats[len(lats)-1]), "max-ms")
 }
 
 // BenchmarkRoutePolicy compares, through one gateway to the same
