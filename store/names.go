@@ -239,13 +239,6 @@ func (n Names) MeshPeersRepublishedWildcard() string { return "rp.kv." + n.MeshP
 // republished, so readers learn of a new or retired signer at once.
 func (n Names) SignersRepublishedWildcard() string { return "rp.kv." + n.SignersBucket() + ".>" }
 
-// MachineBeatsRepublishedWildcard is where the machine heartbeats bucket
-// republishes each beat once stored: what gateways follow to tell a
-// machine that stopped beating.
-func (n Names) MachineBeatsRepublishedWildcard() string {
-	return "rp.kv." + n.MachineBeatsBucket() + ".>"
-}
-
 // MachineLivenessRepublishedWildcard is where the machine liveness bucket
 // republishes each judgement once stored: what gateways follow to set
 // aside the instances of a machine that stopped beating.
