@@ -246,6 +246,11 @@ func (n Names) MachineLivenessRepublishedWildcard() string {
 	return "rp.kv." + n.MachineLivenessBucket() + ".>"
 }
 
+// FleetStatusFlushedSubject is where the fleet status aggregator says,
+// after each flush, which writes every summary counts
+// (FleetStatusFlushed).
+func (n Names) FleetStatusFlushedSubject() string { return n.subjectPrefix() + ".fleet.flushed" }
+
 // CertRenewalSubject is where renewal work for host is scheduled.
 func (n Names) CertRenewalSubject(host string) string {
 	return n.subjectPrefix() + ".certs.renew." + KeySafe(host)
