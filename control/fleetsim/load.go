@@ -59,6 +59,10 @@ type ChurnResult struct {
 	// Stored counts the observation writes the store took for them: fewer
 	// than Writes where an agent wrote changes together.
 	Stored int
+	// Summaries and Beats count the fleet status and heartbeat writes
+	// the store took meanwhile: the rest of what the storage node's CPU
+	// per change pays for.
+	Summaries, Beats int
 	// Retries counts writes sent again after an error (a storage node
 	// going away mid-write): the write is only counted once acknowledged.
 	Retries int
@@ -98,7 +102,7 @@ func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, burst int,
 	for k, key := range keys {
 		onMachine[key[0]] = append(onMachine[key[0]], k)
 	}
-	firstSeq, err := f.observedSeq(ctx)
+	firstSeq, err := f.writeSeqs(ctx)
 	if err != nil {
 		return ChurnResult{}, err
 	}
@@ -204,19 +208,24 @@ loop:
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
-	lastSeq, err := f.observedSeq(ctx)
-	res.Stored = int(lastSeq - firstSeq)
+	lastSeq, err := f.writeSeqs(ctx)
+	res.Stored, res.Summaries, res.Beats = int(lastSeq[0]-firstSeq[0]), int(lastSeq[1]-firstSeq[1]), int(lastSeq[2]-firstSeq[2])
 	return res, err
 }
 
-// observedSeq is the last sequence of the instance observations' stream:
-// how many observation writes the store took.
-func (f *Fleet) observedSeq(ctx context.Context) (uint64, error) {
-	info, err := f.s.StreamInfo(ctx, "KV_"+f.s.Names.ObservedBucket())
-	if err != nil {
-		return 0, fmt.Errorf("reading the observations' stream: %w", err)
+// writeSeqs are the last sequences of the streams of the instance
+// observations, the fleet status and the heartbeats: how many writes of
+// each the store took.
+func (f *Fleet) writeSeqs(ctx context.Context) ([3]uint64, error) {
+	var out [3]uint64
+	for i, bucket := range []string{f.s.Names.ObservedBucket(), f.s.Names.FleetStatusBucket(), f.s.Names.MachineBeatsBucket()} {
+		info, err := f.s.StreamInfo(ctx, "KV_"+bucket)
+		if err != nil {
+			return out, fmt.Errorf("reading the stream of %s: %w", bucket, err)
+		}
+		out[i] = info.State.LastSeq
 	}
-	return info.State.LastSeq, nil
+	return out, nil
 }
 
 // put writes machine's observations through its agent until acknowledged,
