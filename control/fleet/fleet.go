@@ -155,6 +155,24 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	defer func() { _ = tw.Stop() }()
 	t := time.NewTicker(a.cfg.FlushEvery)
 	defer t.Stop()
+	// A flush writes in a goroutine of its own (its synced writes take a
+	// busy storage node hundreds of milliseconds), so that the watches
+	// are taken in meanwhile and the next flush, due or overdue, has
+	// them: flushed is its end, nil while none is under way, and a tick
+	// that meets one starts the next as soon as it ends (overdue).
+	var flushed chan error
+	overdue := false
+	startFlush := func() {
+		f := a.prepareFlush()
+		done := make(chan error, 1)
+		flushed = done
+		go func() { done <- a.flush(ctx, f) }()
+	}
+	defer func() {
+		if flushed != nil {
+			<-flushed
+		}
+	}()
 	// Nothing is written until the watches have delivered the store as
 	// it is: a summary of half the records would be a wrong one.
 	var instancesLoaded, observedLoaded, beatsLoaded bool
@@ -211,8 +229,19 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			if err := a.judge(ctx, time.Now()); err != nil && ctx.Err() == nil {
 				a.log.Warn("writing machine liveness", zap.Error(err))
 			}
-			if err := a.flush(ctx); err != nil && ctx.Err() == nil {
+			if flushed != nil {
+				overdue = true
+				continue
+			}
+			startFlush()
+		case err := <-flushed:
+			flushed = nil
+			if err != nil && ctx.Err() == nil {
 				a.log.Warn("writing fleet status", zap.Error(err))
+			}
+			if overdue {
+				overdue = false
+				startFlush()
 			}
 		}
 	}

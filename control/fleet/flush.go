@@ -31,14 +31,26 @@ const flushWriters = 128
 // then.
 func (a *Aggregator) refreshEvery() time.Duration { return 10 * a.cfg.FlushEvery }
 
-// flush writes the summaries of the namespaces that changed and whose
-// summaries say something new, then says through which revisions every
-// summary is current (store.FleetStatusFlushed).
-func (a *Aggregator) flush(ctx context.Context) error {
+// flushing is one flush: the summaries to write, computed under a.mu,
+// and what it says once they are written.
+type flushing struct {
+	out []store.NamespaceStatus
+	// dirty is the dirty set the summaries were computed from, oldest
+	// its oldest change.
+	dirty  map[string]time.Time
+	oldest time.Time
+	told   store.FleetStatusFlushed
+}
+
+// prepareFlush computes the summaries of the namespaces that changed and
+// say something new (and of those due a refresh), and takes them out of
+// the dirty set: changes taken in from here on go to the next flush.
+func (a *Aggregator) prepareFlush() *flushing {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	now := time.Now()
-	told := store.FleetStatusFlushed{Revision: a.rev, Observed: a.obsRev, At: now.UTC()}
-	out := make([]store.NamespaceStatus, 0, len(a.dirty))
+	f := &flushing{out: make([]store.NamespaceStatus, 0, len(a.dirty)), dirty: a.dirty,
+		told: store.FleetStatusFlushed{Revision: a.rev, Observed: a.obsRev, At: now.UTC()}}
 	consider := func(ns string) {
 		st := a.summary(ns)
 		if prev, ok := a.flushed[ns]; ok && sameSummary(&prev, &st) && now.Sub(prev.UpdatedAt) < a.refreshEvery() {
@@ -46,13 +58,12 @@ func (a *Aggregator) flush(ctx context.Context) error {
 			return
 		}
 		delete(a.behind, ns)
-		out = append(out, st)
+		f.out = append(f.out, st)
 	}
-	var oldest time.Time
 	for ns, since := range a.dirty {
 		consider(ns)
-		if oldest.IsZero() || since.Before(oldest) {
-			oldest = since
+		if f.oldest.IsZero() || since.Before(f.oldest) {
+			f.oldest = since
 		}
 	}
 	for ns := range a.behind {
@@ -60,16 +71,21 @@ func (a *Aggregator) flush(ctx context.Context) error {
 			consider(ns)
 		}
 	}
-	dirty := a.dirty
 	a.dirty = map[string]time.Time{}
-	a.mu.Unlock()
+	return f
+}
 
-	errs := make([]error, len(out))
+// flush writes what prepareFlush computed, then says through which
+// revisions every summary is current (store.FleetStatusFlushed). It
+// takes a.mu only to note what it wrote: Run goes on taking in changes
+// while the (synced) writes are under way.
+func (a *Aggregator) flush(ctx context.Context, f *flushing) error {
+	errs := make([]error, len(f.out))
 	var g errgroup.Group
 	g.SetLimit(flushWriters)
-	for i := range out {
+	for i := range f.out {
 		g.Go(func() error {
-			errs[i] = a.write(ctx, &out[i])
+			errs[i] = a.write(ctx, &f.out[i])
 			return nil
 		})
 	}
@@ -77,12 +93,12 @@ func (a *Aggregator) flush(ctx context.Context) error {
 
 	var msgs []string
 	a.mu.Lock()
-	for i := range out {
-		st := &out[i]
+	for i := range f.out {
+		st := &f.out[i]
 		switch {
 		case errs[i] != nil:
 			msgs = append(msgs, errs[i].Error())
-			if since, changed := dirty[st.Namespace]; changed {
+			if since, changed := f.dirty[st.Namespace]; changed {
 				a.touch(st.Namespace, since) // written next time
 			} else {
 				a.behind[st.Namespace] = true // a refresh: tried again next time
@@ -93,11 +109,12 @@ func (a *Aggregator) flush(ctx context.Context) error {
 			a.flushed[st.Namespace] = *st
 		}
 	}
-	if !oldest.IsZero() {
-		a.lastLag = time.Since(oldest)
+	if !f.oldest.IsZero() {
+		a.lastLag = time.Since(f.oldest)
 	}
 	// Only a flush that wrote all it meant to makes every summary
 	// current; one with nothing new to say says nothing.
+	told := f.told
 	say := len(msgs) == 0 && (told.Revision > a.told.Revision || told.Observed > a.told.Observed)
 	if say {
 		a.told = told
