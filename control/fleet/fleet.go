@@ -67,7 +67,8 @@ type Aggregator struct {
 	// mu guards every field below it but leading (an atomic): the watches
 	// (Run's loop), the flush, the liveness judgement and the metrics
 	// collector all take it, each for a short, I/O-free section; a flush
-	// computes its summaries under it and writes them after releasing it.
+	// computes its summaries under it and writes them after releasing it,
+	// from a goroutine of Run's while the loop goes on taking in entries.
 	mu sync.Mutex
 	// byNS holds the instance records by namespace and KV key, so that a
 	// namespace's summary costs its own instances, not the fleet's.
@@ -158,19 +159,20 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	// A flush writes in a goroutine of its own (its synced writes take a
 	// busy storage node hundreds of milliseconds), so that the watches
 	// are taken in meanwhile and the next flush, due or overdue, has
-	// them: flushed is its end, nil while none is under way, and a tick
-	// that meets one starts the next as soon as it ends (overdue).
-	var flushed chan error
+	// them: writing ends with its result, nil while no flush is under
+	// way, and a tick that meets one starts the next as soon as it ends
+	// (overdue). Never two at once: a namespace's writes stay in order.
+	var writing chan error
 	overdue := false
 	startFlush := func() {
 		f := a.prepareFlush()
 		done := make(chan error, 1)
-		flushed = done
+		writing = done
 		go func() { done <- a.flush(ctx, f) }()
 	}
 	defer func() {
-		if flushed != nil {
-			<-flushed
+		if writing != nil {
+			<-writing
 		}
 	}()
 	// Nothing is written until the watches have delivered the store as
@@ -229,13 +231,13 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			if err := a.judge(ctx, time.Now()); err != nil && ctx.Err() == nil {
 				a.log.Warn("writing machine liveness", zap.Error(err))
 			}
-			if flushed != nil {
+			if writing != nil {
 				overdue = true
 				continue
 			}
 			startFlush()
-		case err := <-flushed:
-			flushed = nil
+		case err := <-writing:
+			writing = nil
 			if err != nil && ctx.Err() == nil {
 				a.log.Warn("writing fleet status", zap.Error(err))
 			}

@@ -99,7 +99,11 @@ func (a *Aggregator) flush(ctx context.Context, f *flushing) error {
 		case errs[i] != nil:
 			msgs = append(msgs, errs[i].Error())
 			if since, changed := f.dirty[st.Namespace]; changed {
-				a.touch(st.Namespace, since) // written next time
+				// Written next time, as changed since its first change
+				// (it may have changed again meanwhile).
+				if cur, ok := a.dirty[st.Namespace]; !ok || since.Before(cur) {
+					a.dirty[st.Namespace] = since
+				}
 			} else {
 				a.behind[st.Namespace] = true // a refresh: tried again next time
 			}
