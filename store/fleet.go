@@ -68,7 +68,10 @@ type NamespaceStatus struct {
 	// in the first summary with Revision >= R.
 	Revision uint64 `json:"revision,omitempty"`
 	// Observed is the same for the instance observations' stream
-	// (MachineObserved).
+	// (MachineObserved). The aggregator writes a summary when what it
+	// says changed, and one that did not only every few seconds to bring
+	// these two along: a reader waiting for its write to be counted
+	// follows FleetStatusFlushed, which says so after every flush.
 	Observed  uint64    `json:"observed,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -77,3 +80,16 @@ func (r *NamespaceStatus) version() int { return r.Version }
 
 // KeyOK checks the summary is filed under its namespace.
 func (r *NamespaceStatus) KeyOK(key string) error { return keyMust(key, r.Namespace) }
+
+// FleetStatusFlushed is the aggregator's word after a flush: every
+// namespace summary in the store counts every instance record write up to
+// Revision and every observation write up to Observed, whether the flush
+// rewrote it or found it unchanged. Published on
+// Names.FleetStatusFlushedSubject (core NATS, not stored): it is for a
+// reader following the summaries as they are written, as the stored
+// summaries' own revisions are only brought along every few seconds.
+type FleetStatusFlushed struct {
+	Revision uint64    `json:"revision"`
+	Observed uint64    `json:"observed"`
+	At       time.Time `json:"at"`
+}

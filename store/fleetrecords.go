@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -40,6 +42,35 @@ func (s *Store) WatchGatewayTraffic(ctx context.Context, opts ...jetstream.Watch
 // WatchNamespaceStatus watches every namespace summary (NamespaceStatus).
 func (s *Store) WatchNamespaceStatus(ctx context.Context, opts ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
 	return s.fleetStatus.WatchAll(ctx, opts...)
+}
+
+// PublishFleetStatusFlushed says f to whoever follows the summaries
+// (FollowFleetStatusFlushed); nobody following costs nothing but the
+// send.
+func (s *Store) PublishFleetStatusFlushed(f *FleetStatusFlushed) error {
+	b, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("encoding the fleet status flush: %w", err)
+	}
+	if err := s.NC.Publish(s.Names.FleetStatusFlushedSubject(), b); err != nil {
+		return classify(fmt.Errorf("publishing the fleet status flush: %w", err))
+	}
+	return nil
+}
+
+// FollowFleetStatusFlushed calls fn with each FleetStatusFlushed published
+// from now on, one at a time, until stop is called.
+func (s *Store) FollowFleetStatusFlushed(fn func(*FleetStatusFlushed)) (stop func(), err error) {
+	sub, err := s.NC.Subscribe(s.Names.FleetStatusFlushedSubject(), func(m *nats.Msg) {
+		var f FleetStatusFlushed
+		if json.Unmarshal(m.Data, &f) == nil {
+			fn(&f)
+		}
+	})
+	if err != nil {
+		return nil, classify(fmt.Errorf("following the fleet status flushes: %w", err))
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
 }
 
 // WatchDeployStatus follows every deploy's status (DeployStatus): the

@@ -4,8 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
@@ -46,5 +48,46 @@ func TestLayoutRefusesRollupsAndHasLimits(t *testing.T) {
 		if err := str.Purge(ctx); err == nil && name != s.Names.CertRenewalsStream() {
 			t.Errorf("%s was purged", name)
 		}
+	}
+}
+
+// Heartbeats are not republished (gateways follow the liveness judgement):
+// a store provisioned by an earlier release, which republished them,
+// stops at the next provisioning, and a beat then reaches no subscriber.
+func TestHeartbeatsAreNotRepublished(t *testing.T) {
+	srv := storetest.Start(t)
+	ctx := context.Background()
+	s := srv.Store
+	name := "KV_" + s.Names.MachineBeatsBucket()
+	str, err := s.JS.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := str.CachedInfo().Config
+	old := "rp.kv." + s.Names.MachineBeatsBucket() + ".>"
+	cfg.RePublish = &jetstream.RePublish{Source: "$KV." + s.Names.MachineBeatsBucket() + ".>", Destination: old}
+	if _, err := s.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	s = srv.Connect(t) // provisions again, as a control server of this release starting
+	info, err := s.StreamInfo(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.RePublish != nil {
+		t.Fatalf("%s still republishes: %+v", name, info.Config.RePublish)
+	}
+	sub, err := s.NC.SubscribeSync(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutMachineBeat(ctx, "m1", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := sub.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatalf("a beat was republished on %s", m.Subject)
 	}
 }

@@ -239,19 +239,17 @@ func (n Names) MeshPeersRepublishedWildcard() string { return "rp.kv." + n.MeshP
 // republished, so readers learn of a new or retired signer at once.
 func (n Names) SignersRepublishedWildcard() string { return "rp.kv." + n.SignersBucket() + ".>" }
 
-// MachineBeatsRepublishedWildcard is where the machine heartbeats bucket
-// republishes each beat once stored: what gateways follow to tell a
-// machine that stopped beating.
-func (n Names) MachineBeatsRepublishedWildcard() string {
-	return "rp.kv." + n.MachineBeatsBucket() + ".>"
-}
-
 // MachineLivenessRepublishedWildcard is where the machine liveness bucket
 // republishes each judgement once stored: what gateways follow to set
 // aside the instances of a machine that stopped beating.
 func (n Names) MachineLivenessRepublishedWildcard() string {
 	return "rp.kv." + n.MachineLivenessBucket() + ".>"
 }
+
+// FleetStatusFlushedSubject is where the fleet status aggregator says,
+// after each flush, which writes every summary counts
+// (FleetStatusFlushed).
+func (n Names) FleetStatusFlushedSubject() string { return n.subjectPrefix() + ".fleet.flushed" }
 
 // CertRenewalSubject is where renewal work for host is scheduled.
 func (n Names) CertRenewalSubject(host string) string {

@@ -401,9 +401,9 @@ func (s *Store) layout() ([]streamSpec, []bucketSpec) {
 		case &s.signers:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.SignersBucket() + ".>", Destination: names.SignersRepublishedWildcard()}
-		case &s.machineBeats:
-			buckets[i].cfg.RePublish = &jetstream.RePublish{
-				Source: "$KV." + names.MachineBeatsBucket() + ".>", Destination: names.MachineBeatsRepublishedWildcard()}
+		// Heartbeats are not republished: gateways follow the liveness
+		// judgement instead (since v0.37.0), and a republish nobody
+		// subscribes to still cost the storage node a message per beat.
 		case &s.machineLiveness:
 			buckets[i].cfg.RePublish = &jetstream.RePublish{
 				Source: "$KV." + names.MachineLivenessBucket() + ".>", Destination: names.MachineLivenessRepublishedWildcard()}

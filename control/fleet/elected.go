@@ -49,6 +49,8 @@ func (a *Aggregator) RunElected(ctx context.Context, holder string) {
 		a.leading.Store(false)
 		a.mu.Lock()
 		clear(a.flushed) // the next writer's now
+		clear(a.behind)
+		a.told = store.FleetStatusFlushed{}
 		a.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = l.Release(rctx)

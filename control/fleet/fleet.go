@@ -7,7 +7,10 @@
 // marks the namespaces that changed, and writes their summaries at a
 // bounded rate (a dirty set flushed every half second by default) to the
 // fleet status bucket, which `control status` and `control deploy status`
-// read.
+// read. A summary that would say what the stored one says is not written
+// (they are synced writes) until its revisions are ten flushes old; after
+// each flush the aggregator says on a core NATS subject through which
+// revisions every summary is current (flush.go).
 //
 // Two of its outputs are decisions others act on:
 //   - the machine liveness judgement (liveness.go): which machines stopped
@@ -30,7 +33,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,7 +40,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -66,7 +67,8 @@ type Aggregator struct {
 	// mu guards every field below it but leading (an atomic): the watches
 	// (Run's loop), the flush, the liveness judgement and the metrics
 	// collector all take it, each for a short, I/O-free section; a flush
-	// computes its summaries under it and writes them after releasing it.
+	// computes its summaries under it and writes them after releasing it,
+	// from a goroutine of Run's while the loop goes on taking in entries.
 	mu sync.Mutex
 	// byNS holds the instance records by namespace and KV key, so that a
 	// namespace's summary costs its own instances, not the fleet's.
@@ -87,8 +89,15 @@ type Aggregator struct {
 	// revisions taken in.
 	rev, obsRev uint64
 	dirty       map[string]time.Time // namespace → its oldest unflushed change
-	// flushed is what was last written, for metrics.
+	// flushed is what was last written of each namespace (flush.go),
+	// for metrics and to leave unchanged summaries unwritten.
 	flushed map[string]store.NamespaceStatus
+	// behind are the namespaces whose stored summary says what they are
+	// but was left unwritten, so its revisions are older than the
+	// aggregator's: it is written again once refreshEvery old.
+	behind map[string]bool
+	// told are the revisions the last FleetStatusFlushed said.
+	told store.FleetStatusFlushed
 	// lastLag is the time from the oldest change in the last flush to
 	// that flush.
 	lastLag time.Duration
@@ -115,7 +124,7 @@ func New(s *store.Store, cfg Config) (*Aggregator, error) {
 	return &Aggregator{s: s, cfg: cfg, log: cfg.Logger,
 		byNS: map[string]map[string]*store.InstanceRecord{}, onMachine: map[string]map[string]int{},
 		observed: map[string]*store.MachineObserved{}, beats: map[string]store.MachineBeat{}, heard: map[string]time.Time{}, live: map[string]string{},
-		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{},
+		dirty: map[string]time.Time{}, flushed: map[string]store.NamespaceStatus{}, behind: map[string]bool{},
 		traffic: map[string]*gatewayReports{}}, nil
 }
 
@@ -147,6 +156,25 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	defer func() { _ = tw.Stop() }()
 	t := time.NewTicker(a.cfg.FlushEvery)
 	defer t.Stop()
+	// A flush writes in a goroutine of its own (its synced writes take a
+	// busy storage node hundreds of milliseconds), so that the watches
+	// are taken in meanwhile and the next flush, due or overdue, has
+	// them: writing ends with its result, nil while no flush is under
+	// way, and a tick that meets one starts the next as soon as it ends
+	// (overdue). Never two at once: a namespace's writes stay in order.
+	var writing chan error
+	overdue := false
+	startFlush := func() {
+		f := a.prepareFlush()
+		done := make(chan error, 1)
+		writing = done
+		go func() { done <- a.flush(ctx, f) }()
+	}
+	defer func() {
+		if writing != nil {
+			<-writing
+		}
+	}()
 	// Nothing is written until the watches have delivered the store as
 	// it is: a summary of half the records would be a wrong one.
 	var instancesLoaded, observedLoaded, beatsLoaded bool
@@ -203,8 +231,19 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			if err := a.judge(ctx, time.Now()); err != nil && ctx.Err() == nil {
 				a.log.Warn("writing machine liveness", zap.Error(err))
 			}
-			if err := a.flush(ctx); err != nil && ctx.Err() == nil {
+			if writing != nil {
+				overdue = true
+				continue
+			}
+			startFlush()
+		case err := <-writing:
+			writing = nil
+			if err != nil && ctx.Err() == nil {
 				a.log.Warn("writing fleet status", zap.Error(err))
+			}
+			if overdue {
+				overdue = false
+				startFlush()
 			}
 		}
 	}
@@ -360,67 +399,3 @@ func (a *Aggregator) summary(ns string) store.NamespaceStatus {
 // maxMachinesListed bounds the per-machine counts one summary carries in
 // full.
 const maxMachinesListed = 500
-
-// flushWriters is how many summaries are written at once: a flush after a
-// fleet-wide change writes one per namespace, and one at a time would
-// take a round trip each. 16 at a time, a flush of 1,000 summaries on a
-// busy storage node took most of the flush interval, and the status lag
-// p99 went past a second whenever one took longer.
-const flushWriters = 128
-
-// flush writes the summaries of the namespaces that changed.
-func (a *Aggregator) flush(ctx context.Context) error {
-	a.mu.Lock()
-	out := make([]store.NamespaceStatus, 0, len(a.dirty))
-	var oldest time.Time
-	for ns, since := range a.dirty {
-		out = append(out, a.summary(ns))
-		if oldest.IsZero() || since.Before(oldest) {
-			oldest = since
-		}
-	}
-	dirty := a.dirty
-	a.dirty = map[string]time.Time{}
-	a.mu.Unlock()
-
-	errs := make([]error, len(out))
-	var g errgroup.Group
-	g.SetLimit(flushWriters)
-	for i := range out {
-		g.Go(func() error {
-			errs[i] = a.write(ctx, &out[i])
-			return nil
-		})
-	}
-	_ = g.Wait()
-
-	var msgs []string
-	a.mu.Lock()
-	for i := range out {
-		st := &out[i]
-		switch {
-		case errs[i] != nil:
-			msgs = append(msgs, errs[i].Error())
-			a.touch(st.Namespace, dirty[st.Namespace]) // written next time
-		case st.Counts.Total() == 0:
-			delete(a.flushed, st.Namespace)
-		default:
-			a.flushed[st.Namespace] = *st
-		}
-	}
-	if !oldest.IsZero() {
-		a.lastLag = time.Since(oldest)
-	}
-	a.mu.Unlock()
-	if len(msgs) > 0 {
-		slices.Sort(msgs)
-		return fmt.Errorf("%s", strings.Join(msgs, "; "))
-	}
-	return nil
-}
-
-// write stores one summary, or deletes it once the namespace has no
-// instances left.
-func (a *Aggregator) write(ctx context.Context, st *store.NamespaceStatus) error {
-	return a.s.PutNamespaceStatus(ctx, st)
-}

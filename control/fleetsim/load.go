@@ -59,6 +59,10 @@ type ChurnResult struct {
 	// Stored counts the observation writes the store took for them: fewer
 	// than Writes where an agent wrote changes together.
 	Stored int
+	// Summaries and Beats count the fleet status and heartbeat writes
+	// the store took meanwhile: the rest of what the storage node's CPU
+	// per change pays for.
+	Summaries, Beats int
 	// Retries counts writes sent again after an error (a storage node
 	// going away mid-write): the write is only counted once acknowledged.
 	Retries int
@@ -98,7 +102,7 @@ func (f *Fleet) Churn(ctx context.Context, rate int, d time.Duration, burst int,
 	for k, key := range keys {
 		onMachine[key[0]] = append(onMachine[key[0]], k)
 	}
-	firstSeq, err := f.observedSeq(ctx)
+	firstSeq, err := f.writeSeqs(ctx)
 	if err != nil {
 		return ChurnResult{}, err
 	}
@@ -204,19 +208,24 @@ loop:
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
-	lastSeq, err := f.observedSeq(ctx)
-	res.Stored = int(lastSeq - firstSeq)
+	lastSeq, err := f.writeSeqs(ctx)
+	res.Stored, res.Summaries, res.Beats = int(lastSeq[0]-firstSeq[0]), int(lastSeq[1]-firstSeq[1]), int(lastSeq[2]-firstSeq[2])
 	return res, err
 }
 
-// observedSeq is the last sequence of the instance observations' stream:
-// how many observation writes the store took.
-func (f *Fleet) observedSeq(ctx context.Context) (uint64, error) {
-	info, err := f.s.StreamInfo(ctx, "KV_"+f.s.Names.ObservedBucket())
-	if err != nil {
-		return 0, fmt.Errorf("reading the observations' stream: %w", err)
+// writeSeqs are the last sequences of the streams of the instance
+// observations, the fleet status and the heartbeats: how many writes of
+// each the store took.
+func (f *Fleet) writeSeqs(ctx context.Context) ([3]uint64, error) {
+	var out [3]uint64
+	for i, bucket := range []string{f.s.Names.ObservedBucket(), f.s.Names.FleetStatusBucket(), f.s.Names.MachineBeatsBucket()} {
+		info, err := f.s.StreamInfo(ctx, "KV_"+bucket)
+		if err != nil {
+			return out, fmt.Errorf("reading the stream of %s: %w", bucket, err)
+		}
+		out[i] = info.State.LastSeq
 	}
-	return info.State.LastSeq, nil
+	return out, nil
 }
 
 // put writes machine's observations through its agent until acknowledged,
@@ -321,14 +330,19 @@ func summaryDiff(ctx context.Context, s *store.Store) (string, error) {
 }
 
 // LagMeter measures the fleet status lag: from an instance observation
-// write being sent to the first summary of its namespace that counts it
-// (its Observed revision at or past the write's) being written and seen.
+// write being sent to the aggregator saying its namespace's summary counts
+// it: the first summary written with its Observed revision at or past the
+// write's, or the first flush notice (store.FleetStatusFlushed) past it,
+// which covers a write that changed nothing the summary says (such a
+// summary is not rewritten), whichever is seen first.
 type LagMeter struct {
 	mu      sync.Mutex
 	pending map[string][]Write
 	// seen are the latest summaries seen of each namespace, for a write
-	// noted after the summary that counts it arrived.
+	// noted after the summary that counts it arrived; told the latest
+	// flush notice.
 	seen map[string][]seenSummary
+	told seenSummary
 	lags []lagSample
 	stop func()
 }
@@ -345,13 +359,18 @@ type seenSummary struct {
 
 // NewLagMeter follows the summaries in s until Stop.
 func NewLagMeter(ctx context.Context, s *store.Store) (*LagMeter, error) {
+	m := &LagMeter{pending: map[string][]Write{}, seen: map[string][]seenSummary{}}
+	unfollow, err := s.FollowFleetStatusFlushed(func(f *store.FleetStatusFlushed) { m.flushed(f.Observed, time.Now()) })
+	if err != nil {
+		return nil, err
+	}
 	w, err := s.WatchNamespaceStatus(ctx, jetstream.UpdatesOnly())
 	if err != nil {
+		unfollow()
 		return nil, fmt.Errorf("watching fleet status: %w", err)
 	}
-	m := &LagMeter{pending: map[string][]Write{}, seen: map[string][]seenSummary{}}
 	done := make(chan struct{})
-	m.stop = func() { _ = w.Stop(); <-done }
+	m.stop = func() { _ = w.Stop(); <-done; unfollow() }
 	go func() {
 		defer close(done)
 		for ent := range w.Updates() {
@@ -372,6 +391,10 @@ func NewLagMeter(ctx context.Context, s *store.Store) (*LagMeter, error) {
 func (m *LagMeter) Wrote(w Write) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.told.rev >= w.Revision {
+		m.lags = append(m.lags, lagSample{w.At, m.told.at.Sub(w.At)})
+		return
+	}
 	for _, s := range m.seen[w.Namespace] {
 		if s.rev >= w.Revision {
 			m.lags = append(m.lags, lagSample{w.At, s.at.Sub(w.At)})
@@ -384,7 +407,32 @@ func (m *LagMeter) Wrote(w Write) {
 func (m *LagMeter) summary(ns string, rev uint64, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p := m.pending[ns]
+	m.pending[ns] = m.counted(m.pending[ns], rev, at)
+	seen := append(m.seen[ns], seenSummary{rev, at})
+	m.seen[ns] = seen[max(0, len(seen)-16):]
+}
+
+// flushed takes a flush notice: every namespace's summary counts the
+// observation writes up to rev.
+func (m *LagMeter) flushed(rev uint64, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if rev <= m.told.rev {
+		return
+	}
+	m.told = seenSummary{rev, at}
+	for ns, p := range m.pending {
+		if p = m.counted(p, rev, at); len(p) == 0 {
+			delete(m.pending, ns)
+		} else {
+			m.pending[ns] = p
+		}
+	}
+}
+
+// counted records the lags of the writes in p up to rev, counted at at,
+// and returns the others; m.mu is held.
+func (m *LagMeter) counted(p []Write, rev uint64, at time.Time) []Write {
 	keep := p[:0]
 	for _, w := range p {
 		if w.Revision <= rev {
@@ -393,9 +441,7 @@ func (m *LagMeter) summary(ns string, rev uint64, at time.Time) {
 			keep = append(keep, w)
 		}
 	}
-	m.pending[ns] = keep
-	seen := append(m.seen[ns], seenSummary{rev, at})
-	m.seen[ns] = seen[max(0, len(seen)-16):]
+	return keep
 }
 
 // Stop ends the watch.

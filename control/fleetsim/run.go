@@ -262,6 +262,8 @@ func (r *LoadReport) Summary() string {
 	fmt.Fprintf(&b, "agents started in %s\n", r.StartAgents.Round(time.Millisecond))
 	fmt.Fprintf(&b, "writes: %d acknowledged in %s (%.0f/s), %d retried, %d could not start on time; %d observation writes stored them\n",
 		r.Churn.Writes, r.Churn.Elapsed.Round(time.Millisecond), r.Churn.Rate(), r.Churn.Retries, r.Churn.Behind, r.Churn.Stored)
+	fmt.Fprintf(&b, "meanwhile %d summary writes (%.2f a change) and %d heartbeats (%.2f a change)\n",
+		r.Churn.Summaries, float64(r.Churn.Summaries)/float64(max(1, r.Churn.Writes)), r.Churn.Beats, float64(r.Churn.Beats)/float64(max(1, r.Churn.Writes)))
 	fmt.Fprintf(&b, "longest time with no write acknowledged: %s (from %.1fs into the writes)\n",
 		r.Churn.Stall.Round(time.Millisecond), r.Churn.StallAt.Seconds())
 	fmt.Fprintf(&b, "status lag: p50 %s, p99 %s, max %s over %d writes; %d never counted\n",

@@ -139,7 +139,7 @@ func run(args []string) int {
 		}
 		fmt.Println(rep.Summary())
 		for _, p := range procs {
-			fmt.Println(p.report())
+			fmt.Println(p.report(rep.Churn.Writes))
 		}
 		if rep.Lost != nil || rep.SummaryErr != nil || rep.Unseen > 0 {
 			return 1
@@ -222,10 +222,15 @@ func (p *proc) mark(start bool) {
 	}
 }
 
-func (p *proc) report() string {
+// report says the process's CPU during the writes, and per acknowledged
+// change (of changes): the figure the storage node's goal is set in.
+func (p *proc) report(changes int) string {
 	out := fmt.Sprintf("%s (pid %d):", p.name, p.pid)
 	if p.t1.After(p.t0) && p.cpu1 > 0 {
 		out += fmt.Sprintf(" CPU during the writes %.0f%% (of one core),", 100*float64(p.cpu1-p.cpu0)/float64(p.t1.Sub(p.t0)))
+		if changes > 0 {
+			out += fmt.Sprintf(" %.0f µs per acknowledged change,", float64((p.cpu1-p.cpu0).Microseconds())/float64(changes))
+		}
 	}
 	return out + " " + memoryOf(p.pid)
 }
