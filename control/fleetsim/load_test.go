@@ -158,7 +158,7 @@ var (
 	loadApplies  = flag.Int("fleet.applies", 5, "BenchmarkFleetLoad: applies measured to every gateway, before and during the writes")
 )
 
-// BenchmarkFleetLoad is the README's fleet load figures on one storage node and on
+// BenchmarkFleetLoad is the fleet load figures of BENCHMARKS.md on one storage node and on
 // a three-node cluster whose third node is killed halfway: a fleet of
 // simulated agents and gateways, each on its own connection with its
 // role's credentials, writing instance states at a rate while applies go

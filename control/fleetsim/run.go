@@ -13,7 +13,7 @@ import (
 	"github.com/edgeplane/edgeplane/store"
 )
 
-// LoadSpec is one fleet load run (the README's fleet load figures): a fleet of
+// LoadSpec is one fleet load run (the fleet load figures of BENCHMARKS.md): a fleet of
 // Machines with Namespaces deployments of PerNamespace instances, whose
 // instance states change at Rate writes per second for Duration, with
 // Gateways routing projections following, and Applies deploys measured

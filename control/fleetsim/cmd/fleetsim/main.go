@@ -3,7 +3,7 @@
 // records, heartbeats and machine state, and run nothing. Without --rate it
 // keeps them running until Ctrl-C, so that `control machine ls`, `control
 // status` and `control deploy apply` can be tried at fleet size on one box.
-// With --rate it runs a load (the README's fleet load figures) and reports: instance
+// With --rate it runs a load (the fleet load figures of BENCHMARKS.md) and reports: instance
 // state writes at that rate for --duration, with --gateways routing
 // projections following and --applies deploys measured to every one of
 // them.
