@@ -117,6 +117,13 @@ func ParseSync(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// ProfileEnv names the environment variable that, set to a port, makes a
+// storage node serve Go's profiles (/debug/pprof/: heap, CPU, goroutines)
+// on its listen host at that port: what a benchmark reads a node's own
+// memory and CPU by (control/fleetsim/bench). Never set in production:
+// the profiles name subjects and connections.
+const ProfileEnv = "EDGEPLANE_STORAGE_PROFILE_PORT"
+
 // DefaultReadyTimeout is how long a storage node may take to accept
 // connections: a box with a large store recovers it first, and a busy
 // machine is slow to schedule a new server.
@@ -194,6 +201,11 @@ func Start(cfg Config) (*server.Server, error) {
 		}
 		if err := cfg.TLS.configure(opts, cfg.Logger); err != nil {
 			return nil, fmt.Errorf("starting embedded nats: %w", err)
+		}
+	}
+	if port := os.Getenv(ProfileEnv); port != "" {
+		if opts.ProfPort, err = strconv.Atoi(port); err != nil || opts.ProfPort <= 0 {
+			return nil, fmt.Errorf("starting embedded nats: $%s %q: want a port number", ProfileEnv, port)
 		}
 	}
 	if cfg.Configure != nil {
