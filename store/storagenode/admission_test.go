@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +35,10 @@ import (
 // running tests: BenchmarkAdmission measures that process alone, so what
 // the agents' side of the connections costs is not counted.
 const admissionNodeEnv = "EDGEPLANE_ADMISSION_NODE"
+
+// admissionHeapEnv, set to a file, has the node write its heap profile
+// there once its garbage is collected: what each connection holds.
+const admissionHeapEnv = "EDGEPLANE_ADMISSION_HEAP"
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(admissionNodeEnv); dir != "" {
@@ -69,12 +74,21 @@ func runAdmissionNode(dir string) int {
 		for range usr1 {
 			runtime.GC()
 			debug.FreeOSMemory()
+			if file := os.Getenv(admissionHeapEnv); file != "" {
+				if f, err := os.Create(file); err == nil {
+					_ = pprof.WriteHeapProfile(f)
+					f.Close()
+				}
+			}
 			ready <- struct{}{}
 		}
 	}()
 	go func() {
 		for range ready {
-			fmt.Println("collected")
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			fmt.Printf("collected: heap in use %d MB, goroutine stacks %d MB (%d goroutines), runtime %d MB\n", ms.HeapInuse>>20, ms.StackInuse>>20,
+				runtime.NumGoroutine(), (ms.MSpanSys+ms.MCacheSys+ms.BuckHashSys+ms.GCSys+ms.OtherSys)>>20)
 		}
 	}()
 	fmt.Printf("%s %s\n", ns.ClientURL(), ns.MonitorAddr())
@@ -207,9 +221,10 @@ func admit(b *testing.B, agents int) {
 	if err := node.Process.Signal(syscall.SIGUSR1); err != nil {
 		b.Fatal(err)
 	}
-	if !lines.Scan() || lines.Text() != "collected" {
+	if !lines.Scan() || !strings.HasPrefix(lines.Text(), "collected") {
 		b.Fatal("the storage node did not collect its garbage")
 	}
+	collected := lines.Text()
 	settled := sample(b, pid, monitor)
 
 	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(agents) }
@@ -221,6 +236,7 @@ func admit(b *testing.B, agents int) {
 	b.ReportMetric(float64(wrote.subs-before.subs)/float64(agents), "subs/conn")
 	b.Logf("%d agents connected in %s; node CPU %s connecting, %s for their first writes; RSS %d MB before, %d MB after, %d MB settled; %d subscriptions more",
 		agents, connected.Round(time.Millisecond), admitted.cpu-before.cpu, wrote.cpu-admitted.cpu, before.rss>>20, wrote.rss>>20, settled.rss>>20, wrote.subs-before.subs)
+	b.Logf("node %s", collected)
 	b.Logf("one agent's subscriptions: %s", strings.Join(subsOf(b, monitor, ids[0]), ", "))
 }
 
