@@ -60,7 +60,7 @@ func run(args []string) int {
 	signingKey := fs.String("signing-key", os.Getenv("EDGEPLANE_SIGNING_KEY"), "with --applies: signer key `FILE` the applies sign their intent with (control server writes DATA/signer.nk)")
 	midwayKill := fs.Int("midway-kill", 0, "with --rate: kill this process (a storage node) with SIGKILL halfway through the writes")
 	midwayKillLeader := fs.String("midway-kill-leader", "", "with --rate: `NAME=PID,...` storage nodes by server name; halfway through the writes, kill (SIGKILL) the one leading the instances bucket, which the writes go to")
-	watch := fs.String("watch", "", "with --rate: `NAME=PID,...` processes (control server, storage nodes) whose CPU during the writes and memory after the run are reported")
+	watch := fs.String("watch", "", "with --rate: `NAME=PID,...` processes (control server, storage nodes) whose CPU during the writes and memory after the run are reported, and their CPU and memory per agent while the agents connect")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
