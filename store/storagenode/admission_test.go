@@ -28,6 +28,7 @@ import (
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // admissionNodeEnv, set to a directory, makes the test binary a storage
@@ -301,5 +302,38 @@ func getJSON(tb testing.TB, url string, v any) {
 	defer resp.Body.Close()
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		tb.Fatalf("%s: %v", url, err)
+	}
+}
+
+// A node started with storagenode.ProfileEnv serves its Go profiles on
+// that port of its loopback listener, and refuses to serve them off
+// loopback.
+func TestProfilesOnLoopbackOnly(t *testing.T) {
+	addr := storetest.FreeAddr(t)
+	_, port, _ := strings.Cut(addr, ":")
+	t.Setenv(storagenode.ProfileEnv, port)
+	dir := t.TempDir()
+	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storagenode.Start(storagenode.Config{DataDir: filepath.Join(dir, "wide"), Listen: "0.0.0.0:0", Auth: auth}); err == nil ||
+		!strings.Contains(err.Error(), "not a loopback address") {
+		t.Fatalf("a node listening on every address started with profiles: %v", err)
+	}
+	ns, err := storagenode.Start(storagenode.Config{DataDir: filepath.Join(dir, "local"), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	var resp *http.Response
+	storetest.Eventually(t, 10*time.Second, "the profiles served", func() bool {
+		resp, err = http.Get("http://127.0.0.1:" + port + "/debug/pprof/heap?debug=1")
+		return err == nil
+	})
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "heap profile") {
+		t.Fatalf("%s: %.200s", resp.Status, body)
 	}
 }

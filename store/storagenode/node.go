@@ -119,9 +119,8 @@ func ParseSync(s string) (time.Duration, error) {
 
 // ProfileEnv names the environment variable that, set to a port, makes a
 // storage node serve Go's profiles (/debug/pprof/: heap, CPU, goroutines)
-// on its listen host at that port: what a benchmark reads a node's own
-// memory and CPU by (control/fleetsim/bench). Never set in production:
-// the profiles name subjects and connections.
+// at that port of its listen host, a loopback address only: what a
+// benchmark reads a node's own memory and CPU by (control/fleetsim/bench).
 const ProfileEnv = "EDGEPLANE_STORAGE_PROFILE_PORT"
 
 // DefaultReadyTimeout is how long a storage node may take to accept
@@ -206,6 +205,11 @@ func Start(cfg Config) (*server.Server, error) {
 	if port := os.Getenv(ProfileEnv); port != "" {
 		if opts.ProfPort, err = strconv.Atoi(port); err != nil || opts.ProfPort <= 0 {
 			return nil, fmt.Errorf("starting embedded nats: $%s %q: want a port number", ProfileEnv, port)
+		}
+		// nats-server serves them on the client listener's host: never
+		// to another box.
+		if !IsLoopback(host) {
+			return nil, fmt.Errorf("starting embedded nats: $%s serves profiles on %s, which is not a loopback address: unset it", ProfileEnv, host)
 		}
 	}
 	if cfg.Configure != nil {
