@@ -136,6 +136,12 @@ func run(args []string) int {
 			for _, p := range procs {
 				p.markAdmission(started)
 			}
+			if !started {
+				// Said at once: a run that fails later still reports it.
+				for _, p := range procs {
+					fmt.Println(p.admission(*n))
+				}
+			}
 		}
 		rep, err := fleetsim.RunLoad(ctx, s, spec)
 		if err != nil {
@@ -145,9 +151,6 @@ func run(args []string) int {
 		fmt.Println(rep.Summary())
 		for _, p := range procs {
 			fmt.Println(p.report())
-		}
-		for _, p := range procs {
-			fmt.Println(p.admission(*n))
 		}
 		if rep.Lost != nil || rep.SummaryErr != nil || rep.Unseen > 0 {
 			return 1
