@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"strings"
@@ -67,6 +68,21 @@ func readCreds(file string) (*heldCreds, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("reading credentials %s: %w", file, err)
+	}
+	return parseCreds(file, b)
+}
+
+// reread is the credentials in file now: held itself while the file's
+// contents are the ones held was read from. Decoding a user JWT verifies
+// its signature; a box reconnecting (every box, when a storage node
+// restarts) reads an unchanged file, and decodes nothing.
+func (held *heldCreds) reread(file string) (*heldCreds, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading credentials %s: %w", file, err)
+	}
+	if bytes.Equal(b, held.contents) {
+		return held, nil
 	}
 	return parseCreds(file, b)
 }
@@ -148,7 +164,7 @@ type credsHolder struct {
 func (h *credsHolder) userJWT() (string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if c, err := readCreds(h.file); err == nil && c.inbox == h.cur.inbox && c.pub != h.cur.pub && !c.issued.Before(h.cur.issued) {
+	if c, err := h.cur.reread(h.file); err == nil && c.inbox == h.cur.inbox && c.pub != h.cur.pub && !c.issued.Before(h.cur.issued) {
 		h.cur = c
 	}
 	if !h.cur.expires.IsZero() && !time.Now().Before(h.cur.expires) {
@@ -182,6 +198,13 @@ func (h *credsHolder) expiredErr() *Error {
 
 // holders are the credentials of each open connection, for RenewCreds.
 var holders sync.Map // *nats.Conn -> *credsHolder
+
+// edge reports whether the credentials held are of an untrusted role
+// (a user of the edge account, see EdgeAPIPrefix).
+func (h *credsHolder) edge() bool {
+	cur, _ := h.current()
+	return cur.role != "" && cur.role != "control"
+}
 
 func holderOf(nc *nats.Conn) *credsHolder {
 	if v, ok := holders.Load(nc); ok {

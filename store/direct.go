@@ -29,8 +29,15 @@ const EdgeAPIPrefix = "$JS.cp.API"
 
 // apiPrefixOf is the JetStream API prefix of a connection: EdgeAPIPrefix
 // for credentials of an untrusted role (their JWT's role tag says so), the
-// default otherwise.
+// default otherwise. A connection of Connect has its credentials decoded
+// already (its holder's); only another's JWT is decoded here.
 func apiPrefixOf(nc *nats.Conn) string {
+	if h := holderOf(nc); h != nil {
+		if h.edge() {
+			return EdgeAPIPrefix + "."
+		}
+		return jetstream.DefaultAPIPrefix
+	}
 	if nc.Opts.UserJWT == nil {
 		return jetstream.DefaultAPIPrefix
 	}

@@ -39,6 +39,10 @@ type LoadSpec struct {
 	Midway func() string
 	// OnChurn, if set, is told when the writes start (true) and end.
 	OnChurn func(started bool)
+	// OnAgents, if set, is told when the agents start connecting (true)
+	// and when every one has connected and reported in: the admission
+	// phase, whose cost per connection a storage node is measured by.
+	OnAgents func(started bool)
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -85,6 +89,9 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 		return nil, err
 	}
 	logf("%d machines enrolled in %s (records written, credentials issued; not counted below)", spec.Machines, time.Since(start).Round(time.Millisecond))
+	if spec.OnAgents != nil {
+		spec.OnAgents(true)
+	}
 	start = time.Now()
 	f, err := Start(ctx, s, cfg)
 	if err != nil {
@@ -92,6 +99,9 @@ func RunLoad(ctx context.Context, s *store.Store, spec LoadSpec) (*LoadReport, e
 	}
 	defer f.Stop()
 	rep.StartAgents = time.Since(start)
+	if spec.OnAgents != nil {
+		spec.OnAgents(false)
+	}
 	logf("%d simulated agents started in %s (connected with their own credentials, heartbeat and state written)", spec.Machines, rep.StartAgents.Round(time.Millisecond))
 	var gws *Gateways
 	if spec.Gateways > 0 {

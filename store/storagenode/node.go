@@ -117,6 +117,12 @@ func ParseSync(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// ProfileEnv names the environment variable that, set to a port, makes a
+// storage node serve Go's profiles (/debug/pprof/: heap, CPU, goroutines)
+// at that port of its listen host, a loopback address only: what a
+// benchmark reads a node's own memory and CPU by (control/fleetsim/bench).
+const ProfileEnv = "EDGEPLANE_STORAGE_PROFILE_PORT"
+
 // DefaultReadyTimeout is how long a storage node may take to accept
 // connections: a box with a large store recovers it first, and a busy
 // machine is slow to schedule a new server.
@@ -194,6 +200,16 @@ func Start(cfg Config) (*server.Server, error) {
 		}
 		if err := cfg.TLS.configure(opts, cfg.Logger); err != nil {
 			return nil, fmt.Errorf("starting embedded nats: %w", err)
+		}
+	}
+	if port := os.Getenv(ProfileEnv); port != "" {
+		if opts.ProfPort, err = strconv.Atoi(port); err != nil || opts.ProfPort <= 0 {
+			return nil, fmt.Errorf("starting embedded nats: $%s %q: want a port number", ProfileEnv, port)
+		}
+		// nats-server serves them on the client listener's host: never
+		// to another box.
+		if !IsLoopback(host) {
+			return nil, fmt.Errorf("starting embedded nats: $%s serves profiles on %s, which is not a loopback address: unset it", ProfileEnv, host)
 		}
 	}
 	if cfg.Configure != nil {

@@ -60,7 +60,7 @@ func run(args []string) int {
 	signingKey := fs.String("signing-key", os.Getenv("EDGEPLANE_SIGNING_KEY"), "with --applies: signer key `FILE` the applies sign their intent with (control server writes DATA/signer.nk)")
 	midwayKill := fs.Int("midway-kill", 0, "with --rate: kill this process (a storage node) with SIGKILL halfway through the writes")
 	midwayKillLeader := fs.String("midway-kill-leader", "", "with --rate: `NAME=PID,...` storage nodes by server name; halfway through the writes, kill (SIGKILL) the one leading the instances bucket, which the writes go to")
-	watch := fs.String("watch", "", "with --rate: `NAME=PID,...` processes (control server, storage nodes) whose CPU during the writes and memory after the run are reported")
+	watch := fs.String("watch", "", "with --rate: `NAME=PID,...` processes (control server, storage nodes) whose CPU during the writes and memory after the run are reported, and their CPU and memory per agent while the agents connect")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -132,6 +132,17 @@ func run(args []string) int {
 				p.mark(started)
 			}
 		}
+		spec.OnAgents = func(started bool) {
+			for _, p := range procs {
+				p.markAdmission(started)
+			}
+			if !started {
+				// Said at once: a run that fails later still reports it.
+				for _, p := range procs {
+					fmt.Println(p.admission(*n))
+				}
+			}
+		}
 		rep, err := fleetsim.RunLoad(ctx, s, spec)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "fleetsim: %v\n", err)
@@ -194,6 +205,11 @@ type proc struct {
 	pid        int
 	cpu0, cpu1 time.Duration
 	t0, t1     time.Time
+	// The admission phase (the agents connecting and reporting in): CPU
+	// time and resident memory at its start and end.
+	admCPU0, admCPU1 time.Duration
+	admT0, admT1     time.Time
+	admRSS0, admRSS1 int64
 }
 
 func parseWatch(list string) ([]*proc, error) {
@@ -220,6 +236,31 @@ func (p *proc) mark(start bool) {
 	} else {
 		p.cpu1, p.t1 = cpu, time.Now()
 	}
+}
+
+// markAdmission notes the process's CPU time and resident memory at the
+// start or end of the agents' admission.
+func (p *proc) markAdmission(start bool) {
+	cpu, _ := cpuTime(p.pid)
+	rss := residentBytes(p.pid)
+	if start {
+		p.admCPU0, p.admT0, p.admRSS0 = cpu, time.Now(), rss
+	} else {
+		p.admCPU1, p.admT1, p.admRSS1 = cpu, time.Now(), rss
+	}
+}
+
+// admission says what admitting n agents cost the process: its CPU time
+// per agent, and its resident memory per agent (what it grew by) and in
+// all.
+func (p *proc) admission(n int) string {
+	if !p.admT1.After(p.admT0) || n <= 0 {
+		return fmt.Sprintf("%s (pid %d): admission not measured", p.name, p.pid)
+	}
+	cpu := p.admCPU1 - p.admCPU0
+	return fmt.Sprintf("%s (pid %d): admitting %d agents in %s took %.2fs of CPU (%.0f%% of one core), %.0f µs per agent; RSS %d MB before, %d MB after: %.1f KB more per agent",
+		p.name, p.pid, n, p.admT1.Sub(p.admT0).Round(time.Millisecond), cpu.Seconds(), 100*float64(cpu)/float64(p.admT1.Sub(p.admT0)),
+		float64(cpu.Microseconds())/float64(n), p.admRSS0>>20, p.admRSS1>>20, float64(p.admRSS1-p.admRSS0)/1024/float64(n))
 }
 
 // report says the process's CPU during the writes, and per acknowledged
@@ -266,6 +307,22 @@ func memoryOf(pid int) string {
 		}
 	}
 	return strings.Join(out, ", ")
+}
+
+// residentBytes is a process's resident memory now (VmRSS), 0 when it
+// cannot be read.
+func residentBytes(pid int) int64 {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // killLeader kills (SIGKILL) the node of nodes that leads the instances
