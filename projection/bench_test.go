@@ -156,10 +156,13 @@ func start1(b *testing.B, cfg projection.Config) *running {
 // BenchmarkEventApply measures routing events applied per second end to
 // end: published to the stream (signed beforehand), received, verified, and
 // swapped into the view, with 1000 services in the view. Sub-benchmarks:
-// "sealed" publishes them as the control plane does (a seal per batch of
-// SealMax, each event checked by its digest), "signed" without seals (each
-// event's own signature verified), "unsigned" the baseline that checks
-// nothing, which the cost of verification is a ratio to.
+// "sealed" publishes them as the control plane does (a routing batch of
+// the namespace's 1000 services per commit, under one seal, each part
+// checked by its digest), "signed" the same batches without seals (each
+// part's own signature verified), "unsigned" the baseline that checks
+// nothing, which the cost of verification is a ratio to, and "events" one
+// message per event under a seal per SealMax (the fallback while an older
+// gateway is live). No mode may drop an event (slow consumer).
 func BenchmarkEventApply(b *testing.B) {
 	eachMode(b, func(b *testing.B, mode benchMode) {
 		srv := storetest.Start(b)
@@ -189,8 +192,8 @@ func BenchmarkEventApply(b *testing.B) {
 			time.Sleep(100 * time.Microsecond)
 		}
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
-		if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 {
-			b.Fatalf("%d refused, %d bad", st.Signatures.Refused, st.BadEvents)
+		if st := p.Status(); st.Signatures.Refused != 0 || st.BadEvents != 0 || st.Dropped != 0 {
+			b.Fatalf("%d refused, %d bad, %d dropped (slow consumer)", st.Signatures.Refused, st.BadEvents, st.Dropped)
 		}
 	})
 }
@@ -199,17 +202,24 @@ func BenchmarkEventApply(b *testing.B) {
 type benchMode int
 
 const (
-	sealed   benchMode = iota // a seal per batch, as PublishRouting files them
-	signed                    // each event's own signature only
-	unsigned                  // checked by nobody: the baseline
+	// sealed: routing batches of the namespace's 1000 services under a
+	// seal each, as the control plane publishes a commit's routing.
+	sealed   benchMode = iota
+	signed             // the same batches, each part checked by its own signature
+	unsigned           // the same batches, checked by nobody: the baseline
+	// events: one message per service, a seal per SealMax, as the
+	// control plane publishes while a gateway before batches is live
+	// (and as every mode did before batches).
+	events
 )
 
-// eachMode runs bench as the sub-benchmarks "sealed", "signed" and
-// "unsigned".
+// eachMode runs bench as the sub-benchmarks "sealed", "signed",
+// "unsigned" and "events".
 func eachMode(b *testing.B, bench func(b *testing.B, mode benchMode)) {
 	b.Run("sealed", func(b *testing.B) { bench(b, sealed) })
 	b.Run("signed", func(b *testing.B) { bench(b, signed) })
 	b.Run("unsigned", func(b *testing.B) { bench(b, unsigned) })
+	b.Run("events", func(b *testing.B) { bench(b, events) })
 }
 
 // loadedProjection is a projection loaded from a fresh store, not
@@ -253,8 +263,10 @@ func benchMachines(b *testing.B, srv *storetest.Server) {
 
 // benchEvents returns the messages that append n routing events for 1000
 // services of namespace "bench" after sequence base, each signed, as the
-// control plane signs, for the sequence it gets there; sealed in batches
-// as PublishRouting files them unless mode says otherwise.
+// control plane signs, for the sequence it gets there: every 1000 events
+// one routing batch (sealed unless mode says otherwise), or with mode
+// events one message per event, sealed in batches as PublishRouting files
+// them.
 func benchEvents(b *testing.B, srv *storetest.Server, base uint64, n int, mode benchMode) []*nats.Msg {
 	b.Helper()
 	key, err := signing.ReadKeyFile(srv.SignerFile())
@@ -268,22 +280,32 @@ func benchEvents(b *testing.B, srv *storetest.Server, base uint64, n int, mode b
 			Routes:    []store.Route{{Hosts: []string{svc + ".bench.test"}}},
 			Endpoints: []store.Endpoint{{InstanceID: "i1", Machine: "m1", Address: "10.100.0.1", Port: 8000}, {InstanceID: "i2", Machine: "m2", Address: "10.100.0.2", Port: 8000}}}
 	}
-	if mode == sealed {
+	if mode == events {
 		msgs, err := srv.Store.SignRouting(key, base, evs)
 		if err != nil {
 			b.Fatal(err)
 		}
 		return msgs
 	}
-	msgs := make([]*nats.Msg, n)
-	for i := range msgs {
-		ev := &evs[i]
-		m := nats.NewMsg(srv.Store.Names.RoutingServiceSubject("bench", ev.Service))
-		m.Data, _ = json.Marshal(ev)
-		m.Header.Set(signing.Header, key.Sign(signing.Message{Subject: m.Subject, Seq: base + uint64(i) + 1, Body: m.Data}))
-		msgs[i] = m
+	var out []*nats.Msg
+	for len(evs) > 0 {
+		k := min(len(evs), 1000)
+		msgs, err := srv.Store.SignRoutingBatch(key, base+uint64(len(out)), "bench", evs[:k])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if mode != sealed && len(msgs) > 1 {
+			// No seal: each part signed for the place it gets.
+			msgs = msgs[1:]
+			for i, m := range msgs {
+				seq := base + uint64(len(out)+i) + 1
+				m.Header.Set(signing.Header, key.Sign(signing.Message{Subject: m.Subject, Seq: seq, Body: m.Data}))
+			}
+		}
+		out = append(out, msgs...)
+		evs = evs[k:]
 	}
-	return msgs
+	return out
 }
 
 // publishInOrder publishes msgs on one connection, each expecting the last
@@ -322,26 +344,26 @@ func publishInOrder(b *testing.B, srv *storetest.Server, base uint64, msgs []*na
 func BenchmarkEventCatchUp(b *testing.B) {
 	eachMode(b, func(b *testing.B, mode benchMode) {
 		srv, _, p, catchUp := loadedProjection(b, mode != unsigned)
-		first := p.View().Seq
-		msgs := benchEvents(b, srv, first, b.N, mode)
+		seq := p.View().Seq
 		b.ResetTimer()
 		var took time.Duration
-		// The stream keeps the last 4 events of each of the 1000
-		// subjects: publish 4000 at a time (not timed), then catch up.
-		for done := 0; done < len(msgs); {
-			chunk := msgs[done:min(done+4000, len(msgs))]
-			base := first + uint64(done)
+		// The stream keeps the last 4 messages of each subject: publish
+		// 4000 events at a time (not timed), then catch up.
+		for done := 0; done < b.N; {
+			n := min(4000, b.N-done)
 			b.StopTimer()
-			publishInOrder(b, srv, base, chunk)
+			msgs := benchEvents(b, srv, seq, n, mode)
+			publishInOrder(b, srv, seq, msgs)
 			b.StartTimer()
 			start := time.Now()
 			if err := catchUp(); err != nil {
 				b.Fatal(err)
 			}
 			took += time.Since(start)
-			done += len(chunk)
-			if got, want := p.View().Seq, first+uint64(done); got != want {
-				b.Fatalf("applied %d, want %d", got, want)
+			done += n
+			seq += uint64(len(msgs))
+			if got := p.View().Seq; got != seq {
+				b.Fatalf("applied %d, want %d", got, seq)
 			}
 		}
 		b.ReportMetric(float64(b.N)/took.Seconds(), "events/s")

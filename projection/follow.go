@@ -91,7 +91,9 @@ func (f *follower) run(ctx context.Context, first *nats.Msg, batch []*store.Stor
 		} else {
 			batch = append(batch, sm)
 		}
-		midBatch := err == nil && partsLeft(sm)
+		// A seal is followed by what it covers, a batch part by the
+		// rest of its batch: worth a short wait to apply them together.
+		midBatch := err == nil && (partsLeft(sm) || strings.HasSuffix(sm.Subject, ".routing.seal"))
 		next = nil
 		if len(batch) == maxBatch {
 			break

@@ -110,6 +110,9 @@ type Projection struct {
 	lastEndpointRefusal atomic.Pointer[string]
 	// skipVerify applies events unverified: tests' unsigned baseline only.
 	skipVerify bool
+	// installed, when set (tests only, before Run), sees every view
+	// swapped in, under swapMu.
+	installed func(*View)
 	// seal is the verified routing seal that vouches for the events
 	// after the applied sequence, if any; the session goroutine's own.
 	seal *store.Seal
@@ -226,6 +229,9 @@ func (p *Projection) install(v *View) {
 		v = v.withDown(down)
 	}
 	p.view.Store(v)
+	if p.installed != nil {
+		p.installed(v)
+	}
 	p.chMu.Lock()
 	close(p.changed)
 	p.changed = make(chan struct{})
