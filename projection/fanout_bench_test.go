@@ -23,7 +23,8 @@ import (
 // Reported: the median over iterations of the time to the last projection
 // (s-last), its max, the time to the first (s-first; a projection that got
 // there before the publish call returned counts the return), and the
-// publish call alone (s-publish).
+// publish call alone (s-publish), and the process's CPU time per commit
+// (cpu-s) and per gateway (cpu-s/gateway).
 //
 // All N projections share this process's cores: with N=100 on a 2-core box
 // the figure is bound by 100 projections' decoding and applying, which
@@ -101,12 +102,12 @@ func commitToServed(b *testing.B, gateways int, batch bool) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	var lastTimes, firstTimes, pubTimes []time.Duration
+	var lastTimes, firstTimes, pubTimes, cpus []time.Duration
 	b.ResetTimer()
 	for i := range b.N {
 		rev := int64(i + 2)
 		evs := commit(rev)
-		start := time.Now()
+		start, cpu := time.Now(), processCPU()
 		last := publish(rev, evs)
 		pub := time.Since(start)
 		arrived := make([]time.Duration, len(ps))
@@ -123,6 +124,7 @@ func commitToServed(b *testing.B, gateways int, batch bool) {
 			time.Sleep(time.Millisecond)
 		}
 		b.StopTimer()
+		cpus = append(cpus, processCPU()-cpu)
 		lastTimes = append(lastTimes, slices.Max(arrived))
 		firstTimes = append(firstTimes, slices.Min(arrived))
 		pubTimes = append(pubTimes, pub)
@@ -149,5 +151,10 @@ func commitToServed(b *testing.B, gateways int, batch bool) {
 	b.ReportMetric(slices.Max(lastTimes).Seconds(), "s-last-max")
 	b.ReportMetric(median(firstTimes), "s-first")
 	b.ReportMetric(median(pubTimes), "s-publish")
+	// The whole process's CPU (publisher, storage node, every
+	// projection) per commit, and per gateway: what a gateway's box
+	// spends, plus its share of the storage node's fan-out.
+	b.ReportMetric(median(cpus), "cpu-s")
+	b.ReportMetric(median(cpus)/float64(gateways), "cpu-s/gateway")
 	b.ReportMetric(0, "ns/op")
 }

@@ -174,6 +174,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 	b := newBuilder(cur)
 	var head uint64
 	var lastTS time.Time
+	var lastMsg *store.StoredMsg
 	n, nEvents := 0, 0 // messages taken, and the events among them
 	for i, m := range take {
 		err := errs[i]
@@ -210,8 +211,7 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 		if !st.IsSeal(m) {
 			nEvents++
 		}
-		seq = m.Seq
-		p.mark = markOf(m.Seq, m.Subject, m.Data)
+		seq, lastMsg = m.Seq, m
 		head = max(head, m.Seq+m.Pending)
 		lastTS = m.Time
 		n++
@@ -219,6 +219,9 @@ func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*s
 	if n == 0 {
 		return gap
 	}
+	// The mark is the last message's only: hashing each (a batch part is
+	// up to BatchPartBytes) would cost what no reader looks at.
+	p.mark = markOf(lastMsg.Seq, lastMsg.Subject, lastMsg.Data)
 	v := b.finish(seq, !p.connected.Load())
 	p.refuseEndpoints(b.refused)
 	v.StreamCreated = created
