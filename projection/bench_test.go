@@ -21,8 +21,9 @@ import (
 )
 
 // populate writes nsCount namespaces of svcPerNS services with instPerSvc
-// ready instances each, as committed deploys whose routing events the
-// control plane signed and published, straight into the store (instance
+// ready instances each, as committed deploys whose routing the control
+// plane signed and published (a routing batch per namespace), straight
+// into the store (instance
 // records through async KV publishes, which is what makes 100k records
 // quick to write).
 func populate(b *testing.B, s *store.Store, nsCount, svcPerNS, instPerSvc int) {
@@ -69,7 +70,7 @@ func populate(b *testing.B, s *store.Store, nsCount, svcPerNS, instPerSvc int) {
 		if _, err := s.AppendCommit(ctx, c); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.PublishRouting(ctx, c.ID, storetest.Events(c, nil, insts, machines)); err != nil {
+		if _, err := s.PublishRoutingBatch(ctx, c.ID, ns, storetest.Events(c, nil, insts, machines)); err != nil {
 			b.Fatal(err)
 		}
 	}
