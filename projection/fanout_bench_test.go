@@ -30,7 +30,7 @@ import (
 // the figure is bound by 100 projections' decoding and applying, which
 // on a fleet each gateway does on its own box; N=1 is one gateway's share.
 func BenchmarkCommitToServed(b *testing.B) {
-	for _, gateways := range []int{1, 100} {
+	for _, gateways := range []int{1, 10, 100} {
 		for _, mode := range []string{"batch", "events"} {
 			b.Run(fmt.Sprintf("gateways=%d/%s", gateways, mode), func(b *testing.B) {
 				commitToServed(b, gateways, mode == "batch")
