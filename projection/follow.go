@@ -36,6 +36,7 @@ type follower struct {
 	sub  *nats.Subscription
 	c    chan *nats.Msg
 	done chan struct{}
+	seen uint64 // drops already counted (newDrops)
 }
 
 // follow subscribes to subject; stop ends it.
@@ -66,10 +67,14 @@ func (f *follower) stop() {
 	_ = f.sub.Unsubscribe()
 }
 
-// dropped is how many messages NATS dropped for this subscription.
-func (f *follower) dropped() uint64 {
+// newDrops is how many messages NATS dropped for this subscription since
+// the last call.
+func (f *follower) newDrops() uint64 {
 	n, _ := f.sub.Dropped()
-	return uint64(max(n, 0))
+	total := uint64(max(n, 0))
+	d := total - min(f.seen, total)
+	f.seen = total
+	return d
 }
 
 // run appends first and every message already delivered after it to
@@ -135,10 +140,12 @@ func partsLeft(m *store.StoredMsg) bool {
 	return err == nil && part+1 < n
 }
 
-// noteDropped records what the subscription's NATS side dropped so far.
+// noteDropped counts n more routing events NATS dropped before the
+// session read them.
 func (p *Projection) noteDropped(n uint64) {
-	if n > p.dropped.Swap(n) {
-		p.log.Warn("routing events dropped by a slow subscription; reading them from the stream", zap.Uint64("dropped", n))
+	if n > 0 {
+		total := p.dropped.Add(n)
+		p.log.Warn("routing events dropped by a slow subscription; reading them from the stream", zap.Uint64("dropped", n), zap.Uint64("total", total))
 	}
 }
 

@@ -184,7 +184,7 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 
 		case m := <-republished:
 			batch = fol.run(ctx, m, batch[:0], p.badEvent)
-			p.noteDropped(fol.dropped())
+			p.noteDropped(fol.newDrops())
 			if nc.Stats().Reconnects != reconnects {
 				// Verify the reconnect before applying anything more; the
 				// catch-up reads from our position afterwards.
