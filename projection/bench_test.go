@@ -67,6 +67,14 @@ func populate(b *testing.B, s *store.Store, nsCount, svcPerNS, instPerSvc int) {
 				}
 			}
 		}
+		// The routing publish shares the async window with the
+		// instance records: let them land first (a loaded box
+		// otherwise stalls it: "too many outstanding").
+		select {
+		case <-s.JS.PublishAsyncComplete():
+		case <-ctx.Done():
+			b.Fatal("async publishes did not complete")
+		}
 		if _, err := s.AppendCommit(ctx, c); err != nil {
 			b.Fatal(err)
 		}
