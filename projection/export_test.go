@@ -62,3 +62,13 @@ func NoteLiveness(p *Projection, r *store.LivenessRecord) { p.noteLiveness(r) }
 
 // SetDown makes down the machines judged down, as a judgement does.
 func SetDown(p *Projection, down map[string]MachineDown) { p.setDown(down) }
+
+// HoldSwaps keeps p from swapping in a view until release is called: its
+// session stalls in its next apply, as a slow gateway does.
+func HoldSwaps(p *Projection) (release func()) {
+	p.swapMu.Lock()
+	return p.swapMu.Unlock
+}
+
+// OnInstall has f see every view p swaps in (call before Run).
+func OnInstall(p *Projection, f func(*View)) { p.installed = f }

@@ -96,6 +96,9 @@ type Projection struct {
 	// Counters and gauges for Status; written by the Run goroutines.
 	eventsApplied atomic.Uint64
 	badEvents     atomic.Uint64
+	// dropped counts republished routing events NATS dropped before the
+	// session read them (follow.go).
+	dropped atomic.Uint64
 	// rejected counts events refused for their signature; lastRejection
 	// says why the latest was.
 	rejected      atomic.Uint64
@@ -107,6 +110,9 @@ type Projection struct {
 	lastEndpointRefusal atomic.Pointer[string]
 	// skipVerify applies events unverified: tests' unsigned baseline only.
 	skipVerify bool
+	// installed, when set (tests only, before Run), sees every view
+	// swapped in, under swapMu.
+	installed func(*View)
 	// seal is the verified routing seal that vouches for the events
 	// after the applied sequence, if any; the session goroutine's own.
 	seal *store.Seal
@@ -223,6 +229,9 @@ func (p *Projection) install(v *View) {
 		v = v.withDown(down)
 	}
 	p.view.Store(v)
+	if p.installed != nil {
+		p.installed(v)
+	}
 	p.chMu.Lock()
 	close(p.changed)
 	p.changed = make(chan struct{})
@@ -259,6 +268,10 @@ type Status struct {
 	LastEventAgeSeconds float64 `json:"last_event_age_seconds"`
 	EventsApplied       uint64  `json:"events_applied"`
 	BadEvents           uint64  `json:"bad_events"`
+	// Dropped counts routing events NATS dropped before the projection
+	// read them (it reads them again from the stream): 0 unless a burst
+	// outgrew what a subscription may hold.
+	Dropped uint64 `json:"dropped,omitempty"`
 	// Signatures says what routing state must be signed under and how
 	// many events were refused for their signature.
 	Signatures SignatureStatus `json:"signatures"`
@@ -333,6 +346,7 @@ func (p *Projection) Status() Status {
 		StreamHead:    max(p.head.Load(), v.Seq),
 		EventsApplied: p.eventsApplied.Load(),
 		BadEvents:     p.badEvents.Load(),
+		Dropped:       p.dropped.Load(),
 		Loads:         p.loads.Load(),
 		Rewinds:       p.rewinds.Load(),
 		BuiltAt:       v.BuiltAt,

@@ -40,12 +40,12 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 
 	// Subscribe before loading, so that no event falls between the load
 	// and the first republished one.
-	republished := make(chan *nats.Msg, 4096)
-	sub, err := nc.ChanSubscribe(st.Names.RoutingRepublishedWildcard(), republished)
+	fol, err := follow(nc, st.Names.RoutingRepublishedWildcard())
 	if err != nil {
 		return store.Classify(fmt.Errorf("following routing events: %w", err))
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	defer fol.stop()
+	republished := fol.c
 	// Signer certificates as they change: a retired signer stops
 	// verifying at once, a new one is known before its first event.
 	signers := make(chan *nats.Msg, 64)
@@ -183,22 +183,8 @@ func (p *Projection) session(ctx context.Context, st *store.Store) error {
 			}
 
 		case m := <-republished:
-			batch = batch[:0]
-			for next := m; next != nil; {
-				sm, err := store.StoredFromMsg(next)
-				if err != nil {
-					p.badEvent(0, next.Subject, err)
-				} else {
-					batch = append(batch, sm)
-				}
-				next = nil
-				if len(batch) < maxBatch {
-					select {
-					case next = <-republished:
-					default:
-					}
-				}
-			}
+			batch = fol.run(ctx, m, batch[:0], p.badEvent)
+			p.noteDropped(fol.newDrops())
 			if nc.Stats().Reconnects != reconnects {
 				// Verify the reconnect before applying anything more; the
 				// catch-up reads from our position afterwards.
@@ -275,6 +261,17 @@ func (p *Projection) load(ctx context.Context, st *store.Store) (time.Time, erro
 		if ns, svc, ok := st.Names.RoutingMaintenanceOf(r.Subject); ok {
 			if mr, ok := old.maintenance[maintenanceKey{ns, svc}]; ok {
 				b.upsertMaintenance(mr)
+			}
+			continue
+		}
+		if ns, _, ok := st.Names.RoutingBatchOf(r.Subject); ok {
+			// Which of the namespace's services the refused part held
+			// is unknown: each keeps what it had, unless the load has
+			// a good state for it (applied over these below).
+			for _, svc := range old.Services() {
+				if svc.Namespace == ns {
+					b.upsertService(svc.event())
+				}
 			}
 			continue
 		}
@@ -357,104 +354,6 @@ func (p *Projection) verify(ctx context.Context, st *store.Store, created time.T
 	}
 	p.noteHead(info.State.LastSeq, applied)
 	return nil
-}
-
-// applyBatch verifies and applies events past the applied sequence and
-// swaps in the resulting view. With live (events as the stream republished
-// them, each naming the sequence before it) a batch that does not continue
-// from the applied sequence is errGap; what continues is applied first. An
-// event whose signature does not verify is refused, and one that cannot be
-// decoded or applied is skipped: either way its service keeps its previous
-// state. A signer that could not be looked up stops the batch there (errGap:
-// it is read again).
-func (p *Projection) applyBatch(ctx context.Context, st *store.Store, batch []*store.StoredMsg, created time.Time, live bool) error {
-	cur := p.View()
-	seq := cur.Seq
-	var gap error
-	take := make([]*store.StoredMsg, 0, len(batch))
-	last := seq
-	for _, m := range batch {
-		if m.Seq <= last {
-			continue
-		}
-		if live && m.Prev != last {
-			gap = fmt.Errorf("%w: event %d follows %d, applied %d", errGap, m.Seq, m.Prev, last)
-			break
-		}
-		take = append(take, m)
-		last = m.Seq
-	}
-	if len(take) == 0 {
-		return gap
-	}
-	events, errs := p.verifyEvents(ctx, st, take)
-	b := newBuilder(cur)
-	var head uint64
-	var lastTS time.Time
-	n, nEvents := 0, 0 // messages taken, and the events among them
-	for i, m := range take {
-		err := errs[i]
-		if err != nil && !store.HasCode(err, store.CodeBadSignature) && !store.HasCode(err, store.CodeInvalid) {
-			// Not a verdict (a signer could not be looked up): this
-			// event and what follows are read again.
-			gap = fmt.Errorf("%w: checking event %d: %v", errGap, m.Seq, err)
-			break
-		}
-		switch {
-		case st.IsSeal(m):
-			// A seal changes no state: a refused one vouches for
-			// nothing, and its batch is verified event by event.
-			if err != nil {
-				p.log.Warn("routing seal refused; its events are verified one by one", zap.Uint64("seq", m.Seq), zap.Error(err))
-			}
-		case err == nil:
-			if err := b.apply(&events[i]); err != nil {
-				p.badEvent(m.Seq, m.Subject, err)
-			}
-		case store.HasCode(err, store.CodeBadSignature):
-			p.refuse(m.Seq, m.Subject, err)
-		default:
-			p.badEvent(m.Seq, m.Subject, err)
-		}
-		if !st.IsSeal(m) {
-			nEvents++
-		}
-		seq = m.Seq
-		p.mark = markOf(m.Seq, m.Subject, m.Data)
-		head = max(head, m.Seq+m.Pending)
-		lastTS = m.Time
-		n++
-	}
-	if n == 0 {
-		return gap
-	}
-	v := b.finish(seq, !p.connected.Load())
-	p.refuseEndpoints(b.refused)
-	v.StreamCreated = created
-	p.swap(v)
-	p.eventsApplied.Add(uint64(nEvents))
-	p.lastEventTime.Store(lastTS.UnixNano())
-	p.noteHead(max(head, p.head.Load()), seq)
-	p.kick()
-	return gap
-}
-
-// verifyEvents checks and decodes events; without verification (tests'
-// unsigned baseline) it only decodes them.
-func (p *Projection) verifyEvents(ctx context.Context, st *store.Store, msgs []*store.StoredMsg) ([]store.RoutingEvent, []error) {
-	if !p.skipVerify {
-		return st.VerifyRouting(ctx, msgs, &p.seal)
-	}
-	events, errs := make([]store.RoutingEvent, len(msgs)), make([]error, len(msgs))
-	for i, m := range msgs {
-		if st.IsSeal(m) {
-			continue
-		}
-		if err := store.Decode("routing event", m.Data, &events[i]); err != nil {
-			errs[i] = &store.Error{Code: store.CodeInvalid, Message: err.Error()}
-		}
-	}
-	return events, errs
 }
 
 // refuse counts and reports an event whose signature did not verify; its

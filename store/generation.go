@@ -42,7 +42,17 @@ import (
 //     is a routing event (maintenance.upsert) (v0.42.0). A gateway before
 //     it would serve a protected route open and refuse a maintenance
 //     event, so neither is applied while one is live.
-const SchemaGeneration = 6
+//   - 7: routing batches: a commit's or canary step's routing of a
+//     namespace is a few batch parts under one seal (routing.ns.<ns>.<i>,
+//     routingbatch.go) instead of a message per service (v0.43.0). A
+//     reader before it would skip the parts as events it cannot read, so
+//     the control plane publishes one message per service while one is
+//     live (a fallback, not a refusal).
+const SchemaGeneration = 7
+
+// GenerationBatches is the first generation whose gateways read routing
+// batches.
+const GenerationBatches = 7
 
 // GenerationEdge is the first generation whose gateways enforce a route's
 // protection and serve maintenance.
@@ -63,7 +73,7 @@ const GenerationObserved = 2
 
 // firstRelease is the first release of each generation, which a refusal
 // names. Generation 1 has none: it is every release before observations.
-var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0", 4: "0.40.0", 5: "0.41.0", 6: "0.42.0"}
+var firstRelease = map[int]string{2: "0.38.0", 3: "0.39.0", 4: "0.40.0", 5: "0.41.0", 6: "0.42.0", 7: "0.43.0"}
 
 // FirstReleaseOf is the first release of generation gen, "" when unknown.
 func FirstReleaseOf(gen int) string { return firstRelease[gen] }

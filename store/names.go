@@ -3,6 +3,7 @@ package store
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -198,6 +199,37 @@ func (n Names) RoutingRegionSubject(region string) string {
 func (n Names) RoutingRegionOf(subject string) (string, bool) {
 	r, ok := strings.CutPrefix(subject, n.subjectPrefix()+".routing.region.")
 	return r, ok && ValidToken(r)
+}
+
+// RoutingBatchSubject is where part i of a namespace's routing batch is
+// filed (routingbatch.go): a commit's or canary step's events for the
+// namespace, many per message.
+func (n Names) RoutingBatchSubject(ns string, part int) string {
+	return n.subjectPrefix() + ".routing.ns." + ns + "." + strconv.Itoa(part)
+}
+
+// RoutingBatchOf says which namespace and part a routing batch subject is
+// of, if it is one.
+func (n Names) RoutingBatchOf(subject string) (ns string, part int, ok bool) {
+	rest, ok := strings.CutPrefix(subject, n.subjectPrefix()+".routing.ns.")
+	if !ok {
+		return "", 0, false
+	}
+	ns, idx, ok := strings.Cut(rest, ".")
+	if !ok || !ValidToken(ns) {
+		return "", 0, false
+	}
+	part, err := strconv.Atoi(idx)
+	if err != nil || part < 0 || strconv.Itoa(part) != idx {
+		return "", 0, false
+	}
+	return ns, part, true
+}
+
+// RoutingBatchWildcard matches every part subject of namespace ns's
+// routing batches.
+func (n Names) RoutingBatchWildcard(ns string) string {
+	return n.subjectPrefix() + ".routing.ns." + ns + ".*"
 }
 
 // RoutingSealSubject is where the control plane files the seal that

@@ -173,14 +173,30 @@ func (s *Store) PublishRouting(ctx context.Context, msgID string, events []Routi
 	if err != nil {
 		return 0, err
 	}
+	seqs, done, err := s.publishRoutingMsgs(ctx, key, msgs)
+	var last uint64
+	for i := range done {
+		events[i].Seq = seqs[i]
+		last = max(last, seqs[i])
+	}
+	if err != nil {
+		return last, classify(fmt.Errorf("publishing routing event %s: %w", events[done].Identity(), err))
+	}
+	return last, nil
+}
+
+// publishRoutingMsgs appends msgs in order to the routing stream in sealed
+// batches of up to SealMax, and returns the sequence each landed at and
+// how many landed (all of them unless err).
+func (s *Store) publishRoutingMsgs(ctx context.Context, key func() (*signing.Key, error), msgs []routingMsg) ([]uint64, int, error) {
 	// An attempt that lands nothing lost a race to another appender; the
 	// stream then moved on and the next attempt starts from its head, so
 	// progress is only ever delayed. An attempt that met a leader election
 	// is ridden out as any write is.
 	const maxStalls = 100
-	seqs := make([]uint64, len(events))
+	seqs := make([]uint64, len(msgs))
 	done, stalls, seal := 0, 0, true
-	err = s.ride(ctx, "publish routing events", func(actx context.Context, _ bool) error {
+	err := s.ride(ctx, "publish routing events", func(actx context.Context, _ bool) error {
 		for done < len(msgs) {
 			n := min(len(msgs)-done, SealMax)
 			if !seal {
@@ -202,15 +218,7 @@ func (s *Store) PublishRouting(ctx context.Context, msgID string, events []Routi
 		}
 		return nil
 	})
-	var last uint64
-	for i := range done {
-		events[i].Seq = seqs[i]
-		last = max(last, seqs[i])
-	}
-	if err != nil {
-		return last, classify(fmt.Errorf("publishing routing event %s: %w", events[done].Identity(), err))
-	}
-	return last, nil
+	return seqs, done, err
 }
 
 // encodeRouting encodes events for the subjects they belong on, with

@@ -14,9 +14,11 @@ import (
 // stream. The control plane signed every event it holds, deriving them from
 // commits and instance records when it wrote them; so a reader trusts no
 // record an untrusted role wrote, and reads one message per service
-// instead of every commit and instance. An event that does not verify, or
-// that is filed on a subject its body does not belong on, is left out and
-// named in Skipped.
+// instead of every commit and instance. A namespace published as routing
+// batches is read from the last part of each of its part subjects: its
+// newest complete batch is authoritative for it (routingbatch.go). An
+// event or part that does not verify, or that is filed on a subject its
+// body does not belong on, is left out and named in Skipped.
 func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 	stream := s.Names.RoutingEventsStream()
 	info, err := s.routing.Info(ctx)
@@ -52,23 +54,75 @@ func (s *Store) LoadRouting(ctx context.Context) (*RoutingState, error) {
 		return nil, fmt.Errorf("loading routing state: %w", err)
 	}
 	var seal *Seal
-	events, errs := s.VerifyRouting(ctx, msgs, &seal)
+	events, parts, errs := s.VerifyRouting(ctx, msgs, &seal)
+	// A service's state is the later of its own subject's last event and
+	// its namespace's batches (routingbatch.go), by sequence.
+	latest := map[string]*RoutingEvent{}
+	weigh := func(ev *RoutingEvent) {
+		if cur, ok := latest[ev.Identity()]; !ok || ev.Seq > cur.Seq {
+			latest[ev.Identity()] = ev
+		}
+	}
+	batchParts := map[string][]partAt{}
+	suspect := map[string]bool{}
 	for i := range events {
 		ev := &events[i]
 		if errs[i] != nil {
 			st.Skipped = append(st.Skipped, errs[i].Error())
 			st.Refused = append(st.Refused, RefusedEvent{Subject: msgs[i].Subject, Seq: msgs[i].Seq, Err: errs[i]})
+			if ns, _, ok := s.Names.RoutingBatchOf(msgs[i].Subject); ok {
+				// Its namespace's state is read from the batches'
+				// history, around the refused part.
+				suspect[ns] = true
+			}
+			continue
+		}
+		if p := parts[i]; p != nil {
+			batchParts[p.Namespace] = append(batchParts[p.Namespace], partAt{seq: msgs[i].Seq, part: p})
 			continue
 		}
 		switch ev.Kind {
-		case EventServiceUpsert:
-			st.Services = append(st.Services, *ev)
+		case EventServiceUpsert, EventServiceRemove:
+			weigh(ev)
 		case EventMachineUpsert:
 			st.Machines = append(st.Machines, *ev.Machine)
 		case EventRegionUpsert:
 			st.Regions = append(st.Regions, *ev.Region)
 		case EventMaintenanceUpsert:
 			st.Maintenance = append(st.Maintenance, *ev.Maintenance)
+		}
+	}
+	from := map[string]uint64{}
+	skipped := map[string]bool{}
+	for _, why := range st.Skipped {
+		skipped[why] = true
+	}
+	skip := func(why string) {
+		if !skipped[why] {
+			skipped[why] = true
+			st.Skipped = append(st.Skipped, why)
+		}
+	}
+	for ns := range suspect {
+		if _, ok := batchParts[ns]; !ok {
+			batchParts[ns] = nil
+		}
+	}
+	for ns, lasts := range batchParts {
+		evs, f, err := s.namespaceBatches(ctx, ns, st.Seq, lasts, suspect[ns], skip)
+		if err != nil {
+			return nil, fmt.Errorf("loading routing state: %w", err)
+		}
+		for i := range evs {
+			weigh(&evs[i])
+		}
+		from[ns] = f
+	}
+	for _, ev := range latest {
+		// A service the newest complete batch of its namespace left out,
+		// with no event of its own since, is gone.
+		if ev.Kind == EventServiceUpsert && ev.Seq >= from[ev.Namespace] {
+			st.Services = append(st.Services, *ev)
 		}
 	}
 	sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Identity() < st.Services[j].Identity() })

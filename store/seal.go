@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -109,20 +111,25 @@ func (s *Store) VerifySeal(ctx context.Context, m *StoredMsg) (*Seal, error) {
 
 // VerifyRouting verifies and decodes msgs, a run of routing stream messages
 // in sequence order, as a follower of the stream reads them: a seal among
-// them is verified once and vouches for the events it covers, which are
-// then checked by digest; every other event is verified by its own
-// signature (VerifyEvent). *seal is the seal in force before msgs (nil for
-// none) and, on return, the one in force after them, for the next run: a
-// batch's events may arrive in a later run than its seal. events[i] and
-// errs[i] belong to msgs[i]; for a seal message errs[i] is why it was
+// them is verified once and vouches for the events and batch parts it
+// covers, which are then checked by digest; every other message is
+// verified by its own signature (VerifyEvent). *seal is the seal in force
+// before msgs (nil for none) and, on return, the one in force after them,
+// for the next run: a batch's events may arrive in a later run than its
+// seal. events[i], parts[i] and errs[i] belong to msgs[i]: a batch part
+// decodes into parts[i] (its events, each with the part's sequence), any
+// other event into events[i]; for a seal message errs[i] is why it was
 // refused, and events[i] is left empty.
-func (s *Store) VerifyRouting(ctx context.Context, msgs []*StoredMsg, seal **Seal) (events []RoutingEvent, errs []error) {
+func (s *Store) VerifyRouting(ctx context.Context, msgs []*StoredMsg, seal **Seal) (events []RoutingEvent, parts []*RoutingBatchPart, errs []error) {
 	events = make([]RoutingEvent, len(msgs))
+	parts = make([]*RoutingBatchPart, len(msgs))
 	errs = make([]error, len(msgs))
 	// Seals in order first: which seal, if any, vouches for each event.
 	by := make([]*Seal, len(msgs))
 	cur := *seal
+	work := 0 // about how many events msgs hold, to size the workers
 	for i, m := range msgs {
+		work += 1 + len(m.Data)/2048
 		if s.IsSeal(m) {
 			cur, errs[i] = s.VerifySeal(ctx, m)
 			continue
@@ -139,31 +146,42 @@ func (s *Store) VerifyRouting(ctx context.Context, msgs []*StoredMsg, seal **Sea
 		m := msgs[i]
 		switch {
 		case s.IsSeal(m):
+		case s.IsBatchPart(m):
+			if !by[i].Covers(m) {
+				if err := s.Verify(ctx, s.Names.RoutingEventsStream(), m); err != nil {
+					errs[i] = refusedIntent(fmt.Sprintf("routing batch part %d on %s", m.Seq, m.Subject), err)
+					return
+				}
+			}
+			parts[i], errs[i] = s.decodePart(m)
 		case by[i].Covers(m):
 			errs[i] = s.decodeEvent(m, &events[i])
 		default:
 			errs[i] = s.VerifyEvent(ctx, m, &events[i])
 		}
 	}
-	workers := min(runtime.GOMAXPROCS(0), max(len(msgs)/16, 1))
-	if workers == 1 {
+	workers := min(runtime.GOMAXPROCS(0), max(work/16, 1), len(msgs))
+	if workers <= 1 {
 		for i := range msgs {
 			one(i)
 		}
-		return events, errs
+		return events, parts, errs
 	}
+	// Messages are taken one at a time, not in fixed strides: a batch's
+	// parts each hold hundreds of events, single events one.
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	for w := range workers {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < len(msgs); i += workers {
+			for i := int(next.Add(1) - 1); i < len(msgs); i = int(next.Add(1) - 1) {
 				one(i)
 			}
 		}()
 	}
 	wg.Wait()
-	return events, errs
+	return events, parts, errs
 }
 
 // sealedMsgs returns the messages that append batch right after sequence
@@ -187,6 +205,9 @@ func (s *Store) sealedMsgs(k *signing.Key, last uint64, batch []routingMsg) (msg
 		m := nats.NewMsg(rm.subject)
 		m.Data = rm.data
 		m.Header.Set(signing.Header, k.Sign(sm))
+		if rm.parts > 0 {
+			m.Header.Set(BatchPartsHeader, strconv.Itoa(rm.parts))
+		}
 		msgs, ids = append(msgs, m), append(ids, rm.id)
 		if sealed {
 			d := sm.Digest()
@@ -235,6 +256,8 @@ type routingMsg struct {
 	subject string
 	data    []byte
 	id      string
+	// parts is the part count of the batch it is a part of (0: none).
+	parts int
 }
 
 // publishSealed appends batch to the routing stream, preceded by a seal

@@ -85,8 +85,8 @@ func TestPublishRoutingSealsBatches(t *testing.T) {
 	}
 	// The same run read in two parts: the seal in force carries over.
 	var seal *store.Seal
-	_, errs1 := s.VerifyRouting(ctx, stripped[:100], &seal)
-	_, errs2 := s.VerifyRouting(ctx, stripped[100:], &seal)
+	_, _, errs1 := s.VerifyRouting(ctx, stripped[:100], &seal)
+	_, _, errs2 := s.VerifyRouting(ctx, stripped[100:], &seal)
 	for i, err := range append(errs1, errs2...) {
 		if err != nil {
 			t.Fatalf("message %d read in two parts: %v", i, err)
@@ -100,7 +100,7 @@ func TestPublishRoutingSealsBatches(t *testing.T) {
 		}
 	}
 	seal = nil
-	_, errs := s.VerifyRouting(ctx, bare[:3], &seal)
+	_, _, errs := s.VerifyRouting(ctx, bare[:3], &seal)
 	for _, err := range errs {
 		if store.AsError(err).Detail["reason"] != signing.ReasonUnsigned {
 			t.Fatalf("an unsealed, unsigned event: %v", err)
@@ -125,7 +125,7 @@ func TestPublishRoutingSealsBatches(t *testing.T) {
 func verifyAll(t *testing.T, ctx context.Context, s *store.Store, msgs []*store.StoredMsg) []store.RoutingEvent {
 	t.Helper()
 	var seal *store.Seal
-	events, errs := s.VerifyRouting(ctx, msgs, &seal)
+	events, _, errs := s.VerifyRouting(ctx, msgs, &seal)
 	var out []store.RoutingEvent
 	for i, m := range msgs {
 		if errs[i] != nil {
@@ -176,7 +176,7 @@ func TestSealVouchesOnlyForWhatWasSealed(t *testing.T) {
 	tampered := *msgs[2]
 	tampered.Data = []byte(`{"version":1,"kind":"service_upsert","namespace":"shop","service":"s1","endpoints":[{"instance_id":"evil","address":"203.0.113.9","port":80}]}`)
 	var seal *store.Seal
-	_, errs := s.VerifyRouting(ctx, []*store.StoredMsg{sealMsg, msgs[1], &tampered, msgs[3]}, &seal)
+	_, _, errs := s.VerifyRouting(ctx, []*store.StoredMsg{sealMsg, msgs[1], &tampered, msgs[3]}, &seal)
 	if errs[0] != nil || errs[1] != nil || errs[3] != nil {
 		t.Fatalf("sealed events refused: %v", errs)
 	}
@@ -213,7 +213,7 @@ func TestSealVouchesOnlyForWhatWasSealed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var seal *store.Seal
-			_, errs := s.VerifyRouting(ctx, []*store.StoredMsg{tc.seal, unsigned(msgs[1]), msgs[2]}, &seal)
+			_, _, errs := s.VerifyRouting(ctx, []*store.StoredMsg{tc.seal, unsigned(msgs[1]), msgs[2]}, &seal)
 			if !store.HasCode(errs[0], tc.code) || store.AsError(errs[0]).Detail["reason"] != tc.reason {
 				t.Fatalf("seal: %v, want %s %q", errs[0], tc.code, tc.reason)
 			}

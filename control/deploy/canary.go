@@ -132,7 +132,7 @@ func (d *Deployer) publishCanary(ctx context.Context, cp, live *store.DeployComm
 	if err != nil {
 		return nil, 0, err
 	}
-	events := routing.CanaryEvents(cp, live, src)
+	events := routing.CanaryBatch(cp, live, src)
 	if r := cp.Manifest.Rollout; r != nil && r.Sticky {
 		// Gateways sign sticky clients' bucket cookies with the fleet's
 		// key; a store provisioned before there was one gets it now.
@@ -140,7 +140,7 @@ func (d *Deployer) publishCanary(ctx context.Context, cp, live *store.DeployComm
 			return nil, 0, fmt.Errorf("making the canary cookie key: %w", err)
 		}
 	}
-	seq, err := d.s.PublishRouting(ctx, cp.ID+"."+cp.Phase, events)
+	seq, err := routing.Publish(ctx, d.s, cp.ID+"."+cp.Phase, cp.Namespace, events)
 	return splitServices(events), seq, err
 }
 
@@ -333,7 +333,7 @@ func (d *Deployer) publishLive(ctx context.Context, abort, live *store.DeployCom
 	if err != nil {
 		return 0, err
 	}
-	seq, err := d.s.PublishRouting(ctx, abort.ID+"."+abort.Phase, routing.CommitEvents(live, abort, src))
+	seq, err := routing.Publish(ctx, d.s, abort.ID+"."+abort.Phase, abort.Namespace, routing.CommitEvents(live, abort, src))
 	if err != nil {
 		return 0, fmt.Errorf("routing %s back to revision %d: %w", abort.Namespace, live.Revision, err)
 	}

@@ -25,7 +25,7 @@ func (d *Deployer) publish(ctx context.Context, st *store.DeployStatus, commit, 
 	if err != nil {
 		return err
 	}
-	seq, err := d.s.PublishRouting(ctx, commit.ID, routing.CommitEvents(commit, prev, src))
+	seq, err := routing.Publish(ctx, d.s, commit.ID, commit.Namespace, routing.CommitEvents(commit, prev, src))
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,12 @@
 //     gateway whose report has not aged out applied it; what a live
 //     gateway is (WatchGateways) for any other wait on their reports;
 //   - which live gateways are too old for a generation's writes
-//     (GatewaysBelow), for version_skew refusals.
+//     (GatewaysBelow), for version_skew refusals;
+//   - how a namespace's routing is carried (Publish): one routing batch
+//     (every service the namespace routes, applied in one view swap, the
+//     namespace's whole state for a cold start) while every live gateway
+//     reads batches, one message per service otherwise; a canary step's
+//     batch holds the services only the live commit has (CanaryBatch).
 package routing
 
 import (
