@@ -50,8 +50,8 @@ func (t *gatewayTransport) sendWatched(req *http.Request, addr string) (*http.Re
 		return t.send(req)
 	}
 	ctx, abandon := context.WithCancelCause(req.Context())
-	done := t.health.wait(addr, abandon)
-	defer done()
+	w := t.health.waiting.add(addr, abandon)
+	defer t.health.waiting.remove(addr, w)
 	return t.send(req.WithContext(ctx))
 }
 

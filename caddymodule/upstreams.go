@@ -178,7 +178,7 @@ func (a *App) filter(v *projection.View, svc *projection.Service, dials []string
 		}
 	}
 	if a.health != nil {
-		dials = a.health.healthy(svc.Key(), dials)
+		dials = a.health.healthy(svc, dials)
 	}
 	return a.thinRamping(svc, dials)
 }
