@@ -216,8 +216,21 @@ func validTraceparent(tp string) bool {
 }
 
 // write logs and maybe publishes the access line of a finished request.
+// The line is made only when it goes somewhere: the local log at Info,
+// or the sampler's share published.
 func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, in, out int64, took time.Duration) {
 	l := q.log
+	ce := l.logger.Check(zapcore.InfoLevel, "handled request")
+	var share float64
+	var st *store.Store
+	if l.rate > 0 {
+		if sh, ok := c.accessSample.admit(time.Now(), l.rate); ok {
+			share, st = sh, l.conn()
+		}
+	}
+	if ce == nil && st == nil {
+		return
+	}
 	line := store.AccessLine{Gateway: l.gateway, Namespace: c.namespace, Service: c.service, Instance: proxiedInstance(r, q.svc),
 		Route: q.route, Method: r.Method, Host: r.Host, Path: q.path, Status: status, BytesIn: in, BytesOut: out,
 		Duration: took.Seconds(), RequestID: q.id}
@@ -235,17 +248,10 @@ func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, i
 			}
 		}
 	}
-	if ce := l.logger.Check(zapcore.InfoLevel, "handled request"); ce != nil {
+	if ce != nil {
 		writeLine(ce, &line)
 	}
-	if l.rate <= 0 {
-		return
-	}
-	share, ok := c.accessSample.admit(time.Now(), l.rate)
-	if !ok {
-		return
-	}
-	if st := l.conn(); st != nil {
+	if st != nil {
 		publishLine(st, line, share)
 	}
 }
