@@ -85,7 +85,10 @@ type accessRequest struct {
 // route turned logging off. Request IDs are set either way: they reach
 // the instance even when nothing is logged here.
 func (a *App) accessRequestOf(w http.ResponseWriter, r *http.Request, m projection.Match) accessRequest {
-	id := setRequestIDs(w, r)
+	var id string
+	if !featuresOff.requestIDs.Load() {
+		id = setRequestIDs(w, r)
+	}
 	rt := m.RouteOf()
 	if a.access == nil || (rt.AccessLog != nil && rt.AccessLog.Off) {
 		return accessRequest{}

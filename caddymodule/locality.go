@@ -225,7 +225,7 @@ func (a *App) countRegion(r *http.Request, dial string) {
 	// less than the request variable.
 	v := a.Projection().View()
 	h := a.home(v)
-	if !h.regional {
+	if !h.regional || featuresOff.locality.Load() {
 		return
 	}
 	svc, ok := caddyhttp.GetVar(r.Context(), varService).(*projection.Service)

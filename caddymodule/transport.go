@@ -46,7 +46,7 @@ func (t *gatewayTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // context that needs lives on with the response body once the headers
 // are in: it ends with the request.
 func (t *gatewayTransport) sendWatched(req *http.Request, addr string) (*http.Response, error) {
-	if t.health == nil {
+	if t.health == nil || featuresOff.abandon.Load() {
 		return t.send(req)
 	}
 	ctx, abandon := context.WithCancelCause(req.Context())

@@ -119,7 +119,7 @@ func newUpstreams(dials []string) []*reverseproxy.Upstream {
 // tier), with set-aside, fail-open and slow start applied (filter). Nil
 // when no tier has an endpoint. The result may be shared: never change it.
 func (a *App) candidates(v *projection.View, svc *projection.Service, side int) []string {
-	if h := a.home(v); h.regional {
+	if h := a.home(v); h.regional && !featuresOff.locality.Load() {
 		if p := a.plan(v, h, svc); !p.whole {
 			t := a.tierFor(v, p)
 			if t == nil {
