@@ -13,7 +13,7 @@ VERSION  ?= 0.0.0-dev
 LDFLAGS  := -X github.com/edgeplane/edgeplane/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
-.PHONY: up down build package release-tag image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade bench-regions bench-l4 deps-test
+.PHONY: up down build package release-tag image test vet fmt bench bench-apply bench-gateway bench-dns bench-mesh bench-mesh-upgrade bench-regions bench-l4 bench-gateway-vs deps-test
 
 # ENGINE builds the example image: docker if it answers, else podman.
 ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
@@ -117,5 +117,11 @@ bench-regions:
 # redeploy under load, HTTP req/s with layer 4 loaded vs not.
 bench-l4:
 	scripts/bench-l4
+
+# The issue 43 gateway goals with real processes: the gateway vs stock
+# Caddy's reverse_proxy, nginx and a direct connection to the same
+# instances, wrk rounds interleaved (root installs nginx-light if missing).
+bench-gateway-vs:
+	scripts/bench-gateway
 
 bench: bench-apply bench-gateway

@@ -85,7 +85,10 @@ type accessRequest struct {
 // route turned logging off. Request IDs are set either way: they reach
 // the instance even when nothing is logged here.
 func (a *App) accessRequestOf(w http.ResponseWriter, r *http.Request, m projection.Match) accessRequest {
-	id := setRequestIDs(w, r)
+	var id string
+	if !featuresOff.requestIDs.Load() {
+		id = setRequestIDs(w, r)
+	}
 	rt := m.RouteOf()
 	if a.access == nil || (rt.AccessLog != nil && rt.AccessLog.Off) {
 		return accessRequest{}
@@ -98,15 +101,29 @@ func (a *App) accessRequestOf(w http.ResponseWriter, r *http.Request, m projecti
 // response carries back.
 func setRequestIDs(w http.ResponseWriter, r *http.Request) string {
 	id := headerValue(r.Header, headerRequestID)
-	if !saneRequestID(id) {
-		id = newRequestID()
-		r.Header[headerRequestID] = []string{id}
+	newID, newTrace := !saneRequestID(id), !validTraceparent(headerValue(r.Header, headerTraceparent))
+	if newID || newTrace {
+		// What is made is made in one string and one value slice, which
+		// the headers share: a header's values are replaced, never
+		// changed in place, and a one-element slice grows into a new one.
+		var b [requestIDLen + traceparentLen]byte
+		if newID {
+			fillRequestID(b[:requestIDLen])
+		}
+		if newTrace {
+			fillTraceparent(b[requestIDLen:])
+		}
+		made, vals := string(b[:]), make([]string, 2)
+		if newID {
+			id, vals[0] = made[:requestIDLen], made[:requestIDLen]
+			r.Header[headerRequestID] = vals[0:1:1]
+		}
+		if newTrace {
+			vals[1] = made[requestIDLen:]
+			r.Header[headerTraceparent] = vals[1:2:2]
+		}
 	}
-	if !validTraceparent(headerValue(r.Header, headerTraceparent)) {
-		r.Header[headerTraceparent] = []string{newTraceparent()}
-	}
-	// One value slice for both: a header's values are replaced, never
-	// changed in place, and a one-element slice grows into a new one.
+	// The response carries the request's own value slice (see above).
 	w.Header()[headerRequestID] = r.Header[headerRequestID]
 	return id
 }
@@ -138,25 +155,33 @@ func saneRequestID(id string) bool {
 	return true
 }
 
-// newRequestID is 16 random bytes in hex. math/rand/v2's generator
-// (ChaCha8 per thread) is fast, lock-free and unpredictable enough for an
-// ID that is no secret.
-func newRequestID() string {
-	var b [32]byte
-	randomHex(b[:])
-	return string(b[:])
-}
+// The lengths of a request ID the gateway makes and of a traceparent.
+const (
+	requestIDLen   = 32
+	traceparentLen = 55
+)
+
+// fillRequestID fills dst (requestIDLen bytes) with a new request ID: 16
+// random bytes in hex. math/rand/v2's generator (ChaCha8 per thread) is
+// fast, lock-free and unpredictable enough for an ID that is no secret.
+func fillRequestID(dst []byte) { randomHex(dst) }
 
 // newTraceparent starts a new trace (version 00, not sampled: the
 // gateway records no spans).
 func newTraceparent() string {
-	var b [55]byte
-	copy(b[:], "00-")
+	var b [traceparentLen]byte
+	fillTraceparent(b[:])
+	return string(b[:])
+}
+
+// fillTraceparent fills dst (traceparentLen bytes) with a new
+// traceparent.
+func fillTraceparent(b []byte) {
+	copy(b, "00-")
 	randomHex(b[3:35])
 	b[35] = '-'
 	randomHex(b[36:52])
 	copy(b[52:], "-00")
-	return string(b[:])
 }
 
 // randomHex fills dst (an even length) with random hex digits.
@@ -194,8 +219,21 @@ func validTraceparent(tp string) bool {
 }
 
 // write logs and maybe publishes the access line of a finished request.
+// The line is made only when it goes somewhere: the local log at Info,
+// or the sampler's share published.
 func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, in, out int64, took time.Duration) {
 	l := q.log
+	ce := l.logger.Check(zapcore.InfoLevel, "handled request")
+	var share float64
+	var st *store.Store
+	if l.rate > 0 {
+		if sh, ok := c.accessSample.admit(time.Now(), l.rate); ok {
+			share, st = sh, l.conn()
+		}
+	}
+	if ce == nil && st == nil {
+		return
+	}
 	line := store.AccessLine{Gateway: l.gateway, Namespace: c.namespace, Service: c.service, Instance: proxiedInstance(r, q.svc),
 		Route: q.route, Method: r.Method, Host: r.Host, Path: q.path, Status: status, BytesIn: in, BytesOut: out,
 		Duration: took.Seconds(), RequestID: q.id}
@@ -213,17 +251,10 @@ func (q *accessRequest) write(c *serviceCounters, r *http.Request, status int, i
 			}
 		}
 	}
-	if ce := l.logger.Check(zapcore.InfoLevel, "handled request"); ce != nil {
+	if ce != nil {
 		writeLine(ce, &line)
 	}
-	if l.rate <= 0 {
-		return
-	}
-	share, ok := c.accessSample.admit(time.Now(), l.rate)
-	if !ok {
-		return
-	}
-	if st := l.conn(); st != nil {
+	if st != nil {
 		publishLine(st, line, share)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -95,7 +96,10 @@ func processCPU(b *testing.B) time.Duration {
 // BenchmarkGatewayVsReverseProxy runs the edgeplane gateway and a stock
 // Caddy reverse_proxy with the same static upstreams side by side in one
 // Caddy, alternating rounds of identical load, and reports the gateway's
-// req/s and p99 as ratios to the stock proxy's. Run with -benchtime=1x.
+// req/s and p99 as ratios to the stock proxy's. It fails when the
+// gateway's process CPU per request is above stock Caddy's over the
+// median of its rounds (EDGEPLANE_GATEWAY_CPU_RATIO_MAX moves the limit
+// from 1.0). Run with -benchtime=1x, under the bench lock.
 func BenchmarkGatewayVsReverseProxy(b *testing.B) {
 	f := newFixture(b)
 	b1, b2 := newBackend(b, "b1"), newBackend(b, "b2")
@@ -149,13 +153,47 @@ func BenchmarkGatewayVsReverseProxy(b *testing.B) {
 		sort.Float64s(xs)
 		return (xs[(len(xs)-1)/2] + xs[len(xs)/2]) / 2
 	}
+	rpsRatio, cpuRatio, p99Ratio := med(rpsRatios), med(cpuRatios), med(p99Ratios)
 	b.ReportMetric(gwRPS/rounds, "gateway-req/s")
 	b.ReportMetric(stRPS/rounds, "stock-req/s")
-	b.ReportMetric(med(rpsRatios), "rps-ratio")
-	b.ReportMetric(med(cpuRatios), "cpu-per-req-ratio(gw/stock)")
+	b.ReportMetric(rpsRatio, "rps-ratio")
+	b.ReportMetric(cpuRatio, "cpu-per-req-ratio(gw/stock)")
 	b.ReportMetric(med(gwP99s), "gateway-p99-ms")
 	b.ReportMetric(med(stP99s), "stock-p99-ms")
-	b.ReportMetric(med(p99Ratios), "p99-ratio(stock/gw)")
+	b.ReportMetric(p99Ratio, "p99-ratio(stock/gw)")
+	// Loud: the gateway must cost no more CPU per request than the server
+	// it is built on. CPU per request is the figure a busy box leaves
+	// standing (req/s and p99 move with whatever else runs).
+	if limit := cpuRatioLimit(b); cpuRatio > limit {
+		b.Fatalf("the gateway costs %.3fx stock Caddy's CPU per request (median of %d rounds: %s), above %.3f; req/s %.3fx, p99 %.3fx stock's (%s=%s)",
+			cpuRatio, rounds, fmtRatios(cpuRatios), limit, rpsRatio, 1/p99Ratio, envCPURatioMax, os.Getenv(envCPURatioMax))
+	}
+}
+
+// envCPURatioMax overrides the CPU-per-request ratio (gateway / stock
+// Caddy) above which BenchmarkGatewayVsReverseProxy fails; default 1.0.
+const envCPURatioMax = "EDGEPLANE_GATEWAY_CPU_RATIO_MAX"
+
+// cpuRatioLimit is the ratio BenchmarkGatewayVsReverseProxy fails above.
+func cpuRatioLimit(b *testing.B) float64 {
+	v := os.Getenv(envCPURatioMax)
+	if v == "" {
+		return 1.0
+	}
+	limit, err := strconv.ParseFloat(v, 64)
+	if err != nil || limit <= 0 {
+		b.Fatalf("%s=%q: want a positive number", envCPURatioMax, v)
+	}
+	return limit
+}
+
+// fmtRatios lists ratios with three decimals.
+func fmtRatios(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatFloat(x, 'f', 3, 64)
+	}
+	return strings.Join(parts, " ")
 }
 
 // BenchmarkRoutePolicy compares, through one gateway to the same

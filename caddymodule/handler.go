@@ -122,7 +122,7 @@ func (h *Handler) serveRoute(w http.ResponseWriter, r *http.Request, next caddyh
 	if len(svc.Endpoints) == 0 && (p == nil || !p.redirects(r)) {
 		return plainError(w, http.StatusServiceUnavailable, "service unavailable\n")
 	}
-	if home := h.app.home(v); home.regional {
+	if home := h.app.home(v); home.regional && !featuresOff.locality.Load() {
 		if lp := h.app.plan(v, home, svc); lp.unavailable != "" && (p == nil || !p.redirects(r)) {
 			w.Header().Set("Edgeplane-Reason", lp.reason)
 			return plainError(w, http.StatusServiceUnavailable, lp.unavailable)
@@ -144,6 +144,9 @@ func (h *Handler) serveRoute(w http.ResponseWriter, r *http.Request, next caddyh
 	var proxy caddyhttp.MiddlewareHandler = &h.Handler
 	if p != nil {
 		proxy = p.newPolicyRun(m.Prefix, proxy)
+	}
+	if featuresOff.traffic.Load() {
+		return proxy.ServeHTTP(w, r, next)
 	}
 	return counters.serve(w, r, proxy, next, counted, h.app.accessRequestOf(w, r, m))
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -59,16 +60,13 @@ type healthChecker struct {
 	// failOpen names the services served although every endpoint failed,
 	// so that it is logged once per episode.
 	failOpen map[string]bool
+	// anyAside is set while down or failOpen holds anything (noteAside),
+	// for the request path to skip the lock when neither does.
+	anyAside atomic.Bool
 
-	waitMu sync.Mutex
-	// waiting holds, per endpoint dial address, the round trips waiting
-	// for its response headers.
-	waiting map[string]map[*waiter]struct{}
-}
-
-// waiter is one round trip waiting for its response headers.
-type waiter struct {
-	abandon context.CancelCauseFunc
+	// waiting holds the round trips waiting for their response headers
+	// (waiting.go).
+	waiting waitRegistry
 }
 
 // errAbandoned is why a round trip was abandoned. It is deliberately not
@@ -100,48 +98,7 @@ func newHealthChecker(interval, timeout time.Duration, view func() *projection.V
 		},
 		down:     map[string]setAside{},
 		failOpen: map[string]bool{},
-		waiting:  map[string]map[*waiter]struct{}{},
 	}
-}
-
-// wait registers a round trip to addr until the returned func is called;
-// abandon ends it with the reason as its cause.
-func (h *healthChecker) wait(addr string, abandon context.CancelCauseFunc) (done func()) {
-	w := &waiter{abandon: abandon}
-	h.waitMu.Lock()
-	ws := h.waiting[addr]
-	if ws == nil {
-		ws = map[*waiter]struct{}{}
-		h.waiting[addr] = ws
-	}
-	ws[w] = struct{}{}
-	h.waitMu.Unlock()
-	return func() {
-		h.waitMu.Lock()
-		delete(ws, w)
-		if len(h.waiting[addr]) == 0 {
-			delete(h.waiting, addr)
-		}
-		h.waitMu.Unlock()
-	}
-}
-
-// abandonWaiting ends every round trip waiting on addr, and returns how
-// many there were.
-func (h *healthChecker) abandonWaiting(addr, reason string) int {
-	// The waiters are taken under the lock: a round trip that ends now
-	// deletes itself from the same map.
-	h.waitMu.Lock()
-	ws := make([]*waiter, 0, len(h.waiting[addr]))
-	for w := range h.waiting[addr] {
-		ws = append(ws, w)
-	}
-	delete(h.waiting, addr)
-	h.waitMu.Unlock()
-	for _, w := range ws {
-		w.abandon(&errAbandoned{addr: addr, reason: reason})
-	}
-	return len(ws)
 }
 
 // run probes every interval until ctx ends.
@@ -222,7 +179,11 @@ func (h *healthChecker) probeAll(ctx context.Context) {
 		next[r.t.addr] = prev
 	}
 	h.down = next
+	h.noteAside()
 	h.mu.Unlock()
+	// The lists of endpoints no longer probed go once nothing waits on
+	// them: the registry keeps one per endpoint between requests.
+	h.waiting.prune(func(addr string) bool { _, ok := seen[addr]; return ok })
 
 	// Requests waiting on an endpoint just found failing are abandoned
 	// for a retry, when their service has an endpoint left to retry on
@@ -232,7 +193,7 @@ func (h *healthChecker) probeAll(ctx context.Context) {
 		if !left {
 			continue
 		}
-		if n := h.abandonWaiting(t.addr, next[t.addr].Reason); n > 0 {
+		if n := h.waiting.abandon(t.addr, &errAbandoned{addr: t.addr, reason: next[t.addr].Reason}); n > 0 {
 			h.logger.Warn("abandoned requests waiting on a failing endpoint, for a retry elsewhere",
 				zap.String("instance", t.instance), zap.String("addr", t.addr), zap.Int("requests", n))
 		}
@@ -269,18 +230,26 @@ func (h *healthChecker) probe(ctx context.Context, t probeTarget) error {
 	return nil
 }
 
-// healthy filters dials (a service's endpoint addresses) to those not set
-// aside; when that leaves none, it returns dials whole (fail open) and
-// logs it once per episode.
 // isDown reports whether dial failed its latest health checks.
 func (h *healthChecker) isDown(dial string) bool {
+	if !h.anyAside.Load() {
+		return false
+	}
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	_, down := h.down[dial]
 	return down
 }
 
-func (h *healthChecker) healthy(service string, dials []string) []string {
+// healthy filters dials (svc's endpoint addresses) to those not set
+// aside; when that leaves none, it returns dials whole (fail open) and
+// logs it once per episode.
+func (h *healthChecker) healthy(svc *projection.Service, dials []string) []string {
+	// Every request asks, and nearly always nothing is set aside: one
+	// atomic load then, and no lock shared by every core.
+	if !h.anyAside.Load() {
+		return dials
+	}
 	h.mu.RLock()
 	if len(h.down) == 0 && len(h.failOpen) == 0 {
 		h.mu.RUnlock()
@@ -292,6 +261,7 @@ func (h *healthChecker) healthy(service string, dials []string) []string {
 			out = append(out, d)
 		}
 	}
+	service := svc.Key()
 	wasOpen := h.failOpen[service]
 	h.mu.RUnlock()
 	allDown := len(out) == 0 && len(dials) > 0
@@ -303,12 +273,19 @@ func (h *healthChecker) healthy(service string, dials []string) []string {
 		} else if !allDown {
 			delete(h.failOpen, service)
 		}
+		h.noteAside()
 		h.mu.Unlock()
 	}
 	if allDown {
 		return dials
 	}
 	return out
+}
+
+// noteAside keeps anyAside true while something is set aside or served
+// failing open; h.mu is held for writing.
+func (h *healthChecker) noteAside() {
+	h.anyAside.Store(len(h.down) > 0 || len(h.failOpen) > 0)
 }
 
 // setAsideOf is what is known against addr, if anything.

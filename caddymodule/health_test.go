@@ -222,9 +222,7 @@ func TestRequestsWaitingOnAFailingEndpointAreRetried(t *testing.T) {
 	// Let the requests reach stuck and wait there.
 	storetest.Eventually(t, 5*time.Second, "the requests to wait on stuck", func() bool {
 		a := current.Load()
-		a.health.waitMu.Lock()
-		defer a.health.waitMu.Unlock()
-		return len(a.health.waiting[net.JoinHostPort(stuck.Address, strconv.Itoa(stuck.Port))]) == 3
+		return a.health.waiting.waitingOn(net.JoinHostPort(stuck.Address, strconv.Itoa(stuck.Port))) == 3
 	})
 	failedAt := time.Now()
 	fail()

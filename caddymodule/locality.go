@@ -221,13 +221,15 @@ func (a *App) tierFor(v *projection.View, p *localPlan) *tierDials {
 // countRegion counts r, proxied to dial, under the region of dial's
 // machine in the service's per-region counts.
 func (a *App) countRegion(r *http.Request, dial string) {
-	svc, ok := caddyhttp.GetVar(r.Context(), varService).(*projection.Service)
-	if !ok || svc == nil {
-		return
-	}
+	// Without regions nothing is counted by region: that answer costs
+	// less than the request variable.
 	v := a.Projection().View()
 	h := a.home(v)
-	if !h.regional {
+	if !h.regional || featuresOff.locality.Load() {
+		return
+	}
+	svc, ok := caddyhttp.GetVar(r.Context(), varService).(*projection.Service)
+	if !ok || svc == nil {
 		return
 	}
 	if i, ok := a.plan(v, h, svc).regionOf[dial]; ok {

@@ -272,7 +272,9 @@ func (c *serviceCounters) serve(w http.ResponseWriter, r *http.Request, h caddyh
 	c.open.Add(1)
 	tw := &trafficWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	var body *countingBody
-	if r.Body != nil && r.Body != http.NoBody {
+	// A request of length 0, not chunked, has no body bytes to count
+	// (Caddy hands a bodiless GET on with a body that is not NoBody).
+	if r.Body != nil && r.Body != http.NoBody && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
 		body = &countingBody{ReadCloser: r.Body}
 		r.Body = body
 	}

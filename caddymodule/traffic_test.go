@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storetest"
 )
@@ -135,4 +137,47 @@ func TestTrafficPerService(t *testing.T) {
 	if rep.Since.IsZero() || rep.At.Before(rep.Since) {
 		t.Errorf("report times: since %s at %s", rep.Since, rep.At)
 	}
+}
+
+// The request body bytes a handler reads are counted whether the body's
+// length was given or it came chunked (length unknown); a request of
+// length 0 counts none.
+func TestServeCountsRequestBodies(t *testing.T) {
+	c := &serviceCounters{}
+	readAll := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		_, err := io.Copy(io.Discard, r.Body)
+		return err
+	})
+	for _, tc := range []struct {
+		name    string
+		length  int64
+		chunked bool
+		body    string
+		want    uint64
+	}{
+		{"length given", 5, false, "abcde", 5},
+		{"chunked", -1, true, "abcdefg", 7},
+		{"length 0", 0, false, "", 0},
+	} {
+		before := c.bytesIn.Load()
+		r := httptest.NewRequest(http.MethodPost, "http://web.test/", io.NopCloser(strings.NewReader(tc.body)))
+		r.ContentLength = tc.length
+		if tc.chunked {
+			r.TransferEncoding = []string{"chunked"}
+		}
+		var mw caddyhttp.MiddlewareHandler = middlewareOf(readAll)
+		if err := c.serve(httptest.NewRecorder(), r, mw, readAll, unsplit, accessRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := c.bytesIn.Load() - before; got != tc.want {
+			t.Errorf("%s: %d request bytes counted, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// middlewareOf is h as a middleware that ends the chain.
+type middlewareOf caddyhttp.HandlerFunc
+
+func (m middlewareOf) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	return caddyhttp.HandlerFunc(m)(w, r)
 }

@@ -46,12 +46,12 @@ func (t *gatewayTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // context that needs lives on with the response body once the headers
 // are in: it ends with the request.
 func (t *gatewayTransport) sendWatched(req *http.Request, addr string) (*http.Response, error) {
-	if t.health == nil {
+	if t.health == nil || featuresOff.abandon.Load() {
 		return t.send(req)
 	}
 	ctx, abandon := context.WithCancelCause(req.Context())
-	done := t.health.wait(addr, abandon)
-	defer done()
+	w := t.health.waiting.add(addr, abandon)
+	defer t.health.waiting.remove(addr, w)
 	return t.send(req.WithContext(ctx))
 }
 

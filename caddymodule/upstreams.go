@@ -77,14 +77,38 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 	if !split {
 		side = unsplit
 	}
-	dials := u.app.candidates(v, svc, side)
-	vals := make([]reverseproxy.Upstream, len(dials))
-	ups := make([]*reverseproxy.Upstream, len(dials))
+	return newUpstreams(u.app.candidates(v, svc, side)), nil
+}
+
+// smallUpstreamsN is how many candidates a request's upstreams are made
+// for in one allocation (smallUpstreams).
+const smallUpstreamsN = 4
+
+// smallUpstreams are the upstreams of a request to a service of up to
+// smallUpstreamsN candidates: the values and the slice the proxy reads in
+// one allocation.
+type smallUpstreams struct {
+	ptrs [smallUpstreamsN]*reverseproxy.Upstream
+	vals [smallUpstreamsN]reverseproxy.Upstream
+}
+
+// newUpstreams is fresh Upstream values dialling dials (already host:port,
+// without placeholders, so the proxy's expansion of them finds nothing to
+// do).
+func newUpstreams(dials []string) []*reverseproxy.Upstream {
+	var ups []*reverseproxy.Upstream
+	var vals []reverseproxy.Upstream
+	if len(dials) <= smallUpstreamsN {
+		s := new(smallUpstreams)
+		ups, vals = s.ptrs[:len(dials):len(dials)], s.vals[:len(dials)]
+	} else {
+		ups, vals = make([]*reverseproxy.Upstream, len(dials)), make([]reverseproxy.Upstream, len(dials))
+	}
 	for i, d := range dials {
 		vals[i].Dial = d
 		ups[i] = &vals[i]
 	}
-	return ups, nil
+	return ups
 }
 
 // candidates is the one rule, for HTTP requests and layer-4 connections
@@ -95,7 +119,7 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 // tier), with set-aside, fail-open and slow start applied (filter). Nil
 // when no tier has an endpoint. The result may be shared: never change it.
 func (a *App) candidates(v *projection.View, svc *projection.Service, side int) []string {
-	if h := a.home(v); h.regional {
+	if h := a.home(v); h.regional && !featuresOff.locality.Load() {
 		if p := a.plan(v, h, svc); !p.whole {
 			t := a.tierFor(v, p)
 			if t == nil {
@@ -178,7 +202,7 @@ func (a *App) filter(v *projection.View, svc *projection.Service, dials []string
 		}
 	}
 	if a.health != nil {
-		dials = a.health.healthy(svc.Key(), dials)
+		dials = a.health.healthy(svc, dials)
 	}
 	return a.thinRamping(svc, dials)
 }
