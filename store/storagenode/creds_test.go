@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
 )
@@ -16,16 +18,7 @@ import (
 // from the credentials Connect read, and asks the connection for its JWT
 // (a decode, with its signature check) no more.
 func TestEdgeStoreOpensWithoutDecodingItsCredentialsAgain(t *testing.T) {
-	dir := t.TempDir()
-	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	_, auth, ns := startWithAuth(t)
 	names, _ := store.NewNames("", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -67,4 +60,21 @@ func TestEdgeStoreOpensWithoutDecodingItsCredentialsAgain(t *testing.T) {
 	if n := asked.Load(); n != 0 {
 		t.Fatalf("opening the store asked the connection for its JWT %d times; want none (Connect read the role)", n)
 	}
+}
+
+// startWithAuth starts a storage node that requires credentials, with its
+// trust (auth) made in a temporary dir, stopped when t ends.
+func startWithAuth(t *testing.T) (dir string, auth *storagenode.Auth, ns *server.Server) {
+	t.Helper()
+	dir = t.TempDir()
+	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err = storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return dir, auth, ns
 }

@@ -1,7 +1,6 @@
 package storagenode_test
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,16 +15,7 @@ import (
 // every gateway's; it cannot publish another gateway's, and an agent can
 // neither publish fake counts nor read them.
 func TestRateCountsPermissions(t *testing.T) {
-	dir := t.TempDir()
-	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	_, auth, ns := startWithAuth(t)
 	names, _ := store.NewNames("", "")
 	// connect returns a connection with its permission violations.
 	connect := func(r storagenode.CredsRequest) (*nats.Conn, chan error) {

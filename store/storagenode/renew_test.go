@@ -21,16 +21,7 @@ import (
 // key asked by the storage node, whatever the asker writes in its headers.
 // Expired credentials connect nowhere, and say so.
 func TestCredsRenewalSubjectsAreTheirOwn(t *testing.T) {
-	dir := t.TempDir()
-	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	dir, auth, ns := startWithAuth(t)
 	names, _ := store.NewNames("", "")
 	connect := func(creds string) *nats.Conn {
 		t.Helper()
