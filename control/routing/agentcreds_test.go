@@ -2,17 +2,13 @@ package routing_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/edgeplane/edgeplane/control/routing"
 	"github.com/edgeplane/edgeplane/store"
-	"github.com/edgeplane/edgeplane/store/signers"
 	"github.com/edgeplane/edgeplane/store/storagenode"
+	"github.com/edgeplane/edgeplane/store/storetest"
 )
 
 // An agent on its own machine's credentials, which may publish no routing
@@ -21,47 +17,11 @@ import (
 // refused. (That it may ask only on its own machine's subject is the
 // storage node's: store/storagenode's TestRoleScopedCredentials.)
 func TestAgentAsksForARepublish(t *testing.T) {
-	dir := t.TempDir()
-	auth, err := storagenode.LoadAuth(filepath.Join(dir, "auth"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node, err := storagenode.Start(storagenode.Config{DataDir: dir, Listen: "127.0.0.1:0", Auth: auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { node.Shutdown(); node.WaitForShutdown() }()
-	names, _ := store.NewNames("", "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	connect := func(r storagenode.CredsRequest) *nats.Conn {
-		t.Helper()
-		b, err := auth.IssueCreds(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(t.TempDir(), r.Role+r.Machine+".creds")
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		nc, err := store.Connect(store.ConnectOptions{URL: node.ClientURL(), CredsFile: p})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-	cs, err := store.Provision(ctx, connect(storagenode.CredsRequest{Role: storagenode.RoleControl}), names, store.Layout{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := signers.Server(ctx, cs, filepath.Join(dir, "auth"), dir, "test"); err != nil {
-		t.Fatal(err)
-	}
-	as, err := store.Open(ctx, connect(storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"}), names)
-	if err != nil {
-		t.Fatalf("agent binds the store: %v", err)
-	}
+	n := storetest.StartRoles(t, ctx)
+	cs := n.Control
+	as := n.Open(t, ctx, storagenode.CredsRequest{Role: storagenode.RoleAgent, Machine: "m1"}, nil)
 
 	stopRepublish, err := routing.ServeRepublish(ctx, cs)
 	if err != nil {
