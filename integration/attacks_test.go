@@ -375,13 +375,20 @@ func attackForgedRouting(t *testing.T, f *attackFixture) {
 	var good *store.StoredMsg
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := f.c.store.LastOf(ctx, n.RoutingEventsStream(), []string{subj}, func(m *store.StoredMsg) error { good = m; return nil }); err != nil || good == nil {
+	// The live event is on the service's own subject, or in the first
+	// part of its namespace's latest routing batch, whichever is later.
+	if err := f.c.store.LastOf(ctx, n.RoutingEventsStream(), []string{subj, n.RoutingBatchSubject("shop", 0)}, func(m *store.StoredMsg) error {
+		if good == nil || m.Seq > good.Seq {
+			good = m
+		}
+		return nil
+	}); err != nil || good == nil {
 		t.Fatalf("reading the live event: %v", err)
 	}
 	msgs := []*nats.Msg{
 		{Subject: subj, Data: body},
 		{Subject: subj, Data: body, Header: nats.Header{signing.Header: {stranger.Sign(signing.Message{Subject: subj, Seq: head + 2, Body: body})}}},
-		{Subject: subj, Data: good.Data, Header: nats.Header{signing.Header: {good.Header.Get(signing.Header)}}},
+		{Subject: good.Subject, Data: good.Data, Header: nats.Header{signing.Header: {good.Header.Get(signing.Header)}}},
 	}
 	for _, m := range msgs {
 		if _, err := f.c.store.JS.PublishMsg(ctx, m); err != nil {

@@ -252,19 +252,22 @@ func testContainerWorkloads(t *testing.T, e *enginetest.Engine, reg *enginetest.
 	c.mustControl("deploy", "destroy", "shop", "--drain-grace", "100ms", "--stop-grace", "2s")
 }
 
-// lastEndpoints is what the routing sends shop/web's traffic to now.
+// lastEndpoints is what the routing sends shop/web's traffic to now, as a
+// cold start reads it (the service's own subject or its namespace's
+// latest routing batch, whichever is later).
 func lastEndpoints(t *testing.T, c *cluster) []store.Endpoint {
 	t.Helper()
-	routing := storetest.Stream(t, c.store, c.store.Names.RoutingEventsStream())
-	msg, err := routing.GetLastMsgForSubject(context.Background(), c.store.Names.RoutingServiceSubject("shop", "web"))
+	rs, err := c.store.LoadRouting(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ev store.RoutingEvent
-	if err := store.Decode("event", msg.Data, &ev); err != nil {
-		t.Fatal(err)
+	for _, ev := range rs.Services {
+		if ev.Namespace == "shop" && ev.Service == "web" {
+			return ev.Endpoints
+		}
 	}
-	return ev.Endpoints
+	t.Fatal("shop/web is not routed")
+	return nil
 }
 
 // Without a container engine anywhere, an image service is refused before
