@@ -3,11 +3,13 @@ package storagenode_test
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/edgeplane/edgeplane/store"
 	"github.com/edgeplane/edgeplane/store/storagenode"
@@ -77,4 +79,39 @@ func startWithAuth(t *testing.T) (dir string, auth *storagenode.Auth, ns *server
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	return dir, auth, ns
+}
+
+// roleConn connects to ns with freshly issued credentials of r, closed
+// when t ends, and the permission violations the server reports on it.
+func roleConn(t *testing.T, ns *server.Server, auth *storagenode.Auth, r storagenode.CredsRequest) (*nats.Conn, chan error) {
+	t.Helper()
+	nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL(), CredsFile: writeCreds(t, auth, r)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	violations := make(chan error, 16)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if strings.Contains(err.Error(), "Permissions Violation") {
+			select {
+			case violations <- err:
+			default:
+			}
+		}
+	})
+	return nc, violations
+}
+
+// refusedPublish fails t unless violations reports one on subject within
+// 5 s: the server refused what the credentials tried ("could <what>").
+func refusedPublish(t *testing.T, violations chan error, what, subject string) {
+	t.Helper()
+	select {
+	case v := <-violations:
+		if !strings.Contains(v.Error(), `"`+subject+`"`) {
+			t.Fatalf("%s: a violation on another subject: %v", what, v)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the credentials could %s", what)
+	}
 }

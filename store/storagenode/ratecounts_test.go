@@ -1,7 +1,6 @@
 package storagenode_test
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -17,32 +16,10 @@ import (
 func TestRateCountsPermissions(t *testing.T) {
 	_, auth, ns := startWithAuth(t)
 	names, _ := store.NewNames("", "")
-	// connect returns a connection with its permission violations.
-	connect := func(r storagenode.CredsRequest) (*nats.Conn, chan error) {
-		t.Helper()
-		nc, err := store.Connect(store.ConnectOptions{URL: ns.ClientURL(), CredsFile: writeCreds(t, auth, r)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		violations := make(chan error, 16)
-		nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			if strings.Contains(err.Error(), "Permissions Violation") {
-				violations <- err
-			}
-		})
-		return nc, violations
-	}
+	connect := func(r storagenode.CredsRequest) (*nats.Conn, chan error) { return roleConn(t, ns, auth, r) }
 	refused := func(violations chan error, what, subject string) {
 		t.Helper()
-		select {
-		case v := <-violations:
-			if !strings.Contains(v.Error(), `"`+subject+`"`) {
-				t.Fatalf("%s: a violation on another subject: %v", what, v)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("the credentials could %s", what)
-		}
+		refusedPublish(t, violations, what, subject)
 	}
 
 	gw1, gw1Violations := connect(storagenode.CredsRequest{Role: storagenode.RoleGateway, Machine: "gw1"})
