@@ -41,14 +41,7 @@ func CommitEvents(c, prev *store.DeployCommit, src *Source) []store.RoutingEvent
 		out = append(out, ServiceUpsert(c, name, src))
 	}
 	if prev != nil {
-		var gone []string
-		for name := range prev.Manifest.Services {
-			if _, ok := c.Manifest.Services[name]; !ok {
-				gone = append(gone, name)
-			}
-		}
-		sort.Strings(gone)
-		for _, name := range gone {
+		for _, name := range servicesOnlyIn(prev, c) {
 			out = append(out, store.RoutingEvent{Version: store.RecordVersion, Kind: store.EventServiceRemove,
 				Namespace: c.Namespace, Service: name, DeployID: c.ID, Revision: c.Revision, At: time.Now().UTC()})
 		}
@@ -111,4 +104,17 @@ func changedSlots(cp, live *store.DeployCommit, service string) bool {
 		}
 	}
 	return false
+}
+
+// servicesOnlyIn names, sorted, the services of a's manifest that b's
+// does not have.
+func servicesOnlyIn(a, b *store.DeployCommit) []string {
+	var only []string
+	for name := range a.Manifest.Services {
+		if _, ok := b.Manifest.Services[name]; !ok {
+			only = append(only, name)
+		}
+	}
+	sort.Strings(only)
+	return only
 }

@@ -2,7 +2,6 @@ package routing
 
 import (
 	"context"
-	"sort"
 
 	"github.com/edgeplane/edgeplane/store"
 )
@@ -33,14 +32,7 @@ func CanaryBatch(cp, live *store.DeployCommit, src *Source) []store.RoutingEvent
 	if live == nil {
 		return out
 	}
-	var gone []string
-	for name := range live.Manifest.Services {
-		if _, ok := cp.Manifest.Services[name]; !ok {
-			gone = append(gone, name)
-		}
-	}
-	sort.Strings(gone)
-	for _, name := range gone {
+	for _, name := range servicesOnlyIn(live, cp) {
 		out = append(out, ServiceUpsert(live, name, src))
 	}
 	return out
